@@ -1,0 +1,33 @@
+// Runtime configuration of one server instance: every limit the server enforces.
+// Built once at start-up (from flags or by an embedder) and read-only afterwards.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace metad {
+
+enum class io_mode { automatic, uring, epoll };
+enum class log_level { error, warn, info, debug };
+
+struct config {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 18000;
+  // CPUs to pin one core thread each to. Empty: the CPUs of the affinity mask.
+  std::vector<int> cpus;
+  io_mode io = io_mode::automatic;
+  log_level log = log_level::info;
+
+  std::size_t header_bytes_max = 64 * 1024;
+  std::size_t body_bytes_max = 32 * 1024 * 1024;
+  std::int64_t pages_per_rank_max = std::int64_t{1} << 28;
+
+  std::uint32_t idle_timeout_ms = 60'000;    // no request in progress
+  std::uint32_t header_timeout_ms = 10'000;  // a request started but not complete
+  std::uint32_t drain_timeout_ms = 5'000;    // grace for in-flight requests on stop
+  std::uint32_t connections_per_core_max = 16'384;
+};
+
+}  // namespace metad

@@ -1,0 +1,30 @@
+// Embedding API: run a server with a given config until stop() is called.
+// run() blocks the calling thread; stop() may be called from any thread or a signal
+// handler's helper thread.
+#pragma once
+
+#include <memory>
+
+#include "metad/config.hpp"
+
+namespace metad {
+
+class server {
+ public:
+  explicit server(config cfg);  // throws std::runtime_error on bad config
+  ~server();
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+
+  // Binds, spawns one pinned thread per core and serves until stop(). Throws on start-up
+  // failure (port in use, ...).
+  void run();
+  // Stops accepting, lets in-flight requests finish, then makes run() return.
+  void stop() noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace metad

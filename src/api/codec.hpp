@@ -1,0 +1,114 @@
+// Request decoding (simdjson DOM: the whole body is validated before anything is read)
+// and response encoding (compact JSON like the reference's). No server state is touched
+// here. One decoder per core; its parser is reused across requests.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <simdjson.h>
+
+namespace api {
+
+// A decoding failure: always a 4xx with a JSON detail.
+struct error {
+  int status = 0;  // 0: no error
+  std::string detail;
+  explicit operator bool() const { return status != 0; }
+};
+
+// Keys copied out of the request (the parser's buffer is reused by the next request,
+// while this one may still be travelling between cores).
+class key_list {
+ public:
+  key_list() = default;
+  // Copies and moves re-point the views at the new owner's bytes (a moved std::string
+  // may keep short keys inline, so its data pointer can change).
+  key_list(const key_list& other);
+  key_list(key_list&& other) noexcept;
+  key_list& operator=(const key_list& other);
+  key_list& operator=(key_list&& other) noexcept;
+  ~key_list() = default;
+
+  void clear();
+  // Replaces the contents with copies of `keys` (which may alias this list): the
+  // storage is sized once, so the views never move.
+  void assign(std::span<const std::string_view> keys);
+  std::span<const std::string_view> views() const { return views_; }
+  std::size_t size() const { return views_.size(); }
+  std::string_view operator[](std::size_t i) const { return views_[i]; }
+
+ private:
+  void take(key_list& other) noexcept;
+  void rebase(const char* old_base) noexcept;
+
+  std::string bytes_;
+  std::vector<std::string_view> views_;
+};
+
+enum class init_kind : std::uint8_t { scheduler, worker, invalid_parameters };
+
+struct initialize_cmd {
+  std::int64_t rank = 0;
+  init_kind kind = init_kind::invalid_parameters;
+  std::int64_t num_pages = 0;
+};
+struct allocate_cmd {
+  std::int64_t rank = 0;
+  key_list keys;  // bare keys; prefix keys are accepted and dropped
+};
+struct confirm_cmd {
+  std::int64_t rank = 0;
+  key_list keys;                    // confirmation i binds keys[i] ...
+  std::vector<std::int64_t> pages;  // ... to pages[i] (>= 0)
+  std::vector<std::int64_t> releases;  // pages_to_release (>= 0)
+};
+struct exists_cmd {
+  key_list keys;
+};
+struct locations_cmd {
+  std::int64_t rank = 0;
+  key_list keys;
+};
+
+// The {rank} path segment: an optional '-' or '+' then decimal digits, within int64.
+bool parse_rank(std::string_view text, std::int64_t& rank);
+
+class decoder {
+ public:
+  // `body` must have SIMDJSON_PADDING readable bytes after its end.
+  // initialize: a rank that does not parse → 400 "Invalid rank in path"; invalid
+  // role/num_pages → kind == invalid_parameters (no error: the caller serves the
+  // precomputed 400); num_pages over pages_max → 400 with the limit in the detail.
+  error decode_initialize(std::string_view rank_text, std::string_view body,
+                          std::int64_t pages_max, initialize_cmd& out);
+  error decode_allocate(std::string_view body, allocate_cmd& out);
+  error decode_confirm(std::string_view body, confirm_cmd& out);
+  error decode_exists(std::string_view body, exists_cmd& out);
+  error decode_locations(std::string_view body, locations_cmd& out);
+
+ private:
+  simdjson::dom::parser parser_;
+  std::vector<std::string_view> scratch_;
+};
+
+// Encoders append a compact JSON body to `out`.
+void encode_initialized(std::string& out, std::int64_t rank, std::int64_t num_pages);
+// results: keys[i] → pages[i] (-1 = no page), in order.
+void encode_allocation(std::string& out, std::int64_t rank,
+                       std::span<const std::string_view> keys,
+                       std::span<const std::int64_t> pages);
+void encode_exists(std::string& out, std::span<const std::uint8_t> exists);
+// -1 → null
+void encode_locations(std::string& out, std::span<const std::int64_t> pages);
+void encode_rank_info(std::string& out, std::int64_t num_pages, std::int64_t free,
+                      std::int64_t reserved, std::int64_t bound);
+// {"detail":"..."} with the detail escaped.
+void encode_error(std::string& out, std::string_view detail);
+// Escapes like Python's json.dumps(ensure_ascii=False): '"', '\\', control characters.
+void append_escaped(std::string& out, std::string_view text);
+
+}  // namespace api

@@ -1,0 +1,298 @@
+// Request decoders: the simdjson DOM parser validates the whole body (syntax errors
+// anywhere, NaN/Infinity, trailing content) before any field is read. Runs on the core
+// that owns the decoder; the decoded commands own copies of their keys.
+#include "api/codec.hpp"
+
+#include <array>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace api {
+
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+constexpr int kBadRequest = 400;
+constexpr int kTooLarge = 413;
+
+constexpr std::string_view kInvalidRank = "Invalid rank in path";
+constexpr std::string_view kNeedRankKeys = "Invalid request format: need 'rank' and 'keys'";
+constexpr std::string_view kNeedRankConfirmations =
+    "Invalid request format: need 'rank' and 'confirmations'";
+constexpr std::string_view kReleasesNotList =
+    "Invalid request format: 'pages_to_release' must be a list of page numbers";
+constexpr std::string_view kInvalidKeysFormat = "Invalid keys format";
+
+error bad_request(std::string_view detail) { return {kBadRequest, std::string(detail)}; }
+
+// Short, stable reasons: simdjson's own messages are long and may change between versions.
+std::string_view parse_failure_reason(simdjson::error_code code) {
+  switch (code) {
+    case simdjson::EMPTY: return "empty body";
+    case simdjson::TAPE_ERROR: return "syntax error or trailing content";
+    case simdjson::DEPTH_ERROR: return "nesting too deep";
+    case simdjson::STRING_ERROR: return "invalid string";
+    case simdjson::UNCLOSED_STRING: return "unclosed string";
+    case simdjson::UNESCAPED_CHARS: return "unescaped control character in string";
+    case simdjson::T_ATOM_ERROR:
+    case simdjson::F_ATOM_ERROR:
+    case simdjson::N_ATOM_ERROR: return "invalid literal";
+    case simdjson::NUMBER_ERROR: return "invalid number";
+    case simdjson::UTF8_ERROR: return "invalid UTF-8";
+    default: return simdjson::error_message(code);
+  }
+}
+
+// Parses `body` (padded by the caller) and requires an object at the top level.
+error parse_object(simdjson::dom::parser& parser, std::string_view body,
+                   simdjson::dom::object& out) {
+  // Python's json.loads accepts a UTF-8 byte order mark on a bytes body; so do we.
+  constexpr std::string_view kBom = "\xEF\xBB\xBF";
+  if (body.starts_with(kBom)) body.remove_prefix(kBom.size());
+  auto parsed = parser.parse(body.data(), body.size(), false);
+  if (parsed.error() == simdjson::CAPACITY || parsed.error() == simdjson::MEMALLOC) {
+    return {kTooLarge, "Request body too large to parse"};
+  }
+  if (parsed.error()) {
+    return {kBadRequest, fmt::format("Invalid JSON body: {}", parse_failure_reason(parsed.error()))};
+  }
+  if (parsed.value_unsafe().get_object().get(out) != simdjson::SUCCESS) {
+    return bad_request("Invalid JSON body: expected an object");
+  }
+  return {};
+}
+
+struct field {
+  element value;
+  bool present = false;
+};
+
+// Looks up several top-level fields in one pass. Python's json keeps the last of
+// duplicate keys, so a later occurrence overwrites an earlier one.
+template <std::size_t N>
+std::array<field, N> find_fields(simdjson::dom::object object,
+                                 const std::array<std::string_view, N>& names) {
+  std::array<field, N> found{};
+  for (simdjson::dom::key_value_pair kv : object) {
+    for (std::size_t i = 0; i < N; ++i) {
+      if (kv.key == names[i]) {
+        found[i].value = kv.value;
+        found[i].present = true;
+        break;
+      }
+    }
+  }
+  return found;
+}
+
+// A JSON integer token within int64 (not 1.0, not 1e2, not a bool, not above INT64_MAX).
+bool get_int64(element value, std::int64_t& out) {
+  if (value.type() != element_type::INT64) return false;
+  return value.get_int64().get(out) == simdjson::SUCCESS;
+}
+
+bool get_string(element value, std::string_view& out) {
+  return value.get_string().get(out) == simdjson::SUCCESS;
+}
+
+// The two elements of a JSON array of exactly two elements.
+bool get_pair(element value, element& first, element& second) {
+  simdjson::dom::array array;
+  if (value.get_array().get(array) != simdjson::SUCCESS) return false;
+  auto it = array.begin();
+  const auto end = array.end();
+  if (it == end) return false;
+  first = *it;
+  if (++it == end) return false;
+  second = *it;
+  return ++it == end;
+}
+
+// `rank` (an int64) and an optional list field, as batch_allocate, confirm_write and
+// get_locations take them. Any other shape → `shape_detail`.
+error get_rank_and_list(const field& rank_field, const field& list_field,
+                        std::string_view shape_detail, std::int64_t& rank,
+                        simdjson::dom::array& list, bool& has_list) {
+  if (!rank_field.present || !get_int64(rank_field.value, rank)) return bad_request(shape_detail);
+  has_list = list_field.present;
+  if (has_list && list_field.value.get_array().get(list) != simdjson::SUCCESS) {
+    return bad_request(shape_detail);
+  }
+  return {};
+}
+
+// Every element a string; collected into `keys`.
+error collect_string_keys(simdjson::dom::array list, std::vector<std::string_view>& keys) {
+  std::size_t index = 0;
+  for (element value : list) {
+    std::string_view key;
+    if (!get_string(value, key)) {
+      return bad_request(fmt::format("Invalid key at index {}: expected a string", index));
+    }
+    keys.push_back(key);
+    ++index;
+  }
+  return {};
+}
+
+}  // namespace
+
+error decoder::decode_initialize(std::string_view rank_text, std::string_view body,
+                                 std::int64_t pages_max, initialize_cmd& out) {
+  out = initialize_cmd{};
+  std::int64_t rank = 0;
+  if (!parse_rank(rank_text, rank)) return bad_request(kInvalidRank);
+  simdjson::dom::object object;
+  if (error e = parse_object(parser_, body, object)) return e;
+  out.rank = rank;
+  const auto [role, num_pages] = find_fields<2>(object, {"role", "num_pages"});
+
+  std::string_view role_name = "worker";
+  if (role.present && !get_string(role.value, role_name)) return {};
+  if (role_name == "scheduler") {
+    out.kind = init_kind::scheduler;
+    return {};
+  }
+  std::int64_t pages = 0;
+  if (role_name != "worker" || !num_pages.present || !get_int64(num_pages.value, pages) ||
+      pages <= 0) {
+    return {};
+  }
+  if (pages > pages_max) {
+    return bad_request(fmt::format("num_pages exceeds the limit of {}", pages_max));
+  }
+  out.kind = init_kind::worker;
+  out.num_pages = pages;
+  return {};
+}
+
+error decoder::decode_allocate(std::string_view body, allocate_cmd& out) {
+  simdjson::dom::object object;
+  if (error e = parse_object(parser_, body, object)) return e;
+  const auto [rank_field, keys_field] = find_fields<2>(object, {"rank", "keys"});
+  std::int64_t rank = 0;
+  simdjson::dom::array list;
+  bool has_list = false;
+  if (error e = get_rank_and_list(rank_field, keys_field, kNeedRankKeys, rank, list, has_list)) {
+    return e;
+  }
+  scratch_.clear();
+  if (has_list) {
+    std::size_t index = 0;
+    for (element value : list) {
+      std::string_view key;
+      element first;
+      element second;
+      std::string_view prefix;
+      const bool ok = get_string(value, key) ||
+                      (get_pair(value, first, second) && get_string(first, key) &&
+                       get_string(second, prefix));
+      if (!ok) {
+        return bad_request(fmt::format(
+            "Invalid key at index {}: expected a string or a [key, prefix_key] pair of strings",
+            index));
+      }
+      scratch_.push_back(key);
+      ++index;
+    }
+  }
+  out.rank = rank;
+  out.keys.assign(scratch_);
+  return {};
+}
+
+error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
+  simdjson::dom::object object;
+  if (error e = parse_object(parser_, body, object)) return e;
+  const auto [rank_field, confirmations_field, releases_field] =
+      find_fields<3>(object, {"rank", "confirmations", "pages_to_release"});
+  std::int64_t rank = 0;
+  simdjson::dom::array confirmations;
+  bool has_confirmations = false;
+  if (error e = get_rank_and_list(rank_field, confirmations_field, kNeedRankConfirmations,
+                                  rank, confirmations, has_confirmations)) {
+    return e;
+  }
+  simdjson::dom::array releases;
+  const bool has_releases = releases_field.present;
+  if (has_releases && releases_field.value.get_array().get(releases) != simdjson::SUCCESS) {
+    return bad_request(kReleasesNotList);
+  }
+
+  scratch_.clear();
+  out.pages.clear();
+  out.releases.clear();
+  if (has_confirmations) {
+    std::size_t index = 0;
+    for (element value : confirmations) {
+      element key_value;
+      element page_value;
+      std::string_view key;
+      std::int64_t page = 0;
+      if (!get_pair(value, key_value, page_value) || !get_string(key_value, key) ||
+          !get_int64(page_value, page) || page < 0) {
+        return bad_request(fmt::format(
+            "Invalid confirmation at index {}: expected [key, page] with a string key and "
+            "a non-negative integer page",
+            index));
+      }
+      scratch_.push_back(key);
+      out.pages.push_back(page);
+      ++index;
+    }
+  }
+  if (has_releases) {
+    std::size_t index = 0;
+    for (element value : releases) {
+      std::int64_t page = 0;
+      if (!get_int64(value, page) || page < 0) {
+        return bad_request(fmt::format("Invalid page in pages_to_release at index {}", index));
+      }
+      out.releases.push_back(page);
+      ++index;
+    }
+  }
+  out.rank = rank;
+  out.keys.assign(scratch_);
+  return {};
+}
+
+error decoder::decode_exists(std::string_view body, exists_cmd& out) {
+  simdjson::dom::object object;
+  if (error e = parse_object(parser_, body, object)) return e;
+  const auto [keys_field] = find_fields<1>(object, {"keys"});
+  scratch_.clear();
+  if (keys_field.present) {
+    simdjson::dom::array list;
+    if (keys_field.value.get_array().get(list) != simdjson::SUCCESS) {
+      return bad_request(kInvalidKeysFormat);
+    }
+    if (error e = collect_string_keys(list, scratch_)) return e;
+  }
+  out.keys.assign(scratch_);
+  return {};
+}
+
+error decoder::decode_locations(std::string_view body, locations_cmd& out) {
+  simdjson::dom::object object;
+  if (error e = parse_object(parser_, body, object)) return e;
+  const auto [rank_field, keys_field] = find_fields<2>(object, {"rank", "keys"});
+  std::int64_t rank = 0;
+  simdjson::dom::array list;
+  bool has_list = false;
+  if (error e = get_rank_and_list(rank_field, keys_field, kNeedRankKeys, rank, list, has_list)) {
+    return e;
+  }
+  scratch_.clear();
+  if (has_list) {
+    if (error e = collect_string_keys(list, scratch_)) return e;
+  }
+  out.rank = rank;
+  out.keys.assign(scratch_);
+  return {};
+}
+
+}  // namespace api

@@ -1,0 +1,166 @@
+// Response encoders: compact JSON, byte-identical to the reference's (Python's json with
+// separators (",", ":") and ensure_ascii=False). Pure functions appending to a caller's
+// buffer: any core may call them.
+#include "api/codec.hpp"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace api {
+
+namespace {
+
+// The callers pass parallel arrays; a mismatch is a programming error, never input.
+void check(bool invariant) {
+  if (!invariant) std::abort();
+}
+
+void append_int(std::string& out, std::int64_t value) {
+  const fmt::format_int text(value);
+  out.append(text.data(), text.size());
+}
+
+// For each byte: 0 when it is copied verbatim, else the character after the backslash
+// ('u' for \u00XX). Python escapes exactly '"', '\\' and the C0 controls.
+constexpr std::array<char, 256> kEscapes = [] {
+  std::array<char, 256> table{};
+  for (int c = 0; c < 0x20; ++c) table[c] = 'u';
+  table['"'] = '"';
+  table['\\'] = '\\';
+  table['\b'] = 'b';
+  table['\f'] = 'f';
+  table['\n'] = 'n';
+  table['\r'] = 'r';
+  table['\t'] = 't';
+  return table;
+}();
+
+// Whether any of the 8 bytes in `word` needs escaping (< 0x20, '"' or '\\').
+bool word_needs_escape(std::uint64_t word) {
+  constexpr std::uint64_t ones = 0x0101010101010101ULL;
+  constexpr std::uint64_t highs = 0x8080808080808080ULL;
+  const auto has_zero = [](std::uint64_t x) { return ((x - ones) & ~x & highs) != 0; };
+  const bool has_control = ((word - ones * 0x20) & ~word & highs) != 0;
+  return has_control || has_zero(word ^ (ones * '"')) || has_zero(word ^ (ones * '\\'));
+}
+
+// Length of the prefix of `text` that needs no escaping. Keys are hex: usually all of it.
+std::size_t clean_prefix(std::string_view text) {
+  std::size_t i = 0;
+  for (; i + 8 <= text.size(); i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, text.data() + i, sizeof word);
+    if (word_needs_escape(word)) break;
+  }
+  while (i < text.size() && kEscapes[static_cast<unsigned char>(text[i])] == 0) ++i;
+  return i;
+}
+
+void append_string(std::string& out, std::string_view text) {
+  out.push_back('"');
+  append_escaped(out, text);
+  out.push_back('"');
+}
+
+}  // namespace
+
+void append_escaped(std::string& out, std::string_view text) {
+  constexpr std::string_view hex = "0123456789abcdef";
+  while (true) {
+    const std::size_t clean = clean_prefix(text);
+    out.append(text.data(), clean);
+    if (clean == text.size()) return;
+    const auto c = static_cast<unsigned char>(text[clean]);
+    const char escape = kEscapes[c];
+    if (escape == 'u') {
+      const char sequence[] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 0xF]};
+      out.append(sequence, sizeof sequence);
+    } else {
+      const char sequence[] = {'\\', escape};
+      out.append(sequence, sizeof sequence);
+    }
+    text.remove_prefix(clean + 1);
+  }
+}
+
+void encode_initialized(std::string& out, std::int64_t rank, std::int64_t num_pages) {
+  out.append(R"({"message":"Rank )");
+  append_int(out, rank);
+  out.append(" initialized with ");
+  append_int(out, num_pages);
+  out.append(R"( pages"})");
+}
+
+void encode_allocation(std::string& out, std::int64_t rank,
+                       std::span<const std::string_view> keys,
+                       std::span<const std::int64_t> pages) {
+  check(keys.size() == pages.size());
+  std::size_t key_bytes = 0;
+  for (std::string_view key : keys) key_bytes += key.size();
+  // ["key",page], : 6 bytes of punctuation and up to 20 digits per entry.
+  out.reserve(out.size() + 48 + key_bytes + keys.size() * 26);
+  out.append(R"({"rank":)");
+  append_int(out, rank);
+  out.append(R"(,"results":[)");
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i != 0) out.push_back(',');
+    out.push_back('[');
+    append_string(out, keys[i]);
+    out.push_back(',');
+    append_int(out, pages[i]);
+    out.push_back(']');
+  }
+  out.append("]}");
+}
+
+void encode_exists(std::string& out, std::span<const std::uint8_t> exists) {
+  out.reserve(out.size() + 13 + exists.size() * 6);
+  out.append(R"({"exists":[)");
+  for (std::size_t i = 0; i < exists.size(); ++i) {
+    if (i != 0) out.push_back(',');
+    if (exists[i] != 0) {
+      out.append("true");
+    } else {
+      out.append("false");
+    }
+  }
+  out.append("]}");
+}
+
+void encode_locations(std::string& out, std::span<const std::int64_t> pages) {
+  out.reserve(out.size() + 16 + pages.size() * 21);
+  out.append(R"({"locations":[)");
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    if (i != 0) out.push_back(',');
+    if (pages[i] < 0) {
+      out.append("null");
+    } else {
+      append_int(out, pages[i]);
+    }
+  }
+  out.append("]}");
+}
+
+void encode_rank_info(std::string& out, std::int64_t num_pages, std::int64_t free,
+                      std::int64_t reserved, std::int64_t bound) {
+  out.append(R"({"num_pages":)");
+  append_int(out, num_pages);
+  out.append(R"(,"free":)");
+  append_int(out, free);
+  out.append(R"(,"reserved":)");
+  append_int(out, reserved);
+  out.append(R"(,"bound":)");
+  append_int(out, bound);
+  out.push_back('}');
+}
+
+void encode_error(std::string& out, std::string_view detail) {
+  out.append(R"({"detail":)");
+  append_string(out, detail);
+  out.push_back('}');
+}
+
+}  // namespace api

@@ -1,0 +1,38 @@
+// Writes HTTP/1.1 responses into a connection's output buffer. Fixed answers are
+// precomputed bytes built once at start-up; dynamic JSON answers get a header in front.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "http/parser.hpp"
+
+namespace http {
+
+// Answers whose bytes never change. Each exists in a keep-alive and a closing variant
+// (the closing one carries `connection: close`).
+enum class canned : std::uint8_t {
+  no_content,             // 204, no body, no content-length
+  continue_100,           // "HTTP/1.1 100 Continue\r\n\r\n" (same in both variants)
+  scheduler_initialized,  // 200 {"message":"Scheduler role does not require initialization"}
+  invalid_initialization, // 400 {"detail":"Invalid initialization parameters"}
+  invalid_rank_in_path,   // 400 {"detail":"Invalid rank in path"}
+  not_found,              // 404 {"detail":"Not Found"}
+  method_not_allowed,     // 405 {"detail":"Method Not Allowed"} + allow: POST
+  count_
+};
+
+// The bytes for a fixed answer.
+std::string_view canned_bytes(canned what, bool keep_alive);
+
+// The fixed answer for a parse error (400/413/431/501/505 with a JSON detail); these
+// always close the connection.
+std::string_view parse_error_bytes(parse_error err);
+
+// Appends "HTTP/1.1 <status> <reason>", content-type: application/json, content-length
+// and (if !keep_alive) connection: close, then the body.
+void append_json(std::string& out, int status, std::string_view json_body, bool keep_alive);
+
+std::string_view reason_phrase(int status);
+
+}  // namespace http

@@ -1,0 +1,30 @@
+// Path and method → endpoint. Pure function, no state.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "http/parser.hpp"
+
+namespace http {
+
+enum class endpoint : std::uint8_t {
+  initialize,      // POST /rank/{rank}/initialize
+  batch_allocate,  // POST /keys/batch_allocate
+  confirm_write,   // POST /keys/confirm_write
+  batch_exists,    // POST /keys/batch_exists
+  get_locations,   // POST /keys/get_locations
+  clear,           // POST /clear
+  rank_info,       // GET  /rank/{rank}
+  not_found,
+  method_not_allowed,  // known path, wrong method (answer carries Allow)
+};
+
+struct route {
+  endpoint target = endpoint::not_found;
+  std::string_view rank_text;  // the {rank} segment, undecoded, for the rank endpoints
+};
+
+route match(method verb, std::string_view path);
+
+}  // namespace http

@@ -1,0 +1,186 @@
+// hf3fs-metad: flags → config → server. SIGINT/SIGTERM stop it cleanly (exit 0);
+// bad flags print one line and exit 2.
+#include <signal.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "metad/config.hpp"
+#include "metad/log.hpp"
+#include "metad/server.hpp"
+
+namespace {
+
+constexpr std::string_view kUsage = R"(Usage: hf3fs-metad [flags]
+KV-cache page metadata server for vLLM's HF3FS connector (drop-in for its Python
+metadata server; same HTTP API, default port 18000).
+
+  --host ADDR               listen address (default 127.0.0.1)
+  --port N                  TCP port (default 18000; 0 picks a free one)
+  --threads N               core threads (default: one per CPU of the affinity mask)
+  --cpus LIST               pin core threads to these CPUs, e.g. 0-3,8 (overrides --threads)
+  --io auto|uring|epoll     transport (default auto: io_uring, epoll where refused)
+  --header-bytes-max N      request line + headers limit, else 431 (default 65536)
+  --body-bytes-max N        request body limit, else 413 (default 33554432)
+  --pages-per-rank-max N    largest num_pages a rank may have (default 268435456)
+  --idle-timeout-ms N       close keep-alive connections idle this long (default 60000)
+  --header-timeout-ms N     a started request must arrive within this (default 10000)
+  --drain-timeout-ms N      grace for in-flight requests on SIGINT/SIGTERM (default 5000)
+  --connections-max N       open connections per core; more are closed (default 16384)
+  --log-level LEVEL         error|warn|info|debug (default info)
+  --help                    this text
+  --version                 print the version
+)";
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename Int>
+Int parse_int(std::string_view flag, std::string_view text, Int lo, Int hi) {
+  Int value{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size() || value < lo || value > hi)
+    throw usage_error(std::string(flag) + ": expected an integer in [" + std::to_string(lo) +
+                      ", " + std::to_string(hi) + "], got '" + std::string(text) + "'");
+  return value;
+}
+
+std::vector<int> parse_cpus(std::string_view text) {
+  std::vector<int> cpus;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    std::string_view item = text.substr(0, comma);
+    const std::size_t dash = item.find('-');
+    const int first = parse_int<int>("--cpus", item.substr(0, dash), 0, CPU_SETSIZE - 1);
+    const int last = dash == std::string_view::npos
+                         ? first
+                         : parse_int<int>("--cpus", item.substr(dash + 1), first, CPU_SETSIZE - 1);
+    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+  }
+  if (cpus.empty()) throw usage_error("--cpus: empty list");
+  return cpus;
+}
+
+std::vector<int> first_cpus(int count) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> mask;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) mask.push_back(cpu);
+  if (mask.empty()) mask.push_back(0);
+  std::vector<int> cpus;
+  // More threads than CPUs is allowed (tests, oversubscribed hosts): wrap around.
+  for (int i = 0; i < count; ++i) cpus.push_back(mask[static_cast<std::size_t>(i) % mask.size()]);
+  return cpus;
+}
+
+metad::config parse_flags(int argc, char** argv) {
+  metad::config cfg;
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
+      std::exit(0);
+    }
+    if (flag == "--version") {
+      std::printf("hf3fs-metad %s\n", METAD_VERSION);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) throw usage_error(std::string(flag) + ": unknown flag or missing value");
+    std::string_view value = argv[++i];
+    if (flag == "--host") cfg.host = value;
+    else if (flag == "--port") cfg.port = parse_int<std::uint16_t>(flag, value, 0, 65535);
+    else if (flag == "--threads") threads = parse_int<int>(flag, value, 1, 1024);
+    else if (flag == "--cpus") cfg.cpus = parse_cpus(value);
+    else if (flag == "--io") {
+      if (value == "auto") cfg.io = metad::io_mode::automatic;
+      else if (value == "uring") cfg.io = metad::io_mode::uring;
+      else if (value == "epoll") cfg.io = metad::io_mode::epoll;
+      else throw usage_error("--io: expected auto, uring or epoll");
+    } else if (flag == "--header-bytes-max") {
+      cfg.header_bytes_max = parse_int<std::size_t>(flag, value, 256, std::size_t{1} << 24);
+    } else if (flag == "--body-bytes-max") {
+      cfg.body_bytes_max = parse_int<std::size_t>(flag, value, 0, std::size_t{1} << 32);
+    } else if (flag == "--pages-per-rank-max") {
+      cfg.pages_per_rank_max = parse_int<std::int64_t>(flag, value, 1, std::int64_t{1} << 31);
+    } else if (flag == "--idle-timeout-ms") {
+      cfg.idle_timeout_ms = parse_int<std::uint32_t>(flag, value, 1, 86'400'000);
+    } else if (flag == "--header-timeout-ms") {
+      cfg.header_timeout_ms = parse_int<std::uint32_t>(flag, value, 1, 86'400'000);
+    } else if (flag == "--drain-timeout-ms") {
+      cfg.drain_timeout_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag == "--connections-max") {
+      cfg.connections_per_core_max = parse_int<std::uint32_t>(flag, value, 1, 1'000'000);
+    } else if (flag == "--log-level") {
+      if (value == "error") cfg.log = metad::log_level::error;
+      else if (value == "warn") cfg.log = metad::log_level::warn;
+      else if (value == "info") cfg.log = metad::log_level::info;
+      else if (value == "debug") cfg.log = metad::log_level::debug;
+      else throw usage_error("--log-level: expected error, warn, info or debug");
+    } else {
+      throw usage_error(std::string(flag) + ": unknown flag (see --help)");
+    }
+  }
+  if (cfg.cpus.empty() && threads > 0) cfg.cpus = first_cpus(threads);
+  return cfg;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  metad::config cfg;
+  try {
+    cfg = parse_flags(argc, argv);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "hf3fs-metad: %s\n", e.what());
+    return 2;
+  }
+  metad::log::threshold = cfg.log;
+
+  // Signals are taken synchronously by one thread; every other thread blocks them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  try {
+    metad::server server(cfg);
+    std::atomic<bool> finished{false};
+    std::thread signal_thread([&] {
+      const timespec poll_interval{0, 200'000'000};
+      while (!finished.load()) {
+        const int sig = sigtimedwait(&stop_signals, nullptr, &poll_interval);
+        if (sig > 0) {
+          metad::log::info("{} received: draining", strsignal(sig));
+          server.stop();
+          return;
+        }
+      }
+    });
+    try {
+      server.run();
+    } catch (...) {
+      finished = true;
+      signal_thread.join();
+      throw;
+    }
+    finished = true;
+    signal_thread.join();
+  } catch (const std::exception& e) {
+    metad::log::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

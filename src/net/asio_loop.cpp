@@ -1,0 +1,210 @@
+// Fallback transport: standalone Asio with its default epoll reactor and C++20
+// coroutines (never Asio's io_uring backend: see design.md). Same flow as the uring
+// loop: one coroutine per connection, a periodic sweep for timeouts, the mailbox's
+// eventfd watched for cross-core wake-ups.
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <asio.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <chrono>
+#include <vector>
+
+#include "metad/log.hpp"
+#include "net/transport.hpp"
+
+namespace net {
+namespace {
+
+using asio::awaitable;
+using asio::ip::tcp;
+constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
+using clock = std::chrono::steady_clock;
+
+class asio_loop;
+
+struct connection final : waker {
+  tcp::socket socket;
+  asio::steady_timer parked;  // waits "forever" while the request is on another core
+  std::unique_ptr<connection_handler> handler;
+  clock::time_point deadline;
+  bool mid_request = false;
+  bool waiting = false;
+  bool woken = false;
+  bool shut = false;
+  std::size_t index = 0;
+
+  explicit connection(tcp::socket s)
+      : socket(std::move(s)), parked(socket.get_executor(), clock::time_point::max()) {}
+  void wake() override {
+    woken = true;
+    if (waiting) parked.cancel();
+  }
+};
+
+class asio_loop {
+ public:
+  asio_loop(const loop_options& options, core_hooks& hooks)
+      : options_(options), hooks_(hooks), ctx_(ASIO_CONCURRENCY_HINT_UNSAFE),
+        acceptor_(ctx_), wake_(ctx_, ::dup(hooks.wake_fd())), tick_(ctx_) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    ::getsockname(options.listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    acceptor_.assign(addr.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), ::dup(options.listen_fd));
+  }
+
+  void run() {
+    asio::co_spawn(ctx_, accept_loop(), asio::detached);
+    asio::co_spawn(ctx_, wake_loop(), asio::detached);
+    asio::co_spawn(ctx_, tick_loop(), asio::detached);
+    for (;;) {
+      ctx_.poll();
+      hooks_.poll();
+      if (!stopping_ && hooks_.stopping()) begin_stop();
+      if (stopping_ && connections_.empty() && hooks_.may_exit()) break;
+      if (hooks_.prepare_sleep()) {
+        ctx_.run_one();
+        hooks_.woke();
+      }
+    }
+    asio::error_code ignored;
+    wake_.cancel(ignored);
+    tick_.cancel();
+    ctx_.stop();
+  }
+
+ private:
+  awaitable<void> accept_loop() {
+    while (!stopping_) {
+      auto [ec, socket] = co_await acceptor_.async_accept(use_tuple);
+      if (ec) {
+        if (ec == asio::error::operation_aborted) break;
+        metad::log::warn("accept failed: {}", ec.message());
+        continue;
+      }
+      if (stopping_ || connections_.size() >= options_.connections_max) {
+        ++stats_.rejected;
+        continue;  // the socket closes as it goes out of scope
+      }
+      ++stats_.accepted;
+      socket.set_option(tcp::no_delay(true), ec);
+      auto* c = new connection(std::move(socket));
+      c->handler = hooks_.open(*c);
+      c->deadline = clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
+      c->index = connections_.size();
+      connections_.push_back(c);
+      asio::co_spawn(ctx_, serve(c), asio::detached);
+    }
+  }
+
+  awaitable<void> serve(connection* c) {
+    flow next = flow::read;
+    for (;;) {
+      std::string& out = c->handler->output();
+      if (!out.empty()) {
+        auto [ec, n] = co_await asio::async_write(c->socket, asio::buffer(out), use_tuple);
+        out.clear();
+        if (ec) break;
+      }
+      if (next == flow::close) break;
+      if (next == flow::wait) {
+        if (!c->woken) {
+          c->waiting = true;
+          c->parked.expires_at(clock::time_point::max());
+          co_await c->parked.async_wait(use_tuple);
+          c->waiting = false;
+        }
+        c->woken = false;
+        next = c->handler->on_resume();
+        continue;
+      }
+      if (stopping_ && !c->handler->mid_request()) break;
+      std::span<char> space = c->handler->read_space();
+      auto [ec, n] = co_await c->socket.async_read_some(asio::buffer(space.data(), space.size()), use_tuple);
+      if (ec || n == 0 || c->shut) break;
+      next = c->handler->on_bytes(n);
+      const bool mid = c->handler->mid_request();
+      if (!mid) {
+        c->deadline = clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
+      } else if (!c->mid_request) {
+        c->deadline = clock::now() + std::chrono::milliseconds(options_.header_timeout_ms);
+      }
+      c->mid_request = mid;
+    }
+    close(c);
+  }
+
+  awaitable<void> wake_loop() {
+    std::uint64_t counter = 0;
+    for (;;) {
+      auto [ec, n] = co_await wake_.async_read_some(asio::buffer(&counter, sizeof counter), use_tuple);
+      if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) co_return;
+    }
+  }
+
+  awaitable<void> tick_loop() {
+    for (;;) {
+      tick_.expires_after(std::chrono::milliseconds(250));
+      auto [ec] = co_await tick_.async_wait(use_tuple);
+      if (ec) co_return;
+      sweep();
+    }
+  }
+
+  void sweep() {
+    const auto now = clock::now();
+    const bool draining_over = stopping_ && now >= stop_deadline_;
+    for (connection* c : connections_) {
+      if (c->waiting) continue;
+      if (draining_over || now >= c->deadline) {
+        if (!c->shut) ++stats_.timed_out;
+        shut(c);
+      }
+    }
+  }
+
+  void shut(connection* c) {
+    if (c->shut) return;
+    c->shut = true;
+    asio::error_code ignored;
+    c->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    c->socket.cancel(ignored);
+  }
+
+  void close(connection* c) {
+    connection* last = connections_.back();
+    connections_[c->index] = last;
+    last->index = c->index;
+    connections_.pop_back();
+    delete c;
+  }
+
+  void begin_stop() {
+    stopping_ = true;
+    stop_deadline_ = clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
+    asio::error_code ignored;
+    acceptor_.close(ignored);
+    for (connection* c : connections_)
+      if (!c->waiting && !c->mid_request) shut(c);
+  }
+
+  loop_options options_;
+  core_hooks& hooks_;
+  asio::io_context ctx_;
+  tcp::acceptor acceptor_;
+  asio::posix::stream_descriptor wake_;
+  asio::steady_timer tick_;
+  std::vector<connection*> connections_;
+  bool stopping_ = false;
+  clock::time_point stop_deadline_;
+  loop_stats stats_;
+};
+
+}  // namespace
+
+void run_epoll_loop(const loop_options& options, core_hooks& hooks) {
+  asio_loop loop(options, hooks);
+  loop.run();
+}
+
+}  // namespace net

@@ -1,0 +1,92 @@
+// The contract between a per-core event loop (uring or epoll) and whoever handles the
+// bytes. The loop only moves bytes, accepts, times out and closes; it knows nothing of
+// HTTP. Everything here runs on the loop's own core thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace net {
+
+// What the loop does next with a connection.
+enum class flow : std::uint8_t {
+  read,   // send any output, then read more input
+  wait,   // work is pending elsewhere: don't read; wake() will follow
+  close,  // send any output, then close
+};
+
+// Lets a handler resume its connection after flow::wait (same thread, any time later;
+// the loop defers the actual resumption to its own iteration).
+class waker {
+ public:
+  virtual void wake() = 0;
+
+ protected:
+  ~waker() = default;
+};
+
+class connection_handler {
+ public:
+  virtual ~connection_handler() = default;
+  // Where the next read goes.
+  virtual std::span<char> read_space() = 0;
+  // `bytes` arrived in read_space().
+  virtual flow on_bytes(std::size_t bytes) = 0;
+  // Pending work finished (after waker::wake()).
+  virtual flow on_resume() = 0;
+  // Bytes to send; the loop sends them all and then clears the string.
+  virtual std::string& output() = 0;
+  // A request is partly received: the header timeout applies instead of the idle one.
+  virtual bool mid_request() const = 0;
+};
+
+// The server side of one core's loop.
+class core_hooks {
+ public:
+  virtual std::unique_ptr<connection_handler> open(waker& w) = 0;
+  // Cross-core work: resume what other cores handed over. Returns the count.
+  virtual std::size_t poll() = 0;
+  // About to block: false if work arrived meanwhile.
+  virtual bool prepare_sleep() = 0;
+  virtual void woke() = 0;
+  // Readable when another core wants this one awake.
+  virtual int wake_fd() = 0;
+  // Stop was requested: stop accepting, finish what is in flight.
+  virtual bool stopping() = 0;
+  // This loop has no connections left after a stop; true once every core's loop may
+  // exit (until then the loop keeps serving cross-core work).
+  virtual bool may_exit() = 0;
+
+ protected:
+  ~core_hooks() = default;
+};
+
+struct loop_options {
+  int listen_fd = -1;
+  std::uint32_t idle_timeout_ms = 60'000;
+  std::uint32_t header_timeout_ms = 10'000;
+  std::uint32_t drain_timeout_ms = 5'000;
+  std::uint32_t connections_max = 16'384;
+};
+
+// Per-core connection counters, read by the owning core only.
+struct loop_stats {
+  std::uint64_t accepted = 0, rejected = 0, timed_out = 0;
+};
+
+// Run until hooks.may_exit(). Throw std::system_error if the loop cannot start.
+void run_uring_loop(const loop_options& options, core_hooks& hooks);
+void run_epoll_loop(const loop_options& options, core_hooks& hooks);
+
+// Whether this process may create io_uring instances (containers often forbid it).
+bool uring_available();
+
+// A non-blocking listening TCP socket with SO_REUSEPORT bound to host:port (port 0:
+// an ephemeral port). Throws std::system_error.
+int listen_tcp(const std::string& host, std::uint16_t port, int backlog = 4096);
+std::uint16_t local_port(int fd);
+
+}  // namespace net

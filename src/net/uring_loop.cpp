@@ -1,0 +1,339 @@
+// Native liburing transport: one ring per core, created on that core's thread. Each
+// connection is a coroutine that awaits single-shot recv/send completions; accepts are
+// multishot; all submissions of an iteration go out in one io_uring_enter.
+#include <liburing.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <coroutine>
+#include <ctime>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "metad/log.hpp"
+#include "net/detached.hpp"
+#include "net/transport.hpp"
+
+namespace net {
+namespace {
+
+std::uint64_t now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
+}
+
+// Every SQE's user_data points at one of these.
+struct completion {
+  void (*on_cqe)(completion* self, const io_uring_cqe& cqe) = nullptr;
+};
+
+class uring_loop;
+// A completion of the loop's own (accept, wake-up, tick) that calls back into it.
+struct loop_completion : completion {
+  uring_loop* loop = nullptr;
+  void (uring_loop::*handler)(const io_uring_cqe&) = nullptr;
+  void bind(uring_loop* l, void (uring_loop::*h)(const io_uring_cqe&)) {
+    loop = l;
+    handler = h;
+    on_cqe = [](completion* self, const io_uring_cqe& cqe) {
+      auto* me = static_cast<loop_completion*>(self);
+      (me->loop->*me->handler)(cqe);
+    };
+  }
+};
+
+struct connection final : waker {
+  uring_loop& loop;
+  int fd;
+  std::unique_ptr<connection_handler> handler;
+  std::uint64_t deadline_ms = 0;
+  bool mid_request = false;
+  bool waiting = false;
+  bool woken = false;
+  bool shut = false;
+  std::coroutine_handle<> parked;  // the serve coroutine while waiting
+  std::size_t index = 0;           // position in the loop's connection list
+
+  connection(uring_loop& l, int f) : loop(l), fd(f) {}
+  void wake() override;
+};
+
+class uring_loop {
+ public:
+  uring_loop(const loop_options& options, core_hooks& hooks);
+  ~uring_loop();
+  void run();
+
+  // One awaitable SQE.
+  struct op final : completion {
+    uring_loop& loop;
+    int result = 0;
+    std::coroutine_handle<> waiter;
+    explicit op(uring_loop& l) : loop(l) {
+      on_cqe = [](completion* self, const io_uring_cqe& cqe) {
+        auto* me = static_cast<op*>(self);
+        me->result = cqe.res;
+        me->waiter.resume();
+      };
+    }
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) noexcept { waiter = h; }
+    int await_resume() const noexcept { return result; }
+  };
+
+  io_uring_sqe* sqe(completion* c);
+  void ready(connection* c) { ready_.push_back(c); }
+
+ private:
+  detached serve(connection* c);
+  void arm_accept();
+  void arm_wake();
+  void arm_tick();
+  void on_accept(const io_uring_cqe& cqe);
+  void on_wake(const io_uring_cqe& cqe);
+  void on_tick(const io_uring_cqe& cqe);
+  void open(int fd);
+  void close(connection* c);
+  void shut(connection* c);
+  void sweep();
+  void begin_stop();
+
+  loop_options options_;
+  core_hooks& hooks_;
+  io_uring ring_{};
+  std::vector<connection*> connections_;
+  std::vector<connection*> ready_;
+  loop_completion accept_done_, wake_done_, tick_done_;
+  completion ignored_;
+  std::uint64_t wake_buffer_ = 0;
+  __kernel_timespec tick_{};
+  bool accepting_ = false;
+  bool stopping_ = false;
+  std::uint64_t stop_deadline_ms_ = 0;
+  std::uint64_t now_ms_ = now_ms();
+  loop_stats stats_;
+};
+
+void connection::wake() {
+  woken = true;
+  if (parked) loop.ready(this);
+}
+
+uring_loop::uring_loop(const loop_options& options, core_hooks& hooks)
+    : options_(options), hooks_(hooks) {
+  io_uring_params params{};
+  params.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+                 IORING_SETUP_COOP_TASKRUN;
+  int rc = io_uring_queue_init_params(4096, &ring_, &params);
+  if (rc == -EINVAL) {  // older kernel: plain ring
+    params = {};
+    rc = io_uring_queue_init_params(4096, &ring_, &params);
+  }
+  if (rc < 0) throw std::system_error(-rc, std::generic_category(), "io_uring_queue_init");
+  accept_done_.bind(this, &uring_loop::on_accept);
+  wake_done_.bind(this, &uring_loop::on_wake);
+  tick_done_.bind(this, &uring_loop::on_tick);
+  ignored_.on_cqe = [](completion*, const io_uring_cqe&) {};
+}
+
+uring_loop::~uring_loop() { io_uring_queue_exit(&ring_); }
+
+io_uring_sqe* uring_loop::sqe(completion* c) {
+  io_uring_sqe* s = io_uring_get_sqe(&ring_);
+  while (s == nullptr) {  // submission queue full: flush it
+    io_uring_submit(&ring_);
+    s = io_uring_get_sqe(&ring_);
+  }
+  io_uring_sqe_set_data(s, c);
+  return s;
+}
+
+void uring_loop::arm_accept() {
+  io_uring_prep_multishot_accept(sqe(&accept_done_), options_.listen_fd, nullptr, nullptr,
+                                 SOCK_CLOEXEC);
+  accepting_ = true;
+}
+
+void uring_loop::arm_wake() {
+  io_uring_prep_read(sqe(&wake_done_), hooks_.wake_fd(), &wake_buffer_, sizeof wake_buffer_, 0);
+}
+
+void uring_loop::arm_tick() {
+  tick_.tv_sec = 0;
+  tick_.tv_nsec = 250'000'000;
+  io_uring_prep_timeout(sqe(&tick_done_), &tick_, 0, 0);
+}
+
+void uring_loop::on_accept(const io_uring_cqe& cqe) {
+  if (!(cqe.flags & IORING_CQE_F_MORE)) accepting_ = false;
+  if (cqe.res >= 0) {
+    open(cqe.res);
+  } else if (cqe.res != -ECANCELED) {
+    metad::log::warn("accept failed: {}", std::system_category().message(-cqe.res));
+  }
+  if (!accepting_ && !stopping_) arm_accept();
+}
+
+void uring_loop::open(int fd) {
+  if (stopping_ || connections_.size() >= options_.connections_max) {
+    ++stats_.rejected;
+    ::close(fd);
+    return;
+  }
+  ++stats_.accepted;
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto* c = new connection(*this, fd);
+  c->handler = hooks_.open(*c);
+  c->deadline_ms = now_ms_ + options_.idle_timeout_ms;
+  c->index = connections_.size();
+  connections_.push_back(c);
+  serve(c);
+}
+
+void uring_loop::shut(connection* c) {
+  if (c->shut) return;
+  c->shut = true;
+  ::shutdown(c->fd, SHUT_RDWR);  // the pending recv/send completes; serve() then closes
+}
+
+void uring_loop::close(connection* c) {
+  connection* last = connections_.back();
+  connections_[c->index] = last;
+  last->index = c->index;
+  connections_.pop_back();
+  ::close(c->fd);
+  delete c;
+}
+
+detached uring_loop::serve(connection* c) {
+  flow next = flow::read;
+  for (;;) {
+    std::string& out = c->handler->output();
+    bool send_failed = false;
+    for (std::size_t sent = 0; sent < out.size();) {
+      op o(*this);
+      io_uring_prep_send(sqe(&o), c->fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      const int n = co_await o;
+      if (n <= 0) {
+        send_failed = true;
+        break;
+      }
+      sent += static_cast<std::size_t>(n);
+    }
+    out.clear();
+    if (send_failed) break;
+    if (next == flow::close) break;
+    if (next == flow::wait) {
+      if (!c->woken) {
+        c->waiting = true;
+        co_await parked_awaiter{c->parked};
+        c->waiting = false;
+      }
+      c->woken = false;
+      next = c->handler->on_resume();
+      continue;
+    }
+    if (stopping_ && !c->handler->mid_request()) break;
+    std::span<char> space = c->handler->read_space();
+    op o(*this);
+    io_uring_prep_recv(sqe(&o), c->fd, space.data(), space.size(), 0);
+    const int n = co_await o;
+    if (n <= 0 || c->shut) break;
+    next = c->handler->on_bytes(static_cast<std::size_t>(n));
+    const bool mid = c->handler->mid_request();
+    if (!mid) {
+      c->deadline_ms = now_ms_ + options_.idle_timeout_ms;
+    } else if (!c->mid_request) {
+      c->deadline_ms = now_ms_ + options_.header_timeout_ms;  // whole request, not per byte
+    }
+    c->mid_request = mid;
+  }
+  close(c);
+}
+
+void uring_loop::sweep() {
+  const bool draining_over = stopping_ && now_ms_ >= stop_deadline_ms_;
+  for (connection* c : connections_) {
+    if (c->waiting) continue;  // its request is on another core; it finishes quickly
+    if (draining_over || now_ms_ >= c->deadline_ms) {
+      if (!c->shut) ++stats_.timed_out;
+      shut(c);
+    }
+  }
+}
+
+void uring_loop::on_wake(const io_uring_cqe&) { arm_wake(); }
+
+void uring_loop::on_tick(const io_uring_cqe&) {
+  now_ms_ = now_ms();
+  sweep();
+  arm_tick();
+}
+
+void uring_loop::begin_stop() {
+  stopping_ = true;
+  stop_deadline_ms_ = now_ms_ + options_.drain_timeout_ms;
+  if (accepting_) io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&accept_done_), 0);
+  for (connection* c : connections_)
+    if (!c->waiting && !c->mid_request) shut(c);  // idle keep-alive connections
+}
+
+void uring_loop::run() {
+  arm_accept();
+  arm_wake();
+  arm_tick();
+
+  for (;;) {
+    now_ms_ = now_ms();
+    hooks_.poll();
+    while (!ready_.empty()) {
+      std::vector<connection*> batch;
+      batch.swap(ready_);
+      for (connection* c : batch) {
+        std::coroutine_handle<> h = std::exchange(c->parked, {});
+        if (h) h.resume();
+      }
+    }
+    if (!stopping_ && hooks_.stopping()) begin_stop();
+    if (stopping_ && connections_.empty() && hooks_.may_exit()) break;
+
+    if (hooks_.prepare_sleep()) {
+      io_uring_submit_and_wait(&ring_, 1);
+      hooks_.woke();
+    } else {
+      io_uring_submit_and_get_events(&ring_);
+    }
+    unsigned head;
+    io_uring_cqe* cqe;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      auto* c = static_cast<completion*>(io_uring_cqe_get_data(cqe));
+      if (c) c->on_cqe(c, *cqe);
+    }
+    io_uring_cq_advance(&ring_, seen);
+  }
+}
+
+}  // namespace
+
+void run_uring_loop(const loop_options& options, core_hooks& hooks) {
+  uring_loop loop(options, hooks);
+  loop.run();
+}
+
+bool uring_available() {
+  io_uring ring{};
+  const int rc = io_uring_queue_init(2, &ring, 0);
+  if (rc < 0) return false;
+  io_uring_queue_exit(&ring);
+  return true;
+}
+
+}  // namespace net

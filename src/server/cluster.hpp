@@ -1,0 +1,39 @@
+// Everything the cores share: the config, each core's state, the mailbox between them.
+// core_state i is touched only by core i's thread (other cores reach it by hopping).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/codec.hpp"
+#include "metad/config.hpp"
+#include "shard/mailbox.hpp"
+#include "shard/state.hpp"
+
+namespace server {
+
+struct core_state {
+  int index = 0;
+  shard::rank_table ranks;
+  shard::directory directory;
+  api::decoder decoder;
+};
+
+struct cluster {
+  cluster(const metad::config& config, int core_count);
+
+  const metad::config& cfg;
+  const int cores;
+  std::vector<std::unique_ptr<core_state>> core;
+  shard::mailbox mailbox;
+  // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.
+  std::atomic<std::int64_t> worker_ranks{0};
+  std::atomic<bool> stopping{false};
+  // Cores still serving connections after a stop; loops exit when it reaches 0.
+  std::atomic<int> draining_cores;
+};
+
+}  // namespace server

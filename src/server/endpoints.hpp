@@ -1,0 +1,19 @@
+// One coroutine per endpoint that touches state. Each starts on the connection's home
+// core with its command decoded into exchange::work(), hops to the owning cores, comes
+// back home, writes the answer and calls exchange::complete().
+#pragma once
+
+#include "server/exchange.hpp"
+#include "server/request_task.hpp"
+
+namespace server {
+
+request_task run_initialize(exchange& x);
+request_task run_allocate(exchange& x);
+request_task run_confirm(exchange& x);
+// batch_exists (with_rank == false) and get_locations (true) share the directory walk.
+request_task run_lookup(exchange& x, bool with_rank);
+request_task run_clear(exchange& x);
+request_task run_rank_info(exchange& x);
+
+}  // namespace server

@@ -1,0 +1,71 @@
+// One connection's request pipeline on its home core: bytes → http::parser → router →
+// api decode → endpoint coroutine (which may hop to other cores) → response bytes.
+// Requests on a connection are handled one at a time, in order (pipelining included).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/codec.hpp"
+#include "http/parser.hpp"
+#include "http/response.hpp"
+#include "http/router.hpp"
+#include "net/transport.hpp"
+#include "server/cluster.hpp"
+
+namespace server {
+
+// Per-connection buffers reused by every request: commands, results, encoder output.
+struct scratch {
+  api::initialize_cmd init;
+  api::allocate_cmd allocate;
+  api::confirm_cmd confirm;
+  api::exists_cmd exists;
+  api::locations_cmd locations;
+  std::vector<std::uint32_t> indices;
+  std::vector<std::int64_t> pages;
+  std::vector<std::uint8_t> flags;
+  std::vector<std::uint16_t> key_owner;
+  std::vector<std::uint8_t> core_needed;
+  std::vector<std::string_view> selected;
+  std::string detail;
+  std::string body;
+};
+
+class exchange final : public net::connection_handler {
+ public:
+  exchange(cluster& cl, core_state& home, net::waker& waker);
+
+  std::span<char> read_space() override { return parser_.read_space(); }
+  net::flow on_bytes(std::size_t bytes) override;
+  net::flow on_resume() override;
+  std::string& output() override { return out_; }
+  bool mid_request() const override { return parser_.mid_request(); }
+
+  // For the endpoint coroutines (home core only).
+  cluster& shared() { return cluster_; }
+  core_state& home() { return home_; }
+  scratch& work() { return scratch_; }
+  void respond_json(int status, std::string_view body);
+  void respond_error(int status, std::string_view detail);
+  void respond_canned(http::canned what);
+  // The request's answer is in the output: let the connection go on.
+  void complete();
+
+ private:
+  net::flow advance();
+  void dispatch(const http::request& request);
+
+  cluster& cluster_;
+  core_state& home_;
+  net::waker& waker_;
+  http::parser parser_;
+  std::string out_;
+  scratch scratch_;
+  bool keep_alive_ = true;
+  bool in_flight_ = false;  // a request is being executed
+  bool parked_ = false;     // ... and the connection was told to wait for it
+};
+
+}  // namespace server

@@ -1,0 +1,78 @@
+// Cross-core hand-off of coroutines: one lock-free single-producer/single-consumer ring
+// per ordered pair of cores. A coroutine on core A that must run on core B posts its
+// handle into ring A→B; core B resumes it when it drains its inbound rings. A full ring
+// spills into an overflow list owned by the producer, flushed on its next drain (the
+// number of coroutines in flight is bounded by the connection limit, so this is bounded).
+// Wake-ups: a core about to sleep announces it; a producer writes the target's eventfd
+// only then.
+#pragma once
+
+#include <atomic>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace shard {
+
+class spsc_ring {
+ public:
+  explicit spsc_ring(std::size_t slots_pow2);
+  // Producer side. False when full.
+  bool push(std::coroutine_handle<> h);
+  // Consumer side. Empty handle when empty.
+  std::coroutine_handle<> pop();
+  bool empty() const;
+
+ private:
+  std::vector<std::coroutine_handle<>> slots_;
+  std::size_t mask_;
+  alignas(64) std::atomic<std::size_t> head_{0};  // consumer position
+  std::size_t tail_cache_ = 0;                    // consumer's view of tail_
+  alignas(64) std::atomic<std::size_t> tail_{0};  // producer position
+  std::size_t head_cache_ = 0;                    // producer's view of head_
+};
+
+class mailbox {
+ public:
+  mailbox(int cores, std::size_t slots_per_ring);
+  ~mailbox();
+  mailbox(const mailbox&) = delete;
+  mailbox& operator=(const mailbox&) = delete;
+
+  int cores() const { return cores_; }
+  // Called on core `from`: core `to` will resume h.
+  void post(int from, int to, std::coroutine_handle<> h);
+  // Called on core `self`: flushes its overflow, resumes every handle posted to it.
+  // Returns how many were resumed.
+  std::size_t drain(int self);
+  // Called on core `self` before it blocks: false when work is already waiting.
+  bool prepare_sleep(int self);
+  void woke(int self);
+  // The eventfd a sleeping core waits on (readable after a wake-up).
+  int wake_fd(int self) const;
+  // Wakes a core whether or not it sleeps (shutdown).
+  void wake(int core);
+
+  // co_await hop(mb, from, to): continue on core `to` (no-op when from == to).
+  struct hop_awaiter {
+    mailbox& mb;
+    int from, to;
+    bool await_ready() const noexcept { return from == to; }
+    void await_suspend(std::coroutine_handle<> h) { mb.post(from, to, h); }
+    void await_resume() const noexcept {}
+  };
+  hop_awaiter hop(int from, int to) { return {*this, from, to}; }
+
+ private:
+  struct core_slot;
+  spsc_ring& ring(int from, int to);
+  void notify(int to);
+
+  int cores_;
+  std::vector<std::unique_ptr<spsc_ring>> rings_;  // [from * cores + to]
+  std::unique_ptr<core_slot[]> slots_;
+};
+
+}  // namespace shard

@@ -1,0 +1,218 @@
+// Response encoders: exact bytes, as Python's json.dumps(separators=(",", ":"),
+// ensure_ascii=False) writes them.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "api/codec.hpp"
+#include "test_util.hpp"
+
+namespace api {
+namespace {
+
+using testing::body;
+
+TEST(EncodeInitialized, WritesTheReferenceMessage) {
+  std::string out;
+  encode_initialized(out, 3, 100);
+  EXPECT_EQ(out, R"({"message":"Rank 3 initialized with 100 pages"})");
+  out.clear();
+  encode_initialized(out, -2, 1);
+  EXPECT_EQ(out, R"({"message":"Rank -2 initialized with 1 pages"})");
+  out.clear();
+  encode_initialized(out, INT64_MIN, 268435456);
+  EXPECT_EQ(out, R"({"message":"Rank -9223372036854775808 initialized with 268435456 pages"})");
+}
+
+TEST(Encoders, AppendToExistingContents) {
+  std::string out = "HEAD";
+  encode_initialized(out, 0, 5);
+  encode_error(out, "x");
+  EXPECT_EQ(out, R"(HEAD{"message":"Rank 0 initialized with 5 pages"}{"detail":"x"})");
+}
+
+TEST(EncodeAllocation, WritesRankAndKeyPagePairs) {
+  std::string out;
+  const std::vector<std::string_view> keys = {"k1", "k2"};
+  const std::vector<std::int64_t> pages = {5, -1};
+  encode_allocation(out, 0, keys, pages);
+  EXPECT_EQ(out, R"({"rank":0,"results":[["k1",5],["k2",-1]]})");
+}
+
+TEST(EncodeAllocation, WritesAnEmptyBatch) {
+  std::string out;
+  encode_allocation(out, -4, {}, {});
+  EXPECT_EQ(out, R"({"rank":-4,"results":[]})");
+}
+
+TEST(EncodeAllocation, EscapesKeys) {
+  std::string out;
+  const std::vector<std::string_view> keys = {"a\"b", "caf\xc3\xa9", "\n"};
+  const std::vector<std::int64_t> pages = {INT64_MAX, 0, 7};
+  encode_allocation(out, 9, keys, pages);
+  EXPECT_EQ(out,
+            "{\"rank\":9,\"results\":[[\"a\\\"b\",9223372036854775807],"
+            "[\"caf\xc3\xa9\",0],[\"\\n\",7]]}");
+}
+
+TEST(EncodeAllocation, WritesAFullSaveTask) {
+  const std::string key(64, 'e');
+  std::vector<std::string_view> keys(128, key);
+  std::vector<std::int64_t> pages;
+  std::string expected = R"({"rank":1,"results":[)";
+  for (int i = 0; i < 128; ++i) {
+    pages.push_back(i * 1000);
+    expected += (i ? "," : "") + std::string("[\"") + key + "\"," + std::to_string(i * 1000) + "]";
+  }
+  expected += "]}";
+  std::string out;
+  encode_allocation(out, 1, keys, pages);
+  EXPECT_EQ(out, expected);
+}
+
+TEST(EncodeExists, WritesBooleans) {
+  std::string out;
+  const std::vector<std::uint8_t> exists = {1, 0, 2, 0};
+  encode_exists(out, exists);
+  EXPECT_EQ(out, R"({"exists":[true,false,true,false]})");
+  out.clear();
+  encode_exists(out, {});
+  EXPECT_EQ(out, R"({"exists":[]})");
+}
+
+TEST(EncodeLocations, WritesPagesAndNullForMissing) {
+  std::string out;
+  const std::vector<std::int64_t> pages = {3, -1, 0, 9223372036854775807};
+  encode_locations(out, pages);
+  EXPECT_EQ(out, R"({"locations":[3,null,0,9223372036854775807]})");
+  out.clear();
+  encode_locations(out, {});
+  EXPECT_EQ(out, R"({"locations":[]})");
+}
+
+TEST(EncodeRankInfo, WritesAllCounters) {
+  std::string out;
+  encode_rank_info(out, 100, 90, 6, 4);
+  EXPECT_EQ(out, R"({"num_pages":100,"free":90,"reserved":6,"bound":4})");
+}
+
+TEST(EncodeError, WritesDetail) {
+  const std::pair<std::string_view, std::string_view> cases[] = {
+      {"Not Found", R"({"detail":"Not Found"})"},
+      {"Invalid request format: need 'rank' and 'keys'",
+       R"({"detail":"Invalid request format: need 'rank' and 'keys'"})"},
+      {"say \"hi\"", R"({"detail":"say \"hi\""})"},
+      {"", R"({"detail":""})"},
+  };
+  for (const auto& [detail, expected] : cases) {
+    std::string out;
+    encode_error(out, detail);
+    EXPECT_EQ(out, expected);
+  }
+}
+
+TEST(AppendEscaped, EscapesLikePythonJson) {
+  using namespace std::string_view_literals;
+  const std::pair<std::string_view, std::string_view> cases[] = {
+      {"", ""},
+      {"0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"},
+      {"a\"b", "a\\\"b"},
+      {"back\\slash", "back\\\\slash"},
+      {"\n\r\t\b\f", "\\n\\r\\t\\b\\f"},
+      {"\x01", "\\u0001"},
+      {"\x1f", "\\u001f"},
+      {"\x0b", "\\u000b"},
+      {"\x1b[0m", "\\u001b[0m"},
+      {"nul\0byte"sv, "nul\\u0000byte"},
+      {"\x7f", "\x7f"},            // DEL is not escaped
+      {"a/b", "a/b"},              // nor is '/'
+      {"caf\xc3\xa9", "caf\xc3\xa9"},  // UTF-8 verbatim (ensure_ascii=False)
+      {"\xe2\x80\xa8", "\xe2\x80\xa8"},  // U+2028 verbatim
+      {"\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"},
+      {"\xa0\xa2\xdc\x80\xff\xfe\xbc\xa2\x9f", "\xa0\xa2\xdc\x80\xff\xfe\xbc\xa2\x9f"},
+      {"' <>&", "' <>&"},
+  };
+  for (const auto& [text, expected] : cases) {
+    std::string out = "<";
+    append_escaped(out, text);
+    EXPECT_EQ(out, "<" + std::string(expected)) << text;
+  }
+}
+
+// A byte-at-a-time model of Python's escaping, to check every position of the word scan.
+std::string reference_escape(std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 0xF];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
+TEST(AppendEscaped, EscapesAtEveryPositionOfLongStrings) {
+  const char specials[] = {'"', '\\', '\n', '\0', '\x1f', '\x01'};
+  for (std::size_t length = 1; length <= 40; ++length) {
+    for (std::size_t at = 0; at < length; ++at) {
+      for (char special : specials) {
+        std::string text(length, 'a');
+        text[at] = special;
+        std::string out;
+        append_escaped(out, text);
+        EXPECT_EQ(out, reference_escape(text)) << length << " " << at;
+      }
+    }
+  }
+}
+
+TEST(AppendEscaped, MatchesTheModelOnRandomBytes) {
+  std::mt19937 rng(12345);
+  // Bias towards interesting bytes: controls, quotes, and bytes near them.
+  const unsigned char pool[] = {0x00, 0x01, 0x1f, 0x20, 0x21, 0x22, 0x23, 0x5b, 0x5c, 0x5d,
+                                0x7f, 0x80, 0x9f, 0xa0, 0xa2, 0xdc, 0xff, 'a', '0', 'f'};
+  for (int round = 0; round < 2000; ++round) {
+    std::string text(rng() % 70, '\0');
+    for (char& ch : text) ch = static_cast<char>(pool[rng() % sizeof pool]);
+    std::string out;
+    append_escaped(out, text);
+    ASSERT_EQ(out, reference_escape(text));
+  }
+}
+
+// What we write, a JSON parser reads back unchanged.
+TEST(EncodeError, RoundTripsThroughAJsonParser) {
+  std::string detail;
+  for (int c = 1; c < 0x80; ++c) detail += static_cast<char>(c);
+  detail += "caf\xc3\xa9";
+  std::string out;
+  encode_error(out, detail);
+  simdjson::dom::parser parser;
+  const body b(out);
+  std::string_view decoded;
+  ASSERT_EQ(parser.parse(b.view().data(), b.view().size(), false)["detail"].get(decoded),
+            simdjson::SUCCESS);
+  EXPECT_EQ(decoded, detail);
+}
+
+}  // namespace
+}  // namespace api

@@ -1,0 +1,411 @@
+"""Shared helpers for the Python end-to-end tests of hf3fs-metad.
+
+Starts the real binary (METAD_BIN, transport METAD_IO), talks to it the way vLLM's
+Hf3fsGlobalMetadataClient does (requests.Session, keep-alive, compact JSON with
+Content-Type: application/json), and offers a raw-socket connection for the protocol
+cases requests cannot produce. Standard library plus `requests` only.
+"""
+
+import collections
+import hashlib
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import unittest
+
+import requests
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+SOCKET_TIMEOUT_S = 10.0
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+_LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+
+
+def key(i, tag=""):
+    """A vLLM-like block key: 32 lowercase hex characters."""
+    return hashlib.md5(f"{tag}{i}".encode()).hexdigest()
+
+
+def keys(n, tag=""):
+    return [key(i, tag) for i in range(n)]
+
+
+def compact(obj):
+    """Compact JSON like vLLM's client sends."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class MetadServer:
+    """One running hf3fs-metad process."""
+
+    def __init__(self, extra_args=()):
+        binary = os.environ.get("METAD_BIN")
+        if not binary:
+            raise unittest.SkipTest("METAD_BIN is not set")
+        io = os.environ.get("METAD_IO", "uring")
+        self.args = [binary, "--port", "0", "--threads", "2", "--io", io,
+                     "--log-level", "info", *extra_args]
+        self.stderr_lines = collections.deque(maxlen=2000)
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._lines = queue.Queue()
+        self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._drain.start()
+        try:
+            self.port = self._wait_listening()
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def _drain_stderr(self):
+        # Reads stderr until EOF so the pipe never fills.
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.stderr_lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _wait_listening(self):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{self.args}: no 'listening on' line within "
+                                   f"{START_TIMEOUT_S} s; stderr:\n{self.log()}")
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"{self.args}: exited with {self.proc.wait()} before "
+                                   f"listening; stderr:\n{self.log()}")
+            match = _LISTENING.search(line)
+            if match:
+                return int(match.group(1))
+
+    def log(self):
+        return "\n".join(self.stderr_lines)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        """SIGTERM, then the exit code (None if it did not exit in time; then killed)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        self._drain.join(timeout=5)
+        return code
+
+
+class Client:
+    """The request shapes of vLLM's Hf3fsGlobalMetadataClient (one keep-alive session).
+
+    Every method returns the requests.Response; tests check status and body themselves.
+    """
+
+    def __init__(self, base_url):
+        self.base_url = base_url
+        self.session = requests.Session()
+
+    def close(self):
+        self.session.close()
+
+    def post_raw(self, path, data, headers=None):
+        hdrs = {"Content-Type": "application/json"}
+        hdrs.update(headers or {})
+        return self.session.post(self.base_url + path, data=data, headers=hdrs,
+                                 timeout=SOCKET_TIMEOUT_S)
+
+    def post(self, path, obj):
+        return self.post_raw(path, compact(obj))
+
+    def request(self, method, path, **kwargs):
+        return self.session.request(method, self.base_url + path,
+                                    timeout=SOCKET_TIMEOUT_S, **kwargs)
+
+    def initialize(self, rank, num_pages, role="worker"):
+        return self.post(f"/rank/{rank}/initialize", {"num_pages": num_pages, "role": role})
+
+    def batch_allocate(self, rank, ks):
+        return self.post("/keys/batch_allocate", {"rank": rank, "keys": [[k, ""] for k in ks]})
+
+    def confirm_write(self, rank, confirmations, pages_to_release=()):
+        return self.post("/keys/confirm_write", {
+            "rank": rank,
+            "confirmations": [[k, p] for k, p in confirmations],
+            "pages_to_release": list(pages_to_release),
+        })
+
+    def batch_exists(self, ks):
+        return self.post("/keys/batch_exists", {"keys": list(ks)})
+
+    def get_locations(self, rank, ks):
+        return self.post("/keys/get_locations", {"rank": rank, "keys": list(ks)})
+
+    def rank_info(self, rank):
+        return self.request("GET", f"/rank/{rank}")
+
+    def clear(self):
+        return self.post_raw("/clear", b"")
+
+
+class RawConnection:
+    """A plain TCP connection for byte-exact requests and response framing checks."""
+
+    def __init__(self, port, timeout=SOCKET_TIMEOUT_S):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _fill(self):
+        """Reads more bytes; False at end of stream (EOF or reset)."""
+        try:
+            chunk = self.sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return False
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def read_response(self):
+        """One response: (status, headers with lower-case names, body bytes).
+
+        Interim 1xx responses are returned like any other (no body). A final response
+        must carry Content-Length unless it is a 204 (the spec requires it).
+        """
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                raise ConnectionError(f"connection ended before a full response header; "
+                                      f"got {self.buf!r}")
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        version, status = lines[0].split(" ", 2)[:2]
+        if not version.startswith("HTTP/1."):
+            raise AssertionError(f"bad status line {lines[0]!r}")
+        status = int(status)
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if status < 200 or status == 204:
+            if "content-length" in headers and headers["content-length"] != "0":
+                raise AssertionError(f"{status} with a body length: {headers}")
+            return status, headers, b""
+        if "content-length" not in headers:
+            raise AssertionError(f"{status} response without Content-Length: {headers}")
+        length = int(headers["content-length"])
+        while len(self.buf) < length:
+            if not self._fill():
+                raise ConnectionError(f"connection ended inside a body: {self.buf!r}")
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return status, headers, body
+
+    def read_final_response(self):
+        """Skips interim 1xx responses."""
+        while True:
+            status, headers, body = self.read_response()
+            if status >= 200:
+                return status, headers, body
+
+    def closed_by_peer(self, timeout=5.0):
+        """True if the server closes the connection (EOF or reset) within `timeout`,
+        with no further bytes sent."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                if self.buf:
+                    return False
+                if not self._fill():
+                    return True
+        except socket.timeout:
+            return False
+
+
+def raw_request(method, path, body=b"", headers=None, version="HTTP/1.1"):
+    """Bytes of one request with a Content-Length body (unless headers say otherwise)."""
+    hdrs = {"Host": "127.0.0.1"}
+    if body or method == "POST":
+        hdrs["Content-Type"] = "application/json"
+        hdrs["Content-Length"] = str(len(body))
+    hdrs.update(headers or {})
+    head = f"{method} {path} {version}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in hdrs.items() if v is not None)
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+class MetadTestCase(unittest.TestCase):
+    """One server per test class; state cleared before every test."""
+
+    extra_args = ()
+    server = None
+    client = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = MetadServer(cls.extra_args)
+        cls.client = Client(cls.server.base_url)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        code = cls.server.stop()
+        if code != 0:
+            raise AssertionError(f"server exit code {code} after SIGTERM (want 0); "
+                                 f"stderr tail:\n{cls.server.log()[-4000:]}")
+
+    def setUp(self):
+        self.assertTrue(self.server.alive(),
+                        f"server died; stderr tail:\n{self.server.log()[-4000:]}")
+        self.reset()
+
+    def tearDown(self):
+        self.assertTrue(self.server.alive(),
+                        f"server died; stderr tail:\n{self.server.log()[-4000:]}")
+
+    @property
+    def port(self):
+        return self.server.port
+
+    def raw(self):
+        return RawConnection(self.port)
+
+    # --- helpers --------------------------------------------------------------------
+
+    def reset(self):
+        r = self.client.clear()
+        self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(r.content, b"")
+
+    def assert_json_type(self, headers):
+        ctype = headers.get("content-type", headers.get("Content-Type", ""))
+        self.assertEqual(ctype.split(";")[0].strip().lower(), "application/json",
+                         f"content-type {ctype!r}")
+
+    def assert_status(self, r, status):
+        self.assertEqual(r.status_code, status,
+                         f"{r.request.method} {r.request.url}: body {r.content!r}")
+
+    def assert_ok(self, r, status=200):
+        """A success: the status and (unless 204) a JSON body, which is returned."""
+        self.assert_status(r, status)
+        if status == 204:
+            self.assertEqual(r.content, b"")
+            self.assertIsNone(r.headers.get("Content-Length"),
+                              "a 204 must carry no Content-Length")
+            return None
+        self.assert_json_type(r.headers)
+        self.assertEqual(r.headers.get("Content-Length"), str(len(r.content)))
+        return r.json()
+
+    def assert_body(self, r, status, expected):
+        """Exact status and byte-exact compact JSON body."""
+        self.assert_status(r, status)
+        self.assert_json_type(r.headers)
+        self.assertEqual(r.content, compact(expected))
+
+    def assert_error(self, r, status, detail=None, prefix=None, one_of=None):
+        """An error answer: status, application/json, {"detail": str} only.
+
+        detail: exact text; prefix: text must start with it and say more; one_of: the
+        exact text is one of these; none of them: any non-empty string.
+        """
+        self.assert_status(r, status)
+        self.assert_json_type(r.headers)
+        body = r.json()
+        self.assertIsInstance(body, dict, r.content)
+        self.assertEqual(list(body), ["detail"], r.content)
+        text = body["detail"]
+        self.assertIsInstance(text, str, r.content)
+        self.assertTrue(text, "empty detail")
+        if detail is not None:
+            self.assertEqual(r.content, compact({"detail": detail}))
+        if prefix is not None:
+            self.assertTrue(text.startswith(prefix) and len(text) > len(prefix),
+                            f"detail {text!r} does not start with {prefix!r} + reason")
+        if one_of is not None:
+            self.assertIn(text, one_of)
+        return text
+
+    def rank_info(self, rank):
+        return self.assert_ok(self.client.rank_info(rank))
+
+    def free_pages(self, rank):
+        return self.rank_info(rank)["free"]
+
+    def assert_rank(self, rank, num_pages, free, reserved, bound):
+        info = self.rank_info(rank)
+        self.assertEqual(info, {"num_pages": num_pages, "free": free,
+                                "reserved": reserved, "bound": bound})
+        return info
+
+    def init_worker(self, rank, num_pages):
+        self.assert_body(self.client.initialize(rank, num_pages), 200,
+                         {"message": f"Rank {rank} initialized with {num_pages} pages"})
+
+    def allocate(self, rank, ks):
+        """batch_allocate; returns the pages (-1 = none) in result order, after checking
+        the response shape (rank echoed, one entry per distinct key, first-occurrence
+        order)."""
+        body = self.assert_ok(self.client.batch_allocate(rank, ks))
+        distinct = list(dict.fromkeys(ks))
+        self.assertEqual(body["rank"], rank)
+        self.assertEqual([k for k, _ in body["results"]], distinct)
+        return [p for _, p in body["results"]]
+
+    def confirm(self, rank, confirmations, pages_to_release=()):
+        self.assert_ok(self.client.confirm_write(rank, confirmations, pages_to_release), 204)
+
+    def exists(self, ks):
+        body = self.assert_ok(self.client.batch_exists(ks))
+        self.assertEqual(list(body), ["exists"])
+        self.assertEqual(len(body["exists"]), len(ks))
+        return body["exists"]
+
+    def locations(self, rank, ks):
+        body = self.assert_ok(self.client.get_locations(rank, ks))
+        self.assertEqual(list(body), ["locations"])
+        self.assertEqual(len(body["locations"]), len(ks))
+        return body["locations"]
+
+    def save(self, rank, ks):
+        """The connector's successful save task: allocate, then confirm every page."""
+        pages = self.allocate(rank, ks)
+        self.assertNotIn(-1, pages)
+        self.confirm(rank, list(zip(dict.fromkeys(ks), pages)))
+        return pages
+
+    def assert_served(self):
+        """A fresh connection is served normally."""
+        with self.raw() as conn:
+            conn.send(raw_request("POST", "/keys/batch_exists", compact({"keys": []})))
+            status, headers, body = conn.read_response()
+        self.assertEqual((status, body), (200, b'{"exists":[]}'))
