@@ -112,7 +112,7 @@ metad::config parse_flags(int argc, char** argv) {
     } else if (flag == "--body-bytes-max") {
       cfg.body_bytes_max = parse_int<std::size_t>(flag, value, 0, std::size_t{1} << 32);
     } else if (flag == "--pages-per-rank-max") {
-      cfg.pages_per_rank_max = parse_int<std::int64_t>(flag, value, 1, std::int64_t{1} << 31);
+      cfg.pages_per_rank_max = parse_int<std::int64_t>(flag, value, 1, (std::int64_t{1} << 31) - 1);
     } else if (flag == "--idle-timeout-ms") {
       cfg.idle_timeout_ms = parse_int<std::uint32_t>(flag, value, 1, 86'400'000);
     } else if (flag == "--header-timeout-ms") {

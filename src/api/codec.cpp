@@ -67,8 +67,8 @@ void key_list::clear() {
 void key_list::assign(std::span<const std::string_view> keys) {
   // Keys that point into our own storage (or the span being our views) would be
   // overwritten while copying: build a fresh list instead. Never on the request path.
-  bool aliased = points_into(keys.data(), views_.data(),
-                             views_.capacity() * sizeof(std::string_view));
+  bool aliased =
+      points_into(keys.data(), views_.data(), views_.capacity() * sizeof(std::string_view));
   std::size_t total = 0;
   for (std::string_view k : keys) {
     total += k.size();
@@ -99,8 +99,7 @@ bool parse_rank(std::string_view text, std::int64_t& rank) {
     i = 1;
   }
   if (i == text.size()) return false;
-  constexpr auto int64_max =
-      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  constexpr auto int64_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   const std::uint64_t limit = negative ? int64_max + 1 : int64_max;
   std::uint64_t value = 0;
   for (; i < text.size(); ++i) {

@@ -4,7 +4,6 @@
 #include "api/codec.hpp"
 
 #include <array>
-#include <cstring>
 
 #include <fmt/format.h>
 
@@ -17,6 +16,8 @@ using simdjson::dom::element_type;
 
 constexpr int kBadRequest = 400;
 constexpr int kTooLarge = 413;
+// Bodies up to this size (a prompt of ~30k blocks) parse without reallocating.
+constexpr std::size_t kRetainedCapacity = std::size_t{1} << 20;
 
 constexpr std::string_view kInvalidRank = "Invalid rank in path";
 constexpr std::string_view kNeedRankKeys = "Invalid request format: need 'rank' and 'keys'";
@@ -31,18 +32,28 @@ error bad_request(std::string_view detail) { return {kBadRequest, std::string(de
 // Short, stable reasons: simdjson's own messages are long and may change between versions.
 std::string_view parse_failure_reason(simdjson::error_code code) {
   switch (code) {
-    case simdjson::EMPTY: return "empty body";
-    case simdjson::TAPE_ERROR: return "syntax error or trailing content";
-    case simdjson::DEPTH_ERROR: return "nesting too deep";
-    case simdjson::STRING_ERROR: return "invalid string";
-    case simdjson::UNCLOSED_STRING: return "unclosed string";
-    case simdjson::UNESCAPED_CHARS: return "unescaped control character in string";
+    case simdjson::EMPTY:
+      return "empty body";
+    case simdjson::TAPE_ERROR:
+      return "syntax error or trailing content";
+    case simdjson::DEPTH_ERROR:
+      return "nesting too deep";
+    case simdjson::STRING_ERROR:
+      return "invalid string";
+    case simdjson::UNCLOSED_STRING:
+      return "unclosed string";
+    case simdjson::UNESCAPED_CHARS:
+      return "unescaped control character in string";
     case simdjson::T_ATOM_ERROR:
     case simdjson::F_ATOM_ERROR:
-    case simdjson::N_ATOM_ERROR: return "invalid literal";
-    case simdjson::NUMBER_ERROR: return "invalid number";
-    case simdjson::UTF8_ERROR: return "invalid UTF-8";
-    default: return simdjson::error_message(code);
+    case simdjson::N_ATOM_ERROR:
+      return "invalid literal";
+    case simdjson::NUMBER_ERROR:
+      return "invalid number";
+    case simdjson::UTF8_ERROR:
+      return "invalid UTF-8";
+    default:
+      return simdjson::error_message(code);
   }
 }
 
@@ -52,12 +63,19 @@ error parse_object(simdjson::dom::parser& parser, std::string_view body,
   // Python's json.loads accepts a UTF-8 byte order mark on a bytes body; so do we.
   constexpr std::string_view kBom = "\xEF\xBB\xBF";
   if (body.starts_with(kBom)) body.remove_prefix(kBom.size());
+  // The DOM parser keeps buffers of ~15x the largest body it has seen (one parser per
+  // core). Drop them when a small body follows a big one, so that one huge prompt does not
+  // pin that memory on every core for good; parse() allocates what the body needs.
+  if (parser.capacity() > kRetainedCapacity && body.size() <= kRetainedCapacity) {
+    parser = simdjson::dom::parser{};
+  }
   auto parsed = parser.parse(body.data(), body.size(), false);
   if (parsed.error() == simdjson::CAPACITY || parsed.error() == simdjson::MEMALLOC) {
     return {kTooLarge, "Request body too large to parse"};
   }
   if (parsed.error()) {
-    return {kBadRequest, fmt::format("Invalid JSON body: {}", parse_failure_reason(parsed.error()))};
+    return {kBadRequest,
+            fmt::format("Invalid JSON body: {}", parse_failure_reason(parsed.error()))};
   }
   if (parsed.value_unsafe().get_object().get(out) != simdjson::SUCCESS) {
     return bad_request("Invalid JSON body: expected an object");
@@ -187,9 +205,9 @@ error decoder::decode_allocate(std::string_view body, allocate_cmd& out) {
       element first;
       element second;
       std::string_view prefix;
-      const bool ok = get_string(value, key) ||
-                      (get_pair(value, first, second) && get_string(first, key) &&
-                       get_string(second, prefix));
+      const bool ok =
+          get_string(value, key) ||
+          (get_pair(value, first, second) && get_string(first, key) && get_string(second, prefix));
       if (!ok) {
         return bad_request(fmt::format(
             "Invalid key at index {}: expected a string or a [key, prefix_key] pair of strings",
@@ -212,8 +230,8 @@ error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
   std::int64_t rank = 0;
   simdjson::dom::array confirmations;
   bool has_confirmations = false;
-  if (error e = get_rank_and_list(rank_field, confirmations_field, kNeedRankConfirmations,
-                                  rank, confirmations, has_confirmations)) {
+  if (error e = get_rank_and_list(rank_field, confirmations_field, kNeedRankConfirmations, rank,
+                                  confirmations, has_confirmations)) {
     return e;
   }
   simdjson::dom::array releases;

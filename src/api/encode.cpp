@@ -94,8 +94,7 @@ void encode_initialized(std::string& out, std::int64_t rank, std::int64_t num_pa
   out.append(R"( pages"})");
 }
 
-void encode_allocation(std::string& out, std::int64_t rank,
-                       std::span<const std::string_view> keys,
+void encode_allocation(std::string& out, std::int64_t rank, std::span<const std::string_view> keys,
                        std::span<const std::int64_t> pages) {
   check(keys.size() == pages.size());
   std::size_t key_bytes = 0;

@@ -125,9 +125,10 @@ const char* find_newline(const char* data, std::size_t from, std::size_t to) {
 }  // namespace
 
 parser::parser(limits lim) : limits_(lim) {
+  constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
   require(limits_.header_bytes_max > 0, "header_bytes_max > 0");
-  require(limits_.body_bytes_max < std::numeric_limits<std::size_t>::max() / 4,
-          "body_bytes_max fits the buffer arithmetic");
+  require(limits_.header_bytes_max < size_max / 4 && limits_.body_bytes_max < size_max / 4,
+          "limits fit the buffer arithmetic");
 }
 
 std::span<char> parser::read_space(std::size_t min_bytes) {
@@ -419,7 +420,7 @@ parse_status parser::parse_chunked() {
       case chunk_stage::data: {
         const std::size_t take = std::min(chunk_left_, size - chunk_pos_);
         if (take > 0) append_decoded(in + chunk_pos_, take);
-        chunk_pos_ += take;
+        chunk_pos_ = chunk_scan_ = chunk_pos_ + take;
         chunk_left_ -= take;
         if (chunk_left_ > 0) return parse_status::need_more;
         chunk_stage_ = chunk_stage::data_crlf;

@@ -52,8 +52,7 @@ std::string canned_answer(canned what, bool keep_alive) {
     case canned::not_found:
       return json_answer(404, R"({"detail":"Not Found"})", keep_alive);
     case canned::method_not_allowed:
-      return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive,
-                         "allow: POST\r\n");
+      return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: POST\r\n");
     case canned::count_:
       break;
   }
@@ -127,33 +126,55 @@ void append_json(std::string& out, int status, std::string_view json_body, bool 
   out += "content-type: application/json\r\ncontent-length: ";
   const fmt::format_int length(json_body.size());
   out.append(length.data(), length.size());
-  out += keep_alive ? std::string_view("\r\n\r\n") : std::string_view("\r\nconnection: close\r\n\r\n");
+  out +=
+      keep_alive ? std::string_view("\r\n\r\n") : std::string_view("\r\nconnection: close\r\n\r\n");
   out += json_body;
 }
 
 std::string_view reason_phrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 417: return "Expectation Failed";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Content Too Large";
+    case 414:
+      return "URI Too Long";
+    case 417:
+      return "Expectation Failed";
+    case 422:
+      return "Unprocessable Content";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    case 505:
+      return "HTTP Version Not Supported";
   }
   // The reason phrase is optional (RFC 9112 4): an unknown status gets none.
   return {};

@@ -23,13 +23,22 @@ void plan_directory_walk(const cluster& cl, std::span<const std::string_view> ke
   }
 }
 
+// Drops core c's ranks and directory slice (on core c).
+void clear_core(cluster& cl, int c) {
+  core_state& core = *cl.core[c];
+  cl.worker_ranks.fetch_sub(static_cast<std::int64_t>(core.ranks.rank_count()),
+                            std::memory_order_relaxed);
+  core.ranks.clear();
+  core.directory.clear();
+}
+
 }  // namespace
 
 request_task run_initialize(exchange& x) {
   cluster& cl = x.shared();
-  const int home = x.home().index;
+  int home = x.home().index;
   const api::initialize_cmd& cmd = x.work().init;
-  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   co_await cl.mailbox.hop(home, owner);
   const shard::init_result r = cl.core[owner]->ranks.initialize(cmd.rank, cmd.num_pages);
   if (r.outcome == shard::init_outcome::created)
@@ -49,10 +58,10 @@ request_task run_initialize(exchange& x) {
 
 request_task run_allocate(exchange& x) {
   cluster& cl = x.shared();
-  const int home = x.home().index;
+  int home = x.home().index;
   scratch& s = x.work();
   const api::allocate_cmd& cmd = s.allocate;
-  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   // Sized here so the owner core never grows (allocates) memory this core frees.
   s.indices.clear();
   s.indices.reserve(cmd.keys.size());
@@ -76,10 +85,10 @@ request_task run_allocate(exchange& x) {
 
 request_task run_confirm(exchange& x) {
   cluster& cl = x.shared();
-  const int home = x.home().index;
+  int home = x.home().index;
   scratch& s = x.work();
   const api::confirm_cmd& cmd = s.confirm;
-  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   s.indices.clear();
   s.indices.reserve(cmd.keys.size());
   s.key_owner.reserve(cmd.keys.size());
@@ -122,7 +131,7 @@ request_task run_confirm(exchange& x) {
 
 request_task run_lookup(exchange& x, bool with_rank) {
   cluster& cl = x.shared();
-  const int home = x.home().index;
+  int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = with_rank ? s.locations.keys : s.exists.keys;
   const std::int64_t rank = s.locations.rank;
@@ -143,7 +152,7 @@ request_task run_lookup(exchange& x, bool with_rank) {
   if (with_rank) {
     // Completeness was read first: a confirm binds its pages before it counts them,
     // so a key seen complete has its page bound by now.
-    const int owner = shard::owner_of_rank(rank, cl.cores);
+    int owner = shard::owner_of_rank(rank, cl.cores);
     co_await cl.mailbox.hop(at, owner);
     at = owner;
     found = cl.core[owner]->ranks.confirmed_pages(rank, keys.views(), s.pages);
@@ -167,17 +176,13 @@ request_task run_lookup(exchange& x, bool with_rank) {
 
 request_task run_clear(exchange& x) {
   cluster& cl = x.shared();
-  const int home = x.home().index;
+  int home = x.home().index;
   int at = home;
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (home + step) % cl.cores;
     co_await cl.mailbox.hop(at, c);
     at = c;
-    core_state& core = *cl.core[c];
-    cl.worker_ranks.fetch_sub(static_cast<std::int64_t>(core.ranks.rank_count()),
-                              std::memory_order_relaxed);
-    core.ranks.clear();
-    core.directory.clear();
+    clear_core(cl, c);
   }
   co_await cl.mailbox.hop(at, home);
   x.respond_canned(http::canned::no_content);
@@ -186,10 +191,10 @@ request_task run_clear(exchange& x) {
 
 request_task run_rank_info(exchange& x) {
   cluster& cl = x.shared();
-  const int home = x.home().index;
+  int home = x.home().index;
   scratch& s = x.work();
   const std::int64_t rank = s.init.rank;
-  const int owner = shard::owner_of_rank(rank, cl.cores);
+  int owner = shard::owner_of_rank(rank, cl.cores);
   co_await cl.mailbox.hop(home, owner);
   const std::optional<shard::rank_stats> stats = cl.core[owner]->ranks.stats(rank);
   co_await cl.mailbox.hop(owner, home);

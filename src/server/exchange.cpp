@@ -36,7 +36,7 @@ net::flow exchange::advance() {
         break;
     }
     const http::request& request = parser_.current();
-    keep_alive_ = request.keep_alive;
+    keep_alive_ = request.keep_alive && !request.http_1_0;  // spec: 1.0 is answered, then closed
     in_flight_ = true;
     dispatch(request);
     if (in_flight_) {  // the endpoint is running on other cores

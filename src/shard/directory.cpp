@@ -1,8 +1,7 @@
-#include "shard/state.hpp"
-
 #include <limits>
 
 #include "shard/key_map.hpp"
+#include "shard/state.hpp"
 
 // directory: this core's slice of key completeness (keys whose key_hash maps here).
 namespace shard {

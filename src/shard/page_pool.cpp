@@ -1,9 +1,9 @@
 #include "shard/page_pool.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
-
-#include <fmt/format.h>
 
 #include "shard/check.hpp"
 
@@ -145,7 +145,8 @@ std::string page_pool::check() const {
     for (std::size_t w = 0; w < level.size() * 64; ++w) {
       const bool summary = (level[w / 64] & bit(w)) != 0;
       const bool any = w < below.size() && below[w] != 0;
-      if (summary != any) return fmt::format("level {} bit {} disagrees with level {}", k, w, k - 1);
+      if (summary != any)
+        return fmt::format("level {} bit {} disagrees with level {}", k, w, k - 1);
     }
   }
   if (levels_.back().size() != 1) return "top level is not one word";

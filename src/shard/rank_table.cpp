@@ -1,13 +1,12 @@
-#include "shard/state.hpp"
+#include <fmt/format.h>
 
 #include <bit>
 #include <unordered_map>
 
-#include <fmt/format.h>
-
 #include "shard/check.hpp"
 #include "shard/key_map.hpp"
 #include "shard/page_pool.hpp"
+#include "shard/state.hpp"
 
 // rank_table: per rank, a page pool and a key → {page, reserved|confirmed} map, plus the
 // reverse map of reserved pages. Only the rank's owning core calls it.
@@ -145,8 +144,7 @@ std::string rank_table::impl::validate_confirm(std::int64_t rank, const rank_sta
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const std::int64_t page = pages[i];
     if (page < 0 || page >= num_pages) {
-      return fmt::format("Page {} out of range for rank {} (num_pages {})", page, rank,
-                         num_pages);
+      return fmt::format("Page {} out of range for rank {} (num_pages {})", page, rank, num_pages);
     }
     const auto* s = rs.keys.find(keys[i], hashes[i]);
     if (s != nullptr && s->value.page == page) continue;  // reserved for it or bound to it
@@ -230,8 +228,7 @@ std::optional<rank_stats> rank_table::stats(std::int64_t rank) const {
   const rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return std::nullopt;
   const page_pool& pool = rs->pool;
-  return rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(),
-                    pool.bound_count()};
+  return rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()};
 }
 
 std::size_t rank_table::rank_count() const { return impl_->ranks.size(); }

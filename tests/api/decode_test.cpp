@@ -1,5 +1,5 @@
-// Request decoders: every good shape and every bad-body class of spec/api.md, with the
-// exact status and detail.
+// Request decoding common to all endpoints (whole-body JSON validation) and
+// /rank/{rank}/initialize, with the exact status and detail of spec/api.md.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -14,34 +14,7 @@
 namespace api {
 namespace {
 
-using testing::body;
-using testing::strings;
-using strs = std::vector<std::string>;
-using ints = std::vector<std::int64_t>;
-
-constexpr std::int64_t kPagesMax = 268435456;
-
-constexpr std::string_view kNeedRankKeys = "Invalid request format: need 'rank' and 'keys'";
-constexpr std::string_view kNeedRankConfirmations =
-    "Invalid request format: need 'rank' and 'confirmations'";
-constexpr std::string_view kReleasesNotList =
-    "Invalid request format: 'pages_to_release' must be a list of page numbers";
-constexpr std::string_view kNotObject = "Invalid JSON body: expected an object";
-
-std::string allocate_key_detail(int index) {
-  return "Invalid key at index " + std::to_string(index) +
-         ": expected a string or a [key, prefix_key] pair of strings";
-}
-std::string string_key_detail(int index) {
-  return "Invalid key at index " + std::to_string(index) + ": expected a string";
-}
-std::string confirmation_detail(int index) {
-  return "Invalid confirmation at index " + std::to_string(index) +
-         ": expected [key, page] with a string key and a non-negative integer page";
-}
-std::string release_detail(int index) {
-  return "Invalid page in pages_to_release at index " + std::to_string(index);
-}
+using namespace api::testing;
 
 // ---------------------------------------------------------------------------------------
 // Bodies every endpoint must refuse before reading any field.
@@ -143,8 +116,8 @@ TEST(DecodeAnyEndpoint, RefusesBodiesThatAreNotOneJsonObject) {
       const error e = ep.decode(d, b);
       EXPECT_EQ(e.status, 400) << ep.name << ": " << c.what;
       if (c.detail.empty()) {
-        EXPECT_TRUE(e.detail.starts_with("Invalid JSON body: ")) << ep.name << ": " << c.what
-                                                                 << " → " << e.detail;
+        EXPECT_TRUE(e.detail.starts_with("Invalid JSON body: "))
+            << ep.name << ": " << c.what << " → " << e.detail;
         EXPECT_GT(e.detail.size(), std::string_view("Invalid JSON body: ").size());
       } else {
         EXPECT_EQ(e.detail, c.detail) << ep.name << ": " << c.what;
@@ -195,8 +168,8 @@ TEST(DecodeInitialize, ClassifiesRoleAndNumPages) {
       {"num_pages at the limit", "1", R"({"num_pages":268435456})", worker, 1, kPagesMax},
       {"unknown fields ignored", "1", R"({"num_pages":3,"x":{"y":[null,1.5]}})", worker, 1, 3},
       {"escaped field name", "1", R"({"r\u006fle":"worker","num_pages":3})", worker, 1, 3},
-      {"last duplicate role wins", "1",
-       R"({"role":"scheduler","role":"worker","num_pages":5})", worker, 1, 5},
+      {"last duplicate role wins", "1", R"({"role":"scheduler","role":"worker","num_pages":5})",
+       worker, 1, 5},
       {"last duplicate num_pages wins", "1", R"({"num_pages":0,"num_pages":6})", worker, 1, 6},
       {"scheduler", "0", R"({"num_pages":0,"role":"scheduler"})", scheduler, 0},
       {"scheduler without num_pages", "0", R"({"role":"scheduler"})", scheduler, 0},
@@ -210,8 +183,7 @@ TEST(DecodeInitialize, ClassifiesRoleAndNumPages) {
       {"worker without num_pages", "1", R"({"role":"worker"})", invalid_parameters, 1},
       {"zero pages", "1", R"({"role":"worker","num_pages":0})", invalid_parameters, 1},
       {"negative pages", "1", R"({"role":"worker","num_pages":-1})", invalid_parameters, 1},
-      {"minimum int64 pages", "1", R"({"num_pages":-9223372036854775808})", invalid_parameters,
-       1},
+      {"minimum int64 pages", "1", R"({"num_pages":-9223372036854775808})", invalid_parameters, 1},
       {"string pages", "1", R"({"role":"worker","num_pages":"10"})", invalid_parameters, 1},
       {"float pages", "1", R"({"role":"worker","num_pages":10.0})", invalid_parameters, 1},
       {"exponent pages", "1", R"({"role":"worker","num_pages":1e2})", invalid_parameters, 1},
@@ -219,8 +191,7 @@ TEST(DecodeInitialize, ClassifiesRoleAndNumPages) {
       {"null pages", "1", R"({"role":"worker","num_pages":null})", invalid_parameters, 1},
       {"list pages", "1", R"({"role":"worker","num_pages":[10]})", invalid_parameters, 1},
       {"object pages", "1", R"({"role":"worker","num_pages":{"n":1}})", invalid_parameters, 1},
-      {"pages beyond int64", "1", R"({"num_pages":9223372036854775808})", invalid_parameters,
-       1},
+      {"pages beyond int64", "1", R"({"num_pages":9223372036854775808})", invalid_parameters, 1},
       {"last duplicate num_pages wins (zero)", "1", R"({"num_pages":5,"num_pages":0})",
        invalid_parameters, 1},
       {"capitalised role", "1", R"({"role":"Worker","num_pages":1})", invalid_parameters, 1},
@@ -279,372 +250,6 @@ TEST(DecodeInitialize, RefusesBadRanksAndOversizedPools) {
     } else {
       EXPECT_EQ(e.detail, c.detail) << c.what;
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------
-// Shared table shape for the key-list endpoints.
-
-struct keys_case {
-  std::string_view what;
-  std::string body;
-  std::string detail;  // empty: success expected
-  std::int64_t rank = 0;
-  strs keys = {};
-};
-
-const std::string kHex32 = "0123456789abcdef0123456789abcdef";
-const std::string kHex64 = kHex32 + kHex32;
-
-// Bodies whose rank/keys shape is wrong, as batch_allocate and get_locations see them.
-std::vector<keys_case> rank_and_keys_shape_errors() {
-  std::vector<keys_case> cases;
-  const std::string_view bodies[] = {
-      "{}",
-      R"({"keys":[]})",
-      R"({"rank":null,"keys":[]})",
-      R"({"rank":"1","keys":[]})",
-      R"({"rank":1.0,"keys":[]})",
-      R"({"rank":1e2,"keys":[]})",
-      R"({"rank":-0.0,"keys":[]})",
-      R"({"rank":true,"keys":[]})",
-      R"({"rank":false,"keys":[]})",
-      R"({"rank":9223372036854775808,"keys":[]})",
-      R"({"rank":[1],"keys":[]})",
-      R"({"rank":{"r":1},"keys":[]})",
-      R"({"rank":3,"rank":null,"keys":[]})",
-      R"({"rank":1,"keys":null})",
-      R"({"rank":1,"keys":"k"})",
-      R"({"rank":1,"keys":5})",
-      R"({"rank":1,"keys":{"k":""}})",
-      R"({"rank":1,"keys":["k"],"keys":{}})",
-      R"({"rank":null,"keys":[1]})",
-      R"({"RANK":1,"keys":[]})",
-  };
-  for (std::string_view b : bodies) cases.push_back({b, std::string(b), std::string(kNeedRankKeys)});
-  return cases;
-}
-
-// ---------------------------------------------------------------------------------------
-// batch_allocate
-
-TEST(DecodeAllocate, AcceptsPairsAndBareKeys) {
-  std::vector<keys_case> cases = {
-      {"pairs", R"({"rank":0,"keys":[["k1",""],["k2",""]]})", "", 0, {"k1", "k2"}},
-      {"bare keys", R"({"rank":-7,"keys":["a","b"]})", "", -7, {"a", "b"}},
-      {"mixed, prefix dropped", R"({"rank":2,"keys":["a",["b","pre"],"c"]})", "", 2,
-       {"a", "b", "c"}},
-      {"duplicates kept in order", R"({"rank":1,"keys":["a",["a",""],"b","a"]})", "", 1,
-       {"a", "a", "b", "a"}},
-      {"missing keys is empty", R"({"rank":1})", "", 1, {}},
-      {"empty keys", R"({"rank":1,"keys":[]})", "", 1, {}},
-      {"field order free", R"({"keys":["x"],"rank":2})", "", 2, {"x"}},
-      {"unknown fields ignored", R"({"rank":1,"keys":[],"extra":{"deep":[1,2.5,null]}})", "",
-       1, {}},
-      {"last duplicate rank wins", R"({"rank":"x","rank":3,"keys":[]})", "", 3, {}},
-      {"last duplicate keys wins", R"({"rank":1,"keys":"bad","keys":["k"]})", "", 1, {"k"}},
-      {"minimum int64 rank", R"({"rank":-9223372036854775808})", "", INT64_MIN, {}},
-      {"maximum int64 rank", R"({"rank":9223372036854775807})", "", INT64_MAX, {}},
-      {"negative zero rank", R"({"rank":-0})", "", 0, {}},
-      {"empty key", R"({"rank":1,"keys":["",["",""]]})", "", 1, {"", ""}},
-      {"escapes decoded", R"({"rank":1,"keys":["a\"b","caf\u00e9","\u0000","\/"]})", "", 1,
-       {"a\"b", "caf\xc3\xa9", std::string(1, '\0'), "/"}},
-      {"hex keys", R"({"rank":1,"keys":[[")" + kHex32 + R"(",""],")" + kHex64 + R"("]})", "", 1,
-       {kHex32, kHex64}},
-  };
-  decoder d;
-  for (const keys_case& c : cases) {
-    allocate_cmd cmd;
-    const error e = d.decode_allocate(body(c.body), cmd);
-    EXPECT_FALSE(e) << c.what << ": " << e.detail;
-    EXPECT_EQ(cmd.rank, c.rank) << c.what;
-    EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
-  }
-}
-
-TEST(DecodeAllocate, RefusesMalformedRequests) {
-  std::vector<keys_case> cases = rank_and_keys_shape_errors();
-  const std::pair<std::string_view, int> bad_keys[] = {
-      {R"([1])", 0},
-      {R"([null])", 0},
-      {R"([true])", 0},
-      {R"([{"k":"p"}])", 0},
-      {R"([[]])", 0},
-      {R"([["k"]])", 0},
-      {R"([["k","p","x"]])", 0},
-      {R"([["k",null]])", 0},
-      {R"([["k",1]])", 0},
-      {R"([[1,""]])", 0},
-      {R"([[null,""]])", 0},
-      {R"([[["k"],""]])", 0},
-      {R"(["a",1])", 1},
-      {R"(["a",["k"]])", 1},
-      {R"([["a",""],["b",""],true])", 2},
-      {R"(["a","b","c","d","e","f","g","h","i","j",1.5])", 10},
-  };
-  for (const auto& [keys, index] : bad_keys) {
-    cases.push_back({keys, R"({"rank":1,"keys":)" + std::string(keys) + "}",
-                     allocate_key_detail(index)});
-  }
-  decoder d;
-  for (const keys_case& c : cases) {
-    allocate_cmd cmd;
-    const error e = d.decode_allocate(body(c.body), cmd);
-    EXPECT_EQ(e.status, 400) << c.what;
-    EXPECT_EQ(e.detail, c.detail) << c.what;
-  }
-}
-
-TEST(DecodeAllocate, KeysOutliveTheNextParse) {
-  decoder d;
-  allocate_cmd first;
-  allocate_cmd second;
-  ASSERT_FALSE(d.decode_allocate(body(R"({"rank":1,"keys":["first",["k",""]]})"), first));
-  ASSERT_FALSE(d.decode_allocate(body(R"({"rank":2,"keys":["second","x","y"]})"), second));
-  EXPECT_EQ(strings(first.keys), (strs{"first", "k"}));
-  EXPECT_EQ(strings(second.keys), (strs{"second", "x", "y"}));
-  allocate_cmd moved = std::move(first);
-  EXPECT_EQ(strings(moved.keys), (strs{"first", "k"}));
-}
-
-TEST(DecodeAllocate, DecodesAFullSaveTask) {
-  std::string text = R"({"rank":3,"keys":[)";
-  strs expected;
-  for (int i = 0; i < 128; ++i) {
-    std::string key = kHex32;
-    key.replace(0, std::to_string(i).size(), std::to_string(i));
-    expected.push_back(key);
-    text += (i ? "," : "") + std::string(R"([")") + key + R"(",""])";
-  }
-  text += "]}";
-  decoder d;
-  allocate_cmd cmd;
-  ASSERT_FALSE(d.decode_allocate(body(text), cmd));
-  EXPECT_EQ(cmd.rank, 3);
-  EXPECT_EQ(strings(cmd.keys), expected);
-}
-
-// ---------------------------------------------------------------------------------------
-// confirm_write
-
-struct confirm_case {
-  std::string_view what;
-  std::string body;
-  std::string detail;  // empty: success expected
-  std::int64_t rank = 0;
-  strs keys = {};
-  ints pages = {};
-  ints releases = {};
-};
-
-TEST(DecodeConfirm, AcceptsConfirmationsAndReleases) {
-  const confirm_case cases[] = {
-      {"confirmations", R"({"rank":0,"confirmations":[["a",5],["b",0]]})", "", 0, {"a", "b"},
-       {5, 0}},
-      {"releases only", R"({"rank":1,"confirmations":[],"pages_to_release":[3,4,5]})", "", 1,
-       {}, {}, {3, 4, 5}},
-      {"both", R"({"rank":-2,"confirmations":[["k",1]],"pages_to_release":[2]})", "", -2,
-       {"k"}, {1}, {2}},
-      {"missing lists are empty", R"({"rank":1})", "", 1},
-      {"empty lists", R"({"rank":1,"confirmations":[],"pages_to_release":[]})", "", 1},
-      {"duplicates kept", R"({"rank":1,"confirmations":[["a",1],["a",1]],"pages_to_release":[7,7]})",
-       "", 1, {"a", "a"}, {1, 1}, {7, 7}},
-      {"largest page", R"({"rank":1,"confirmations":[["a",9223372036854775807]]})", "", 1,
-       {"a"}, {INT64_MAX}},
-      {"negative zero page", R"({"rank":1,"confirmations":[["a",-0]],"pages_to_release":[-0]})",
-       "", 1, {"a"}, {0}, {0}},
-      {"last duplicate field wins",
-       R"({"rank":1,"confirmations":5,"pages_to_release":null,"confirmations":[["z",9]],"pages_to_release":[1]})",
-       "", 1, {"z"}, {9}, {1}},
-      {"unknown fields ignored", R"({"rank":1,"extra":[[1,2]],"confirmations":[["a",2]]})", "",
-       1, {"a"}, {2}},
-  };
-  decoder d;
-  for (const confirm_case& c : cases) {
-    confirm_cmd cmd;
-    cmd.pages = {99};  // stale contents are replaced
-    cmd.releases = {99};
-    const error e = d.decode_confirm(body(c.body), cmd);
-    EXPECT_FALSE(e) << c.what << ": " << e.detail;
-    EXPECT_EQ(cmd.rank, c.rank) << c.what;
-    EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
-    EXPECT_EQ(cmd.pages, c.pages) << c.what;
-    EXPECT_EQ(cmd.releases, c.releases) << c.what;
-  }
-}
-
-TEST(DecodeConfirm, RefusesMalformedRequests) {
-  std::vector<confirm_case> cases;
-  const std::string_view shape_bodies[] = {
-      "{}",
-      R"({"confirmations":[]})",
-      R"({"rank":null,"confirmations":[]})",
-      R"({"rank":"0","confirmations":[]})",
-      R"({"rank":0.0,"confirmations":[]})",
-      R"({"rank":1e0,"confirmations":[]})",
-      R"({"rank":true,"confirmations":[]})",
-      R"({"rank":9223372036854775808,"confirmations":[]})",
-      R"({"rank":1,"confirmations":null})",
-      R"({"rank":1,"confirmations":{}})",
-      R"({"rank":1,"confirmations":"x"})",
-      R"({"rank":1,"confirmations":1})",
-      R"({"rank":null,"pages_to_release":3})",
-      R"({"rank":1,"confirmations":{},"pages_to_release":3})",
-  };
-  for (std::string_view b : shape_bodies) {
-    cases.push_back({b, std::string(b), std::string(kNeedRankConfirmations)});
-  }
-  const std::string_view release_shapes[] = {"null", "3", R"("1")", "{}", "true"};
-  for (std::string_view r : release_shapes) {
-    cases.push_back({r, R"({"rank":1,"confirmations":[],"pages_to_release":)" + std::string(r) + "}",
-                     std::string(kReleasesNotList)});
-  }
-  // A malformed confirmation list element is reported even when the releases are fine.
-  cases.push_back({"releases shape before elements",
-                   R"({"rank":1,"confirmations":[1],"pages_to_release":3})",
-                   std::string(kReleasesNotList)});
-
-  const std::pair<std::string_view, int> bad_confirmations[] = {
-      {R"(["a"])", 0},
-      {R"([5])", 0},
-      {R"([null])", 0},
-      {R"([{"a":1}])", 0},
-      {R"([[]])", 0},
-      {R"([["a"]])", 0},
-      {R"([["a",1,2]])", 0},
-      {R"([[1,1]])", 0},
-      {R"([[null,1]])", 0},
-      {R"([["a","1"]])", 0},
-      {R"([["a",-1]])", 0},
-      {R"([["a",-9223372036854775808]])", 0},
-      {R"([["a",1.0]])", 0},
-      {R"([["a",1e2]])", 0},
-      {R"([["a",true]])", 0},
-      {R"([["a",null]])", 0},
-      {R"([["a",[1]]])", 0},
-      {R"([["a",9223372036854775808]])", 0},
-      {R"([["a",1],["b",-1]])", 1},
-      {R"([["a",1],["b",2],["c",2.5]])", 2},
-  };
-  for (const auto& [list, index] : bad_confirmations) {
-    cases.push_back({list, R"({"rank":1,"confirmations":)" + std::string(list) + "}",
-                     confirmation_detail(index)});
-  }
-  cases.push_back({"confirmation checked before releases",
-                   R"({"rank":1,"confirmations":[["a",-1]],"pages_to_release":[-1]})",
-                   confirmation_detail(0)});
-
-  const std::pair<std::string_view, int> bad_releases[] = {
-      {"[-1]", 0},       {R"(["1"])", 0}, {"[1.0]", 0},  {"[1e1]", 0},
-      {"[true]", 0},     {"[null]", 0},   {"[[1]]", 0},  {"[9223372036854775808]", 0},
-      {"[1,2,-1]", 2},   {"[0,{}]", 1},
-  };
-  for (const auto& [list, index] : bad_releases) {
-    cases.push_back({list, R"({"rank":1,"pages_to_release":)" + std::string(list) + "}",
-                     release_detail(index)});
-  }
-  decoder d;
-  for (const confirm_case& c : cases) {
-    confirm_cmd cmd;
-    const error e = d.decode_confirm(body(c.body), cmd);
-    EXPECT_EQ(e.status, 400) << c.what;
-    EXPECT_EQ(e.detail, c.detail) << c.what;
-  }
-}
-
-// ---------------------------------------------------------------------------------------
-// batch_exists
-
-TEST(DecodeExists, AcceptsKeyLists) {
-  const keys_case cases[] = {
-      {"keys", R"({"keys":["a","b","a"]})", "", 0, {"a", "b", "a"}},
-      {"missing keys is empty", "{}", "", 0, {}},
-      {"empty keys", R"({"keys":[]})", "", 0, {}},
-      {"other fields ignored", R"({"rank":"anything","keys":["k"]})", "", 0, {"k"}},
-      {"last duplicate keys wins", R"({"keys":null,"keys":["k"]})", "", 0, {"k"}},
-      {"empty key", R"({"keys":[""]})", "", 0, {""}},
-  };
-  decoder d;
-  for (const keys_case& c : cases) {
-    exists_cmd cmd;
-    const error e = d.decode_exists(body(c.body), cmd);
-    EXPECT_FALSE(e) << c.what << ": " << e.detail;
-    EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
-  }
-}
-
-TEST(DecodeExists, RefusesMalformedRequests) {
-  const keys_case cases[] = {
-      {"null keys", R"({"keys":null})", "Invalid keys format"},
-      {"string keys", R"({"keys":"a"})", "Invalid keys format"},
-      {"object keys", R"({"keys":{}})", "Invalid keys format"},
-      {"number keys", R"({"keys":1})", "Invalid keys format"},
-      {"last duplicate keys wins", R"({"keys":[],"keys":false})", "Invalid keys format"},
-      {"number element", R"({"keys":["a",1]})", string_key_detail(1)},
-      {"pair element", R"({"keys":[["a",""]]})", string_key_detail(0)},
-      {"null element", R"({"keys":[null]})", string_key_detail(0)},
-      {"late bad element", R"({"keys":["a","b","c",{}]})", string_key_detail(3)},
-  };
-  decoder d;
-  for (const keys_case& c : cases) {
-    exists_cmd cmd;
-    const error e = d.decode_exists(body(c.body), cmd);
-    EXPECT_EQ(e.status, 400) << c.what;
-    EXPECT_EQ(e.detail, c.detail) << c.what;
-  }
-}
-
-// The scheduler's hot path: all block keys of a 20k-token prompt.
-TEST(DecodeExists, DecodesALongPrompt) {
-  std::string text = R"({"keys":[)";
-  strs expected;
-  for (int i = 0; i < 1250; ++i) {
-    std::string key = kHex32;
-    const std::string n = std::to_string(i);
-    key.replace(key.size() - n.size(), n.size(), n);
-    expected.push_back(key);
-    text += (i ? ",\"" : "\"") + key + "\"";
-  }
-  text += "]}";
-  decoder d;
-  exists_cmd cmd;
-  for (int round = 0; round < 3; ++round) {  // the parser is reused
-    ASSERT_FALSE(d.decode_exists(body(text), cmd));
-    EXPECT_EQ(strings(cmd.keys), expected);
-  }
-}
-
-// ---------------------------------------------------------------------------------------
-// get_locations
-
-TEST(DecodeLocations, AcceptsRankAndKeys) {
-  const keys_case cases[] = {
-      {"keys", R"({"rank":3,"keys":["a","b"]})", "", 3, {"a", "b"}},
-      {"missing keys is empty", R"({"rank":-1})", "", -1, {}},
-      {"duplicates kept", R"({"rank":0,"keys":["a","a"]})", "", 0, {"a", "a"}},
-      {"last duplicate rank wins", R"({"rank":null,"keys":["a"],"rank":4})", "", 4, {"a"}},
-  };
-  decoder d;
-  for (const keys_case& c : cases) {
-    locations_cmd cmd;
-    const error e = d.decode_locations(body(c.body), cmd);
-    EXPECT_FALSE(e) << c.what << ": " << e.detail;
-    EXPECT_EQ(cmd.rank, c.rank) << c.what;
-    EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
-  }
-}
-
-TEST(DecodeLocations, RefusesMalformedRequests) {
-  std::vector<keys_case> cases = rank_and_keys_shape_errors();
-  cases.push_back({"pair element", R"({"rank":1,"keys":[["a",""]]})", string_key_detail(0)});
-  cases.push_back({"number element", R"({"rank":1,"keys":[1]})", string_key_detail(0)});
-  cases.push_back({"null element", R"({"rank":1,"keys":["a",null]})", string_key_detail(1)});
-  decoder d;
-  for (const keys_case& c : cases) {
-    locations_cmd cmd;
-    const error e = d.decode_locations(body(c.body), cmd);
-    EXPECT_EQ(e.status, 400) << c.what;
-    EXPECT_EQ(e.detail, c.detail) << c.what;
   }
 }
 

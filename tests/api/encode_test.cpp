@@ -128,9 +128,9 @@ TEST(AppendEscaped, EscapesLikePythonJson) {
       {"\x0b", "\\u000b"},
       {"\x1b[0m", "\\u001b[0m"},
       {"nul\0byte"sv, "nul\\u0000byte"},
-      {"\x7f", "\x7f"},            // DEL is not escaped
-      {"a/b", "a/b"},              // nor is '/'
-      {"caf\xc3\xa9", "caf\xc3\xa9"},  // UTF-8 verbatim (ensure_ascii=False)
+      {"\x7f", "\x7f"},                  // DEL is not escaped
+      {"a/b", "a/b"},                    // nor is '/'
+      {"caf\xc3\xa9", "caf\xc3\xa9"},    // UTF-8 verbatim (ensure_ascii=False)
       {"\xe2\x80\xa8", "\xe2\x80\xa8"},  // U+2028 verbatim
       {"\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"},
       {"\xa0\xa2\xdc\x80\xff\xfe\xbc\xa2\x9f", "\xa0\xa2\xdc\x80\xff\xfe\xbc\xa2\x9f"},
@@ -150,13 +150,27 @@ std::string reference_escape(std::string_view text) {
   for (char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -189,7 +203,7 @@ TEST(AppendEscaped, MatchesTheModelOnRandomBytes) {
   std::mt19937 rng(12345);
   // Bias towards interesting bytes: controls, quotes, and bytes near them.
   const unsigned char pool[] = {0x00, 0x01, 0x1f, 0x20, 0x21, 0x22, 0x23, 0x5b, 0x5c, 0x5d,
-                                0x7f, 0x80, 0x9f, 0xa0, 0xa2, 0xdc, 0xff, 'a', '0', 'f'};
+                                0x7f, 0x80, 0x9f, 0xa0, 0xa2, 0xdc, 0xff, 'a',  '0',  'f'};
   for (int round = 0; round < 2000; ++round) {
     std::string text(rng() % 70, '\0');
     for (char& ch : text) ch = static_cast<char>(pool[rng() % sizeof pool]);

@@ -149,13 +149,28 @@ class reader {
       if (pos_ >= text_.size()) break;
       const char esc = text_[pos_++];
       switch (esc) {
-        case '"': case '\\': case '/': out.push_back(esc); break;
-        case 'n': out.push_back('\n'); break;
-        case 't': out.push_back('\t'); break;
-        case 'r': out.push_back('\r'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        default: fail("unsupported escape");  // \u never appears in this API's answers
+        case '"':
+        case '\\':
+        case '/':
+          out.push_back(esc);
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        default:
+          fail("unsupported escape");  // \u never appears in this API's answers
       }
     }
     fail("unterminated string");

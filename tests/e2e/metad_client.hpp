@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <optional>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,6 +24,11 @@ struct key_page {
   std::int64_t page = kNoPage;
   bool operator==(const key_page&) const = default;
 };
+
+// For readable gtest failure messages.
+inline std::ostream& operator<<(std::ostream& os, const key_page& kp) {
+  return os << "[\"" << kp.key << "\"," << kp.page << "]";
+}
 
 // A get_locations answer: the confirmed page of a complete key, else nothing.
 using location = std::optional<std::int64_t>;
@@ -59,8 +65,7 @@ inline std::string make_key(std::uint64_t index, std::uint64_t salt = 0) {
     return x ^ (x >> 31);
   };
   char text[33];
-  std::snprintf(text, sizeof text, "%016llx%016llx",
-                static_cast<unsigned long long>(mix(salt)),
+  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(mix(salt)),
                 static_cast<unsigned long long>(index));
   return text;
 }
@@ -108,8 +113,8 @@ inline std::string batch_allocate(std::int64_t rank, const std::vector<std::stri
 }
 inline std::string confirm_write(std::int64_t rank, const std::vector<key_page>& confirmed,
                                  const std::vector<std::int64_t>& released) {
-  return "{\"rank\":" + std::to_string(rank) + ",\"confirmations\":" +
-         confirmations(confirmed) + ",\"pages_to_release\":" + pages(released) + "}";
+  return "{\"rank\":" + std::to_string(rank) + ",\"confirmations\":" + confirmations(confirmed) +
+         ",\"pages_to_release\":" + pages(released) + "}";
 }
 inline std::string batch_exists(const std::vector<std::string>& ks) {
   return "{\"keys\":" + keys(ks) + "}";
@@ -208,7 +213,8 @@ class metad_client {
       for (const json::value& page : doc.at("locations").as_array()) {
         locations.push_back(page.is_null() ? location{} : location{page.as_int()});
       }
-      if (locations.size() != keys.size()) throw std::runtime_error("one location per key expected");
+      if (locations.size() != keys.size())
+        throw std::runtime_error("one location per key expected");
       return locations;
     });
   }

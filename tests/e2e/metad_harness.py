@@ -52,7 +52,7 @@ class MetadServer:
         if not binary:
             raise unittest.SkipTest("METAD_BIN is not set")
         io = os.environ.get("METAD_IO", "uring")
-        self.args = [binary, "--port", "0", "--threads", "2", "--io", io,
+        self.args = [binary, "--port", "0", "--threads", os.environ.get("METAD_THREADS", "2"), "--io", io,
                      "--log-level", "info", *extra_args]
         self.stderr_lines = collections.deque(maxlen=2000)
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
@@ -283,13 +283,23 @@ class MetadTestCase(unittest.TestCase):
                                  f"stderr tail:\n{cls.server.log()[-4000:]}")
 
     def setUp(self):
-        self.assertTrue(self.server.alive(),
-                        f"server died; stderr tail:\n{self.server.log()[-4000:]}")
+        # Registered first so it also runs when setUp itself fails.
+        self.addCleanup(self.check_server_alive)
         self.reset()
 
-    def tearDown(self):
-        self.assertTrue(self.server.alive(),
-                        f"server died; stderr tail:\n{self.server.log()[-4000:]}")
+    def check_server_alive(self):
+        if self.server.alive():
+            return
+        # Report the crash against this test, and give the next tests a fresh server so
+        # one crash does not fail the rest of the class.
+        cls = type(self)
+        dead = cls.server
+        code = dead.stop()
+        cls.client.close()
+        cls.server = MetadServer(cls.extra_args)
+        cls.client = Client(cls.server.base_url)
+        self.fail(f"server died during this test (exit code {code}); stderr tail:\n"
+                  f"{dead.log()[-4000:]}")
 
     @property
     def port(self):

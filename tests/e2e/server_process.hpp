@@ -4,13 +4,12 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -100,8 +99,9 @@ class server_process {
 
   static std::vector<std::string> command_line(int threads,
                                                const std::vector<std::string>& extra_args) {
-    std::vector<std::string> args{required_env("METAD_BIN"), "--port", "0", "--threads",
-                                  std::to_string(threads), "--io", required_env("METAD_IO")};
+    std::vector<std::string> args{
+        required_env("METAD_BIN"), "--port", "0", "--threads", std::to_string(threads), "--io",
+        required_env("METAD_IO")};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     return args;
   }

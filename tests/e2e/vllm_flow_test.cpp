@@ -49,6 +49,26 @@ std::string uniform_exists_body(std::size_t count, bool exists) {
   return out + "]}";
 }
 
+// One request and the exact answer it must get.
+struct scripted_exchange {
+  std::string request;
+  int status;
+  std::string body;
+};
+
+// Writes all requests of `script` at once, then reads the answers in order.
+void expect_pipelined_script(http_connection& connection,
+                             const std::vector<scripted_exchange>& script) {
+  std::string burst;
+  for (const auto& step : script) burst += step.request;
+  connection.send_all(burst);
+  for (std::size_t i = 0; i < script.size(); ++i) {
+    const http_response response = connection.read_response();
+    ASSERT_EQ(response.status, script[i].status) << "answer " << i << ": " << response.describe();
+    ASSERT_EQ(response.body, script[i].body) << "answer " << i;
+  }
+}
+
 class VllmFlow : public ::testing::Test {
  protected:
   // One connection per process role, as in a vLLM deployment.
@@ -167,40 +187,48 @@ TEST_F(VllmFlow, OneKeepAliveConnectionServesHundredsOfRequests) {
 
 TEST_F(VllmFlow, PipelinedRequestsAreAnsweredInOrder) {
   constexpr int kRanks = 6;
-  struct exchange {
-    std::string request;
-    int status;
-    std::string body;
-  };
-  std::vector<exchange> exchanges;
+  std::vector<scripted_exchange> script;
   for (int rank = 0; rank < kRanks; ++rank) {
     const std::int64_t pages = 10 + rank;
-    exchanges.push_back({format_post(initialize_path(rank), body::initialize_worker(pages)), 200,
-                         "{\"message\":\"Rank " + std::to_string(rank) + " initialized with " +
-                             std::to_string(pages) + " pages\"}"});
-    exchanges.push_back({format_post("/keys/batch_exists",
-                                     body::batch_exists(make_keys(rank + 1, 3))),
-                         200, uniform_exists_body(rank + 1, false)});
-    exchanges.push_back({format_request("GET", "/rank/" + std::to_string(rank), ""), 200,
-                         "{\"num_pages\":" + std::to_string(pages) + ",\"free\":" +
-                             std::to_string(pages) + ",\"reserved\":0,\"bound\":0}"});
+    script.push_back({format_post(initialize_path(rank), body::initialize_worker(pages)), 200,
+                      "{\"message\":\"Rank " + std::to_string(rank) + " initialized with " +
+                          std::to_string(pages) + " pages\"}"});
+    script.push_back({format_post("/keys/batch_exists", body::batch_exists(make_keys(rank + 1, 3))),
+                      200, uniform_exists_body(rank + 1, false)});
+    script.push_back({format_request("GET", "/rank/" + std::to_string(rank), ""), 200,
+                      "{\"num_pages\":" + std::to_string(pages) +
+                          ",\"free\":" + std::to_string(pages) + ",\"reserved\":0,\"bound\":0}"});
   }
-  exchanges.push_back({format_post("/keys/no_such_endpoint", "{}"), 404,
-                       R"({"detail":"Not Found"})"});
-  exchanges.push_back({format_post("/keys/confirm_write", R"({"rank":0,"confirmations":[]})"),
-                       204, ""});
-
-  std::string burst;
-  for (const auto& ex : exchanges) burst += ex.request;
-  http_connection& connection = scheduler_.connection();
-  connection.send_all(burst);
-  for (std::size_t i = 0; i < exchanges.size(); ++i) {
-    const http_response response = connection.read_response();
-    EXPECT_EQ(response.status, exchanges[i].status) << "response " << i;
-    EXPECT_EQ(response.body, exchanges[i].body) << "response " << i;
-  }
+  script.push_back({format_post("/keys/no_such_endpoint", "{}"), 404, R"({"detail":"Not Found"})"});
+  script.push_back(
+      {format_post("/keys/confirm_write", R"({"rank":0,"confirmations":[]})"), 204, ""});
+  expect_pipelined_script(scheduler_.connection(), script);
   EXPECT_EQ(scheduler_.rank_info(kRanks - 1).num_pages, 10 + kRanks - 1)
       << "the connection still works after the burst";
+}
+
+// Ranks 0 and 1 live on different cores; answers must still come back in request order,
+// and each write must be visible to the requests pipelined after it.
+TEST_F(VllmFlow, PipelinedSaveTasksOnRanksOfDifferentCoresKeepTheirOrder) {
+  constexpr int kKeys = 50;  // 6 requests each, all in one write
+  start_engine(kPagesPerRank);
+  std::vector<scripted_exchange> script;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = make_key(static_cast<std::uint64_t>(i), 9);
+    const std::string page = std::to_string(i);
+    for (std::int64_t rank = 0; rank < kTensorParallel; ++rank) {
+      script.push_back({format_post("/keys/batch_allocate", body::batch_allocate(rank, {key})), 200,
+                        "{\"rank\":" + std::to_string(rank) + ",\"results\":[[" + json::quote(key) +
+                            "," + page + "]]}"});
+      script.push_back(
+          {format_post("/keys/confirm_write", body::confirm_write(rank, {{key, i}}, {})), 204, ""});
+    }
+    script.push_back({format_post("/keys/batch_exists", body::batch_exists({key})), 200,
+                      uniform_exists_body(1, true)});
+    script.push_back({format_post("/keys/get_locations", body::get_locations(1, {key})), 200,
+                      "{\"locations\":[" + page + "]}"});
+  }
+  expect_pipelined_script(scheduler_.connection(), script);
 }
 
 TEST_F(VllmFlow, ChunkedRequestBodyIsReassembled) {
@@ -236,8 +264,8 @@ TEST_F(VllmFlow, ExpectContinueGetsInterimResponseBeforeTheBody) {
   const std::vector<std::string> keys = make_keys(kPromptBlocks);
   const std::string payload = body::batch_exists(keys);
   http_connection& connection = scheduler_.connection();
-  const std::string head = format_request("POST", "/keys/batch_exists", payload,
-                                          {{"Expect", "100-continue"}});
+  const std::string head =
+      format_request("POST", "/keys/batch_exists", payload, {{"Expect", "100-continue"}});
   connection.send_all(std::string_view(head).substr(0, head.size() - payload.size()));
 
   const std::string interim = "HTTP/1.1 100 Continue\r\n\r\n";

@@ -1,8 +1,8 @@
-#include "shard/state.hpp"
-
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "shard/state.hpp"
 
 namespace shard {
 namespace {

@@ -1,14 +1,13 @@
-#include "shard/state.hpp"
-
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <map>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "shard/state.hpp"
 
 // Random operations against a deliberately naive model of the contract; the real table
 // must agree with it on every answer and keep its invariants after every operation.
@@ -106,7 +105,25 @@ struct model_rank {
   }
 };
 
-void run_random(std::uint32_t seed, int steps) {
+// How often each confirm answer occurred, so the test can insist it exercised them all.
+struct coverage {
+  std::map<std::string, int> answers;
+  void note(confirm_outcome outcome, const std::string& detail) {
+    if (outcome == confirm_outcome::ok) {
+      ++answers["ok"];
+    } else if (detail.find("pages_to_release") != std::string::npos) {
+      ++answers["release out of range"];
+    } else if (detail.find("out of range") != std::string::npos) {
+      ++answers["page out of range"];
+    } else if (detail.find("two different keys") != std::string::npos) {
+      ++answers["two keys"];
+    } else if (detail.find("not reserved") != std::string::npos) {
+      ++answers["not reserved"];
+    }
+  }
+};
+
+void run_random(std::uint32_t seed, int steps, coverage& cov) {
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   rank_table table;
@@ -157,6 +174,7 @@ void run_random(std::uint32_t seed, int steps) {
       ASSERT_EQ(got, want) << detail1;
       ASSERT_EQ(detail1, detail2);
       ASSERT_EQ(newly1, newly2);
+      cov.note(got, detail1);
       ASSERT_EQ(table.refused_releases(), refused);
     } else if (op < 97) {
       std::vector<std::int64_t> got(keys.size());
@@ -174,7 +192,8 @@ void run_random(std::uint32_t seed, int steps) {
         ASSERT_EQ(r.outcome, init_outcome::grown);
         m.num_pages = n;
       } else {
-        ASSERT_EQ(r.outcome, n == m.num_pages ? init_outcome::unchanged : init_outcome::shrink_refused);
+        ASSERT_EQ(r.outcome,
+                  n == m.num_pages ? init_outcome::unchanged : init_outcome::shrink_refused);
       }
     }
     const auto s = table.stats(rank);
@@ -188,10 +207,16 @@ void run_random(std::uint32_t seed, int steps) {
 }
 
 TEST(RankTableRandom, AgreesWithModelAndKeepsInvariants) {
+  coverage cov;
   for (std::uint32_t seed = 1; seed <= 8; ++seed) {
-    run_random(seed, 2500);
+    run_random(seed, 2500, cov);
     if (HasFatalFailure()) return;
   }
+  for (const char* answer :
+       {"ok", "release out of range", "page out of range", "two keys", "not reserved"}) {
+    EXPECT_GT(cov.answers[answer], 0) << answer;
+  }
+  for (const auto& [answer, n] : cov.answers) std::printf("  %-22s %d\n", answer.c_str(), n);
 }
 
 }  // namespace

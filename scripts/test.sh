@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what is missing, then builds and runs every test three times:
+#   1. under AddressSanitizer + UndefinedBehaviorSanitizer (every test),
+#   2. under ThreadSanitizer (the cross-core code: mailbox, server pipeline, e2e),
+#   3. the release build (every test) — its ctest summary is the last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export CTEST_OUTPUT_ON_FAILURE=1
+jobs=$(nproc)
+
+echo "== ASan + UBSan =="
+dir=$(scripts/build.sh asan)
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir "$dir" -j"$jobs" --timeout 600
+
+echo "== TSan (cross-core) =="
+dir=$(scripts/build.sh tsan)
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir "$dir" -j"$jobs" --timeout 600 -R '^(Mailbox|Pipeline|e2e_cpp)'
+
+echo "== Release =="
+dir=$(scripts/build.sh release)
+ctest --test-dir "$dir" -j"$jobs" --timeout 600

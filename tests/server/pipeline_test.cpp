@@ -1,0 +1,124 @@
+// The whole request pipeline byte-in/byte-out, without sockets: an exchange fed raw
+// HTTP, its endpoint coroutines hopping between simulated cores that this one thread
+// drains in turn.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <string_view>
+
+#include "server/cluster.hpp"
+#include "server/exchange.hpp"
+
+namespace {
+
+struct counting_waker final : net::waker {
+  int wakes = 0;
+  void wake() override { ++wakes; }
+};
+
+class Pipeline : public ::testing::TestWithParam<int> {
+ protected:
+  Pipeline() : cluster_(cfg_, GetParam()), x_(cluster_, *cluster_.core[0], waker_) {}
+
+  // Feeds `bytes` to the connection and returns everything it answers.
+  std::string send(std::string_view bytes) {
+    std::span<char> space = x_.read_space();
+    EXPECT_GE(space.size(), bytes.size()) << "tests send small requests";
+    std::copy(bytes.begin(), bytes.end(), space.begin());
+    last_flow_ = x_.on_bytes(bytes.size());
+    while (last_flow_ == net::flow::wait) {
+      const int before = waker_.wakes;
+      for (int spin = 0; spin < 100 && waker_.wakes == before; ++spin)
+        for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.drain(c);
+      EXPECT_EQ(waker_.wakes, before + 1) << "a parked request must wake its connection";
+      last_flow_ = x_.on_resume();
+    }
+    return std::exchange(x_.output(), {});
+  }
+
+  static std::string post(std::string_view path, std::string_view body) {
+    return std::string("POST ") + std::string(path) + " HTTP/1.1\r\nhost: t\r\ncontent-length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
+  }
+  static std::string json_200(std::string_view body) {
+    return "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
+  }
+  static std::string json_status(std::string_view status_line, std::string_view body) {
+    return "HTTP/1.1 " + std::string(status_line) + "\r\ncontent-type: application/json\r\ncontent-length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
+  }
+  static constexpr std::string_view kNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
+
+  metad::config cfg_;
+  server::cluster cluster_;
+  counting_waker waker_;
+  server::exchange x_;
+  net::flow last_flow_ = net::flow::read;
+};
+
+TEST_P(Pipeline, VllmSaveThenLoadRoundTripsAcrossCores) {
+  EXPECT_EQ(send(post("/rank/0/initialize", R"({"num_pages":0,"role":"scheduler"})")),
+            json_200(R"({"message":"Scheduler role does not require initialization"})"));
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4,"role":"worker"})")),
+              json_200("{\"message\":\"Rank " + std::to_string(r) + " initialized with 4 pages\"}"));
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = std::to_string(r);
+    EXPECT_EQ(send(post("/keys/batch_allocate", "{\"rank\":" + rank + R"(,"keys":[["k1",""],["k2",""],["k1",""]]})")),
+              json_200("{\"rank\":" + rank + R"(,"results":[["k1",0],["k2",1]]})"));
+    EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["k1","k2"]})")), json_200(R"({"exists":[false,false]})"));
+    EXPECT_EQ(send(post("/keys/confirm_write", "{\"rank\":" + rank +
+                                                   R"(,"confirmations":[["k1",0],["k2",1]],"pages_to_release":[]})")),
+              kNoContent);
+  }
+  EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["k1","k2","k3","k1"]})")),
+            json_200(R"({"exists":[true,true,false,true]})"));
+  EXPECT_EQ(send(post("/keys/get_locations", R"({"rank":1,"keys":["k2","k3"]})")),
+            json_200(R"({"locations":[1,null]})"));
+  EXPECT_EQ(send("GET /rank/1 HTTP/1.1\r\n\r\n"), json_200(R"({"num_pages":4,"free":2,"reserved":0,"bound":2})"));
+}
+
+TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
+  const std::string init = post("/rank/5/initialize", R"({"num_pages":2})");
+  const std::string alloc = post("/keys/batch_allocate", R"({"rank":5,"keys":["a","b","c"]})");
+  const std::string missing = post("/keys/get_locations", R"({"rank":6,"keys":["a"]})");
+  EXPECT_EQ(send(init + alloc + missing),
+            json_200(R"({"message":"Rank 5 initialized with 2 pages"})") +
+                json_200(R"({"rank":5,"results":[["a",-1],["b",-1],["c",-1]]})") +
+                json_status("404 Not Found", R"({"detail":"Failed to get key locations: Rank 6 not initialized"})"));
+  EXPECT_EQ(last_flow_, net::flow::read);
+}
+
+TEST_P(Pipeline, InvalidRequestsChangeNothing) {
+  send(post("/rank/3/initialize", R"({"num_pages":3})"));
+  EXPECT_EQ(send(post("/keys/batch_allocate", R"({"rank":3,"keys":["a",["b"]]})")),
+            json_status("400 Bad Request",
+                        R"({"detail":"Invalid key at index 1: expected a string or a [key, prefix_key] pair of strings"})"));
+  EXPECT_EQ(send(post("/keys/confirm_write", R"({"rank":3,"confirmations":[["a",0]]})")).substr(0, 24),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(send(post("/rank/3/initialize", R"({"num_pages":2})")),
+            json_status("409 Conflict", R"({"detail":"Rank 3 already initialized with 3 pages"})"));
+  EXPECT_EQ(send(post("/keys/batch_allocate", R"({"rank":3,"keys":["a"]})")),
+            json_200(R"({"rank":3,"results":[["a",0]]})"));
+  EXPECT_EQ(send(post("/rank/3/initialize", R"({"num_pages":"3"})")),
+            json_status("400 Bad Request", R"({"detail":"Invalid initialization parameters"})"));
+}
+
+TEST_P(Pipeline, MalformedHttpIsAnsweredThenClosed) {
+  EXPECT_EQ(send("BROKEN\r\n\r\n").substr(0, 24), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(last_flow_, net::flow::close);
+}
+
+TEST_P(Pipeline, ClearDropsEveryRankOnEveryCore) {
+  for (int r = 0; r < 4; ++r) send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":1})"));
+  EXPECT_EQ(cluster_.worker_ranks.load(), 4);
+  EXPECT_EQ(send(post("/clear", "")), kNoContent);
+  EXPECT_EQ(cluster_.worker_ranks.load(), 0);
+  EXPECT_EQ(send("GET /rank/2 HTTP/1.1\r\n\r\n"), json_status("404 Not Found", R"({"detail":"Rank 2 not initialized"})"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cores, Pipeline, ::testing::Values(1, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "cores"; });
+
+}  // namespace
