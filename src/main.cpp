@@ -47,8 +47,8 @@ Int parse_int(std::string_view flag, std::string_view text, Int lo, Int hi) {
   Int value{};
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || end != text.data() + text.size() || value < lo || value > hi)
-    throw usage_error(std::string(flag) + ": expected an integer in [" + std::to_string(lo) +
-                      ", " + std::to_string(hi) + "], got '" + std::string(text) + "'");
+    throw usage_error(std::string(flag) + ": expected an integer in [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "], got '" + std::string(text) + "'");
   return value;
 }
 
@@ -98,15 +98,23 @@ metad::config parse_flags(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw usage_error(std::string(flag) + ": unknown flag or missing value");
     std::string_view value = argv[++i];
-    if (flag == "--host") cfg.host = value;
-    else if (flag == "--port") cfg.port = parse_int<std::uint16_t>(flag, value, 0, 65535);
-    else if (flag == "--threads") threads = parse_int<int>(flag, value, 1, 1024);
-    else if (flag == "--cpus") cfg.cpus = parse_cpus(value);
+    if (flag == "--host")
+      cfg.host = value;
+    else if (flag == "--port")
+      cfg.port = parse_int<std::uint16_t>(flag, value, 0, 65535);
+    else if (flag == "--threads")
+      threads = parse_int<int>(flag, value, 1, 1024);
+    else if (flag == "--cpus")
+      cfg.cpus = parse_cpus(value);
     else if (flag == "--io") {
-      if (value == "auto") cfg.io = metad::io_mode::automatic;
-      else if (value == "uring") cfg.io = metad::io_mode::uring;
-      else if (value == "epoll") cfg.io = metad::io_mode::epoll;
-      else throw usage_error("--io: expected auto, uring or epoll");
+      if (value == "auto")
+        cfg.io = metad::io_mode::automatic;
+      else if (value == "uring")
+        cfg.io = metad::io_mode::uring;
+      else if (value == "epoll")
+        cfg.io = metad::io_mode::epoll;
+      else
+        throw usage_error("--io: expected auto, uring or epoll");
     } else if (flag == "--header-bytes-max") {
       cfg.header_bytes_max = parse_int<std::size_t>(flag, value, 256, std::size_t{1} << 24);
     } else if (flag == "--body-bytes-max") {
@@ -122,11 +130,16 @@ metad::config parse_flags(int argc, char** argv) {
     } else if (flag == "--connections-max") {
       cfg.connections_per_core_max = parse_int<std::uint32_t>(flag, value, 1, 1'000'000);
     } else if (flag == "--log-level") {
-      if (value == "error") cfg.log = metad::log_level::error;
-      else if (value == "warn") cfg.log = metad::log_level::warn;
-      else if (value == "info") cfg.log = metad::log_level::info;
-      else if (value == "debug") cfg.log = metad::log_level::debug;
-      else throw usage_error("--log-level: expected error, warn, info or debug");
+      if (value == "error")
+        cfg.log = metad::log_level::error;
+      else if (value == "warn")
+        cfg.log = metad::log_level::warn;
+      else if (value == "info")
+        cfg.log = metad::log_level::info;
+      else if (value == "debug")
+        cfg.log = metad::log_level::debug;
+      else
+        throw usage_error("--log-level: expected error, warn, info or debug");
     } else {
       throw usage_error(std::string(flag) + ": unknown flag (see --help)");
     }

@@ -24,9 +24,8 @@ inline void write(log_level level, std::string_view message) {
   gmtime_r(&now.tv_sec, &utc);
   // One fmt::print call per line: lines from different cores do not interleave.
   fmt::print(stderr, "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z {} core={} {}\n",
-             utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min,
-             utc.tm_sec, now.tv_nsec / 1'000'000, names[static_cast<int>(level)],
-             current_core, message);
+             utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+             now.tv_nsec / 1'000'000, names[static_cast<int>(level)], current_core, message);
 }
 
 template <typename... Args>
@@ -35,12 +34,20 @@ void at(log_level level, fmt::format_string<Args...> format, Args&&... args) {
   write(level, fmt::format(format, std::forward<Args>(args)...));
 }
 template <typename... Args>
-void error(fmt::format_string<Args...> f, Args&&... a) { at(log_level::error, f, std::forward<Args>(a)...); }
+void error(fmt::format_string<Args...> f, Args&&... a) {
+  at(log_level::error, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void warn(fmt::format_string<Args...> f, Args&&... a) { at(log_level::warn, f, std::forward<Args>(a)...); }
+void warn(fmt::format_string<Args...> f, Args&&... a) {
+  at(log_level::warn, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void info(fmt::format_string<Args...> f, Args&&... a) { at(log_level::info, f, std::forward<Args>(a)...); }
+void info(fmt::format_string<Args...> f, Args&&... a) {
+  at(log_level::info, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void debug(fmt::format_string<Args...> f, Args&&... a) { at(log_level::debug, f, std::forward<Args>(a)...); }
+void debug(fmt::format_string<Args...> f, Args&&... a) {
+  at(log_level::debug, f, std::forward<Args>(a)...);
+}
 
 }  // namespace metad::log

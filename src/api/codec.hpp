@@ -62,8 +62,8 @@ struct allocate_cmd {
 };
 struct confirm_cmd {
   std::int64_t rank = 0;
-  key_list keys;                    // confirmation i binds keys[i] ...
-  std::vector<std::int64_t> pages;  // ... to pages[i] (>= 0)
+  key_list keys;                       // confirmation i binds keys[i] ...
+  std::vector<std::int64_t> pages;     // ... to pages[i] (>= 0)
   std::vector<std::int64_t> releases;  // pages_to_release (>= 0)
 };
 struct exists_cmd {
@@ -83,8 +83,8 @@ class decoder {
   // initialize: a rank that does not parse → 400 "Invalid rank in path"; invalid
   // role/num_pages → kind == invalid_parameters (no error: the caller serves the
   // precomputed 400); num_pages over pages_max → 400 with the limit in the detail.
-  error decode_initialize(std::string_view rank_text, std::string_view body,
-                          std::int64_t pages_max, initialize_cmd& out);
+  error decode_initialize(std::string_view rank_text, std::string_view body, std::int64_t pages_max,
+                          initialize_cmd& out);
   error decode_allocate(std::string_view body, allocate_cmd& out);
   error decode_confirm(std::string_view body, confirm_cmd& out);
   error decode_exists(std::string_view body, exists_cmd& out);
@@ -98,8 +98,7 @@ class decoder {
 // Encoders append a compact JSON body to `out`.
 void encode_initialized(std::string& out, std::int64_t rank, std::int64_t num_pages);
 // results: keys[i] → pages[i] (-1 = no page), in order.
-void encode_allocation(std::string& out, std::int64_t rank,
-                       std::span<const std::string_view> keys,
+void encode_allocation(std::string& out, std::int64_t rank, std::span<const std::string_view> keys,
                        std::span<const std::int64_t> pages);
 void encode_exists(std::string& out, std::span<const std::uint8_t> exists);
 // -1 → null

@@ -53,6 +53,8 @@ std::string canned_answer(canned what, bool keep_alive) {
       return json_answer(404, R"({"detail":"Not Found"})", keep_alive);
     case canned::method_not_allowed:
       return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: POST\r\n");
+    case canned::method_not_allowed_get:
+      return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: GET\r\n");
     case canned::count_:
       break;
   }

@@ -12,13 +12,14 @@ namespace http {
 // Answers whose bytes never change. Each exists in a keep-alive and a closing variant
 // (the closing one carries `connection: close`).
 enum class canned : std::uint8_t {
-  no_content,             // 204, no body, no content-length
-  continue_100,           // "HTTP/1.1 100 Continue\r\n\r\n" (same in both variants)
-  scheduler_initialized,  // 200 {"message":"Scheduler role does not require initialization"}
-  invalid_initialization, // 400 {"detail":"Invalid initialization parameters"}
-  invalid_rank_in_path,   // 400 {"detail":"Invalid rank in path"}
-  not_found,              // 404 {"detail":"Not Found"}
-  method_not_allowed,     // 405 {"detail":"Method Not Allowed"} + allow: POST
+  no_content,              // 204, no body, no content-length
+  continue_100,            // "HTTP/1.1 100 Continue\r\n\r\n" (same in both variants)
+  scheduler_initialized,   // 200 {"message":"Scheduler role does not require initialization"}
+  invalid_initialization,  // 400 {"detail":"Invalid initialization parameters"}
+  invalid_rank_in_path,    // 400 {"detail":"Invalid rank in path"}
+  not_found,               // 404 {"detail":"Not Found"}
+  method_not_allowed,      // 405 {"detail":"Method Not Allowed"} + allow: POST
+  method_not_allowed_get,  // 405 {"detail":"Method Not Allowed"} + allow: GET
   count_
 };
 

@@ -13,7 +13,7 @@ route match_rank(method verb, std::string_view rest) {
   const std::string_view rank = rest.substr(0, slash);
   if (rank.empty()) return {};
   if (slash == std::string_view::npos) {
-    if (verb != method::get) return {endpoint::method_not_allowed, {}};
+    if (verb != method::get) return {endpoint::method_not_allowed_get, {}};
     return {endpoint::rank_info, rank};
   }
   if (rest.substr(slash) != "/initialize") return {};

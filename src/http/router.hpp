@@ -17,7 +17,8 @@ enum class endpoint : std::uint8_t {
   clear,           // POST /clear
   rank_info,       // GET  /rank/{rank}
   not_found,
-  method_not_allowed,  // known path, wrong method (answer carries Allow)
+  method_not_allowed,      // POST-only path, wrong method (answer carries allow: POST)
+  method_not_allowed_get,  // GET-only path, wrong method (answer carries allow: GET)
 };
 
 struct route {

@@ -45,8 +45,12 @@ struct connection final : waker {
 class asio_loop {
  public:
   asio_loop(const loop_options& options, core_hooks& hooks)
-      : options_(options), hooks_(hooks), ctx_(ASIO_CONCURRENCY_HINT_UNSAFE),
-        acceptor_(ctx_), wake_(ctx_, ::dup(hooks.wake_fd())), tick_(ctx_) {
+      : options_(options),
+        hooks_(hooks),
+        ctx_(ASIO_CONCURRENCY_HINT_UNSAFE),
+        acceptor_(ctx_),
+        wake_(ctx_, ::dup(hooks.wake_fd())),
+        tick_(ctx_) {
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
     ::getsockname(options.listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -120,7 +124,8 @@ class asio_loop {
       }
       if (stopping_ && !c->handler->mid_request()) break;
       std::span<char> space = c->handler->read_space();
-      auto [ec, n] = co_await c->socket.async_read_some(asio::buffer(space.data(), space.size()), use_tuple);
+      auto [ec, n] =
+          co_await c->socket.async_read_some(asio::buffer(space.data(), space.size()), use_tuple);
       if (ec || n == 0 || c->shut) break;
       next = c->handler->on_bytes(n);
       const bool mid = c->handler->mid_request();
@@ -137,7 +142,8 @@ class asio_loop {
   awaitable<void> wake_loop() {
     std::uint64_t counter = 0;
     for (;;) {
-      auto [ec, n] = co_await wake_.async_read_some(asio::buffer(&counter, sizeof counter), use_tuple);
+      auto [ec, n] =
+          co_await wake_.async_read_some(asio::buffer(&counter, sizeof counter), use_tuple);
       if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) co_return;
     }
   }

@@ -21,7 +21,8 @@ int listen_tcp(const std::string& host, std::uint16_t port, int backlog) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
   if (rc != 0) throw std::runtime_error("cannot resolve --host " + host + ": " + gai_strerror(rc));
   int err = 0;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -41,8 +42,7 @@ int listen_tcp(const std::string& host, std::uint16_t port, int backlog) {
     ::close(fd);
   }
   ::freeaddrinfo(found);
-  throw std::system_error(err, std::generic_category(),
-                          "cannot listen on " + host + ":" + service);
+  throw std::system_error(err, std::generic_category(), "cannot listen on " + host + ":" + service);
 }
 
 std::uint16_t local_port(int fd) {

@@ -127,8 +127,8 @@ void connection::wake() {
 uring_loop::uring_loop(const loop_options& options, core_hooks& hooks)
     : options_(options), hooks_(hooks) {
   io_uring_params params{};
-  params.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
-                 IORING_SETUP_COOP_TASKRUN;
+  params.flags =
+      IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_COOP_TASKRUN;
   int rc = io_uring_queue_init_params(4096, &ring_, &params);
   if (rc == -EINVAL) {  // older kernel: plain ring
     params = {};
@@ -279,7 +279,8 @@ void uring_loop::on_tick(const io_uring_cqe&) {
 void uring_loop::begin_stop() {
   stopping_ = true;
   stop_deadline_ms_ = now_ms_ + options_.drain_timeout_ms;
-  if (accepting_) io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&accept_done_), 0);
+  if (accepting_)
+    io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&accept_done_), 0);
   for (connection* c : connections_)
     if (!c->waiting && !c->mid_request) shut(c);  // idle keep-alive connections
 }

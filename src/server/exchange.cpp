@@ -120,6 +120,9 @@ void exchange::dispatch(const http::request& request) {
     case http::endpoint::method_not_allowed:
       respond_canned(http::canned::method_not_allowed);
       return complete();
+    case http::endpoint::method_not_allowed_get:
+      respond_canned(http::canned::method_not_allowed_get);
+      return complete();
   }
   if (err) {
     respond_error(err.status, err.detail);

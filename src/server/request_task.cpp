@@ -22,7 +22,9 @@ struct pool {
 };
 thread_local pool frames;
 
-std::size_t size_class(std::size_t bytes) { return (bytes + kFrameClassBytes - 1) / kFrameClassBytes; }
+std::size_t size_class(std::size_t bytes) {
+  return (bytes + kFrameClassBytes - 1) / kFrameClassBytes;
+}
 
 }  // namespace
 

@@ -93,7 +93,8 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (cfg.cpus.empty()) cfg.cpus = ::server::affinity_cpus();
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
-  impl_->cluster = std::make_unique<::server::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+  impl_->cluster =
+      std::make_unique<::server::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
 }
 
 server::~server() {
@@ -105,7 +106,8 @@ void server::run() {
   ::server::cluster& cl = *impl_->cluster;
   bool use_uring = cfg.io != io_mode::epoll;
   if (use_uring && !net::uring_available()) {
-    if (cfg.io == io_mode::uring) throw std::runtime_error("--io uring: io_uring_setup is refused here");
+    if (cfg.io == io_mode::uring)
+      throw std::runtime_error("--io uring: io_uring_setup is refused here");
     log::warn("io_uring is unavailable (io_uring_setup refused): using the epoll transport");
     use_uring = false;
   }
@@ -131,8 +133,10 @@ void server::run() {
       options.connections_max = cfg.connections_per_core_max;
       ::server::core_runner hooks(cl, i);
       try {
-        if (use_uring) net::run_uring_loop(options, hooks);
-        else net::run_epoll_loop(options, hooks);
+        if (use_uring)
+          net::run_uring_loop(options, hooks);
+        else
+          net::run_epoll_loop(options, hooks);
       } catch (const std::exception& e) {
         log::error("core {} failed: {}", i, e.what());
         std::abort();  // a core without its loop would strand its ranks' requests

@@ -32,7 +32,7 @@ _LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
 def key(i, tag=""):
     """A vLLM-like block key: 32 lowercase hex characters."""
-    return hashlib.md5(f"{tag}{i}".encode()).hexdigest()
+    return hashlib.md5(f"{tag}/{i}".encode()).hexdigest()
 
 
 def keys(n, tag=""):
@@ -111,6 +111,7 @@ class MetadServer:
             self.proc.wait()
             code = None
         self._drain.join(timeout=5)
+        self.proc.stderr.close()
         return code
 
 

@@ -106,12 +106,8 @@ def json_cases():
 
 
 def initialize_cases():
-    def init(name, body, status=400, detail=INVALID_INIT, path="/rank/5/initialize",
-             one_of=None):
-        if one_of is not None:
-            detail = None
-        return Case(f"initialize/{name}", path, body, status, detail=detail,
-                    one_of=one_of, absent=(5,))
+    def init(name, body, status=400, detail=INVALID_INIT, path="/rank/5/initialize"):
+        return Case(f"initialize/{name}", path, body, status, detail=detail, absent=(5,))
 
     cases = [
         init("role_capitalised", {"role": "Worker", "num_pages": 4}),
@@ -141,10 +137,12 @@ def initialize_cases():
              detail=LIMIT),
         init("num_pages_int64_max", {"role": "worker", "num_pages": 2**63 - 1},
              detail=LIMIT),
+        # Beyond int64: the spec requires a 400 but pins no detail (RFC 8259 lets a
+        # parser limit the range of numbers, so "Invalid JSON body: ..." is allowed).
         init("num_pages_beyond_int64",
-             '{"role":"worker","num_pages":%s}' % BEYOND_INT64, one_of=(INVALID_INIT, LIMIT)),
+             '{"role":"worker","num_pages":%s}' % BEYOND_INT64, detail=None),
         init("num_pages_below_int64",
-             '{"role":"worker","num_pages":%s}' % BELOW_INT64, one_of=(INVALID_INIT, LIMIT)),
+             '{"role":"worker","num_pages":%s}' % BELOW_INT64, detail=None),
         # The existing rank: invalid, shrinking or over-limit re-initialisation.
         init("existing_rank_zero", {"role": "worker", "num_pages": 0},
              path=f"/rank/{RANK}/initialize"),

@@ -6,10 +6,12 @@ Run: cd tests/e2e && METAD_BIN=... METAD_IO=uring|epoll /usr/bin/python3 -m unit
 import hashlib
 import http.client
 import json
+import threading
+import time
 import unittest
 
-from metad_harness import (INT64_MAX, INT64_MIN, MetadTestCase, compact, key, keys,
-                           raw_request)
+from metad_harness import (INT64_MAX, INT64_MIN, Client, MetadServer, MetadTestCase,
+                           RawConnection, compact, key, keys, raw_request)
 
 SCHEDULER_OK = {"message": "Scheduler role does not require initialization"}
 
@@ -527,8 +529,199 @@ class WireTest(MetadTestCase):
             bodies = [conn.read_response()[2] for _ in range(2)]
         self.assertEqual(bodies, [b'{"exists":[false,false]}'] * 2)
 
+    def test_prompt_of_a_million_tokens(self):
+        # 1M tokens / 16 per block = 62,500 keys, ~2.3 MB of JSON in one batch_exists.
+        ks = keys(62_500)
+        self.assertEqual(self.exists(ks), [False] * len(ks))
+
+    def test_header_names_and_chunked_are_case_insensitive(self):
+        body = b'{"keys":["a"]}'
+        for te in ("CHUNKED", "Chunked"):
+            with self.subTest(transfer_encoding=te):
+                req = (b"POST /keys/batch_exists HTTP/1.1\r\nhOsT: x\r\n"
+                       b"TRANSFER-ENCODING: " + te.encode() + b"\r\n\r\n"
+                       + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+                with self.raw() as conn:
+                    conn.send(req)
+                    self.assertEqual(conn.read_response()[::2], (200, b'{"exists":[false]}'))
+        req = (b"POST /keys/batch_exists HTTP/1.1\r\ncontent-LENGTH: %d\r\n"
+               b"connection: CLOSE\r\n\r\n" % len(body) + body)
+        with self.raw() as conn:
+            conn.send(req)
+            self.assertEqual(conn.read_response()[::2], (200, b'{"exists":[false]}'))
+            self.assertTrue(conn.closed_by_peer(), "Connection: CLOSE not honoured")
+
+    def test_many_pipelined_requests_across_ranks(self):
+        # Ranks 0 and 1 live on different cores; answers must still come back in
+        # request order.
+        for r in (0, 1):
+            self.init_worker(r, 512)
+        reqs, want = [], []
+        for i in range(200):
+            r = i % 2
+            k = key(i, "pipe")
+            reqs.append(raw_request("POST", "/keys/batch_allocate",
+                                    compact({"rank": r, "keys": [[k, ""]]})))
+            want.append(compact({"rank": r, "results": [[k, i // 2]]}))
+        with self.raw() as conn:
+            conn.send(b"".join(reqs))
+            got = [conn.read_response() for _ in reqs]
+        self.assertEqual([s for s, _, _ in got], [200] * len(reqs))
+        self.assertEqual([b for _, _, b in got], want)
+
+    def test_many_connections(self):
+        conns = [self.raw() for _ in range(200)]
+        try:
+            for i, conn in enumerate(conns):
+                conn.send(raw_request("POST", "/keys/batch_exists",
+                                      compact({"keys": ["a"] * (i % 4)})))
+            for i, conn in enumerate(conns):
+                self.assertEqual(conn.read_response()[::2],
+                                 (200, compact({"exists": [False] * (i % 4)})))
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def test_keys_with_escapes_and_unicode(self):
+        self.init_worker(0, 8)
+        odd = ['quo"te', "back\\slash", "new\nline\ttab", "\u043a\u043b\u044e\u0447",
+               "\U0001f600", "", "x" * 4096]
+        r = self.client.batch_allocate(0, odd)
+        self.assert_status(r, 200)
+        self.assertEqual(r.json(), {"rank": 0, "results": [[k, i] for i, k in enumerate(odd)]})
+        self.confirm(0, [(k, i) for i, k in enumerate(odd)])
+        self.assertEqual(self.exists(odd), [True] * len(odd))
+        self.assertEqual(self.locations(0, odd), list(range(len(odd))))
+
+    def test_escaped_key_is_the_same_key(self):
+        # JSON escapes are decoded: "\u0041" and "A" name one key, as in the reference.
+        self.init_worker(0, 8)
+        self.save(0, ["A/B"])
+        r = self.client.post_raw("/keys/batch_exists", b'{"keys":["\\u0041\\/B","A/B"]}')
+        self.assert_body(r, 200, {"exists": [True, True]})
+        r = self.client.post_raw("/keys/batch_allocate",
+                                 b'{"rank":0,"keys":[["\\u0041\\/B",""]]}')
+        self.assert_status(r, 200)
+        self.assertEqual(r.json(), {"rank": 0, "results": [["A/B", 0]]})
+        self.assert_rank(0, 8, 7, 0, 1)
+
     def test_get_rank_info_unknown(self):
         self.assert_error(self.client.rank_info(42), 404, "Rank 42 not initialized")
+
+
+class ConcurrencyTest(MetadTestCase):
+    """Several TP workers and a scheduler at once, on separate keep-alive connections
+    (spread over the server's cores)."""
+
+    def test_read_your_writes_across_connections(self):
+        clients = [Client(self.server.base_url) for _ in range(8)]
+        try:
+            for r in (0, 1):
+                self.init_worker(r, 256)
+            for i in range(40):
+                k = key(i, "ryw")
+                for r in (0, 1):
+                    c = clients[r]
+                    body = c.batch_allocate(r, [k]).json()
+                    page = body["results"][0][1]
+                    self.assert_status(c.confirm_write(r, [(k, page)]), 204)
+                # The confirm that completed the key has been answered: every other
+                # connection sees it at once.
+                for c in clients[2:]:
+                    self.assertEqual(c.batch_exists([k]).json(), {"exists": [True]}, i)
+                    self.assertEqual(c.get_locations(1, [k]).json(), {"locations": [i]})
+        finally:
+            for c in clients:
+                c.close()
+
+    def test_parallel_tp_workers_and_scheduler(self):
+        tp, num_pages, tasks, batch = 4, 4096, 24, 64
+        for r in range(tp):
+            self.init_worker(r, num_pages)
+        task_keys = [keys(batch, f"task{t}") for t in range(tasks)]
+        failed = {t for t in range(tasks) if t % 5 == 4}
+        pages_by_rank = {}
+        errors = []
+        stop = threading.Event()
+
+        def worker(rank):
+            c = Client(self.server.base_url)
+            mine = {}
+            try:
+                for t in range(tasks):
+                    body = c.batch_allocate(rank, task_keys[t]).json()
+                    pages = [p for _, p in body["results"]]
+                    if -1 in pages:
+                        raise AssertionError(f"rank {rank} task {t}: pool exhausted")
+                    if t in failed:
+                        r = c.confirm_write(rank, [], pages)
+                    else:
+                        r = c.confirm_write(rank, list(zip(task_keys[t], pages)))
+                        mine.update(zip(task_keys[t], pages))
+                    if r.status_code != 204:
+                        raise AssertionError(f"rank {rank} task {t}: {r.status_code} {r.text}")
+                pages_by_rank[rank] = mine
+            except Exception as e:  # reported by the main thread
+                errors.append(f"rank {rank}: {e!r}")
+            finally:
+                c.close()
+
+        def scheduler():
+            c = Client(self.server.base_url)
+            seen = set()
+            all_keys = [k for ks in task_keys for k in ks]
+            try:
+                while not stop.is_set():
+                    exists = c.batch_exists(all_keys).json()["exists"]
+                    now = {k for k, e in zip(all_keys, exists) if e}
+                    if not seen <= now:
+                        raise AssertionError(f"{len(seen - now)} complete keys vanished")
+                    seen = now
+            except Exception as e:
+                errors.append(f"scheduler: {e!r}")
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=worker, args=(r,)) for r in range(tp)]
+        sched = threading.Thread(target=scheduler)
+        sched.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        stop.set()
+        sched.join(60)
+        self.assertEqual(errors, [])
+
+        saved = (tasks - len(failed)) * batch
+        for t in range(tasks):
+            self.assertEqual(self.exists(task_keys[t]), [t not in failed] * batch, t)
+        for r in range(tp):
+            mine = pages_by_rank[r]
+            self.assertEqual(len(mine), saved)
+            self.assertEqual(len(set(mine.values())), saved, "a page bound to two keys")
+            self.assert_rank(r, num_pages, num_pages - saved, 0, saved)
+            ks = list(mine)
+            self.assertEqual(self.locations(r, ks), [mine[k] for k in ks])
+
+
+class ShutdownTest(unittest.TestCase):
+    """SIGTERM with clients still connected: the server exits 0 within the drain time."""
+
+    def test_sigterm_with_idle_and_half_sent_connections(self):
+        server = MetadServer()
+        try:
+            idle = RawConnection(server.port)
+            idle.send(raw_request("POST", "/keys/batch_exists", b'{"keys":[]}'))
+            self.assertEqual(idle.read_response()[0], 200)
+            partial = RawConnection(server.port)
+            partial.send(b"POST /keys/batch_exists HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.2)
+        finally:
+            code = server.stop()
+        self.assertEqual(code, 0, server.log()[-4000:])
+        idle.close()
+        partial.close()
 
 
 if __name__ == "__main__":

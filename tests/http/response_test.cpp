@@ -44,6 +44,8 @@ TEST(Response, CannedJsonAnswersAreExact) {
       {canned::not_found, "HTTP/1.1 404 Not Found", R"({"detail":"Not Found"})"},
       {canned::method_not_allowed, "HTTP/1.1 405 Method Not Allowed",
        R"({"detail":"Method Not Allowed"})", "allow: POST\r\n"},
+      {canned::method_not_allowed_get, "HTTP/1.1 405 Method Not Allowed",
+       R"({"detail":"Method Not Allowed"})", "allow: GET\r\n"},
   };
   for (const row& r : rows) {
     for (bool keep_alive : {true, false}) {

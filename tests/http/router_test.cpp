@@ -49,9 +49,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         route_case{method::get, "/rank/0/initialize", endpoint::method_not_allowed},
         route_case{method::put, "/rank/0/initialize", endpoint::method_not_allowed},
-        route_case{method::post, "/rank/3", endpoint::method_not_allowed},
-        route_case{method::head, "/rank/3", endpoint::method_not_allowed},
-        route_case{method::delete_, "/rank/3", endpoint::method_not_allowed},
+        route_case{method::post, "/rank/3", endpoint::method_not_allowed_get},
+        route_case{method::head, "/rank/3", endpoint::method_not_allowed_get},
+        route_case{method::delete_, "/rank/3", endpoint::method_not_allowed_get},
         route_case{method::get, "/keys/batch_allocate", endpoint::method_not_allowed},
         route_case{method::put, "/keys/confirm_write", endpoint::method_not_allowed},
         route_case{method::options, "/keys/batch_exists", endpoint::method_not_allowed},

@@ -37,16 +37,18 @@ class Pipeline : public ::testing::TestWithParam<int> {
   }
 
   static std::string post(std::string_view path, std::string_view body) {
-    return std::string("POST ") + std::string(path) + " HTTP/1.1\r\nhost: t\r\ncontent-length: " +
-           std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
+    return std::string("POST ") + std::string(path) +
+           " HTTP/1.1\r\nhost: t\r\ncontent-length: " + std::to_string(body.size()) + "\r\n\r\n" +
+           std::string(body);
   }
   static std::string json_200(std::string_view body) {
     return "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " +
            std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
   }
   static std::string json_status(std::string_view status_line, std::string_view body) {
-    return "HTTP/1.1 " + std::string(status_line) + "\r\ncontent-type: application/json\r\ncontent-length: " +
-           std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
+    return "HTTP/1.1 " + std::string(status_line) +
+           "\r\ncontent-type: application/json\r\ncontent-length: " + std::to_string(body.size()) +
+           "\r\n\r\n" + std::string(body);
   }
   static constexpr std::string_view kNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
 
@@ -61,22 +63,28 @@ TEST_P(Pipeline, VllmSaveThenLoadRoundTripsAcrossCores) {
   EXPECT_EQ(send(post("/rank/0/initialize", R"({"num_pages":0,"role":"scheduler"})")),
             json_200(R"({"message":"Scheduler role does not require initialization"})"));
   for (int r = 0; r < 2; ++r)
-    EXPECT_EQ(send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4,"role":"worker"})")),
-              json_200("{\"message\":\"Rank " + std::to_string(r) + " initialized with 4 pages\"}"));
+    EXPECT_EQ(
+        send(post("/rank/" + std::to_string(r) + "/initialize",
+                  R"({"num_pages":4,"role":"worker"})")),
+        json_200("{\"message\":\"Rank " + std::to_string(r) + " initialized with 4 pages\"}"));
   for (int r = 0; r < 2; ++r) {
     const std::string rank = std::to_string(r);
-    EXPECT_EQ(send(post("/keys/batch_allocate", "{\"rank\":" + rank + R"(,"keys":[["k1",""],["k2",""],["k1",""]]})")),
+    EXPECT_EQ(send(post("/keys/batch_allocate",
+                        "{\"rank\":" + rank + R"(,"keys":[["k1",""],["k2",""],["k1",""]]})")),
               json_200("{\"rank\":" + rank + R"(,"results":[["k1",0],["k2",1]]})"));
-    EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["k1","k2"]})")), json_200(R"({"exists":[false,false]})"));
-    EXPECT_EQ(send(post("/keys/confirm_write", "{\"rank\":" + rank +
-                                                   R"(,"confirmations":[["k1",0],["k2",1]],"pages_to_release":[]})")),
+    EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["k1","k2"]})")),
+              json_200(R"({"exists":[false,false]})"));
+    EXPECT_EQ(send(post("/keys/confirm_write",
+                        "{\"rank\":" + rank +
+                            R"(,"confirmations":[["k1",0],["k2",1]],"pages_to_release":[]})")),
               kNoContent);
   }
   EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["k1","k2","k3","k1"]})")),
             json_200(R"({"exists":[true,true,false,true]})"));
   EXPECT_EQ(send(post("/keys/get_locations", R"({"rank":1,"keys":["k2","k3"]})")),
             json_200(R"({"locations":[1,null]})"));
-  EXPECT_EQ(send("GET /rank/1 HTTP/1.1\r\n\r\n"), json_200(R"({"num_pages":4,"free":2,"reserved":0,"bound":2})"));
+  EXPECT_EQ(send("GET /rank/1 HTTP/1.1\r\n\r\n"),
+            json_200(R"({"num_pages":4,"free":2,"reserved":0,"bound":2})"));
 }
 
 TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
@@ -86,17 +94,21 @@ TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_EQ(send(init + alloc + missing),
             json_200(R"({"message":"Rank 5 initialized with 2 pages"})") +
                 json_200(R"({"rank":5,"results":[["a",-1],["b",-1],["c",-1]]})") +
-                json_status("404 Not Found", R"({"detail":"Failed to get key locations: Rank 6 not initialized"})"));
+                json_status("404 Not Found",
+                            R"({"detail":"Failed to get key locations: Rank 6 not initialized"})"));
   EXPECT_EQ(last_flow_, net::flow::read);
 }
 
 TEST_P(Pipeline, InvalidRequestsChangeNothing) {
   send(post("/rank/3/initialize", R"({"num_pages":3})"));
-  EXPECT_EQ(send(post("/keys/batch_allocate", R"({"rank":3,"keys":["a",["b"]]})")),
-            json_status("400 Bad Request",
-                        R"({"detail":"Invalid key at index 1: expected a string or a [key, prefix_key] pair of strings"})"));
-  EXPECT_EQ(send(post("/keys/confirm_write", R"({"rank":3,"confirmations":[["a",0]]})")).substr(0, 24),
-            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(
+      send(post("/keys/batch_allocate", R"({"rank":3,"keys":["a",["b"]]})")),
+      json_status(
+          "400 Bad Request",
+          R"({"detail":"Invalid key at index 1: expected a string or a [key, prefix_key] pair of strings"})"));
+  EXPECT_EQ(
+      send(post("/keys/confirm_write", R"({"rank":3,"confirmations":[["a",0]]})")).substr(0, 24),
+      "HTTP/1.1 400 Bad Request");
   EXPECT_EQ(send(post("/rank/3/initialize", R"({"num_pages":2})")),
             json_status("409 Conflict", R"({"detail":"Rank 3 already initialized with 3 pages"})"));
   EXPECT_EQ(send(post("/keys/batch_allocate", R"({"rank":3,"keys":["a"]})")),
@@ -111,11 +123,13 @@ TEST_P(Pipeline, MalformedHttpIsAnsweredThenClosed) {
 }
 
 TEST_P(Pipeline, ClearDropsEveryRankOnEveryCore) {
-  for (int r = 0; r < 4; ++r) send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":1})"));
+  for (int r = 0; r < 4; ++r)
+    send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":1})"));
   EXPECT_EQ(cluster_.worker_ranks.load(), 4);
   EXPECT_EQ(send(post("/clear", "")), kNoContent);
   EXPECT_EQ(cluster_.worker_ranks.load(), 0);
-  EXPECT_EQ(send("GET /rank/2 HTTP/1.1\r\n\r\n"), json_status("404 Not Found", R"({"detail":"Rank 2 not initialized"})"));
+  EXPECT_EQ(send("GET /rank/2 HTTP/1.1\r\n\r\n"),
+            json_status("404 Not Found", R"({"detail":"Rank 2 not initialized"})"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cores, Pipeline, ::testing::Values(1, 3),

@@ -1,0 +1,192 @@
+// libFuzzer harness for the whole sans-IO pipeline: one server::cluster of 3 simulated
+// cores lives across inputs (state is kept, like a long-running server); each input is one
+// connection's bytes, delivered in pieces whose sizes come from the input, with cross-core
+// work drained on this thread. After each input: every response is a well-formed
+// HTTP/1.1 answer with an expected status and a JSON body, nothing follows a
+// "connection: close", and every core's rank_table passes check_invariants().
+//
+// Input: byte 0 = home core (mod 3) and options, bytes 1-2 = split seed, the rest = the
+// bytes of one connection.
+#include <simdjson.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "fuzz_input.hpp"
+#include "metad/config.hpp"
+#include "server/cluster.hpp"
+#include "server/exchange.hpp"
+
+namespace {
+
+constexpr int kCores = 3;
+// State is dropped (through /clear) when it grows past these, so that the invariant check
+// after each input stays fast.
+constexpr std::size_t kRanksBeforeClear = 48;
+
+struct counting_waker final : net::waker {
+  int wakes = 0;
+  void wake() override { ++wakes; }
+};
+
+metad::config make_config() {
+  metad::config cfg;
+  cfg.header_bytes_max = 8 * 1024;
+  cfg.body_bytes_max = 256 * 1024;
+  cfg.pages_per_rank_max = 1 << 16;
+  return cfg;
+}
+
+struct world {
+  metad::config cfg = make_config();
+  server::cluster cl{cfg, kCores};
+  counting_waker waker;
+  std::uint64_t inputs = 0;
+};
+
+world& the_world() {
+  static world w;
+  return w;
+}
+
+// One connection: feeds `bytes` in pieces and returns everything it answered, and
+// whether the connection ended closed.
+std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split, bool& closed) {
+  server::exchange x(w.cl, *w.cl.core[static_cast<std::size_t>(home)], w.waker);
+  std::string answers;
+  std::size_t at = 0;
+  closed = false;
+  while (at < bytes.size() && !closed) {
+    const std::span<char> space = x.read_space();
+    fuzz::require(!space.empty(), "read_space gives room");
+    const std::size_t n = std::min({split.next_piece(), space.size(), bytes.size() - at});
+    std::memcpy(space.data(), bytes.data() + at, n);
+    at += n;
+    net::flow flow = x.on_bytes(n);
+    while (flow == net::flow::wait) {
+      const int before = w.waker.wakes;
+      for (int spin = 0; spin < 64 && w.waker.wakes == before; ++spin)
+        for (int c = 0; c < w.cl.cores; ++c) w.cl.mailbox.drain(c);
+      fuzz::require(w.waker.wakes == before + 1, "a parked request wakes its connection once");
+      flow = x.on_resume();
+    }
+    answers += x.output();
+    x.output().clear();
+    closed = flow == net::flow::close;
+  }
+  for (int c = 0; c < w.cl.cores; ++c)
+    fuzz::require(w.cl.mailbox.drain(c) == 0, "no work left in the mailbox after a connection");
+  return answers;
+}
+
+bool known_status(int status) {
+  switch (status) {
+    case 100: case 200: case 204: case 400: case 404: case 405:
+    case 409: case 413: case 431: case 501: case 505:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::size_t header_value(std::string_view head, std::string_view name, std::string_view& value) {
+  const std::size_t at = head.find(name);
+  if (at == std::string_view::npos) return 0;
+  const std::size_t end = head.find("\r\n", at);
+  value = head.substr(at + name.size(), end - at - name.size());
+  return 1;
+}
+
+// Checks the answers of one connection; returns whether the last said connection: close.
+bool check_answers(std::string_view out) {
+  static simdjson::dom::parser json;
+  bool said_close = false;
+  while (!out.empty()) {
+    fuzz::require(!said_close, "nothing follows connection: close", out.substr(0, 64));
+    fuzz::require(out.starts_with("HTTP/1.1 ") && out.size() >= 12, "answer starts with HTTP/1.1",
+                  out.substr(0, 64));
+    const std::string_view code = out.substr(9, 3);
+    int status = 0;
+    for (char c : code) {
+      fuzz::require(c >= '0' && c <= '9', "3-digit status", out.substr(0, 64));
+      status = status * 10 + (c - '0');
+    }
+    fuzz::require(known_status(status), "expected status code", out.substr(0, 64));
+    const std::size_t head_end = out.find("\r\n\r\n");
+    fuzz::require(head_end != std::string_view::npos, "answer head ends", out.substr(0, 64));
+    const std::string_view head = out.substr(0, head_end + 2);
+    out.remove_prefix(head_end + 4);
+    said_close = head.find("\r\nconnection: close\r\n") != std::string_view::npos;
+    std::string_view length_text;
+    const bool has_length = header_value(head, "\r\ncontent-length: ", length_text) != 0;
+    if (status == 100 || status == 204) {
+      fuzz::require(!has_length, "100 and 204 carry no length", head);
+      continue;
+    }
+    fuzz::require(has_length, "answers carry content-length", head);
+    fuzz::require(head.find("\r\ncontent-type: application/json\r\n") != std::string_view::npos,
+                  "answers are application/json", head);
+    std::size_t length = 0;
+    for (char c : length_text) {
+      fuzz::require(c >= '0' && c <= '9', "numeric content-length", head);
+      length = length * 10 + static_cast<std::size_t>(c - '0');
+    }
+    fuzz::require(length <= out.size(), "the whole body was written", head);
+    const simdjson::padded_string body(out.substr(0, length));
+    out.remove_prefix(length);
+    simdjson::dom::object object;
+    fuzz::require(json.parse(body).get_object().get(object) == simdjson::SUCCESS,
+                  "body is a JSON object", std::string_view(body.data(), body.size()));
+    if (status >= 400) {
+      std::string_view detail;
+      fuzz::require(object["detail"].get_string().get(detail) == simdjson::SUCCESS,
+                    "errors carry a detail", std::string_view(body.data(), body.size()));
+    }
+    if (status == 405) fuzz::require(head.find("\r\nallow: POST\r\n") != std::string_view::npos, "405 has allow");
+  }
+  return said_close;
+}
+
+void check_state(world& w) {
+  std::size_t ranks = 0;
+  for (const auto& core : w.cl.core) {
+    const std::string problem = core->ranks.check_invariants();
+    fuzz::require(problem.empty(), "rank_table invariants", problem);
+    ranks += core->ranks.rank_count();
+  }
+  fuzz::require(static_cast<std::int64_t>(ranks) == w.cl.worker_ranks.load(),
+                "worker_ranks counts the initialised ranks");
+}
+
+std::size_t rank_count(const world& w) {
+  std::size_t ranks = 0;
+  for (const auto& core : w.cl.core) ranks += core->ranks.rank_count();
+  return ranks;
+}
+
+void clear(world& w) {
+  fuzz::splitter split(1);
+  bool closed = false;
+  const std::string out = converse(w, 0, "POST /clear HTTP/1.1\r\ncontent-length: 0\r\n\r\n", split, closed);
+  fuzz::require(out == "HTTP/1.1 204 No Content\r\n\r\n", "clear answers 204", out);
+  fuzz::require(rank_count(w) == 0 && w.cl.worker_ranks.load() == 0, "clear drops every rank");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  world& w = the_world();
+  const fuzz::header h(data, size);
+  if (rank_count(w) > kRanksBeforeClear || (h.byte[0] & 0x80) != 0) clear(w);
+  fuzz::splitter split(h.seed());
+  bool closed = false;
+  const std::string out = converse(w, (h.byte[0] & 0x7f) % kCores, h.payload, split, closed);
+  const bool said_close = check_answers(out);
+  fuzz::require(said_close == closed, "connection: close is said iff the connection closes");
+  check_state(w);
+  ++w.inputs;
+  return 0;
+}
