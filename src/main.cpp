@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -33,6 +34,13 @@ metadata server; same HTTP API, default port 18000).
   --header-timeout-ms N     a started request must arrive within this (default 10000)
   --drain-timeout-ms N      grace for in-flight requests on SIGINT/SIGTERM (default 5000)
   --connections-max N       open connections per core; more are closed (default 16384)
+  --unix PATH               also listen on this unix socket (the fast path behind a proxy)
+  --no-tcp                  listen only on --unix
+  --auth-token-file F       require "Authorization: Bearer <token>" (the file's first line)
+                            on every endpoint but /health
+  --admin-token-file F      require this token instead for /clear
+  --access-log              one log line per request
+  --summary-interval-ms N   periodic one-line summary at info level (default 10000; 0: off)
   --log-level LEVEL         error|warn|info|debug (default info)
   --help                    this text
   --version                 print the version
@@ -83,6 +91,18 @@ std::vector<int> first_cpus(int count) {
   return cpus;
 }
 
+// A token file's first line, without surrounding whitespace; it must not be empty.
+std::string read_token(std::string_view flag, std::string_view path) {
+  std::ifstream in{std::string(path)};
+  std::string token;
+  if (!in || !std::getline(in, token))
+    throw usage_error(std::string(flag) + ": cannot read '" + std::string(path) + "'");
+  const auto first = token.find_first_not_of(" \t\r");
+  const auto last = token.find_last_not_of(" \t\r");
+  if (first == std::string::npos) throw usage_error(std::string(flag) + ": the token is empty");
+  return token.substr(first, last - first + 1);
+}
+
 metad::config parse_flags(int argc, char** argv) {
   metad::config cfg;
   int threads = 0;
@@ -95,6 +115,14 @@ metad::config parse_flags(int argc, char** argv) {
     if (flag == "--version") {
       std::printf("hf3fs-metad %s\n", METAD_VERSION);
       std::exit(0);
+    }
+    if (flag == "--access-log") {
+      cfg.access_log = true;
+      continue;
+    }
+    if (flag == "--no-tcp") {
+      cfg.tcp = false;
+      continue;
     }
     if (i + 1 >= argc) throw usage_error(std::string(flag) + ": unknown flag or missing value");
     std::string_view value = argv[++i];
@@ -129,6 +157,14 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.drain_timeout_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--connections-max") {
       cfg.connections_per_core_max = parse_int<std::uint32_t>(flag, value, 1, 1'000'000);
+    } else if (flag == "--unix") {
+      cfg.unix_path = value;
+    } else if (flag == "--auth-token-file") {
+      cfg.auth_token = read_token(flag, value);
+    } else if (flag == "--admin-token-file") {
+      cfg.admin_token = read_token(flag, value);
+    } else if (flag == "--summary-interval-ms") {
+      cfg.summary_interval_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--log-level") {
       if (value == "error")
         cfg.log = metad::log_level::error;
@@ -145,6 +181,7 @@ metad::config parse_flags(int argc, char** argv) {
     }
   }
   if (cfg.cpus.empty() && threads > 0) cfg.cpus = first_cpus(threads);
+  if (!cfg.tcp && cfg.unix_path.empty()) throw usage_error("--no-tcp needs --unix PATH");
   return cfg;
 }
 

@@ -1,6 +1,6 @@
 // Deterministic KV-block keys for the benchmarks: 32 lowercase hex characters, like the
-// MD5/xxh3-128 block hashes vLLM sends. Key i is the same in every program and run, so
-// the wrk scripts, the load generator and the micro benchmarks agree on key sets.
+// MD5/xxh3-128 block hashes vLLM sends. Key i is the same in every C++ program and run
+// (the wrk Lua scripts make their own, see bench/wrk/common.lua).
 #pragma once
 
 #include <cstdint>

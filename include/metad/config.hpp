@@ -28,6 +28,16 @@ struct config {
   std::uint32_t header_timeout_ms = 10'000;  // a request started but not complete
   std::uint32_t drain_timeout_ms = 5'000;    // grace for in-flight requests on stop
   std::uint32_t connections_per_core_max = 16'384;
+
+  // Also (or, with tcp == false, only) listen on this unix socket path.
+  std::string unix_path;
+  bool tcp = true;
+  // Non-empty: every endpoint but /health needs "Authorization: Bearer <auth_token>".
+  std::string auth_token;
+  // Non-empty: /clear (and other destructive endpoints) need this token instead.
+  std::string admin_token;
+  bool access_log = false;
+  std::uint32_t summary_interval_ms = 10'000;  // periodic one-line summary at info; 0: off
 };
 
 }  // namespace metad

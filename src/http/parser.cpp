@@ -350,6 +350,12 @@ parse_error parser::parse_header_line(std::string_view line) {
         }
       }
       break;
+    case 13:
+      if (iequals(name, "authorization")) {
+        authorization_offset_ = static_cast<std::size_t>(value.data() - input());
+        authorization_size_ = value.size();
+      }
+      break;
     case 6:
       if (iequals(name, "expect") && iequals(value, "100-continue")) expect_continue_ = true;
       break;
@@ -501,6 +507,7 @@ void parser::append_decoded(const char* data, std::size_t size) {
 void parser::make_ready(std::string_view body, std::size_t request_bytes) {
   request_.verb = verb_;
   request_.target = std::string_view(input() + target_offset_, target_size_);
+  request_.authorization = std::string_view(input() + authorization_offset_, authorization_size_);
   request_.http_1_0 = http_1_0_;
   request_.keep_alive =
       http_1_0_ ? connection_keep_alive_ && !connection_close_ : !connection_close_;
@@ -534,6 +541,7 @@ void parser::reset_request() {
   stage_ = stage::start;
   line_start_ = scan_from_ = head_bytes_ = 0;
   target_offset_ = target_size_ = request_bytes_ = 0;
+  authorization_offset_ = authorization_size_ = 0;
   verb_ = method::other;
   http_1_0_ = false;
   has_length_ = false;

@@ -43,6 +43,8 @@ struct request {
   std::string_view target;  // path only: the query string is stripped
   bool http_1_0 = false;
   bool keep_alive = true;  // false for HTTP/1.0 (unless keep-alive asked) or Connection: close
+  // The Authorization header's value (trimmed), empty when absent.
+  std::string_view authorization;
   // The body; data()[size() .. size()+body_padding_bytes) is readable.
   std::string_view body;
 };
@@ -120,6 +122,8 @@ class parser {
   std::size_t head_bytes_ = 0;  // request line + headers + blank line
   std::size_t target_offset_ = 0;
   std::size_t target_size_ = 0;
+  std::size_t authorization_offset_ = 0;
+  std::size_t authorization_size_ = 0;
   std::size_t request_bytes_ = 0;  // size of the ready request in the input
   method verb_ = method::other;
   bool http_1_0_ = false;

@@ -55,6 +55,15 @@ std::string canned_answer(canned what, bool keep_alive) {
       return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: POST\r\n");
     case canned::method_not_allowed_get:
       return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: GET\r\n");
+    case canned::health_ok:
+      return json_answer(200, R"({"status":"ok"})", keep_alive);
+    case canned::ready_ok:
+      return json_answer(200, R"({"status":"ready"})", keep_alive);
+    case canned::not_ready:
+      return json_answer(503, R"({"detail":"Not ready: recovering or stopping"})", keep_alive);
+    case canned::unauthorized:
+      return json_answer(401, R"({"detail":"Missing or invalid bearer token"})", keep_alive,
+                         "www-authenticate: Bearer\r\n");
     case canned::count_:
       break;
   }
@@ -124,13 +133,25 @@ std::string_view parse_error_bytes(parse_error err) {
 }
 
 void append_json(std::string& out, int status, std::string_view json_body, bool keep_alive) {
+  append_body(out, status, "application/json", json_body, keep_alive);
+}
+
+void append_body(std::string& out, int status, std::string_view content_type,
+                 std::string_view body, bool keep_alive) {
   append_status_line(out, status);
-  out += "content-type: application/json\r\ncontent-length: ";
-  const fmt::format_int length(json_body.size());
+  out += "content-type: ";
+  out += content_type;
+  out += "\r\ncontent-length: ";
+  const fmt::format_int length(body.size());
   out.append(length.data(), length.size());
   out +=
       keep_alive ? std::string_view("\r\n\r\n") : std::string_view("\r\nconnection: close\r\n\r\n");
-  out += json_body;
+  out += body;
+}
+
+int status_of(std::string_view answer) {
+  if (answer.size() < 12 || !answer.starts_with("HTTP/1.1 ")) return 0;
+  return (answer[9] - '0') * 100 + (answer[10] - '0') * 10 + (answer[11] - '0');
 }
 
 std::string_view reason_phrase(int status) {

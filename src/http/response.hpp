@@ -20,6 +20,10 @@ enum class canned : std::uint8_t {
   not_found,               // 404 {"detail":"Not Found"}
   method_not_allowed,      // 405 {"detail":"Method Not Allowed"} + allow: POST
   method_not_allowed_get,  // 405 {"detail":"Method Not Allowed"} + allow: GET
+  health_ok,               // 200 {"status":"ok"}
+  ready_ok,                // 200 {"status":"ready"}
+  not_ready,               // 503 {"detail":"Not ready: recovering or stopping"}
+  unauthorized,            // 401 {"detail":"Missing or invalid bearer token"}, www-authenticate
   count_
 };
 
@@ -29,10 +33,15 @@ std::string_view canned_bytes(canned what, bool keep_alive);
 // The fixed answer for a parse error (400/413/431/501/505 with a JSON detail); these
 // always close the connection.
 std::string_view parse_error_bytes(parse_error err);
+// The status code of a response's bytes ("HTTP/1.1 NNN ..."), 0 if none.
+int status_of(std::string_view answer);
 
 // Appends "HTTP/1.1 <status> <reason>", content-type: application/json, content-length
 // and (if !keep_alive) connection: close, then the body.
 void append_json(std::string& out, int status, std::string_view json_body, bool keep_alive);
+// The same with another content type (e.g. Prometheus text).
+void append_body(std::string& out, int status, std::string_view content_type,
+                 std::string_view body, bool keep_alive);
 
 std::string_view reason_phrase(int status);
 

@@ -7,6 +7,10 @@ route post_only(method verb, endpoint target) {
   return {verb == method::post ? target : endpoint::method_not_allowed, {}};
 }
 
+route get_only(method verb, endpoint target) {
+  return {verb == method::get ? target : endpoint::method_not_allowed_get, {}};
+}
+
 // "/rank/{rank}" and "/rank/{rank}/initialize"; `rest` follows "/rank/".
 route match_rank(method verb, std::string_view rest) {
   const auto slash = rest.find('/');
@@ -36,6 +40,9 @@ route match(method verb, std::string_view path) {
   }
   if (path.starts_with(rank)) return match_rank(verb, path.substr(rank.size()));
   if (path == "/clear") return post_only(verb, endpoint::clear);
+  if (path == "/health") return get_only(verb, endpoint::health);
+  if (path == "/ready") return get_only(verb, endpoint::ready);
+  if (path == "/metrics") return get_only(verb, endpoint::metrics);
   return {};
 }
 

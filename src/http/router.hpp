@@ -16,6 +16,9 @@ enum class endpoint : std::uint8_t {
   get_locations,   // POST /keys/get_locations
   clear,           // POST /clear
   rank_info,       // GET  /rank/{rank}
+  health,          // GET  /health
+  ready,           // GET  /ready
+  metrics,         // GET  /metrics
   not_found,
   method_not_allowed,      // POST-only path, wrong method (answer carries allow: POST)
   method_not_allowed_get,  // GET-only path, wrong method (answer carries allow: GET)

@@ -17,14 +17,14 @@ namespace net {
 namespace {
 
 using asio::awaitable;
-using asio::ip::tcp;
+using stream = asio::generic::stream_protocol;  // TCP and unix sockets alike
 constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
 using clock = std::chrono::steady_clock;
 
 class asio_loop;
 
 struct connection final : waker {
-  tcp::socket socket;
+  stream::socket socket;
   asio::steady_timer parked;  // waits "forever" while the request is on another core
   std::unique_ptr<connection_handler> handler;
   clock::time_point deadline;
@@ -34,7 +34,7 @@ struct connection final : waker {
   bool shut = false;
   std::size_t index = 0;
 
-  explicit connection(tcp::socket s)
+  explicit connection(stream::socket s)
       : socket(std::move(s)), parked(socket.get_executor(), clock::time_point::max()) {}
   void wake() override {
     woken = true;
@@ -47,18 +47,22 @@ class asio_loop {
   asio_loop(const loop_options& options, core_hooks& hooks)
       : options_(options),
         hooks_(hooks),
+        stats_(options.stats),
         ctx_(ASIO_CONCURRENCY_HINT_UNSAFE),
-        acceptor_(ctx_),
         wake_(ctx_, ::dup(hooks.wake_fd())),
         tick_(ctx_) {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    ::getsockname(options.listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    acceptor_.assign(addr.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), ::dup(options.listen_fd));
+    acceptors_.reserve(options.listen_fds.size());  // accept loops hold references
+    for (int fd : options.listen_fds) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof addr;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+      acceptors_.emplace_back(ctx_, stream(addr.ss_family, addr.ss_family == AF_UNIX ? 0 : IPPROTO_TCP),
+                              ::dup(fd));
+    }
   }
 
   void run() {
-    asio::co_spawn(ctx_, accept_loop(), asio::detached);
+    for (auto& acceptor : acceptors_) asio::co_spawn(ctx_, accept_loop(acceptor), asio::detached);
     asio::co_spawn(ctx_, wake_loop(), asio::detached);
     asio::co_spawn(ctx_, tick_loop(), asio::detached);
     for (;;) {
@@ -78,20 +82,20 @@ class asio_loop {
   }
 
  private:
-  awaitable<void> accept_loop() {
+  awaitable<void> accept_loop(asio::basic_socket_acceptor<stream>& acceptor) {
     while (!stopping_) {
-      auto [ec, socket] = co_await acceptor_.async_accept(use_tuple);
+      auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
       if (ec) {
         if (ec == asio::error::operation_aborted) break;
         metad::log::warn("accept failed: {}", ec.message());
         continue;
       }
       if (stopping_ || connections_.size() >= options_.connections_max) {
-        ++stats_.rejected;
+        ++stats_->rejected;
         continue;  // the socket closes as it goes out of scope
       }
-      ++stats_.accepted;
-      socket.set_option(tcp::no_delay(true), ec);
+      ++stats_->accepted;
+      socket.set_option(asio::ip::tcp::no_delay(true), ec);  // fails harmlessly on unix sockets
       auto* c = new connection(std::move(socket));
       c->handler = hooks_.open(*c);
       c->deadline = clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
@@ -154,6 +158,7 @@ class asio_loop {
       auto [ec] = co_await tick_.async_wait(use_tuple);
       if (ec) co_return;
       sweep();
+      hooks_.tick();
     }
   }
 
@@ -163,7 +168,7 @@ class asio_loop {
     for (connection* c : connections_) {
       if (c->waiting) continue;
       if (draining_over || now >= c->deadline) {
-        if (!c->shut) ++stats_.timed_out;
+        if (!c->shut) ++stats_->timed_out;
         shut(c);
       }
     }
@@ -173,7 +178,7 @@ class asio_loop {
     if (c->shut) return;
     c->shut = true;
     asio::error_code ignored;
-    c->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    c->socket.shutdown(stream::socket::shutdown_both, ignored);
     c->socket.cancel(ignored);
   }
 
@@ -182,6 +187,7 @@ class asio_loop {
     connections_[c->index] = last;
     last->index = c->index;
     connections_.pop_back();
+    ++stats_->closed;
     delete c;
   }
 
@@ -189,21 +195,21 @@ class asio_loop {
     stopping_ = true;
     stop_deadline_ = clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
     asio::error_code ignored;
-    acceptor_.close(ignored);
+    for (auto& acceptor : acceptors_) acceptor.close(ignored);
     for (connection* c : connections_)
       if (!c->waiting && !c->mid_request) shut(c);
   }
 
   loop_options options_;
   core_hooks& hooks_;
+  loop_stats* stats_;
   asio::io_context ctx_;
-  tcp::acceptor acceptor_;
+  std::vector<asio::basic_socket_acceptor<stream>> acceptors_;
   asio::posix::stream_descriptor wake_;
   asio::steady_timer tick_;
   std::vector<connection*> connections_;
   bool stopping_ = false;
   clock::time_point stop_deadline_;
-  loop_stats stats_;
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +54,31 @@ std::uint16_t local_port(int fd) {
     throw std::system_error(errno, std::generic_category(), "getsockname");
   if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
   return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+}  // namespace net
+
+namespace net {
+
+int listen_unix(const std::string& path, int backlog) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof addr.sun_path)
+    throw std::runtime_error("--unix: path must be 1.." + std::to_string(sizeof addr.sun_path - 1) +
+                             " bytes");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket(AF_UNIX)");
+  // A socket file left by an earlier run would make bind fail; only sockets are removed.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(fd, backlog) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::system_error(err, std::generic_category(), "cannot listen on unix:" + path);
+  }
+  return fd;
 }
 
 }  // namespace net

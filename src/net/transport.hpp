@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace net {
 
@@ -59,23 +60,27 @@ class core_hooks {
   // This loop has no connections left after a stop; true once every core's loop may
   // exit (until then the loop keeps serving cross-core work).
   virtual bool may_exit() = 0;
+  // Called about every 250 ms (timeouts are swept at the same pace).
+  virtual void tick() = 0;
 
  protected:
   ~core_hooks() = default;
 };
 
+// Per-core connection counters, written by the loop, read on the same core only.
+struct loop_stats {
+  std::uint64_t accepted = 0, closed = 0, rejected = 0, timed_out = 0;
+};
+
 struct loop_options {
-  int listen_fd = -1;
+  std::vector<int> listen_fds;  // TCP and/or unix listening sockets, all accepted from
   std::uint32_t idle_timeout_ms = 60'000;
   std::uint32_t header_timeout_ms = 10'000;
   std::uint32_t drain_timeout_ms = 5'000;
   std::uint32_t connections_max = 16'384;
+  loop_stats* stats = nullptr;  // required
 };
 
-// Per-core connection counters, read by the owning core only.
-struct loop_stats {
-  std::uint64_t accepted = 0, rejected = 0, timed_out = 0;
-};
 
 // Run until hooks.may_exit(). Throw std::system_error if the loop cannot start.
 void run_uring_loop(const loop_options& options, core_hooks& hooks);
@@ -88,5 +93,8 @@ bool uring_available();
 // an ephemeral port). Throws std::system_error.
 int listen_tcp(const std::string& host, std::uint16_t port, int backlog = 4096);
 std::uint16_t local_port(int fd);
+// A non-blocking listening unix stream socket at `path` (a stale socket file there is
+// replaced). Throws std::system_error.
+int listen_unix(const std::string& path, int backlog = 4096);
 
 }  // namespace net

@@ -33,6 +33,14 @@ struct completion {
 };
 
 class uring_loop;
+
+// One listening socket with its multishot accept.
+struct listener final : completion {
+  uring_loop* loop = nullptr;
+  int fd = -1;
+  bool armed = false;
+};
+
 // A completion of the loop's own (accept, wake-up, tick) that calls back into it.
 struct loop_completion : completion {
   uring_loop* loop = nullptr;
@@ -91,10 +99,10 @@ class uring_loop {
 
  private:
   detached serve(connection* c);
-  void arm_accept();
+  void arm_accept(listener& l);
   void arm_wake();
   void arm_tick();
-  void on_accept(const io_uring_cqe& cqe);
+  void on_accept(listener& l, const io_uring_cqe& cqe);
   void on_wake(const io_uring_cqe& cqe);
   void on_tick(const io_uring_cqe& cqe);
   void open(int fd);
@@ -105,18 +113,18 @@ class uring_loop {
 
   loop_options options_;
   core_hooks& hooks_;
+  loop_stats* stats_;
   io_uring ring_{};
   std::vector<connection*> connections_;
   std::vector<connection*> ready_;
-  loop_completion accept_done_, wake_done_, tick_done_;
+  std::vector<listener> listeners_;
+  loop_completion wake_done_, tick_done_;
   completion ignored_;
   std::uint64_t wake_buffer_ = 0;
   __kernel_timespec tick_{};
-  bool accepting_ = false;
   bool stopping_ = false;
   std::uint64_t stop_deadline_ms_ = 0;
   std::uint64_t now_ms_ = now_ms();
-  loop_stats stats_;
 };
 
 void connection::wake() {
@@ -125,7 +133,7 @@ void connection::wake() {
 }
 
 uring_loop::uring_loop(const loop_options& options, core_hooks& hooks)
-    : options_(options), hooks_(hooks) {
+    : options_(options), hooks_(hooks), stats_(options.stats) {
   io_uring_params params{};
   params.flags =
       IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_COOP_TASKRUN;
@@ -135,7 +143,16 @@ uring_loop::uring_loop(const loop_options& options, core_hooks& hooks)
     rc = io_uring_queue_init_params(4096, &ring_, &params);
   }
   if (rc < 0) throw std::system_error(-rc, std::generic_category(), "io_uring_queue_init");
-  accept_done_.bind(this, &uring_loop::on_accept);
+  listeners_.resize(options.listen_fds.size());
+  for (std::size_t i = 0; i < listeners_.size(); ++i) {
+    listener& l = listeners_[i];
+    l.loop = this;
+    l.fd = options.listen_fds[i];
+    l.on_cqe = [](completion* self, const io_uring_cqe& cqe) {
+      auto* me = static_cast<listener*>(self);
+      me->loop->on_accept(*me, cqe);
+    };
+  }
   wake_done_.bind(this, &uring_loop::on_wake);
   tick_done_.bind(this, &uring_loop::on_tick);
   ignored_.on_cqe = [](completion*, const io_uring_cqe&) {};
@@ -153,10 +170,9 @@ io_uring_sqe* uring_loop::sqe(completion* c) {
   return s;
 }
 
-void uring_loop::arm_accept() {
-  io_uring_prep_multishot_accept(sqe(&accept_done_), options_.listen_fd, nullptr, nullptr,
-                                 SOCK_CLOEXEC);
-  accepting_ = true;
+void uring_loop::arm_accept(listener& l) {
+  io_uring_prep_multishot_accept(sqe(&l), l.fd, nullptr, nullptr, SOCK_CLOEXEC);
+  l.armed = true;
 }
 
 void uring_loop::arm_wake() {
@@ -169,23 +185,23 @@ void uring_loop::arm_tick() {
   io_uring_prep_timeout(sqe(&tick_done_), &tick_, 0, 0);
 }
 
-void uring_loop::on_accept(const io_uring_cqe& cqe) {
-  if (!(cqe.flags & IORING_CQE_F_MORE)) accepting_ = false;
+void uring_loop::on_accept(listener& l, const io_uring_cqe& cqe) {
+  if (!(cqe.flags & IORING_CQE_F_MORE)) l.armed = false;
   if (cqe.res >= 0) {
     open(cqe.res);
   } else if (cqe.res != -ECANCELED) {
     metad::log::warn("accept failed: {}", std::system_category().message(-cqe.res));
   }
-  if (!accepting_ && !stopping_) arm_accept();
+  if (!l.armed && !stopping_) arm_accept(l);
 }
 
 void uring_loop::open(int fd) {
   if (stopping_ || connections_.size() >= options_.connections_max) {
-    ++stats_.rejected;
+    ++stats_->rejected;
     ::close(fd);
     return;
   }
-  ++stats_.accepted;
+  ++stats_->accepted;
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   auto* c = new connection(*this, fd);
@@ -207,6 +223,7 @@ void uring_loop::close(connection* c) {
   connections_[c->index] = last;
   last->index = c->index;
   connections_.pop_back();
+  ++stats_->closed;
   ::close(c->fd);
   delete c;
 }
@@ -262,7 +279,7 @@ void uring_loop::sweep() {
   for (connection* c : connections_) {
     if (c->waiting) continue;  // its request is on another core; it finishes quickly
     if (draining_over || now_ms_ >= c->deadline_ms) {
-      if (!c->shut) ++stats_.timed_out;
+      if (!c->shut) ++stats_->timed_out;
       shut(c);
     }
   }
@@ -273,20 +290,21 @@ void uring_loop::on_wake(const io_uring_cqe&) { arm_wake(); }
 void uring_loop::on_tick(const io_uring_cqe&) {
   now_ms_ = now_ms();
   sweep();
+  hooks_.tick();
   arm_tick();
 }
 
 void uring_loop::begin_stop() {
   stopping_ = true;
   stop_deadline_ms_ = now_ms_ + options_.drain_timeout_ms;
-  if (accepting_)
-    io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&accept_done_), 0);
+  for (listener& l : listeners_)
+    if (l.armed) io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&l), 0);
   for (connection* c : connections_)
     if (!c->waiting && !c->mid_request) shut(c);  // idle keep-alive connections
 }
 
 void uring_loop::run() {
-  arm_accept();
+  for (listener& l : listeners_) arm_accept(l);
   arm_wake();
   arm_tick();
 

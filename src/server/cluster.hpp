@@ -10,6 +10,8 @@
 
 #include "api/codec.hpp"
 #include "metad/config.hpp"
+#include "net/transport.hpp"
+#include "server/metrics.hpp"
 #include "shard/mailbox.hpp"
 #include "shard/state.hpp"
 
@@ -20,6 +22,8 @@ struct core_state {
   shard::rank_table ranks;
   shard::directory directory;
   api::decoder decoder;
+  request_metrics metrics;
+  net::loop_stats connections;
 };
 
 struct cluster {

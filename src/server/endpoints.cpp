@@ -210,3 +210,45 @@ request_task run_rank_info(exchange& x) {
 }
 
 }  // namespace server
+
+namespace server {
+
+request_task run_metrics(exchange& x) {
+  cluster& cl = x.shared();
+  int home = x.home().index;
+  scratch& s = x.work();
+  metrics_snapshot& snap = s.snapshot;
+  snap = metrics_snapshot{};
+  snap.connections.assign(static_cast<std::size_t>(cl.cores), connection_counts{});
+  // Rank lines are written on their owner cores into this home-owned buffer; reserving
+  // keeps small deployments from allocating there (a scrape is not the hot path).
+  s.detail.clear();
+  s.detail.reserve(64 * 1024);
+  int at = home;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (home + step) % cl.cores;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    const core_state& core = *cl.core[c];
+    snap.requests.add(core.metrics);
+    snap.keys += core.directory.size();
+    snap.refused_releases += core.ranks.refused_releases();
+    snap.hops += cl.mailbox.posted(c);
+    snap.ranks += core.ranks.rank_count();
+    const net::loop_stats& conn = core.connections;
+    snap.connections[static_cast<std::size_t>(c)] = {conn.accepted - conn.closed, conn.accepted,
+                                                     conn.rejected, conn.timed_out};
+    core.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& st) {
+      render_rank(s.detail, rank, st.num_pages, st.free, st.reserved, st.bound);
+    });
+  }
+  co_await cl.mailbox.hop(at, home);
+  s.body.clear();
+  render_metrics(s.body, snap);
+  render_rank_headers(s.body);
+  s.body += s.detail;
+  x.respond_metrics(s.body);
+  x.complete();
+}
+
+}  // namespace server

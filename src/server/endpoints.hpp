@@ -15,5 +15,7 @@ request_task run_confirm(exchange& x);
 request_task run_lookup(exchange& x, bool with_rank);
 request_task run_clear(exchange& x);
 request_task run_rank_info(exchange& x);
+// GET /metrics: gathers every core's counters and ranks, renders Prometheus text.
+request_task run_metrics(exchange& x);
 
 }  // namespace server

@@ -1,9 +1,48 @@
 #include "server/exchange.hpp"
 
+#include <time.h>
+
 #include "http/response.hpp"
+#include "metad/log.hpp"
 #include "server/endpoints.hpp"
 
 namespace server {
+namespace {
+
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Equal-length comparison whose time does not depend on where the first difference is.
+bool same_secret(std::string_view given, std::string_view expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+  return diff == 0;
+}
+
+route_label label_of(http::endpoint e) {
+  switch (e) {
+    case http::endpoint::initialize: return route_label::initialize;
+    case http::endpoint::batch_allocate: return route_label::batch_allocate;
+    case http::endpoint::confirm_write: return route_label::confirm_write;
+    case http::endpoint::batch_exists: return route_label::batch_exists;
+    case http::endpoint::get_locations: return route_label::get_locations;
+    case http::endpoint::clear: return route_label::clear;
+    case http::endpoint::rank_info: return route_label::rank_info;
+    case http::endpoint::health: return route_label::health;
+    case http::endpoint::ready: return route_label::ready;
+    case http::endpoint::metrics: return route_label::metrics;
+    case http::endpoint::not_found: return route_label::not_found;
+    case http::endpoint::method_not_allowed:
+    case http::endpoint::method_not_allowed_get: return route_label::method_not_allowed;
+  }
+  return route_label::not_found;
+}
+
+}  // namespace
 
 exchange::exchange(cluster& cl, core_state& home, net::waker& waker)
     : cluster_(cl),
@@ -30,7 +69,10 @@ net::flow exchange::advance() {
           out_.append(http::canned_bytes(http::canned::continue_100, true));
         return net::flow::read;
       case http::parse_status::error:
+        start(route_label::invalid_http);
         out_.append(http::parse_error_bytes(parser_.error()));
+        status_ = http::status_of(http::parse_error_bytes(parser_.error()));
+        complete();
         return net::flow::close;
       case http::parse_status::ready:
         break;
@@ -48,7 +90,19 @@ net::flow exchange::advance() {
   }
 }
 
+void exchange::start(route_label route) {
+  route_ = route;
+  status_ = 0;
+  started_ns_ = monotonic_ns();
+}
+
 void exchange::complete() {
+  const std::uint64_t elapsed_ns = monotonic_ns() - started_ns_;
+  home_.metrics.record(route_, status_, elapsed_ns);
+  if (cluster_.cfg.access_log) {
+    metad::log::info("access {} {} {} {} {}us", route_name(route_), status_, keep_alive_ ? "keep-alive" : "close",
+                     target_.empty() ? std::string_view("-") : target_, elapsed_ns / 1000);
+  }
   in_flight_ = false;
   if (parked_) {
     parked_ = false;
@@ -57,23 +111,50 @@ void exchange::complete() {
 }
 
 void exchange::respond_json(int status, std::string_view body) {
+  status_ = status;
   http::append_json(out_, status, body, keep_alive_);
 }
 
+void exchange::respond_metrics(std::string_view text) {
+  status_ = 200;
+  http::append_body(out_, 200, "text/plain; version=0.0.4; charset=utf-8", text, keep_alive_);
+}
+
 void exchange::respond_error(int status, std::string_view detail) {
+  status_ = status;
   scratch_.body.clear();
   api::encode_error(scratch_.body, detail);
   http::append_json(out_, status, scratch_.body, keep_alive_);
 }
 
 void exchange::respond_canned(http::canned what) {
-  out_.append(http::canned_bytes(what, keep_alive_));
+  const std::string_view bytes = http::canned_bytes(what, keep_alive_);
+  status_ = http::status_of(bytes);
+  out_.append(bytes);
+}
+
+bool exchange::authorized(const http::request& request, http::endpoint target) {
+  const metad::config& cfg = cluster_.cfg;
+  if (target == http::endpoint::health) return true;  // probes carry no secrets
+  const bool admin_only = target == http::endpoint::clear && !cfg.admin_token.empty();
+  const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;
+  if (token.empty()) return true;
+  constexpr std::string_view scheme = "Bearer ";
+  const std::string_view given = request.authorization;
+  if (given.size() > scheme.size() && given.substr(0, scheme.size()) == scheme &&
+      same_secret(given.substr(scheme.size()), token))
+    return true;
+  respond_canned(http::canned::unauthorized);
+  return false;
 }
 
 // Routes and decodes on the home core; anything that touches state runs as an endpoint
 // coroutine. Answers that need no state are written here and complete at once.
 void exchange::dispatch(const http::request& request) {
   const http::route route = http::match(request.verb, request.target);
+  start(label_of(route.target));
+  target_ = request.target;
+  if (!authorized(request, route.target)) return complete();
   api::decoder& decoder = home_.decoder;
   scratch& s = scratch_;
   api::error err;
@@ -113,6 +194,16 @@ void exchange::dispatch(const http::request& request) {
         return complete();
       }
       run_rank_info(*this);
+      return;
+    case http::endpoint::health:
+      respond_canned(http::canned::health_ok);
+      return complete();
+    case http::endpoint::ready:
+      respond_canned(cluster_.stopping.load(std::memory_order_relaxed) ? http::canned::not_ready
+                                                                        : http::canned::ready_ok);
+      return complete();
+    case http::endpoint::metrics:
+      run_metrics(*this);
       return;
     case http::endpoint::not_found:
       respond_canned(http::canned::not_found);

@@ -31,6 +31,7 @@ struct scratch {
   std::vector<std::string_view> selected;
   std::string detail;
   std::string body;
+  metrics_snapshot snapshot;
 };
 
 class exchange final : public net::connection_handler {
@@ -50,12 +51,16 @@ class exchange final : public net::connection_handler {
   void respond_json(int status, std::string_view body);
   void respond_error(int status, std::string_view detail);
   void respond_canned(http::canned what);
+  void respond_metrics(std::string_view text);
   // The request's answer is in the output: let the connection go on.
   void complete();
 
  private:
   net::flow advance();
   void dispatch(const http::request& request);
+  // False (and the 401 written) when the request lacks the token its endpoint needs.
+  bool authorized(const http::request& request, http::endpoint target);
+  void start(route_label route);
 
   cluster& cluster_;
   core_state& home_;
@@ -64,6 +69,10 @@ class exchange final : public net::connection_handler {
   std::string out_;
   scratch scratch_;
   bool keep_alive_ = true;
+  route_label route_ = route_label::not_found;
+  int status_ = 0;
+  std::uint64_t started_ns_ = 0;
+  std::string_view target_;  // for the access log; valid until consume()
   bool in_flight_ = false;  // a request is being executed
   bool parked_ = false;     // ... and the connection was told to wait for it
 };

@@ -14,6 +14,7 @@
 #include "net/transport.hpp"
 #include "server/cluster.hpp"
 #include "server/exchange.hpp"
+#include "server/request_task.hpp"
 
 namespace server {
 
@@ -43,6 +44,7 @@ class core_runner final : public net::core_hooks {
   void woke() override { cluster_.mailbox.woke(index_); }
   int wake_fd() override { return cluster_.mailbox.wake_fd(index_); }
   bool stopping() override { return cluster_.stopping.load(std::memory_order_relaxed); }
+  void tick() override;
   bool may_exit() override {
     if (!drained_) {
       drained_ = true;
@@ -57,7 +59,66 @@ class core_runner final : public net::core_hooks {
   cluster& cluster_;
   int index_;
   bool drained_ = false;
+  // The periodic summary (core 0 only).
+  std::uint64_t next_summary_ms_ = 0;
+  std::uint64_t last_summary_ms_ = 0;
+  std::uint64_t last_requests_ = 0;
+  bool summary_running_ = false;
+
+  friend request_task log_summary(core_runner& self);
 };
+
+std::uint64_t monotonic_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
+}
+
+// One info line with the load and the pools, summed over all cores.
+request_task log_summary(core_runner& self) {
+  cluster& cl = self.cluster_;
+  int home = self.index_;
+  std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
+  int at = home;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (home + step) % cl.cores;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    const core_state& core = *cl.core[c];
+    requests += core.metrics.total();
+    ranks += core.ranks.rank_count();
+    keys += core.directory.size();
+    core.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+      free_pages += static_cast<std::uint64_t>(st.free);
+      pages += static_cast<std::uint64_t>(st.num_pages);
+    });
+  }
+  co_await cl.mailbox.hop(at, home);
+  const std::uint64_t now = monotonic_ms();
+  const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
+  metad::log::info("summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+                   seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0,
+                   ranks, free_pages, pages, keys);
+  self.last_requests_ = requests;
+  self.last_summary_ms_ = now;
+  self.summary_running_ = false;
+}
+
+void core_runner::tick() {
+  const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
+  if (index_ != 0 || interval == 0 || summary_running_) return;
+  if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
+  const std::uint64_t now = monotonic_ms();
+  if (next_summary_ms_ == 0) {
+    last_summary_ms_ = now;
+    next_summary_ms_ = now + interval;
+    return;
+  }
+  if (now < next_summary_ms_) return;
+  next_summary_ms_ = now + interval;
+  summary_running_ = true;
+  log_summary(*this);
+}
 
 std::vector<int> affinity_cpus() {
   cpu_set_t set;
@@ -99,6 +160,7 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
 
 server::~server() {
   for (int fd : impl_->listeners) ::close(fd);
+  if (!impl_->cfg.unix_path.empty()) ::unlink(impl_->cfg.unix_path.c_str());
 }
 
 void server::run() {
@@ -111,14 +173,30 @@ void server::run() {
     log::warn("io_uring is unavailable (io_uring_setup refused): using the epoll transport");
     use_uring = false;
   }
-  // The first listener picks the port (it may be 0); the others share it.
-  std::uint16_t port = cfg.port;
-  for (int i = 0; i < cl.cores; ++i) {
-    impl_->listeners.push_back(net::listen_tcp(cfg.host, port));
-    port = net::local_port(impl_->listeners.back());
+  // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
+  // port when it is 0. The unix socket, if any, is one listener all cores accept from.
+  std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(cl.cores));
+  if (cfg.tcp) {
+    std::uint16_t port = cfg.port;
+    for (auto& fds : listen_fds) {
+      impl_->listeners.push_back(net::listen_tcp(cfg.host, port));
+      port = net::local_port(impl_->listeners.back());
+      fds.push_back(impl_->listeners.back());
+    }
+    log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, cl.cores,
+              use_uring ? "uring" : "epoll");
+    const bool loopback = cfg.host == "127.0.0.1" || cfg.host == "::1" || cfg.host == "localhost";
+    if (!loopback && cfg.auth_token.empty())
+      log::warn("listening on {} without --auth-token-file: anyone who can reach it can clear all state",
+                cfg.host);
   }
-  log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, cl.cores,
-            use_uring ? "uring" : "epoll");
+  if (!cfg.unix_path.empty()) {
+    impl_->listeners.push_back(net::listen_unix(cfg.unix_path));
+    for (auto& fds : listen_fds) fds.push_back(impl_->listeners.back());
+    log::info("listening on unix:{} with {} core(s), transport {}", cfg.unix_path, cl.cores,
+              use_uring ? "uring" : "epoll");
+  }
+  if (impl_->listeners.empty()) throw std::runtime_error("nothing to listen on: give --port or --unix");
 
   std::vector<std::thread> threads;
   for (int i = 0; i < cl.cores; ++i) {
@@ -126,11 +204,12 @@ void server::run() {
       log::current_core = i;
       ::server::pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
       net::loop_options options;
-      options.listen_fd = impl_->listeners[static_cast<std::size_t>(i)];
+      options.listen_fds = listen_fds[static_cast<std::size_t>(i)];
       options.idle_timeout_ms = cfg.idle_timeout_ms;
       options.header_timeout_ms = cfg.header_timeout_ms;
       options.drain_timeout_ms = cfg.drain_timeout_ms;
       options.connections_max = cfg.connections_per_core_max;
+      options.stats = &cl.core[static_cast<std::size_t>(i)]->connections;
       ::server::core_runner hooks(cl, i);
       try {
         if (use_uring)

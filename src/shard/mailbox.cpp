@@ -47,6 +47,7 @@ struct mailbox::core_slot {
   int event_fd = -1;
   std::vector<std::vector<std::coroutine_handle<>>> overflow;  // [to]
   bool has_overflow = false;
+  std::uint64_t posted = 0;
 };
 
 mailbox::mailbox(int cores, std::size_t slots_per_ring)
@@ -70,6 +71,7 @@ spsc_ring& mailbox::ring(int from, int to) { return *rings_[from * cores_ + to];
 
 void mailbox::post(int from, int to, std::coroutine_handle<> h) {
   core_slot& me = slots_[from];
+  ++me.posted;
   if (!me.overflow[to].empty() || !ring(from, to).push(h)) {
     me.overflow[to].push_back(h);  // keeps order behind what is already spilled
     me.has_overflow = true;
@@ -133,6 +135,8 @@ bool mailbox::prepare_sleep(int self) {
 }
 
 void mailbox::woke(int self) { slots_[self].sleeping.store(false, std::memory_order_relaxed); }
+
+std::uint64_t mailbox::posted(int core) const { return slots_[core].posted; }
 
 int mailbox::wake_fd(int self) const { return slots_[self].event_fd; }
 

@@ -54,6 +54,8 @@ class mailbox {
   int wake_fd(int self) const;
   // Wakes a core whether or not it sleeps (shutdown).
   void wake(int core);
+  // Hand-offs posted by `core` so far (read on that core: metrics).
+  std::uint64_t posted(int core) const;
 
   // co_await hop(mb, from, to): continue on core `to` (no-op when from == to).
   struct hop_awaiter {

@@ -231,6 +231,15 @@ std::optional<rank_stats> rank_table::stats(std::int64_t rank) const {
   return rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()};
 }
 
+void rank_table::for_each_rank_impl(void* visit,
+                                    void (*call)(void*, std::int64_t, const rank_stats&)) const {
+  for (const auto& [rank, rs] : impl_->ranks) {
+    const page_pool& pool = rs.pool;
+    call(visit, rank,
+         rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()});
+  }
+}
+
 std::size_t rank_table::rank_count() const { return impl_->ranks.size(); }
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }
 void rank_table::clear() { impl_->ranks.clear(); }

@@ -64,6 +64,13 @@ class rank_table {
                        std::span<std::int64_t> pages_out) const;
 
   std::optional<rank_stats> stats(std::int64_t rank) const;
+  // Calls visit(rank, stats) for every rank, in no particular order (metrics).
+  template <typename Visit>
+  void for_each_rank(Visit&& visit) const {
+    for_each_rank_impl(&visit, [](void* v, std::int64_t rank, const rank_stats& s) {
+      (*static_cast<Visit*>(v))(rank, s);
+    });
+  }
   std::size_t rank_count() const;
   // Releases refused because the page was bound to a confirmed key (a metric).
   std::uint64_t refused_releases() const;
@@ -75,6 +82,9 @@ class rank_table {
   std::string check_invariants() const;
 
  private:
+  void for_each_rank_impl(void* visit,
+                          void (*call)(void*, std::int64_t, const rank_stats&)) const;
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

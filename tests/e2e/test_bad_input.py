@@ -11,6 +11,9 @@ Run: cd tests/e2e && METAD_BIN=... METAD_IO=uring|epoll /usr/bin/python3 -m unit
 
 import collections
 import json
+import select
+import socket
+import time
 import unittest
 
 from metad_harness import MetadTestCase, compact, key, raw_request
@@ -368,6 +371,9 @@ def raw_cases():
         RawCase("body_too_large_chunked",
                 _head([post, "Host: x", "Transfer-Encoding: chunked"]) + chunked_big,
                 413, True),
+        RawCase("body_too_large_expect_continue",
+                _head([post, "Host: x", f"Content-Length: {BODY_MAX + 1}",
+                       "Expect: 100-continue"]), 413, True),
         RawCase("content_length_and_chunked",
                 _head([post, "Host: x", "Content-Length: 2", "Transfer-Encoding: chunked"])
                 + b"2\r\n{}\r\n0\r\n\r\n", 400, True),
@@ -532,7 +538,7 @@ class BadInputTest(MetadTestCase):
                 self.build_state()
                 with self.raw() as conn:
                     conn.send(case.request)
-                    status, headers, body = conn.read_response()
+                    status, headers, body = conn.read_final_response()
                     self.assertEqual(status, case.status, body)
                     self.assert_json_type(headers)
                     self.assertEqual(headers.get("content-length"), str(len(body)))
@@ -572,6 +578,78 @@ class BadInputTest(MetadTestCase):
         self.assert_error(r, 413)
         self.assert_served()
         self.assert_unchanged()
+
+
+class SlowClientTest(MetadTestCase):
+    """Idle and slow clients time out; busy keep-alive clients do not."""
+
+    extra_args = ("--idle-timeout-ms", "1000", "--header-timeout-ms", "1000")
+
+    def test_idle_keep_alive_connection_is_closed(self):
+        with self.raw() as conn:
+            conn.send(raw_request("POST", "/keys/batch_exists", b'{"keys":[]}'))
+            self.assertEqual(conn.read_response()[0], 200)
+            self.assertTrue(conn.closed_by_peer(timeout=6), "idle connection kept open")
+
+    def test_connection_that_never_sends_is_closed(self):
+        with self.raw() as conn:
+            self.assertTrue(conn.closed_by_peer(timeout=6), "silent connection kept open")
+
+    def test_incomplete_request_is_closed(self):
+        for name, partial in (
+                ("headers", b"POST /keys/batch_exists HTTP/1.1\r\nHost: x\r\n"),
+                ("body", b"POST /keys/batch_exists HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")):
+            with self.subTest(part=name):
+                with self.raw() as conn:
+                    conn.send(partial)
+                    self.assert_ends_without_success(conn)
+        self.assert_served()
+
+    def test_trickled_headers_are_cut_off(self):
+        # One byte every 100 ms: the header timeout covers the whole request, it is
+        # not restarted by each byte.
+        request = raw_request("POST", "/keys/batch_exists", b'{"keys":[]}',
+                              headers={"X-Pad": "p" * 100})
+        with self.raw() as conn:
+            cut = False
+            for i in range(len(request)):
+                try:
+                    conn.send(request[i:i + 1])
+                except OSError:
+                    cut = True
+                    break
+                time.sleep(0.1)
+                if i % 10 == 0 and self.readable(conn):
+                    cut = True
+                    break
+            self.assertTrue(cut, f"{len(request)} bytes trickled over "
+                                 f"{len(request) / 10:.0f} s were all accepted")
+            self.assert_ends_without_success(conn)
+        self.assert_served()
+
+    def test_busy_keep_alive_connection_stays_open(self):
+        with self.raw() as conn:
+            for _ in range(8):
+                conn.send(raw_request("POST", "/keys/batch_exists", b'{"keys":[]}'))
+                self.assertEqual(conn.read_response()[::2], (200, b'{"exists":[]}'))
+                time.sleep(0.4)
+
+    @staticmethod
+    def readable(conn):
+        return bool(select.select([conn.sock], [], [], 0)[0])
+
+    def assert_ends_without_success(self, conn):
+        """The server ends the connection; it may first answer with an error (4xx)."""
+        conn.sock.settimeout(6)
+        try:
+            while True:
+                if not conn._fill():
+                    break
+        except socket.timeout:
+            self.fail("slow connection kept open")
+        if conn.buf:
+            status = int(conn.buf.split(b" ", 2)[1])
+            self.assertGreaterEqual(status, 400, conn.buf)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,40 @@ class SaveLoadFlowTest(MetadTestCase):
         self.assertEqual(self.locations(0, [k]), [0])
         self.assertEqual(self.locations(1, [k]), [3])
 
+    def test_duplicate_confirmation_in_one_request_counts_once(self):
+        for r in range(2):
+            self.init_worker(r, 8)
+        k = key("dup")
+        self.assertEqual(self.allocate(0, [k]), [0])
+        self.confirm(0, [(k, 0), (k, 0)])
+        self.assert_rank(0, 8, 7, 0, 1)
+        self.assertEqual(self.exists([k]), [False], "one rank confirmed, tp_world_size 2")
+        self.save(1, [k])
+        self.assertEqual(self.exists([k]), [True])
+
+    def test_repeated_confirm_counts_once(self):
+        for r in range(2):
+            self.init_worker(r, 8)
+        k = key("again")
+        self.assertEqual(self.allocate(0, [k]), [0])
+        for _ in range(3):
+            self.confirm(0, [(k, 0)])
+        self.assertEqual(self.exists([k]), [False], "one rank confirmed, tp_world_size 2")
+        self.assertEqual(self.locations(0, [k]), [None])
+        self.save(1, [k])
+        self.assertEqual(self.exists([k]), [True])
+
+    def test_complete_key_has_no_location_on_a_rank_that_did_not_confirm_it(self):
+        self.init_worker(0, 8)
+        k = key("solo")
+        self.save(0, [k])  # tp_world_size 1: complete
+        self.init_worker(1, 8)
+        self.assertEqual(self.exists([k]), [True])
+        self.assertEqual(self.locations(1, [k]), [None])
+        # Not a hit on rank 1: a new page is reserved there.
+        self.assertEqual(self.allocate(1, [key("other"), k]), [0, 1])
+        self.assert_rank(1, 8, 6, 2, 0)
+
     def test_bare_string_keys_are_accepted(self):
         self.init_worker(0, 8)
         ks = keys(3)
@@ -243,6 +277,25 @@ class WriteFailureTest(MetadTestCase):
         self.assertEqual(self.locations(0, hits + new), [0, 1, None, None])
         # Pages 0 and 1 still hold live data: a new key must not get them.
         self.assertEqual(self.allocate(0, [key("later")]), [2])
+
+    def test_confirm_and_release_of_the_same_page_keeps_it_bound(self):
+        # Confirmations are applied before releases; a bound page is never freed.
+        self.init_worker(0, 4)
+        k = key(0)
+        self.assertEqual(self.allocate(0, [k]), [0])
+        self.confirm(0, [(k, 0)], pages_to_release=[0])
+        self.assert_rank(0, 4, 3, 0, 1)
+        self.assertEqual(self.locations(0, [k]), [0])
+        self.assertEqual(self.allocate(0, [key(1)]), [1])
+
+    def test_confirm_after_release_is_rejected(self):
+        self.init_worker(0, 4)
+        k = key(0)
+        self.assertEqual(self.allocate(0, [k]), [0])
+        self.confirm(0, [], pages_to_release=[0])
+        self.assert_error(self.client.confirm_write(0, [(k, 0)]), 400)
+        self.assert_rank(0, 4, 4, 0, 0)
+        self.assertEqual(self.exists([k]), [False])
 
     def test_release_of_free_page_is_a_no_op(self):
         self.init_worker(0, 4)
@@ -604,6 +657,31 @@ class WireTest(MetadTestCase):
         self.assert_status(r, 200)
         self.assertEqual(r.json(), {"rank": 0, "results": [["A/B", 0]]})
         self.assert_rank(0, 8, 7, 0, 1)
+
+    def test_connection_close_ends_the_pipeline(self):
+        one = raw_request("POST", "/keys/batch_exists", b'{"keys":[]}')
+        closing = raw_request("POST", "/keys/batch_exists", b'{"keys":["a"]}',
+                              headers={"Connection": "close"})
+        for version in ("HTTP/1.1", "HTTP/1.0"):
+            with self.subTest(version=version):
+                first = closing if version == "HTTP/1.1" else raw_request(
+                    "POST", "/keys/batch_exists", b'{"keys":["a"]}', version="HTTP/1.0")
+                with self.raw() as conn:
+                    conn.send(first + one)
+                    self.assertEqual(conn.read_response()[::2], (200, b'{"exists":[false]}'))
+                    self.assertTrue(conn.closed_by_peer(),
+                                    "a request after the closing one was answered")
+
+    def test_404_and_405_keep_the_connection(self):
+        with self.raw() as conn:
+            conn.send(raw_request("GET", "/keys/batch_allocate"))
+            status, headers, body = conn.read_response()
+            self.assertEqual((status, headers.get("allow"), body),
+                             (405, "POST", b'{"detail":"Method Not Allowed"}'))
+            conn.send(raw_request("POST", "/nope", b"{}"))
+            self.assertEqual(conn.read_response()[::2], (404, b'{"detail":"Not Found"}'))
+            conn.send(raw_request("POST", "/keys/batch_exists", b'{"keys":[]}'))
+            self.assertEqual(conn.read_response()[::2], (200, b'{"exists":[]}'))
 
     def test_get_rank_info_unknown(self):
         self.assert_error(self.client.rank_info(42), 404, "Rank 42 not initialized")

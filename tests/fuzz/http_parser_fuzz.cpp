@@ -65,7 +65,7 @@ bool drain(http::parser& p, const http::limits& lim, std::vector<event>& events,
     if (status == http::parse_status::error) {
       fuzz::require(p.error() != http::parse_error::none, "error() names the error");
       fuzz::require(p.next() == http::parse_status::error, "a failed parser stays failed");
-      events.push_back({status, p.error()});
+      events.push_back(event{status, p.error(), http::method::other, {}, {}, false, false});
       return false;
     }
     const http::request& r = p.current();
@@ -101,7 +101,7 @@ std::vector<event> run(std::string_view stream, const http::limits& lim, fuzz::s
     at += n;
     alive = drain(p, lim, events, options, grow_while_ready);
   }
-  if (alive) events.push_back({http::parse_status::need_more});
+  if (alive) events.push_back(event{http::parse_status::need_more, http::parse_error::none, http::method::other, {}, {}, false, false});
   return events;
 }
 

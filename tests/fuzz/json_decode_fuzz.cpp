@@ -1,5 +1,5 @@
 // libFuzzer harness for api::decoder: the input picks an endpoint and the rest is the
-// body, copied into a buffer with exactly SIMDJSON_PADDING bytes after it (so ASan flags
+// body, copied into a buffer with exactly simdjson::SIMDJSON_PADDING bytes after it (so ASan flags
 // any read beyond). One decoder is reused across inputs, as one core reuses its own.
 // Checks that a decoded command is well formed and that decoding is repeatable.
 //
@@ -30,9 +30,9 @@ api::decoder& shared_decoder() {
 struct padded {
   std::unique_ptr<char[]> bytes;
   std::string_view body;
-  explicit padded(std::string_view b) : bytes(new char[b.size() + SIMDJSON_PADDING]) {
+  explicit padded(std::string_view b) : bytes(new char[b.size() + simdjson::SIMDJSON_PADDING]) {
     if (!b.empty()) std::memcpy(bytes.get(), b.data(), b.size());
-    std::memset(bytes.get() + b.size(), '"', SIMDJSON_PADDING);
+    std::memset(bytes.get() + b.size(), '"', simdjson::SIMDJSON_PADDING);
     body = std::string_view(bytes.get(), b.size());
   }
 };

@@ -1,0 +1,151 @@
+// metad-load: replays the vLLM HF3FS connector's traffic against a running server (E
+// engines × TP ranks, 1 + 2×TP sequential streams per engine) for --seconds and prints
+// per-endpoint throughput and latency percentiles as a Markdown table.
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "load/workload.hpp"
+
+namespace {
+
+constexpr std::string_view kUsage = R"(Usage: metad-load [flags]
+  --host ADDR         server address (default 127.0.0.1; loopback benchmarks only)
+  --port N            server port (default 18000)
+  --engines E         engines (default 4); each has 1 scheduler stream
+  --tp N              TP ranks per engine (default 8); 1 save + 1 load stream each
+  --seconds S         measured duration (default 10)
+  --rate R            calls per second per stream, 0 = back to back (default 0)
+  --prompt-blocks N   keys per batch_exists (default 1250)
+  --task-keys N       keys per save/load task (default 128)
+  --prompts N         distinct prompts per engine; saves cycle over them (default 400)
+  --pages N           pages per rank (default 4194304)
+  --fail-fraction F   save tasks taking the write-failure path (default 0.01)
+  --no-clear          do not POST /clear before the run
+Engines share ranks 0..TP-1 (one model, one 3FS file per rank), so a key is complete
+once all TP ranks of its engine confirmed it. Exit status 1 if any call failed.
+)";
+
+double parse_number(std::string_view flag, std::string_view text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || end != text.data() + text.size() || v < 0)
+    throw std::invalid_argument(std::string(flag) + ": bad number '" + std::string(text) + "'");
+  return v;
+}
+
+bench::load_options parse_flags(int argc, char** argv) {
+  bench::load_options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help") {
+      std::fputs(kUsage.data(), stdout);
+      std::exit(0);
+    }
+    if (flag == "--no-clear") {
+      o.clear = false;
+      continue;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + ": missing value");
+    const std::string_view v = argv[++i];
+    if (flag == "--host") o.host = std::string(v);
+    else if (flag == "--port") o.port = static_cast<std::uint16_t>(parse_number(flag, v));
+    else if (flag == "--engines") o.engines = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--tp") o.tp = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--seconds") o.seconds = parse_number(flag, v);
+    else if (flag == "--rate") o.rate = parse_number(flag, v);
+    else if (flag == "--prompt-blocks") o.prompt_blocks = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--task-keys") o.task_keys = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--prompts") o.prompts = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--pages") o.pages = static_cast<std::int64_t>(parse_number(flag, v));
+    else if (flag == "--fail-fraction") o.fail_fraction = parse_number(flag, v);
+    else throw std::invalid_argument("unknown flag " + std::string(flag));
+  }
+  if (o.engines < 1 || o.tp < 1 || o.task_keys < 1 || o.prompt_blocks < 1 || o.prompts < 1 ||
+      o.prompts >= (1 << 24) || o.prompt_blocks >= (1 << 24) || o.seconds <= 0 || o.seconds > 3600)
+    throw std::invalid_argument("flag out of range (see --help)");
+  return o;
+}
+
+double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+void print_report(const bench::load_options& o, const bench::stream_stats& all) {
+  char rate[64] = "back to back";
+  if (o.rate > 0) std::snprintf(rate, sizeof rate, "%g calls/s per stream", o.rate);
+  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s\n\n", o.engines,
+              o.tp, o.engines * (1 + 2 * o.tp), o.seconds, rate);
+  std::printf("| endpoint | requests | req/s | errors | p50 us | p99 us | p99.9 us | max us |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::uint64_t total = 0, errors = 0;
+  for (int e = 0; e < bench::ep_count; ++e) {
+    const bench::histogram& h = all.latency[e];
+    total += h.count();
+    errors += all.errors[e];
+    std::printf("| %s | %llu | %.0f | %llu | %.1f | %.1f | %.1f | %.1f |\n",
+                bench::endpoint_names[e], static_cast<unsigned long long>(h.count()),
+                static_cast<double>(h.count()) / o.seconds,
+                static_cast<unsigned long long>(all.errors[e]), us(h.quantile(0.5)),
+                us(h.quantile(0.99)), us(h.quantile(0.999)), us(h.max()));
+  }
+  auto ratio = [&](int e) {
+    return all.keys_asked[e] ? 100.0 * static_cast<double>(all.keys_found[e]) /
+                                   static_cast<double>(all.keys_asked[e])
+                             : 0.0;
+  };
+  std::printf("\nbatch_exists keys true: %.1f%%; get_locations keys found: %.1f%%; "
+              "allocate -1 results: %llu; write-failure tasks: %llu; late paced calls: %llu\n",
+              ratio(bench::ep_exists), ratio(bench::ep_locations),
+              static_cast<unsigned long long>(all.pages_refused),
+              static_cast<unsigned long long>(all.failed_tasks),
+              static_cast<unsigned long long>(all.late_calls));
+  // One line for scripts (bench.sh divides server CPU by total_requests).
+  std::printf("total_requests=%llu errors=%llu\n", static_cast<unsigned long long>(total),
+              static_cast<unsigned long long>(errors));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::load_options opt;
+  try {
+    opt = parse_flags(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "metad-load: %s\n", e.what());
+    return 2;
+  }
+  bench::workload w(opt);
+  if (std::string err = w.setup(); !err.empty()) {
+    std::fprintf(stderr, "metad-load: setup failed: %s\n", err.c_str());
+    return 1;
+  }
+  if (static_cast<std::int64_t>(opt.engines) * opt.prompts * opt.prompt_blocks > opt.pages)
+    std::fprintf(stderr, "metad-load: note: the working set exceeds --pages; pools will fill\n");
+
+  const int streams = opt.engines * (1 + 2 * opt.tp);
+  std::vector<std::unique_ptr<bench::stream_stats>> stats;
+  for (int i = 0; i < streams; ++i) stats.push_back(std::make_unique<bench::stream_stats>());
+  // All threads start at the same instant, after they have all been created.
+  const auto start = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  std::vector<std::thread> threads;
+  int s = 0;
+  for (int e = 0; e < opt.engines; ++e) {
+    threads.emplace_back([&w, e, start, out = stats[s++].get()] { w.run_scheduler(e, start, *out); });
+    for (int r = 0; r < opt.tp; ++r) {
+      threads.emplace_back([&w, e, r, start, out = stats[s++].get()] { w.run_saver(e, r, start, *out); });
+      threads.emplace_back([&w, e, r, start, out = stats[s++].get()] { w.run_loader(e, r, start, *out); });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  auto all = std::make_unique<bench::stream_stats>();
+  for (const auto& st : stats) all->merge(*st);
+  print_report(opt, *all);
+  std::uint64_t errors = 0;
+  for (std::uint64_t n : all->errors) errors += n;
+  return errors == 0 ? 0 : 1;
+}

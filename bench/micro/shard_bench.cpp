@@ -1,0 +1,184 @@
+// Shard state costs on one core: the page pool (allocate/release at 1k, 100k and 2M
+// pages: the cost must not grow with the pool), a rank's key map and the completion
+// directory at 1M keys. Keys are the same 32-hex keys the server sees.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/keys.hpp"
+#include "shard/page_pool.hpp"
+#include "shard/state.hpp"
+
+namespace {
+
+constexpr std::int64_t kRank = 3;
+constexpr std::uint64_t kFillIds = std::uint64_t{1} << 40;  // ids of pre-filled keys
+
+struct key_set {
+  key_set(std::uint64_t first_id, std::size_t count, std::size_t stride = 1) {
+    strings.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) strings.push_back(bench::make_key(first_id + i * stride));
+    views.assign(strings.begin(), strings.end());
+  }
+  std::span<const std::string_view> span(std::size_t first = 0, std::size_t count = SIZE_MAX) const {
+    return std::span<const std::string_view>(views).subspan(first, std::min(count, views.size() - first));
+  }
+  std::vector<std::string> strings;
+  std::vector<std::string_view> views;
+};
+
+// Allocates and confirms `keys` on the rank in batches; aborts the benchmark on failure.
+bool bind_all(shard::rank_table& t, const key_set& keys, benchmark::State& state) {
+  std::vector<std::uint32_t> distinct, fresh;
+  std::vector<std::int64_t> pages;
+  std::string detail;
+  for (std::size_t at = 0; at < keys.views.size(); at += 4096) {
+    const auto batch = keys.span(at, 4096);
+    distinct.clear();
+    pages.clear();
+    fresh.clear();
+    t.allocate(kRank, batch, distinct, pages);
+    if (t.confirm(kRank, batch, pages, {}, detail, fresh) != shard::confirm_outcome::ok) {
+      state.SkipWithError(("prefill failed: " + detail).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// One save task taking the failure path: batch_allocate of 128 fresh keys, then
+// confirm_write with no confirmations and all 128 pages released. Args: pool pages,
+// percent of the pool bound beforehand (allocation then searches past bound pages).
+void BM_allocate_release(benchmark::State& state) {
+  const auto pool = static_cast<std::int64_t>(state.range(0));
+  shard::rank_table t;
+  t.initialize(kRank, pool);
+  const key_set fill(kFillIds, static_cast<std::size_t>(pool * state.range(1) / 100));
+  if (!bind_all(t, fill, state)) return;
+  const key_set task(0, 128);
+  std::vector<std::uint32_t> distinct, fresh;
+  std::vector<std::int64_t> pages;
+  std::string detail;
+  for (auto _ : state) {
+    distinct.clear();
+    pages.clear();
+    t.allocate(kRank, task.span(), distinct, pages);
+    if (pages.back() < 0) state.SkipWithError("pool exhausted");
+    t.confirm(kRank, {}, {}, pages, detail, fresh);
+  }
+  state.SetItemsProcessed(state.iterations() * 128);
+}
+BENCHMARK(BM_allocate_release)->ArgNames({"pages", "fill%"})
+    ->Args({1024, 0})->Args({100'000, 0})->Args({2'097'152, 0})
+    ->Args({1024, 50})->Args({100'000, 50})->Args({2'097'152, 50});
+
+// The page pool alone: take the 128 lowest free pages, then release them.
+void BM_page_pool_take_release(benchmark::State& state) {
+  shard::page_pool p(static_cast<std::uint32_t>(state.range(0)));
+  std::uint32_t taken[128];
+  for (auto _ : state) {
+    for (std::uint32_t& page : taken) page = p.take_lowest();
+    for (std::uint32_t page : taken) p.release(page);
+    benchmark::DoNotOptimize(taken);
+  }
+  state.SetItemsProcessed(state.iterations() * 128);
+}
+BENCHMARK(BM_page_pool_take_release)->Arg(1024)->Arg(100'000)->Arg(2'097'152);
+
+// A rank holding 1M confirmed keys (pool of 2M pages), as the steady-state endpoints see it.
+struct loaded_rank {
+  explicit loaded_rank(benchmark::State& state) : keys(0, 1'000'000) {
+    t.initialize(kRank, 2'097'152);
+    ok = bind_all(t, keys, state);
+  }
+  shard::rank_table t;
+  key_set keys;
+  bool ok;
+};
+
+// get_locations' rank half: 128 keys spread over the 1M.
+void BM_rank_confirmed_pages_1M(benchmark::State& state) {
+  loaded_rank r(state);
+  const key_set ask(0, 128, 7919);
+  std::vector<std::int64_t> pages(128);
+  for (auto _ : state) {
+    r.t.confirmed_pages(kRank, ask.span(), pages);
+    benchmark::DoNotOptimize(pages.data());
+  }
+  if (pages[0] < 0) state.SkipWithError("key not found");
+  state.SetItemsProcessed(state.iterations() * 128);
+}
+BENCHMARK(BM_rank_confirmed_pages_1M)->Unit(benchmark::kMicrosecond);
+
+// batch_allocate of 128 keys the rank already confirmed (cache hits), then the no-op
+// confirm_write of the same (key, page) pairs: the steady-state save pair.
+void BM_rank_hit_pair_1M(benchmark::State& state) {
+  loaded_rank r(state);
+  const key_set task(0, 128, 7919);
+  std::vector<std::uint32_t> distinct, fresh;
+  std::vector<std::int64_t> pages;
+  std::string detail;
+  for (auto _ : state) {
+    distinct.clear();
+    pages.clear();
+    r.t.allocate(kRank, task.span(), distinct, pages);
+    fresh.clear();
+    if (r.t.confirm(kRank, task.span(), pages, {}, detail, fresh) != shard::confirm_outcome::ok)
+      state.SkipWithError(detail.c_str());
+  }
+  state.SetItemsProcessed(state.iterations() * 128);
+}
+BENCHMARK(BM_rank_hit_pair_1M)->Unit(benchmark::kMicrosecond);
+
+// 128 fresh keys reserved then released, in a key map of 1M keys (insert + erase).
+void BM_rank_allocate_release_1M(benchmark::State& state) {
+  loaded_rank r(state);
+  const key_set task(kFillIds, 128);
+  std::vector<std::uint32_t> distinct, fresh;
+  std::vector<std::int64_t> pages;
+  std::string detail;
+  for (auto _ : state) {
+    distinct.clear();
+    pages.clear();
+    r.t.allocate(kRank, task.span(), distinct, pages);
+    r.t.confirm(kRank, {}, {}, pages, detail, fresh);
+  }
+  state.SetItemsProcessed(state.iterations() * 128);
+}
+BENCHMARK(BM_rank_allocate_release_1M)->Unit(benchmark::kMicrosecond);
+
+// batch_exists' directory half: 1,250 lookups in a directory of 1M complete keys.
+void BM_directory_complete_1M(benchmark::State& state) {
+  shard::directory d;
+  const key_set all(0, 1'000'000);
+  for (std::string_view k : all.views) d.add_confirmation(k, 1);
+  const key_set ask(0, 1250, 797);
+  std::size_t found = 0;
+  for (auto _ : state) {
+    found = 0;
+    for (std::string_view k : ask.views) found += d.complete(k);
+    benchmark::DoNotOptimize(found);
+  }
+  if (found != 1250) state.SkipWithError("keys missing");
+  state.SetItemsProcessed(state.iterations() * 1250);
+}
+BENCHMARK(BM_directory_complete_1M)->Unit(benchmark::kMicrosecond);
+
+// Building the directory: 1M new keys confirmed (insert, rehash growth included).
+void BM_directory_insert_1M(benchmark::State& state) {
+  const key_set all(0, 1'000'000);
+  for (auto _ : state) {
+    shard::directory d;
+    for (std::string_view k : all.views) d.add_confirmation(k, 8);
+    benchmark::DoNotOptimize(d.size());
+  }
+  state.SetItemsProcessed(state.iterations() * 1'000'000);
+}
+BENCHMARK(BM_directory_insert_1M)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,122 @@
+-- Shared by the wrk scripts: deterministic 32-hex keys, JSON bodies, pre-population
+-- through curl (run once, from setup(), before any measured request), and a done()
+-- that prints one machine-readable line for scripts/bench.sh.
+local M = {}
+
+-- Key `id` as 32 lowercase hex characters (distinct for distinct ids < 2^32; the
+-- products stay below 2^53, so double arithmetic is exact).
+function M.key(id)
+  local a = (id * 2654435761 + 40503) % 4294967296
+  local b = (id * 2246822519 + 31337) % 4294967296
+  local c = (id * 3266489917 + 17) % 4294967296
+  return string.format("%08x%08x%08x%08x", a, b, c, id % 4294967296)
+end
+
+-- JSON array of keys (bare strings, or [key, ""] pairs as batch_allocate receives them).
+function M.keys_json(ids, pairs)
+  local parts = {}
+  for i, id in ipairs(ids) do
+    parts[i] = pairs and ('["' .. M.key(id) .. '",""]') or ('"' .. M.key(id) .. '"')
+  end
+  return "[" .. table.concat(parts, ",") .. "]"
+end
+
+-- ids first, first + stride, ... (count of them), modulo `wrap` when given.
+function M.ids(first, count, stride, wrap)
+  local out = {}
+  for i = 0, count - 1 do
+    local id = first + i * (stride or 1)
+    out[i + 1] = wrap and (id % wrap) or id
+  end
+  return out
+end
+
+local function base_url()
+  return string.format("http://%s:%s", wrk.host, wrk.port or 80)
+end
+
+-- POSTs `body` with curl; returns the status code and the response body.
+function M.post(path, body)
+  local req, resp = os.tmpname(), os.tmpname()
+  local f = assert(io.open(req, "w"))
+  f:write(body)
+  f:close()
+  local cmd = string.format("curl -s -m 120 -o %s -w '%%{http_code}' -H 'Content-Type: application/json' " ..
+                            "-H 'Expect:' --data-binary @%s %s%s", resp, req, base_url(), path)
+  local p = assert(io.popen(cmd))
+  local code = tonumber(p:read("*a"))
+  p:close()
+  f = io.open(resp, "r")
+  local out = f and f:read("*a") or ""
+  if f then f:close() end
+  os.remove(req)
+  os.remove(resp)
+  return code, out
+end
+
+function M.get(path)
+  local p = assert(io.popen(string.format("curl -s -m 10 %s%s", base_url(), path)))
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+-- Initialises `rank` with `pages` pages (200 also when it already exists, same size).
+function M.init_rank(rank, pages)
+  local code = M.post("/rank/" .. rank .. "/initialize",
+                      string.format('{"num_pages":%d,"role":"worker"}', pages))
+  assert(code == 200, "initialize rank " .. rank .. " answered " .. tostring(code))
+end
+
+-- Pages from a batch_allocate answer {"rank":r,"results":[["key",page],...]}, in order.
+function M.pages_of(body)
+  local pages = {}
+  for page in body:gmatch('",(%-?%d+)%]') do pages[#pages + 1] = page end
+  return pages
+end
+
+-- Allocates and confirms keys [0, count) on `rank` (so they are bound and, with one
+-- worker rank, complete), in batches. Skipped when the rank already holds them, so a
+-- warm-up run pays for it and the measured runs do not.
+function M.populate(rank, count, batch)
+  local bound = tonumber(M.get("/rank/" .. rank):match('"bound":(%d+)') or "0")
+  if bound >= count then return end
+  for first = 0, count - 1, batch do
+    local ids = M.ids(first, math.min(batch, count - first))
+    local code, body = M.post("/keys/batch_allocate",
+                              string.format('{"rank":%d,"keys":%s}', rank, M.keys_json(ids, true)))
+    assert(code == 200, "populate: batch_allocate answered " .. tostring(code))
+    local pages, conf = M.pages_of(body), {}
+    for i, id in ipairs(ids) do
+      assert(tonumber(pages[i]) >= 0, "populate: pool too small")
+      conf[i] = '["' .. M.key(id) .. '",' .. pages[i] .. ']'
+    end
+    code = M.post("/keys/confirm_write", string.format(
+      '{"rank":%d,"confirmations":[%s],"pages_to_release":[]}', rank, table.concat(conf, ",")))
+    assert(code == 204, "populate: confirm_write answered " .. tostring(code))
+  end
+end
+
+-- A static POST: wrk builds the request once and replays it (no per-request Lua).
+function M.static_post(path, body)
+  wrk.method = "POST"
+  wrk.path = path
+  wrk.body = body
+  wrk.headers["Content-Type"] = "application/json"
+end
+
+-- Every response should have `expected` status class: 2xx (default) or 4xx (the
+-- invalid-request cases). wrk counts status >= 400 in summary.errors.status.
+M.expect_4xx = false
+
+function M.done(summary, latency, requests)
+  local e = summary.errors
+  local status_bad = M.expect_4xx and (summary.requests - e.status) or e.status
+  local bad = status_bad + e.connect + e.read + e.write + e.timeout
+  io.write(string.format("METAD_WRK requests=%d duration_us=%d rps=%.1f p50_us=%.1f " ..
+                         "p99_us=%.1f bad=%d\n", summary.requests, summary.duration,
+                         summary.requests / (summary.duration / 1e6), latency:percentile(50),
+                         latency:percentile(99), bad))
+end
+
+return M

@@ -1,0 +1,18 @@
+-- get_locations of 128 keys on a rank holding 1M confirmed, complete keys (the same
+-- state as batch_exists.lua); every asked key has a page.
+package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
+local common = require("common")
+
+local keys_total = 1000000
+common.static_post("/keys/get_locations",
+                   '{"rank":1,"keys":' .. common.keys_json(common.ids(0, 128, 7919, keys_total), false) .. '}')
+
+local ready = false
+function setup(thread)
+  if ready then return end
+  ready = true
+  common.init_rank(1, 1048576)
+  common.populate(1, keys_total, 16384)
+end
+
+done = common.done

@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# The benchmark suite (issue 3): builds a release tree, then runs wrk against the server
+# (one Lua script per endpoint, bench/wrk/) and against nginx's fixed `return 200` as the
+# yardstick, replays the vLLM connector (bench/load), and prints ONE Markdown table:
+# median req/s, p50/p99, server CPU per request (utime+stime from /proc/PID/stat over
+# requests) and ratios to nginx, for --io uring and --io epoll. Loopback only.
+#
+#   scripts/bench.sh            full run (10 s per case, 3 runs each; + micro + memory)
+#   scripts/bench.sh --quick    ~1.5 minutes (1 s per case, 3 runs; replay once)
+#   scripts/bench.sh --memory   RSS per page and per (key, rank) binding only
+#   scripts/bench.sh --micro    the Google Benchmark programs only
+#   scripts/bench.sh --scaling  1, 2, 4, 8 server cores (needs >= 16 CPUs)
+# Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
+# Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (the
+# rest of the CPUs with --scaling).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build-bench"
+mode=full
+do_build=1
+while (($#)); do
+  case "$1" in
+    --quick | --memory | --micro | --scaling) mode=${1#--} ;;
+    --no-build) do_build=0 ;;
+    --build-dir) build=$(realpath -m "$2"); shift ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown flag $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+for tool in wrk nginx curl taskset; do
+  command -v "$tool" >/dev/null || { echo "bench.sh: $tool missing: run scripts/setup.sh --bench" >&2; exit 1; }
+done
+if ((do_build)); then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMETAD_BENCH=ON -DMETAD_TESTS=OFF >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target hf3fs-metad metad-load metad-memory \
+    bench_parser bench_decode bench_shard >/dev/null
+fi
+server_bin="$build/hf3fs-metad"
+load_bin="$build/bench/metad-load"
+wrk_dir="$root/bench/wrk"
+
+case $mode in
+  quick) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
+  *) seconds=10; warmup=2; runs=3; replay_seconds=10; replay_runs=3 ;;
+esac
+server_port=18310
+nginx_port=18399
+server_cpus=0
+load_cpus=1
+hz=$(getconf CLK_TCK)
+
+tmp=$(mktemp -d /tmp/metad-bench.XXXXXX)
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# utime + stime (clock ticks) of a process and its threads; field 2 may hold spaces, so
+# count fields after the last ')'.
+cpu_ticks() {
+  local total=0 pid stat
+  for pid in "$@"; do
+    stat=$(<"/proc/$pid/stat")
+    stat=${stat##*) }
+    read -r -a f <<<"$stat"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+
+wait_port() {
+  local i
+  for i in $(seq 100); do
+    curl -s -o /dev/null -m 1 "http://127.0.0.1:$1/" && return 0
+    sleep 0.05
+  done
+  echo "bench.sh: nothing listening on port $1" >&2
+  return 1
+}
+
+server_pid=""
+start_server() {  # io cpus
+  taskset -c "$2" "$server_bin" --port "$server_port" --cpus "$2" --io "$1" --log-level warn &
+  server_pid=$!
+  pids+=("$server_pid")
+  wait_port "$server_port"
+}
+stop_server() {
+  kill "$server_pid"
+  wait "$server_pid" 2>/dev/null || true
+}
+
+nginx_pids=()
+start_nginx() {
+  mkdir -p "$tmp/nginx"
+  cat >"$tmp/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  client_body_temp_path $tmp/nginx/body;
+  proxy_temp_path $tmp/nginx/proxy;
+  fastcgi_temp_path $tmp/nginx/fastcgi;
+  uwsgi_temp_path $tmp/nginx/uwsgi;
+  scgi_temp_path $tmp/nginx/scgi;
+  server {
+    listen 127.0.0.1:$nginx_port;
+    location / {
+      default_type application/json;
+      return 200 '{"message":"Rank 0 initialized with 1024 pages"}';
+    }
+  }
+}
+EOF
+  taskset -c "$server_cpus" nginx -p "$tmp/nginx" -e "$tmp/nginx/error.log" -c "$tmp/nginx/nginx.conf" &
+  pids+=($!)
+  nginx_pids=($!)
+  wait_port "$nginx_port"
+  # Count the worker's CPU too (the master only forks it).
+  nginx_pids+=($(pgrep -P "${nginx_pids[0]}"))
+}
+
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+
+rows="$tmp/rows"
+: >"$rows"
+# One wrk case: a warm-up run (its Lua setup() pre-populates the state), then $runs
+# measured runs; appends "case|transport|req/s|p50|p99|cpu_us|bad" with the medians.
+wrk_case() {  # name transport port script threads connections cpus pids...
+  local name=$1 io=$2 port=$3 script=$4 threads=$5 conns=$6 cpus=$7
+  shift 7
+  local url="http://127.0.0.1:$port" run out t0 t1 bad=0
+  local -a rps=() p50=() p99=() cpu=()
+  taskset -c "$cpus" wrk -t"$threads" -c"$conns" -d"${warmup}s" -s "$wrk_dir/$script" "$url" >"$tmp/warm.log"
+  for run in $(seq "$runs"); do
+    t0=$(cpu_ticks "$@")
+    out=$(taskset -c "$cpus" wrk -t"$threads" -c"$conns" -d"${seconds}s" --latency -s "$wrk_dir/$script" "$url" | grep METAD_WRK)
+    t1=$(cpu_ticks "$@")
+    local req=$(field requests <<<"$out")
+    rps+=("$(field rps <<<"$out")")
+    p50+=("$(field p50_us <<<"$out")")
+    p99+=("$(field p99_us <<<"$out")")
+    cpu+=("$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$req" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')")
+    bad=$((bad + $(field bad <<<"$out")))
+  done
+  echo "$name|$io|$(printf '%s\n' "${rps[@]}" | median)|$(printf '%s\n' "${p50[@]}" | median)|$(printf '%s\n' "${p99[@]}" | median)|$(printf '%s\n' "${cpu[@]}" | median)|$bad" >>"$rows"
+}
+
+# Connector replay, 4 engines x TP 8 (68 streams), one fresh server per run; one row
+# per endpoint (CPU per request is over all endpoints: they share the server).
+replay_case() {  # transport rate
+  local io=$1 rate=$2 label="replay 4x8" run t0 t1 total
+  [[ $rate != 0 ]] && label="replay 4x8 @${rate}/s"
+  : >"$tmp/replay.rows"
+  for run in $(seq "$replay_runs"); do
+    start_server "$io" "$server_cpus"
+    t0=$(cpu_ticks "$server_pid")
+    taskset -c "$load_cpus" "$load_bin" --port "$server_port" --engines 4 --tp 8 \
+      --seconds "$replay_seconds" --rate "$rate" >"$tmp/replay.log" || echo "bench.sh: metad-load reported errors" >&2
+    t1=$(cpu_ticks "$server_pid")
+    stop_server
+    cp "$tmp/replay.log" "$tmp/replay-$io-$rate-$run.log"
+    total=$(field total_requests <<<"$(grep total_requests "$tmp/replay.log")")
+    awk -F'|' -v run="$run" -v cpu="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$total" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')" \
+      '/^\| (batch|confirm|get)/ {gsub(/ /, ""); print $2, $4, $6, $7, $5, cpu}' "$tmp/replay.log" >>"$tmp/replay.rows"
+  done
+  local ep
+  for ep in batch_exists batch_allocate confirm_write get_locations; do
+    local sel=$(grep "^$ep " "$tmp/replay.rows")
+    echo "$label: $ep|$io|$(awk '{print $2}' <<<"$sel" | median)|$(awk '{print $3}' <<<"$sel" | median)|$(awk '{print $4}' <<<"$sel" | median)|$(awk '{print $6}' <<<"$sel" | median)|$(awk '{s += $5} END {print s}' <<<"$sel")" >>"$rows"
+  done
+}
+
+print_table() {
+  local nginx_row nginx_rps nginx_cpu
+  nginx_row=$(grep '^nginx return 200|' "$rows" || true)
+  nginx_rps=$(cut -d'|' -f3 <<<"$nginx_row")
+  nginx_cpu=$(cut -d'|' -f6 <<<"$nginx_row")
+  echo
+  echo "| case | transport | req/s (median of $runs) | p50 µs | p99 µs | server CPU µs/req | req/s ÷ nginx | CPU/req ÷ nginx | errors |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  awk -F'|' -v nr="${nginx_rps:-0}" -v nc="${nginx_cpu:-0}" '{
+    r = (nr > 0) ? sprintf("%.2f", $3 / nr) : "-"
+    c = (nc > 0) ? sprintf("%.2f", $6 / nc) : "-"
+    printf "| %s | %s | %.0f | %.0f | %.0f | %.2f | %s | %s | %d |\n", $1, $2, $3, $4, $5, $6, r, c, $7
+  }' "$rows"
+  echo
+  echo "wrk -t2 -c64 (alloc→release pair: -t8 -c8, one stream per wrk thread) on CPU $load_cpus;" \
+    "server/nginx on CPU $server_cpus; ${seconds} s per run; replay: metad-load, ${replay_seconds} s x $replay_runs," \
+    "CPU/req over all its endpoints; errors: non-expected statuses and socket errors."
+}
+
+run_wrk_suite() {
+  start_nginx
+  wrk_case "nginx return 200" nginx "$nginx_port" initialize.lua 2 64 "$load_cpus" "${nginx_pids[@]}"
+  kill "${nginx_pids[0]}"
+  local io c
+  for io in uring epoll; do
+    for c in "initialize:initialize.lua:2:64" "initialize (invalid)→400:initialize_invalid.lua:2:64" \
+      "batch_exists 1250 keys, 1M dir:batch_exists.lua:2:64" "get_locations 128 keys:get_locations.lua:2:64" \
+      "batch_allocate 128 hits:batch_allocate.lua:2:64" "confirm_write 128 no-op:confirm_write.lua:2:64" \
+      "alloc→release pair 128 keys (req = half pair):alloc_release.lua:8:8"; do
+      IFS=: read -r name script threads conns <<<"$c"
+      start_server "$io" "$server_cpus"
+      wrk_case "$name" "$io" "$server_port" "$script" "$threads" "$conns" "$load_cpus" "$server_pid"
+      stop_server
+    done
+    replay_case "$io" 0
+    replay_case "$io" 100
+  done
+  print_table
+}
+
+run_memory() {
+  start_server uring "$server_cpus"
+  taskset -c "$load_cpus" "$build/bench/metad-memory" --pid "$server_pid" --port "$server_port" \
+    --ranks 8 --pages 2097152 --keys 1000000
+  stop_server
+}
+
+run_micro() {
+  local b
+  for b in parser decode shard; do
+    taskset -c "$server_cpus" "$build/bench/bench_$b" --benchmark_min_time=0.2
+  done
+}
+
+# 1, 2, 4, 8 server cores on CPUs 0..n-1; wrk on CPUs 8..last (the same load capacity
+# for every n). Efficiency = req/s(n) / (n x req/s(1)); the target is >= 0.8.
+run_scaling() {
+  local cpus_total
+  cpus_total=$(nproc)
+  ((cpus_total >= 16)) || { echo "bench.sh: --scaling needs >= 16 CPUs (have $cpus_total)" >&2; exit 1; }
+  local load="8-$((cpus_total - 1))" wrk_threads=$((cpus_total - 8)) n c name script
+  echo "| case | server cores | req/s | p99 µs | CPU µs/req | speedup | efficiency |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+  for c in "initialize:initialize.lua" "get_locations 128 keys:get_locations.lua" \
+    "batch_exists 1250 keys:batch_exists.lua"; do
+    IFS=: read -r name script <<<"$c"
+    local base=""
+    for n in 1 2 4 8; do
+      : >"$rows"
+      start_server uring "0-$((n - 1))"
+      wrk_case "$name" uring "$server_port" "$script" "$wrk_threads" 256 "$load" "$server_pid"
+      stop_server
+      IFS='|' read -r _ _ rps _ p99 cpu _ <"$rows"
+      base=${base:-$rps}
+      awk -v name="$name" -v n="$n" -v r="$rps" -v p="$p99" -v c="$cpu" -v b="$base" \
+        'BEGIN {printf "| %s | %d | %.0f | %.0f | %.2f | %.2f | %.2f |\n", name, n, r, p, c, r / b, r / (b * n)}'
+    done
+  done
+}
+
+case $mode in
+  quick) run_wrk_suite ;;
+  memory) run_memory ;;
+  micro) run_micro ;;
+  scaling) run_scaling ;;
+  full) run_wrk_suite; echo; run_memory; echo; run_micro ;;
+esac

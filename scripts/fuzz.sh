@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses (clang-14, ASan + UBSan) and runs each for SECONDS
+# (default 30) from its seed corpus, recorded regressions and dictionary, in a temporary
+# working corpus (nothing new is written into the repository). Fails if any harness
+# crashes; the crashing input is kept under build-fuzz/artifacts/ — add it to
+# tests/fuzz/regressions/<harness>/ once understood.
+#   scripts/fuzz.sh [SECONDS] [HARNESS...]     e.g. scripts/fuzz.sh 120 pipeline_fuzz
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-30}"
+shift || true
+harnesses=("$@")
+((${#harnesses[@]})) || harnesses=(http_parser_fuzz json_decode_fuzz pipeline_fuzz)
+
+scripts/setup.sh --fuzz >&2
+dir=build-fuzz
+# -DNDEBUG: simdjson's debug checks abort on some malformed input (see design.md).
+cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DMETAD_FUZZ=ON \
+  -DMETAD_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" >/dev/null
+cmake --build "$dir" -j"$(nproc)" --target "${harnesses[@]}" >&2
+
+work=$(mktemp -d /tmp/metad-fuzz.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+artifacts="$PWD/$dir/artifacts"
+mkdir -p "$artifacts"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+failed=()
+summary=()
+for h in "${harnesses[@]}"; do
+  case "$h" in
+    json_decode_fuzz) max_len=16384 ;;
+    *) max_len=32768 ;;
+  esac
+  mkdir -p "$work/$h" "$artifacts/$h"
+  log="$work/$h.log"
+  echo "== $h: ${seconds}s ==" >&2
+  rc=0
+  "$dir/tests/fuzz/$h" -max_total_time="$seconds" -max_len="$max_len" -timeout=20 \
+    -rss_limit_mb=4096 -print_final_stats=1 -dict=tests/fuzz/metad.dict \
+    -artifact_prefix="$artifacts/$h/" "$work/$h" \
+    "tests/fuzz/regressions/$h" "tests/fuzz/corpus/$h" >"$log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+  corpus=$(ls "$work/$h" | wc -l)
+  if ((rc != 0)); then
+    tail -60 "$log" >&2
+    failed+=("$h")
+    summary+=("$h: CRASH (rc $rc) after ${execs:-?} executions; input under $artifacts/$h/")
+  else
+    summary+=("$h: ${execs:-?} executions in ${seconds}s, ${cov:-cov: ?}, $corpus new corpus entries, no crash")
+  fi
+done
+printf '%s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz: all harnesses clean"

@@ -1,0 +1,144 @@
+#include "server/metrics.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
+
+namespace server {
+namespace {
+
+std::size_t status_slot(int status) {
+  const auto it = std::find(kMetricStatuses.begin(), kMetricStatuses.end(), status);
+  return static_cast<std::size_t>(it - kMetricStatuses.begin());  // last slot: other
+}
+
+std::size_t bucket_of(std::uint64_t elapsed_ns) {
+  const std::uint64_t us = elapsed_ns / 1000;
+  const auto it = std::lower_bound(kLatencyBoundsUs.begin(), kLatencyBoundsUs.end(), us);
+  return static_cast<std::size_t>(it - kLatencyBoundsUs.begin());
+}
+
+template <typename... Args>
+void line(std::string& out, fmt::format_string<Args...> format, Args&&... args) {
+  fmt::format_to(std::back_inserter(out), format, std::forward<Args>(args)...);
+  out.push_back('\n');
+}
+
+}  // namespace
+
+std::string_view route_name(route_label route) {
+  static constexpr std::string_view names[] = {
+      "initialize",  "batch_allocate", "confirm_write", "batch_exists",       "get_locations",
+      "clear",       "rank_info",      "health",        "ready",              "metrics",
+      "not_found",   "method_not_allowed", "invalid_http"};
+  static_assert(std::size(names) == request_metrics::kRoutes);
+  return names[static_cast<std::size_t>(route)];
+}
+
+void request_metrics::record(route_label route, int status, std::uint64_t elapsed_ns) {
+  const auto r = static_cast<std::size_t>(route);
+  ++requests[r][status_slot(status)];
+  ++latency[r][bucket_of(elapsed_ns)];
+  latency_sum_ns[r] += elapsed_ns;
+}
+
+void request_metrics::add(const request_metrics& other) {
+  for (std::size_t r = 0; r < kRoutes; ++r) {
+    for (std::size_t s = 0; s < requests[r].size(); ++s) requests[r][s] += other.requests[r][s];
+    for (std::size_t b = 0; b < kBuckets; ++b) latency[r][b] += other.latency[r][b];
+    latency_sum_ns[r] += other.latency_sum_ns[r];
+  }
+}
+
+std::uint64_t request_metrics::total() const {
+  std::uint64_t sum = 0;
+  for (const auto& per_route : requests)
+    for (std::uint64_t n : per_route) sum += n;
+  return sum;
+}
+
+void render_metrics(std::string& out, const metrics_snapshot& snap) {
+  const request_metrics& m = snap.requests;
+  line(out, "# HELP hf3fs_metad_requests_total Requests answered, by endpoint and status.");
+  line(out, "# TYPE hf3fs_metad_requests_total counter");
+  for (std::size_t r = 0; r < request_metrics::kRoutes; ++r) {
+    const std::string_view route = route_name(static_cast<route_label>(r));
+    for (std::size_t s = 0; s < m.requests[r].size(); ++s) {
+      if (m.requests[r][s] == 0) continue;
+      if (s < kMetricStatuses.size()) {
+        line(out, "hf3fs_metad_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}", route,
+             kMetricStatuses[s], m.requests[r][s]);
+      } else {
+        line(out, "hf3fs_metad_requests_total{{endpoint=\"{}\",status=\"other\"}} {}", route,
+             m.requests[r][s]);
+      }
+    }
+  }
+  line(out, "# HELP hf3fs_metad_request_duration_seconds Time from a complete request to its answer.");
+  line(out, "# TYPE hf3fs_metad_request_duration_seconds histogram");
+  for (std::size_t r = 0; r < request_metrics::kRoutes; ++r) {
+    std::uint64_t count = 0;
+    for (std::uint64_t n : m.latency[r]) count += n;
+    if (count == 0) continue;
+    const std::string_view route = route_name(static_cast<route_label>(r));
+    std::uint64_t cumulative = 0;
+    for (std::size_t b = 0; b < kLatencyBoundsUs.size(); ++b) {
+      cumulative += m.latency[r][b];
+      line(out, "hf3fs_metad_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"{}\"}} {}",
+           route, kLatencyBoundsUs[b] / 1e6, cumulative);
+    }
+    line(out, "hf3fs_metad_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {}", route,
+         count);
+    line(out, "hf3fs_metad_request_duration_seconds_sum{{endpoint=\"{}\"}} {}", route,
+         static_cast<double>(m.latency_sum_ns[r]) / 1e9);
+    line(out, "hf3fs_metad_request_duration_seconds_count{{endpoint=\"{}\"}} {}", route, count);
+  }
+  line(out, "# HELP hf3fs_metad_keys Keys in the completion directory (complete or not).");
+  line(out, "# TYPE hf3fs_metad_keys gauge");
+  line(out, "hf3fs_metad_keys {}", snap.keys);
+  line(out, "# HELP hf3fs_metad_ranks Initialised worker ranks.");
+  line(out, "# TYPE hf3fs_metad_ranks gauge");
+  line(out, "hf3fs_metad_ranks {}", snap.ranks);
+  line(out, "# HELP hf3fs_metad_refused_releases_total Releases of pages bound to confirmed keys, refused.");
+  line(out, "# TYPE hf3fs_metad_refused_releases_total counter");
+  line(out, "hf3fs_metad_refused_releases_total {}", snap.refused_releases);
+  line(out, "# HELP hf3fs_metad_cross_core_messages_total Requests handed from one core to another.");
+  line(out, "# TYPE hf3fs_metad_cross_core_messages_total counter");
+  line(out, "hf3fs_metad_cross_core_messages_total {}", snap.hops);
+  struct family {
+    std::string_view name, type, help;
+    std::uint64_t connection_counts::*field;
+  };
+  static constexpr family families[] = {
+      {"hf3fs_metad_connections_open", "gauge", "Open client connections.", &connection_counts::open},
+      {"hf3fs_metad_connections_accepted_total", "counter", "Connections accepted.",
+       &connection_counts::accepted},
+      {"hf3fs_metad_connections_rejected_total", "counter",
+       "Connections closed at once: over --connections-max or while stopping.",
+       &connection_counts::rejected},
+      {"hf3fs_metad_connections_timed_out_total", "counter",
+       "Connections closed by the idle or header timeout.", &connection_counts::timed_out},
+  };
+  for (const family& f : families) {
+    line(out, "# HELP {} {}", f.name, f.help);
+    line(out, "# TYPE {} {}", f.name, f.type);
+    for (std::size_t core = 0; core < snap.connections.size(); ++core)
+      line(out, "{}{{core=\"{}\"}} {}", f.name, core, snap.connections[core].*f.field);
+  }
+}
+
+void render_rank_headers(std::string& out) {
+  line(out, "# HELP hf3fs_metad_pages Pages of a rank's pool, by state.");
+  line(out, "# TYPE hf3fs_metad_pages gauge");
+}
+
+void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, std::int64_t free,
+                 std::int64_t reserved, std::int64_t bound) {
+  line(out, "hf3fs_metad_pages{{rank=\"{}\",state=\"total\"}} {}", rank, num_pages);
+  line(out, "hf3fs_metad_pages{{rank=\"{}\",state=\"free\"}} {}", rank, free);
+  line(out, "hf3fs_metad_pages{{rank=\"{}\",state=\"reserved\"}} {}", rank, reserved);
+  line(out, "hf3fs_metad_pages{{rank=\"{}\",state=\"bound\"}} {}", rank, bound);
+}
+
+}  // namespace server

@@ -1,0 +1,75 @@
+// Request counters and latency histograms of one core. Only the owning core writes
+// them; a scrape hops to each core and adds its counters into the scraper's sum, so the
+// request path has no shared atomics.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace server {
+
+// What a request was, for metrics and the access log.
+enum class route_label : std::uint8_t {
+  initialize,
+  batch_allocate,
+  confirm_write,
+  batch_exists,
+  get_locations,
+  clear,
+  rank_info,
+  health,
+  ready,
+  metrics,
+  not_found,
+  method_not_allowed,
+  invalid_http,  // the request could not be parsed
+  count_
+};
+std::string_view route_name(route_label route);
+
+inline constexpr std::array<int, 13> kMetricStatuses = {200, 204, 400, 401, 404, 405, 409,
+                                                        413, 431, 500, 501, 503, 505};
+// Upper bounds of the latency buckets, in microseconds (then +Inf).
+inline constexpr std::array<std::uint32_t, 12> kLatencyBoundsUs = {
+    10, 25, 50, 100, 250, 500, 1'000, 2'500, 5'000, 10'000, 25'000, 100'000};
+
+struct request_metrics {
+  static constexpr std::size_t kRoutes = static_cast<std::size_t>(route_label::count_);
+  static constexpr std::size_t kBuckets = kLatencyBoundsUs.size() + 1;
+
+  std::array<std::array<std::uint64_t, kMetricStatuses.size() + 1>, kRoutes> requests{};
+  std::array<std::array<std::uint64_t, kBuckets>, kRoutes> latency{};
+  std::array<std::uint64_t, kRoutes> latency_sum_ns{};
+
+  void record(route_label route, int status, std::uint64_t elapsed_ns);
+  void add(const request_metrics& other);
+  std::uint64_t total() const;
+};
+
+struct connection_counts {
+  std::uint64_t open = 0, accepted = 0, rejected = 0, timed_out = 0;
+};
+
+// Everything a scrape collects from all cores.
+struct metrics_snapshot {
+  std::vector<connection_counts> connections;  // per core, sized before the scrape hops
+  request_metrics requests;
+  std::uint64_t keys = 0;  // directory entries (complete or not)
+  std::uint64_t refused_releases = 0;
+  std::uint64_t hops = 0;  // cross-core hand-offs posted
+  std::uint64_t ranks = 0;
+};
+
+// Prometheus text exposition (format 0.0.4) of the summed request metrics and the
+// snapshot's totals. Per-rank and per-core series are appended by their owners.
+void render_metrics(std::string& out, const metrics_snapshot& snapshot);
+// The per-rank page gauges: the family's header, then each owning core appends its
+// ranks' lines (one family, so the lines stay contiguous).
+void render_rank_headers(std::string& out);
+void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, std::int64_t free,
+                 std::int64_t reserved, std::int64_t bound);
+
+}  // namespace server
