@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build, the tests and the benchmarks need (as root),
-# skipping apt entirely when everything is already there.
+# Installs the Debian packages the build needs (as root), plus those of the profiles
+# named as arguments: --test (nginx for the proxy test, promtool for the metrics check,
+# clang for the fuzzers), --bench (wrk, nginx), --fuzz (clang). Skips apt entirely when
+# everything is already there.
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libasio-dev libsimdjson-dev
   libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-requests)
-if [[ "${1:-}" == "--bench" ]]; then packages+=(wrk nginx-light curl); fi
-if [[ "${1:-}" == "--fuzz" ]]; then packages+=(clang-14 libclang-rt-14-dev); fi
+for profile in "$@"; do
+  case "$profile" in
+    --test) packages+=(nginx-light prometheus clang-14 libclang-rt-14-dev) ;;
+    --bench) packages+=(wrk nginx-light curl) ;;
+    --fuzz) packages+=(clang-14 libclang-rt-14-dev) ;;
+    *) echo "usage: scripts/setup.sh [--test] [--bench] [--fuzz]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

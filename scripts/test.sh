@@ -5,7 +5,7 @@
 #   3. the release build (every test) — its ctest summary is the last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --test
 export CTEST_OUTPUT_ON_FAILURE=1
 jobs=$(nproc)
 
