@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <array>
 #include <asio.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <chrono>
@@ -20,6 +21,8 @@ using asio::awaitable;
 using stream = asio::generic::stream_protocol;  // TCP and unix sockets alike
 constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
 using clock = std::chrono::steady_clock;
+constexpr int kLingerMs = 1'000;
+constexpr int kLingerReadsMax = 64;
 
 class asio_loop;
 
@@ -56,8 +59,8 @@ class asio_loop {
       sockaddr_storage addr{};
       socklen_t len = sizeof addr;
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-      acceptors_.emplace_back(ctx_, stream(addr.ss_family, addr.ss_family == AF_UNIX ? 0 : IPPROTO_TCP),
-                              ::dup(fd));
+      acceptors_.emplace_back(
+          ctx_, stream(addr.ss_family, addr.ss_family == AF_UNIX ? 0 : IPPROTO_TCP), ::dup(fd));
     }
   }
 
@@ -114,7 +117,19 @@ class asio_loop {
         out.clear();
         if (ec) break;
       }
-      if (next == flow::close) break;
+      if (next == flow::close) {
+        // Lingering close, as in the uring loop: stop writing, drop the client's
+        // remaining bytes until it closes or kLingerMs passes (the sweep cuts it).
+        asio::error_code ignored;
+        c->socket.shutdown(stream::socket::shutdown_send, ignored);
+        c->deadline = clock::now() + std::chrono::milliseconds(kLingerMs);
+        c->mid_request = true;
+        for (int reads = 0; reads < kLingerReadsMax && !c->shut; ++reads) {
+          auto [ec, n] = co_await c->socket.async_read_some(asio::buffer(discard_), use_tuple);
+          if (ec || n == 0) break;
+        }
+        break;
+      }
       if (next == flow::wait) {
         if (!c->woken) {
           c->waiting = true;
@@ -208,6 +223,7 @@ class asio_loop {
   asio::posix::stream_descriptor wake_;
   asio::steady_timer tick_;
   std::vector<connection*> connections_;
+  std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   bool stopping_ = false;
   clock::time_point stop_deadline_;
 };

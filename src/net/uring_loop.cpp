@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <coroutine>
 #include <ctime>
@@ -20,6 +21,10 @@
 
 namespace net {
 namespace {
+
+// How long and how much a closing connection's remaining input is read and dropped.
+constexpr std::uint64_t kLingerMs = 1'000;
+constexpr int kLingerReadsMax = 64;
 
 std::uint64_t now_ms() {
   timespec ts{};
@@ -121,6 +126,7 @@ class uring_loop {
   loop_completion wake_done_, tick_done_;
   completion ignored_;
   std::uint64_t wake_buffer_ = 0;
+  std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   __kernel_timespec tick_{};
   bool stopping_ = false;
   std::uint64_t stop_deadline_ms_ = 0;
@@ -245,7 +251,20 @@ detached uring_loop::serve(connection* c) {
     }
     out.clear();
     if (send_failed) break;
-    if (next == flow::close) break;
+    if (next == flow::close) {
+      // Lingering close: a client still sending (a refused body) would get a reset that
+      // can destroy our answer before it reads it. Stop writing, discard its bytes until
+      // it closes, for at most kLingerMs (the sweep enforces the deadline).
+      ::shutdown(c->fd, SHUT_WR);
+      c->deadline_ms = now_ms_ + kLingerMs;
+      c->mid_request = true;  // no longer idle: only the deadline ends it
+      for (int reads = 0; reads < kLingerReadsMax && !c->shut; ++reads) {
+        op o(*this);
+        io_uring_prep_recv(sqe(&o), c->fd, discard_.data(), discard_.size(), 0);
+        if (co_await o <= 0) break;
+      }
+      break;
+    }
     if (next == flow::wait) {
       if (!c->woken) {
         c->waiting = true;

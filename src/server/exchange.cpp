@@ -12,7 +12,8 @@ namespace {
 std::uint64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 // Equal-length comparison whose time does not depend on where the first difference is.
@@ -25,19 +26,31 @@ bool same_secret(std::string_view given, std::string_view expected) {
 
 route_label label_of(http::endpoint e) {
   switch (e) {
-    case http::endpoint::initialize: return route_label::initialize;
-    case http::endpoint::batch_allocate: return route_label::batch_allocate;
-    case http::endpoint::confirm_write: return route_label::confirm_write;
-    case http::endpoint::batch_exists: return route_label::batch_exists;
-    case http::endpoint::get_locations: return route_label::get_locations;
-    case http::endpoint::clear: return route_label::clear;
-    case http::endpoint::rank_info: return route_label::rank_info;
-    case http::endpoint::health: return route_label::health;
-    case http::endpoint::ready: return route_label::ready;
-    case http::endpoint::metrics: return route_label::metrics;
-    case http::endpoint::not_found: return route_label::not_found;
+    case http::endpoint::initialize:
+      return route_label::initialize;
+    case http::endpoint::batch_allocate:
+      return route_label::batch_allocate;
+    case http::endpoint::confirm_write:
+      return route_label::confirm_write;
+    case http::endpoint::batch_exists:
+      return route_label::batch_exists;
+    case http::endpoint::get_locations:
+      return route_label::get_locations;
+    case http::endpoint::clear:
+      return route_label::clear;
+    case http::endpoint::rank_info:
+      return route_label::rank_info;
+    case http::endpoint::health:
+      return route_label::health;
+    case http::endpoint::ready:
+      return route_label::ready;
+    case http::endpoint::metrics:
+      return route_label::metrics;
+    case http::endpoint::not_found:
+      return route_label::not_found;
     case http::endpoint::method_not_allowed:
-    case http::endpoint::method_not_allowed_get: return route_label::method_not_allowed;
+    case http::endpoint::method_not_allowed_get:
+      return route_label::method_not_allowed;
   }
   return route_label::not_found;
 }
@@ -100,7 +113,8 @@ void exchange::complete() {
   const std::uint64_t elapsed_ns = monotonic_ns() - started_ns_;
   home_.metrics.record(route_, status_, elapsed_ns);
   if (cluster_.cfg.access_log) {
-    metad::log::info("access {} {} {} {} {}us", route_name(route_), status_, keep_alive_ ? "keep-alive" : "close",
+    metad::log::info("access {} {} {} {} {}us", route_name(route_), status_,
+                     keep_alive_ ? "keep-alive" : "close",
                      target_.empty() ? std::string_view("-") : target_, elapsed_ns / 1000);
   }
   in_flight_ = false;
@@ -200,7 +214,7 @@ void exchange::dispatch(const http::request& request) {
       return complete();
     case http::endpoint::ready:
       respond_canned(cluster_.stopping.load(std::memory_order_relaxed) ? http::canned::not_ready
-                                                                        : http::canned::ready_ok);
+                                                                       : http::canned::ready_ok);
       return complete();
     case http::endpoint::metrics:
       run_metrics(*this);

@@ -73,8 +73,8 @@ class exchange final : public net::connection_handler {
   int status_ = 0;
   std::uint64_t started_ns_ = 0;
   std::string_view target_;  // for the access log; valid until consume()
-  bool in_flight_ = false;  // a request is being executed
-  bool parked_ = false;     // ... and the connection was told to wait for it
+  bool in_flight_ = false;   // a request is being executed
+  bool parked_ = false;      // ... and the connection was told to wait for it
 };
 
 }  // namespace server

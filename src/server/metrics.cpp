@@ -29,9 +29,9 @@ void line(std::string& out, fmt::format_string<Args...> format, Args&&... args) 
 
 std::string_view route_name(route_label route) {
   static constexpr std::string_view names[] = {
-      "initialize",  "batch_allocate", "confirm_write", "batch_exists",       "get_locations",
-      "clear",       "rank_info",      "health",        "ready",              "metrics",
-      "not_found",   "method_not_allowed", "invalid_http"};
+      "initialize", "batch_allocate",     "confirm_write", "batch_exists", "get_locations",
+      "clear",      "rank_info",          "health",        "ready",        "metrics",
+      "not_found",  "method_not_allowed", "invalid_http"};
   static_assert(std::size(names) == request_metrics::kRoutes);
   return names[static_cast<std::size_t>(route)];
 }
@@ -75,7 +75,8 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
       }
     }
   }
-  line(out, "# HELP hf3fs_metad_request_duration_seconds Time from a complete request to its answer.");
+  line(out,
+       "# HELP hf3fs_metad_request_duration_seconds Time from a complete request to its answer.");
   line(out, "# TYPE hf3fs_metad_request_duration_seconds histogram");
   for (std::size_t r = 0; r < request_metrics::kRoutes; ++r) {
     std::uint64_t count = 0;
@@ -88,8 +89,8 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
       line(out, "hf3fs_metad_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"{}\"}} {}",
            route, kLatencyBoundsUs[b] / 1e6, cumulative);
     }
-    line(out, "hf3fs_metad_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {}", route,
-         count);
+    line(out, "hf3fs_metad_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {}",
+         route, count);
     line(out, "hf3fs_metad_request_duration_seconds_sum{{endpoint=\"{}\"}} {}", route,
          static_cast<double>(m.latency_sum_ns[r]) / 1e9);
     line(out, "hf3fs_metad_request_duration_seconds_count{{endpoint=\"{}\"}} {}", route, count);
@@ -100,10 +101,13 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   line(out, "# HELP hf3fs_metad_ranks Initialised worker ranks.");
   line(out, "# TYPE hf3fs_metad_ranks gauge");
   line(out, "hf3fs_metad_ranks {}", snap.ranks);
-  line(out, "# HELP hf3fs_metad_refused_releases_total Releases of pages bound to confirmed keys, refused.");
+  line(out,
+       "# HELP hf3fs_metad_refused_releases_total Releases of pages bound to confirmed keys, "
+       "refused.");
   line(out, "# TYPE hf3fs_metad_refused_releases_total counter");
   line(out, "hf3fs_metad_refused_releases_total {}", snap.refused_releases);
-  line(out, "# HELP hf3fs_metad_cross_core_messages_total Requests handed from one core to another.");
+  line(out,
+       "# HELP hf3fs_metad_cross_core_messages_total Requests handed from one core to another.");
   line(out, "# TYPE hf3fs_metad_cross_core_messages_total counter");
   line(out, "hf3fs_metad_cross_core_messages_total {}", snap.hops);
   struct family {
@@ -111,7 +115,8 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
     std::uint64_t connection_counts::*field;
   };
   static constexpr family families[] = {
-      {"hf3fs_metad_connections_open", "gauge", "Open client connections.", &connection_counts::open},
+      {"hf3fs_metad_connections_open", "gauge", "Open client connections.",
+       &connection_counts::open},
       {"hf3fs_metad_connections_accepted_total", "counter", "Connections accepted.",
        &connection_counts::accepted},
       {"hf3fs_metad_connections_rejected_total", "counter",

@@ -71,7 +71,8 @@ class core_runner final : public net::core_hooks {
 std::uint64_t monotonic_ms() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
+         static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
 }
 
 // One info line with the load and the pools, summed over all cores.
@@ -96,9 +97,10 @@ request_task log_summary(core_runner& self) {
   co_await cl.mailbox.hop(at, home);
   const std::uint64_t now = monotonic_ms();
   const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
-  metad::log::info("summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-                   seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0,
-                   ranks, free_pages, pages, keys);
+  metad::log::info(
+      "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+      seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
+      free_pages, pages, keys);
   self.last_requests_ = requests;
   self.last_summary_ms_ = now;
   self.summary_running_ = false;
@@ -187,8 +189,9 @@ void server::run() {
               use_uring ? "uring" : "epoll");
     const bool loopback = cfg.host == "127.0.0.1" || cfg.host == "::1" || cfg.host == "localhost";
     if (!loopback && cfg.auth_token.empty())
-      log::warn("listening on {} without --auth-token-file: anyone who can reach it can clear all state",
-                cfg.host);
+      log::warn(
+          "listening on {} without --auth-token-file: anyone who can reach it can clear all state",
+          cfg.host);
   }
   if (!cfg.unix_path.empty()) {
     impl_->listeners.push_back(net::listen_unix(cfg.unix_path));
@@ -196,7 +199,8 @@ void server::run() {
     log::info("listening on unix:{} with {} core(s), transport {}", cfg.unix_path, cl.cores,
               use_uring ? "uring" : "epoll");
   }
-  if (impl_->listeners.empty()) throw std::runtime_error("nothing to listen on: give --port or --unix");
+  if (impl_->listeners.empty())
+    throw std::runtime_error("nothing to listen on: give --port or --unix");
 
   std::vector<std::thread> threads;
   for (int i = 0; i < cl.cores; ++i) {

@@ -480,6 +480,18 @@ class BadInputTest(MetadTestCase):
     def test_routing(self):
         self.run_cases(routing_cases())
 
+    def test_rank_info_wrong_method(self):
+        # GET /rank/{rank} is the only method there: a 405 must not advertise POST.
+        for method in ("POST", "PUT", "DELETE"):
+            with self.subTest(method=method):
+                self.build_state()
+                r = self.client.request(method, f"/rank/{RANK}", data=b"{}")
+                self.assert_error(r, 405, "Method Not Allowed")
+                allow = [m.strip() for m in r.headers.get("Allow", "").split(",")]
+                self.assertIn("GET", allow)
+                self.assertNotIn("POST", allow)
+                self.assert_unchanged()
+
     # --- controls: the valid requests the tables corrupt do work --------------------
 
     def test_valid_bodies_work(self):

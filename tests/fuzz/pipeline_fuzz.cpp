@@ -95,7 +95,7 @@ bool known_status(int status) {
 std::size_t header_value(std::string_view head, std::string_view name, std::string_view& value) {
   const std::size_t at = head.find(name);
   if (at == std::string_view::npos) return 0;
-  const std::size_t end = head.find("\r\n", at);
+  const std::size_t end = head.find("\r\n", at + name.size());
   value = head.substr(at + name.size(), end - at - name.size());
   return 1;
 }
