@@ -1,10 +1,12 @@
-// Compact open-addressing maps used by one core's shard state: key_map (key bytes →
-// small value; linear probing, backward-shift deletion, no tombstones) and page_owners
-// (reserved page → the key holding it). Single-threaded: only the owning core touches
-// them. A slot is 16 bytes for a 4-byte value; each key's bytes live in one heap block
-// whose address is stable for the key's lifetime (page_owners points at it).
+// Open-addressing maps used by one core's shard state: key_map (key bytes → small
+// value; linear probing, backward-shift deletion, no tombstones), which holds the keys
+// packed_map cannot (not 32 lowercase hex characters), and page_owners (reserved page →
+// the key holding it). Single-threaded: only the owning core touches them. A key_map
+// slot is 16 bytes for a 4-byte value; each key's bytes live in one heap block whose
+// address is stable for the key's lifetime (page_owners may point at it).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -147,36 +149,88 @@ class key_map {
   std::size_t size_ = 0;
 };
 
-// Reserved page → the key blob (owned by the rank's key_map) that reserves it. Holds only
-// in-flight reservations, so it stays small; releasing a reserved page needs its key.
+// Reserved page → the key that reserves it (Owner: how the rank's key map names a key;
+// Owner{} means none). Holds only in-flight reservations, so it stays small; releasing
+// a reserved page needs its key.
+template <class Owner = char*>
 class page_owners {
  public:
   std::size_t size() const { return size_; }
-  // nullptr when the page has no owner here.
-  char* find(std::uint32_t page) const;
-  void insert(std::uint32_t page, char* key);
-  // Removes the page's owner and returns it (nullptr if none).
-  char* take(std::uint32_t page);
-  void clear() noexcept;
+  // Owner{} when the page has no owner here.
+  Owner find(std::uint32_t page) const {
+    const std::size_t i = index_of(page);
+    return i == npos ? Owner{} : slots_[i].owner;
+  }
+  void insert(std::uint32_t page, const Owner& owner) {
+    SHARD_CHECK(page != empty_page && !(owner == Owner{}));
+    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.empty() ? 16 : slots_.size() * 2);
+    std::size_t i = home(page);
+    while (slots_[i].page != empty_page) {
+      SHARD_CHECK(slots_[i].page != page);
+      i = (i + 1) & mask();
+    }
+    slots_[i] = slot{page, owner};
+    ++size_;
+  }
+  // Removes the page's owner and returns it (Owner{} if none).
+  Owner take(std::uint32_t page) {
+    std::size_t hole = index_of(page);
+    if (hole == npos) return Owner{};
+    const Owner owner = slots_[hole].owner;
+    for (std::size_t j = (hole + 1) & mask(); slots_[j].page != empty_page; j = (j + 1) & mask()) {
+      // Move the entry at j back into the hole unless its home lies in (hole, j].
+      const std::size_t h = home(slots_[j].page);
+      if (((j - h) & mask()) >= ((j - hole) & mask())) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = slot{};
+    --size_;
+    return owner;
+  }
+  void clear() noexcept {
+    std::vector<slot>().swap(slots_);
+    size_ = 0;
+    shift_ = 64;
+  }
 
   template <class Fn>
   void for_each(Fn&& fn) const {
     for (const slot& s : slots_) {
-      if (s.key != nullptr) fn(s.page, s.key);
+      if (s.page != empty_page) fn(s.page, s.owner);
     }
   }
 
  private:
+  static constexpr std::uint32_t empty_page = UINT32_MAX;  // beyond any page_pool page
+  static constexpr std::size_t npos = ~std::size_t{0};
   struct slot {
-    std::uint32_t page;
-    char* key;  // nullptr: empty slot
+    std::uint32_t page = empty_page;
+    Owner owner{};
   };
   std::size_t home(std::uint32_t page) const {
     return static_cast<std::size_t>((page * 0x9E3779B97F4A7C15ull) >> shift_);
   }
   std::size_t mask() const { return slots_.size() - 1; }
-  std::size_t index_of(std::uint32_t page) const;
-  void rehash(std::size_t capacity);
+  std::size_t index_of(std::uint32_t page) const {
+    if (size_ == 0) return npos;
+    for (std::size_t i = home(page);; i = (i + 1) & mask()) {
+      if (slots_[i].page == empty_page) return npos;
+      if (slots_[i].page == page) return i;
+    }
+  }
+  void rehash(std::size_t capacity) {
+    std::vector<slot> old(capacity);
+    old.swap(slots_);
+    shift_ = 64 - std::countr_zero(capacity);
+    for (const slot& s : old) {
+      if (s.page == empty_page) continue;
+      std::size_t i = home(s.page);
+      while (slots_[i].page != empty_page) i = (i + 1) & mask();
+      slots_[i] = s;
+    }
+  }
 
   std::vector<slot> slots_;
   std::size_t size_ = 0;

@@ -72,6 +72,12 @@ std::uint32_t page_pool::take_lowest() {
   return page;
 }
 
+void page_pool::take(std::uint32_t page) {
+  SHARD_CHECK(state(page) == page_state::free);
+  clear_free(page);
+  --free_count_;
+}
+
 void page_pool::bind(std::uint32_t page) {
   SHARD_CHECK(state(page) == page_state::reserved);
   bound_[page / 64] |= bit(page);

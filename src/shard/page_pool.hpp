@@ -30,6 +30,8 @@ class page_pool {
 
   // The lowest free page, now reserved. Precondition: free_count() > 0.
   std::uint32_t take_lowest();
+  // free → reserved, for one given page (recovery). Precondition: it is free.
+  void take(std::uint32_t page);
   // reserved → bound.
   void bind(std::uint32_t page);
   // reserved → free.

@@ -1,11 +1,12 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <unordered_map>
 
 #include "shard/check.hpp"
-#include "shard/key_map.hpp"
 #include "shard/page_pool.hpp"
+#include "shard/rank_keys.hpp"
 #include "shard/state.hpp"
 
 // rank_table: per rank, a page pool and a key → {page, reserved|confirmed} map, plus the
@@ -13,17 +14,9 @@
 namespace shard {
 namespace {
 
-struct entry {
-  std::uint32_t page : 31;
-  std::uint32_t confirmed : 1;
-};
-static_assert(sizeof(entry) == 4);
-static_assert(page_pool::pages_max < (std::uint32_t{1} << 31), "pages fit entry::page");
-
 struct rank_state {
   page_pool pool;
-  key_map<entry> keys;  // one entry per key: its page, reserved or confirmed
-  page_owners owners;   // reserved page → its key's bytes (owned by `keys`)
+  rank_keys keys;  // key → {page, reserved|confirmed}; reserved page → key
 };
 
 }  // namespace
@@ -32,7 +25,8 @@ struct rank_table::impl {
   std::unordered_map<std::int64_t, rank_state> ranks;
   std::uint64_t refused_releases = 0;
   // Scratch reused across calls, so steady-state calls do not allocate here.
-  std::vector<std::uint32_t> hashes;  // table_hash of each request key
+  std::vector<parsed_key> parsed;     // each request key, parsed
+  std::vector<std::uint32_t*> words;  // each confirmed key's stored word
   std::vector<std::uint32_t> seen;    // dedupe table: request key index + 1, 0 = empty
   std::vector<std::uint32_t> misses;  // offsets (from the first output) needing a page
 
@@ -45,12 +39,16 @@ struct rank_table::impl {
     return it == ranks.end() ? nullptr : &it->second;
   }
 
-  void hash_keys(std::span<const std::string_view> keys) {
-    hashes.resize(keys.size());
-    for (std::size_t i = 0; i < keys.size(); ++i) hashes[i] = table_hash(keys[i]);
+  // Parses every key and starts loading the lines its lookup will read.
+  void parse_keys(const rank_state& rs, std::span<const std::string_view> keys) {
+    parsed.resize(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      parse_key(keys[i], parsed[i]);
+      rs.keys.prefetch(parsed[i]);
+    }
   }
 
-  // Appends the index of each distinct key's first occurrence. Needs hash_keys first.
+  // Appends the index of each distinct key's first occurrence. Needs parse_keys first.
   void dedupe(std::span<const std::string_view> keys, std::vector<std::uint32_t>& out) {
     SHARD_CHECK(keys.size() < UINT32_MAX);
     if (keys.size() <= 1) {
@@ -61,7 +59,7 @@ struct rank_table::impl {
     const std::size_t mask = capacity - 1;
     seen.assign(capacity, 0);
     for (std::uint32_t i = 0; i < keys.size(); ++i) {
-      std::size_t slot = hashes[i] & mask;
+      std::size_t slot = parsed[i].hash & mask;
       for (;; slot = (slot + 1) & mask) {
         const std::uint32_t other = seen[slot];
         if (other == 0) {
@@ -69,12 +67,14 @@ struct rank_table::impl {
           out.push_back(i);
           break;
         }
-        if (hashes[other - 1] == hashes[i] && keys[other - 1] == keys[i]) break;
+        if (parsed[other - 1].hash == parsed[i].hash && keys[other - 1] == keys[i]) break;
       }
     }
   }
 
-  std::string validate_confirm(std::int64_t rank, const rank_state& rs,
+  // Also leaves each key's word in `words` for the confirm loop (no insert or erase
+  // happens in between, so the pointers stay valid).
+  std::string validate_confirm(std::int64_t rank, rank_state& rs,
                                std::span<const std::string_view> keys,
                                std::span<const std::int64_t> pages,
                                std::span<const std::int64_t> releases);
@@ -110,15 +110,15 @@ bool rank_table::allocate(std::int64_t rank, std::span<const std::string_view> k
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
   impl& m = *impl_;
-  m.hash_keys(keys);
+  m.parse_keys(*rs, keys);
   const std::size_t distinct_base = distinct_out.size();
   m.dedupe(keys, distinct_out);
   const std::size_t pages_base = pages_out.size();
   m.misses.clear();
   for (std::size_t k = distinct_base; k < distinct_out.size(); ++k) {
     const std::uint32_t i = distinct_out[k];
-    if (const auto* s = rs->keys.find(keys[i], m.hashes[i])) {
-      pages_out.push_back(s->value.page);  // held already: reserved or confirmed
+    if (const std::uint32_t* word = rs->keys.find(keys[i], m.parsed[i])) {
+      pages_out.push_back(entry_word::page(*word));  // held already: reserved or confirmed
     } else {
       pages_out.push_back(-1);
       m.misses.push_back(static_cast<std::uint32_t>(k - distinct_base));
@@ -129,25 +129,26 @@ bool rank_table::allocate(std::int64_t rank, std::span<const std::string_view> k
   for (const std::uint32_t offset : m.misses) {
     const std::uint32_t i = distinct_out[distinct_base + offset];
     const std::uint32_t page = rs->pool.take_lowest();
-    const auto& s = rs->keys.insert_new(keys[i], m.hashes[i], entry{page, 0});
-    rs->owners.insert(page, s.key);
+    rs->keys.reserve(keys[i], m.parsed[i], page);
     pages_out[pages_base + offset] = page;
   }
   return true;
 }
 
-std::string rank_table::impl::validate_confirm(std::int64_t rank, const rank_state& rs,
+std::string rank_table::impl::validate_confirm(std::int64_t rank, rank_state& rs,
                                                std::span<const std::string_view> keys,
                                                std::span<const std::int64_t> pages,
                                                std::span<const std::int64_t> releases) {
   const std::int64_t num_pages = rs.pool.num_pages();
+  words.resize(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const std::int64_t page = pages[i];
     if (page < 0 || page >= num_pages) {
       return fmt::format("Page {} out of range for rank {} (num_pages {})", page, rank, num_pages);
     }
-    const auto* s = rs.keys.find(keys[i], hashes[i]);
-    if (s != nullptr && s->value.page == page) continue;  // reserved for it or bound to it
+    std::uint32_t* word = rs.keys.find(keys[i], parsed[i]);
+    words[i] = word;
+    if (word != nullptr && entry_word::page(*word) == page) continue;  // reserved or bound
     // Every earlier confirmation was valid, so page p is held by keys[j] if pages[j] == p.
     for (std::size_t j = 0; j < i; ++j) {
       if (pages[j] == page && keys[j] != keys[i]) {
@@ -172,16 +173,10 @@ void rank_table::impl::release(rank_state& rs, std::uint32_t page) {
     case page_state::bound:
       ++refused_releases;  // a live cache hit: freeing it would let another key overwrite it
       return;
-    case page_state::reserved: {
-      char* owner = rs.owners.take(page);
-      SHARD_CHECK(owner != nullptr);
-      const std::string_view key = key_blob::view(owner);
-      auto* s = rs.keys.find(key, table_hash(key));
-      SHARD_CHECK(s != nullptr && s->key == owner && !s->value.confirmed && s->value.page == page);
-      rs.keys.erase(*s);  // frees `owner`
+    case page_state::reserved:
+      rs.keys.release_reserved(page);
       rs.pool.release(page);
       return;
-    }
   }
 }
 
@@ -193,23 +188,41 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return confirm_outcome::not_initialized;
   impl& m = *impl_;
-  m.hash_keys(keys);
+  m.parse_keys(*rs, keys);
   if (std::string error = m.validate_confirm(rank, *rs, keys, pages, releases); !error.empty()) {
     detail = std::move(error);
     return confirm_outcome::bad_request;
   }
   for (std::uint32_t i = 0; i < keys.size(); ++i) {
-    auto* s = rs->keys.find(keys[i], m.hashes[i]);
-    SHARD_CHECK(s != nullptr && s->value.page == pages[i]);
-    if (s->value.confirmed) continue;  // bound to this key already: a no-op
-    const std::uint32_t page = s->value.page;
-    SHARD_CHECK(rs->owners.take(page) == s->key);
+    std::uint32_t* word = m.words[i];
+    SHARD_CHECK(word != nullptr && entry_word::page(*word) == pages[i]);
+    if (entry_word::confirmed(*word)) continue;  // bound to this key already: a no-op
+    const std::uint32_t page = entry_word::page(*word);
+    SHARD_CHECK(rank_keys::names(rs->keys.owners.take(page), keys[i], m.parsed[i]));
     rs->pool.bind(page);
-    s->value.confirmed = 1;
+    *word = entry_word::make(page, true);
     newly_confirmed_out.push_back(i);
   }
   for (const std::int64_t page : releases) m.release(*rs, static_cast<std::uint32_t>(page));
   return confirm_outcome::ok;
+}
+
+bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t page,
+                         bool confirmed) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr || page < 0 || page >= rs->pool.num_pages()) return false;
+  const auto p = static_cast<std::uint32_t>(page);
+  parsed_key parsed;
+  parse_key(key, parsed);
+  if (rs->pool.state(p) != page_state::free || rs->keys.find(key, parsed) != nullptr) return false;
+  rs->pool.take(p);
+  rs->keys.reserve(key, parsed, p);
+  if (confirmed) {
+    SHARD_CHECK(rank_keys::names(rs->keys.owners.take(p), key, parsed));
+    rs->pool.bind(p);
+    *rs->keys.find(key, parsed) = entry_word::make(p, true);
+  }
+  return true;
 }
 
 bool rank_table::confirmed_pages(std::int64_t rank, std::span<const std::string_view> keys,
@@ -217,9 +230,22 @@ bool rank_table::confirmed_pages(std::int64_t rank, std::span<const std::string_
   SHARD_CHECK(keys.size() == pages_out.size());
   const rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    const auto* s = rs->keys.find(keys[i], table_hash(keys[i]));
-    pages_out[i] = s != nullptr && s->value.confirmed ? std::int64_t{s->value.page} : -1;
+  // In groups: parse and prefetch a group's keys, then look them up, so the cache misses
+  // of a group overlap instead of queueing one after another.
+  constexpr std::size_t group = 16;
+  parsed_key parsed[group];
+  for (std::size_t first = 0; first < keys.size(); first += group) {
+    const std::size_t n = std::min(group, keys.size() - first);
+    for (std::size_t g = 0; g < n; ++g) {
+      parse_key(keys[first + g], parsed[g]);
+      rs->keys.prefetch(parsed[g]);
+    }
+    for (std::size_t g = 0; g < n; ++g) {
+      const std::uint32_t* word = rs->keys.find(keys[first + g], parsed[g]);
+      pages_out[first + g] = word != nullptr && entry_word::confirmed(*word)
+                                 ? std::int64_t{entry_word::page(*word)}
+                                 : -1;
+    }
   }
   return true;
 }
@@ -235,8 +261,26 @@ void rank_table::for_each_rank_impl(void* visit,
                                     void (*call)(void*, std::int64_t, const rank_stats&)) const {
   for (const auto& [rank, rs] : impl_->ranks) {
     const page_pool& pool = rs.pool;
-    call(visit, rank,
-         rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()});
+    call(
+        visit, rank,
+        rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()});
+  }
+}
+
+void rank_table::for_each_entry_impl(void* visit,
+                                     void (*call)(void*, std::int64_t, std::string_view,
+                                                  std::int64_t, bool)) const {
+  char text[packed_key_chars];
+  for (const auto& [rank, rs] : impl_->ranks) {
+    rs.keys.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+      unpack_hex_key(k, text);
+      call(visit, rank, std::string_view(text, sizeof text), entry_word::page(word),
+           entry_word::confirmed(word));
+    });
+    rs.keys.others.for_each([&](const key_map<std::uint32_t>::slot& s) {
+      call(visit, rank, key_blob::view(s.key), entry_word::page(s.value),
+           entry_word::confirmed(s.value));
+    });
   }
 }
 
@@ -244,51 +288,10 @@ std::size_t rank_table::rank_count() const { return impl_->ranks.size(); }
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }
 void rank_table::clear() { impl_->ranks.clear(); }
 
-namespace {
-
-std::string check_rank(const rank_state& rs) {
-  if (std::string e = rs.pool.check(); !e.empty()) return e;
-  const std::uint32_t num_pages = rs.pool.num_pages();
-  std::vector<std::uint64_t> held((num_pages + 63) / 64, 0);
-  std::size_t reserved = 0, confirmed = 0;
-  std::string error;
-  rs.keys.for_each([&](const key_map<entry>::slot& s) {
-    if (!error.empty()) return;
-    const std::string_view key = key_blob::view(s.key);
-    const std::uint32_t page = s.value.page;
-    if (s.hash != table_hash(key) || rs.keys.find(key, s.hash) != &s) {
-      error = fmt::format("key {} is not reachable in the key map", key);
-    } else if (page >= num_pages) {
-      error = fmt::format("key {} holds page {} beyond num_pages {}", key, page, num_pages);
-    } else if (held[page / 64] & (std::uint64_t{1} << (page % 64))) {
-      error = fmt::format("page {} is held by two keys", page);
-    } else if (s.value.confirmed && rs.pool.state(page) != page_state::bound) {
-      error = fmt::format("key {} is confirmed on page {} but the page is not bound", key, page);
-    } else if (!s.value.confirmed && rs.pool.state(page) != page_state::reserved) {
-      error = fmt::format("key {} reserves page {} but the page is not reserved", key, page);
-    } else if (!s.value.confirmed && rs.owners.find(page) != s.key) {
-      error = fmt::format("reserved page {} does not point back to key {}", page, key);
-    }
-    if (!error.empty()) return;
-    held[page / 64] |= std::uint64_t{1} << (page % 64);
-    ++(s.value.confirmed ? confirmed : reserved);
-  });
-  if (!error.empty()) return error;
-  if (confirmed != rs.pool.bound_count()) {
-    return fmt::format("{} confirmed keys but {} bound pages", confirmed, rs.pool.bound_count());
-  }
-  if (reserved != rs.pool.reserved_count() || reserved != rs.owners.size()) {
-    return fmt::format("{} reserving keys, {} reserved pages, {} page owners", reserved,
-                       rs.pool.reserved_count(), rs.owners.size());
-  }
-  return {};
-}
-
-}  // namespace
-
 std::string rank_table::check_invariants() const {
   for (const auto& [rank, rs] : impl_->ranks) {
-    if (std::string e = check_rank(rs); !e.empty()) return fmt::format("rank {}: {}", rank, e);
+    if (std::string e = rs.keys.check(rs.pool); !e.empty())
+      return fmt::format("rank {}: {}", rank, e);
   }
   return {};
 }

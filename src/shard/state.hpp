@@ -71,6 +71,17 @@ class rank_table {
       (*static_cast<Visit*>(v))(rank, s);
     });
   }
+  // Calls visit(rank, key, page, confirmed) for every reserved or bound page (snapshots).
+  template <typename Visit>
+  void for_each_entry(Visit&& visit) const {
+    for_each_entry_impl(
+        &visit, [](void* v, std::int64_t rank, std::string_view key, std::int64_t page,
+                   bool confirmed) { (*static_cast<Visit*>(v))(rank, key, page, confirmed); });
+  }
+  // Recovery: puts `key` on `page` of an initialised rank, reserved or bound. False if
+  // the rank is absent, the page is out of range or taken, or the key already has one.
+  bool restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed);
+
   std::size_t rank_count() const;
   // Releases refused because the page was bound to a confirmed key (a metric).
   std::uint64_t refused_releases() const;
@@ -82,8 +93,9 @@ class rank_table {
   std::string check_invariants() const;
 
  private:
-  void for_each_rank_impl(void* visit,
-                          void (*call)(void*, std::int64_t, const rank_stats&)) const;
+  void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;
+  void for_each_entry_impl(void* visit, void (*call)(void*, std::int64_t, std::string_view,
+                                                     std::int64_t, bool)) const;
 
   struct impl;
   std::unique_ptr<impl> impl_;
@@ -101,9 +113,22 @@ class directory {
   // Confirmed by >= tp_world_size ranks.
   bool complete(std::string_view key) const;
   std::size_t size() const;
+  // Calls visit(key, tp_world_size, count) for every key (snapshots).
+  template <typename Visit>
+  void for_each_key(Visit&& visit) const {
+    for_each_key_impl(&visit,
+                      [](void* v, std::string_view key, std::int32_t tp, std::int32_t count) {
+                        (*static_cast<Visit*>(v))(key, tp, count);
+                      });
+  }
+  // Recovery: sets a key's entry outright.
+  void restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count);
   void clear();
 
  private:
+  void for_each_key_impl(void* visit,
+                         void (*call)(void*, std::string_view, std::int32_t, std::int32_t)) const;
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -1,0 +1,125 @@
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shard/state.hpp"
+
+// Heap cost of the shard state at the reference size: 8 ranks of 2M pages, 1M
+// 32-hex keys confirmed on every rank (8M bindings) plus the directory entry of each key.
+// Measured as malloc's live bytes (arena + mmapped chunks) before and after.
+namespace shard {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+#else
+constexpr bool sanitized = false;
+#endif
+
+std::size_t heap_bytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Key i as 32 lowercase hex characters at `out`.
+void write_key(char* out, std::uint64_t i) {
+  static constexpr char digits[] = "0123456789abcdef";
+  const std::uint64_t halves[2] = {splitmix64(i), splitmix64(i ^ 0x5851F42D4C957F2Dull)};
+  for (int h = 0; h < 2; ++h) {
+    for (int c = 0; c < 16; ++c) out[h * 16 + c] = digits[(halves[h] >> (60 - 4 * c)) & 0xF];
+  }
+}
+
+TEST(ShardMemory, BindingsOfHexKeysCostAtMost32BytesAndPagesAtMost1Byte) {
+  constexpr int ranks = 8;
+  constexpr std::int64_t pages = 2'097'152;
+  // Under sanitizers the allocator is not glibc's (mallinfo2 says nothing) and the run
+  // is ~20x slower: exercise a tenth of it, assert nothing about bytes.
+  const std::uint64_t keys = sanitized ? 100'000 : 1'000'000;
+  constexpr std::size_t batch = 128;
+
+  // Every buffer the loop uses is allocated before the first measurement.
+  std::string text(batch * 32, '\0');
+  std::vector<std::string_view> views(batch);
+  std::vector<std::uint32_t> distinct, fresh;
+  std::vector<std::int64_t> got;
+  distinct.reserve(batch);
+  fresh.reserve(batch);
+  got.reserve(batch);
+  std::string detail;
+  detail.reserve(256);
+  rank_table table;
+  directory dir;
+  // Warm the tables' scratch vectors so their growth is not counted as pool bytes.
+  ASSERT_EQ(table.initialize(99, 1).outcome, init_outcome::created);
+
+  const std::size_t before_pools = heap_bytes();
+  for (int r = 0; r < ranks; ++r) table.initialize(r, pages);
+  const std::size_t before_keys = heap_bytes();
+
+  for (std::uint64_t first = 0; first < keys; first += batch) {
+    const std::size_t n = std::min<std::uint64_t>(batch, keys - first);
+    for (std::size_t i = 0; i < n; ++i) {
+      write_key(text.data() + i * 32, first + i);
+      views[i] = std::string_view(text.data() + i * 32, 32);
+    }
+    const std::span<const std::string_view> batch_keys(views.data(), n);
+    for (int r = 0; r < ranks; ++r) {
+      distinct.clear();
+      got.clear();
+      fresh.clear();
+      ASSERT_TRUE(table.allocate(r, batch_keys, distinct, got));
+      ASSERT_EQ(got.size(), n);
+      ASSERT_EQ(table.confirm(r, batch_keys, got, {}, detail, fresh), confirm_outcome::ok)
+          << detail;
+      ASSERT_EQ(fresh.size(), n);
+      for (std::uint32_t i : fresh) dir.add_confirmation(batch_keys[i], ranks);
+    }
+  }
+  const std::size_t after_keys = heap_bytes();
+
+  ASSERT_EQ(dir.size(), keys);
+  for (std::uint64_t i = 0; i < keys; i += keys / 1000) {
+    write_key(text.data(), i);
+    const std::string_view k(text.data(), 32);
+    ASSERT_TRUE(dir.complete(k));
+    std::int64_t page = -1;
+    ASSERT_TRUE(table.confirmed_pages(static_cast<std::int64_t>(i % ranks), {&k, 1}, {&page, 1}));
+    ASSERT_GE(page, 0);
+  }
+  for (int r = 0; r < ranks; ++r) ASSERT_EQ(table.stats(r)->bound, static_cast<std::int64_t>(keys));
+
+  const double per_page = static_cast<double>(before_keys - before_pools) /
+                          (double{ranks} * static_cast<double>(pages));
+  const double per_binding =
+      static_cast<double>(after_keys - before_keys) / (double{ranks} * static_cast<double>(keys));
+  std::printf("  %d ranks x %lld pages: %.3f bytes/page\n", ranks, static_cast<long long>(pages),
+              per_page);
+  std::printf("  %llu keys x %d ranks + directory: %.2f bytes/binding\n",
+              static_cast<unsigned long long>(keys), ranks, per_binding);
+  RecordProperty("bytes_per_page", std::to_string(per_page));
+  RecordProperty("bytes_per_binding", std::to_string(per_binding));
+  if (sanitized) return;
+  EXPECT_LE(per_page, 1.0);
+  EXPECT_LE(per_binding, 32.0);
+}
+
+}  // namespace
+}  // namespace shard

@@ -1,0 +1,185 @@
+#include "shard/packed_map.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "shard/packed_key.hpp"
+#include "shard/rank_keys.hpp"
+
+namespace shard {
+namespace {
+
+std::string hex_of(const packed_key& k) {
+  std::string s(packed_key_chars, '\0');
+  unpack_hex_key(k, s.data());
+  return s;
+}
+
+TEST(PackedKey, RoundTripsLowercaseHexExactly) {
+  std::mt19937_64 rng(11);
+  for (int n = 0; n < 10000; ++n) {
+    char text[33];
+    std::snprintf(text, sizeof text, "%016llx%016llx", (unsigned long long)rng(),
+                  (unsigned long long)rng());
+    packed_key k;
+    ASSERT_TRUE(pack_hex_key(text, k)) << text;
+    packed_key scalar;
+    ASSERT_TRUE(packed_detail::pack_scalar(text, scalar));
+    ASSERT_EQ(k, scalar) << text;
+    ASSERT_EQ(hex_of(k), text);
+  }
+  packed_key zero;
+  ASSERT_TRUE(pack_hex_key(std::string(32, '0'), zero));
+  EXPECT_EQ(zero, packed_key{});
+  packed_key ones;
+  ASSERT_TRUE(pack_hex_key(std::string(32, 'f'), ones));
+  EXPECT_EQ(ones, (packed_key{~0ull, ~0ull}));
+  EXPECT_EQ(hex_of(ones), std::string(32, 'f'));
+}
+
+TEST(PackedKey, RefusesEveryNonLowercaseHexCharacterAtEveryPosition) {
+  const std::string base = "0123456789abcdef0123456789abcdef";
+  for (std::size_t pos = 0; pos < base.size(); ++pos) {
+    for (int c = 0; c < 256; ++c) {
+      std::string key = base;
+      key[pos] = static_cast<char>(c);
+      const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+      packed_key k;
+      ASSERT_EQ(pack_hex_key(key, k), hex) << pos << " " << c;
+      ASSERT_EQ(packed_detail::pack_scalar(key.data(), k), hex) << pos << " " << c;
+      if (hex) {
+        ASSERT_EQ(hex_of(k), key);
+      }
+    }
+  }
+}
+
+TEST(PackedKey, OnlyExactly32CharactersPack) {
+  packed_key k;
+  for (std::size_t len : {0, 1, 16, 31, 33, 64}) {
+    EXPECT_FALSE(pack_hex_key(std::string(len, 'a'), k)) << len;
+  }
+  EXPECT_FALSE(pack_hex_key("0123456789ABCDEF0123456789ABCDEF", k));  // uppercase: another key
+}
+
+packed_key key_n(std::uint64_t n) { return packed_key{n * 0x9E3779B97F4A7C15ull, n}; }
+
+TEST(PackedMap, InsertFindEraseAgreeWithStdMap) {
+  packed_map map;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint32_t> model;
+  std::mt19937 rng(5);
+  for (int step = 0; step < 200000; ++step) {
+    // key 0 is the all-zero key, whose bytes equal an empty slot's.
+    const packed_key k = key_n(rng() % 20000);
+    const auto mk = std::make_pair(k.lo, k.hi);
+    std::uint32_t* v = map.find(k, packed_hash(k));
+    auto it = model.find(mk);
+    ASSERT_EQ(v != nullptr, it != model.end()) << step;
+    if (v != nullptr) {
+      ASSERT_EQ(*v, it->second);
+      if (rng() % 3 == 0) {
+        map.erase(v);
+        model.erase(it);
+      } else {
+        *v = static_cast<std::uint32_t>(step) + 1;
+        it->second = *v;
+      }
+    } else {
+      map.insert_new(k, packed_hash(k), static_cast<std::uint32_t>(step) + 1);
+      model[mk] = static_cast<std::uint32_t>(step) + 1;
+    }
+    ASSERT_EQ(map.size(), model.size());
+  }
+  std::size_t seen = 0;
+  map.for_each([&](const packed_key& k, const std::uint32_t& v) {
+    ++seen;
+    EXPECT_EQ(model.at({k.lo, k.hi}), v);
+    EXPECT_EQ(map.find(k, packed_hash(k)), &v);
+  });
+  EXPECT_EQ(seen, model.size());
+  EXPECT_EQ(map.stash_size(), 0u);
+}
+
+TEST(PackedMap, StaysWithinItsLoadBoundsAsItGrows) {
+  packed_map map;
+  for (std::uint64_t n = 1; n <= 300000; ++n) {
+    const packed_key k = key_n(n);
+    map.insert_new(k, packed_hash(k), 1);
+    if (map.capacity() >= 8192) {
+      ASSERT_LE(map.size(), map.max_size()) << n;
+      ASSERT_LE(map.max_size() * 10, map.capacity() * 9) << n;
+      ASSERT_GE(map.size() * 100, map.capacity() * 71) << n;  // 0.9 / 1.25 after growth
+    }
+  }
+  EXPECT_EQ(map.stash_size(), 0u);
+  for (std::uint64_t n = 1; n <= 300000; ++n)
+    ASSERT_NE(map.find(key_n(n), packed_hash(key_n(n))), nullptr);
+}
+
+std::uint64_t colliding_hash(const packed_key& k) noexcept {
+  return k.lo < 1000 ? 0x1234567890abcdefull : packed_hash(k);
+}
+
+TEST(PackedMap, EqualHashesGoToTheStashAndStayFindable) {
+  // 40 keys share one hash: 8 fit in their two buckets, the rest must still work.
+  packed_map map(colliding_hash);
+  auto find = [&](const packed_key& k) { return map.find(k, colliding_hash(k)); };
+  auto small = [](std::uint64_t i) { return packed_key{i, i}; };
+  for (std::uint32_t i = 1; i <= 40; ++i) map.insert_new(small(i), colliding_hash(small(i)), i);
+  for (std::uint32_t i = 100; i < 1100; ++i) map.insert_new(key_n(i), colliding_hash(key_n(i)), i);
+  EXPECT_GT(map.stash_size(), 0u);
+  for (std::uint32_t i = 1; i <= 40; ++i) {
+    const std::uint32_t* v = find(small(i));
+    ASSERT_NE(v, nullptr) << i;
+    EXPECT_EQ(*v, i);
+  }
+  std::size_t visited = 0;
+  map.for_each([&](const packed_key& k, const std::uint32_t& v) {
+    ++visited;
+    EXPECT_EQ(find(k), &v);
+  });
+  EXPECT_EQ(visited, map.size());
+  for (std::uint32_t i = 1; i <= 40; i += 2) map.erase(find(small(i)));
+  for (std::uint32_t i = 1; i <= 40; ++i) {
+    const std::uint32_t* v = find(small(i));
+    if (i % 2 == 1) {
+      EXPECT_EQ(v, nullptr) << i;
+    } else {
+      ASSERT_NE(v, nullptr) << i;
+      EXPECT_EQ(*v, i);
+    }
+  }
+  EXPECT_EQ(map.size(), 20u + 1000u);
+  for (std::uint32_t i = 100; i < 1100; ++i) ASSERT_NE(find(key_n(i)), nullptr);
+}
+
+TEST(PackedMap, ClearAndMoveKeepOrDropEverything) {
+  packed_map map;
+  for (std::uint32_t i = 0; i < 1000; ++i) map.insert_new(key_n(i), packed_hash(key_n(i)), i + 1);
+  packed_map moved(std::move(map));
+  EXPECT_EQ(map.size(), 0u);
+  EXPECT_EQ(map.find(key_n(5), packed_hash(key_n(5))), nullptr);
+  EXPECT_EQ(*moved.find(key_n(5), packed_hash(key_n(5))), 6u);
+  moved.clear();
+  EXPECT_EQ(moved.size(), 0u);
+  EXPECT_EQ(moved.memory_bytes(), 0u);
+  EXPECT_EQ(moved.find(key_n(5), packed_hash(key_n(5))), nullptr);
+}
+
+TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
+  for (std::uint32_t page : {0u, 1u, 0x3FFFFFFFu, 0x40000000u, page_pool::pages_max - 1}) {
+    for (bool confirmed : {false, true}) {
+      const std::uint32_t w = entry_word::make(page, confirmed);
+      EXPECT_NE(w, 0u);
+      EXPECT_EQ(entry_word::page(w), page);
+      EXPECT_EQ(entry_word::confirmed(w), confirmed);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shard
