@@ -76,8 +76,8 @@ cpu_ticks() {
 }
 
 wait_port() {
-  local i
-  for i in $(seq 100); do
+  local _
+  for _ in $(seq 100); do
     curl -s -o /dev/null -m 1 "http://127.0.0.1:$1/" && return 0
     sleep 0.05
   done
@@ -129,7 +129,9 @@ EOF
   nginx_pids=($!)
   wait_port "$nginx_port"
   # Count the worker's CPU too (the master only forks it).
-  nginx_pids+=($(pgrep -P "${nginx_pids[0]}"))
+  local workers
+  mapfile -t workers < <(pgrep -P "${nginx_pids[0]}")
+  nginx_pids+=("${workers[@]}")
 }
 
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
@@ -142,14 +144,14 @@ rows="$tmp/rows"
 wrk_case() {  # name transport port script threads connections cpus pids...
   local name=$1 io=$2 port=$3 script=$4 threads=$5 conns=$6 cpus=$7
   shift 7
-  local url="http://127.0.0.1:$port" run out t0 t1 bad=0
+  local url="http://127.0.0.1:$port" run out t0 t1 req bad=0
   local -a rps=() p50=() p99=() cpu=()
   taskset -c "$cpus" wrk -t"$threads" -c"$conns" -d"${warmup}s" -s "$wrk_dir/$script" "$url" >"$tmp/warm.log"
   for run in $(seq "$runs"); do
     t0=$(cpu_ticks "$@")
     out=$(taskset -c "$cpus" wrk -t"$threads" -c"$conns" -d"${seconds}s" --latency -s "$wrk_dir/$script" "$url" | grep METAD_WRK)
     t1=$(cpu_ticks "$@")
-    local req=$(field requests <<<"$out")
+    req=$(field requests <<<"$out")
     rps+=("$(field rps <<<"$out")")
     p50+=("$(field p50_us <<<"$out")")
     p99+=("$(field p99_us <<<"$out")")
@@ -177,9 +179,9 @@ replay_case() {  # transport rate
     awk -F'|' -v run="$run" -v cpu="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$total" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')" \
       '/^\| (batch|confirm|get)/ {gsub(/ /, ""); print $2, $4, $6, $7, $5, cpu}' "$tmp/replay.log" >>"$tmp/replay.rows"
   done
-  local ep
+  local ep sel
   for ep in batch_exists batch_allocate confirm_write get_locations; do
-    local sel=$(grep "^$ep " "$tmp/replay.rows")
+    sel=$(grep "^$ep " "$tmp/replay.rows")
     echo "$label: $ep|$io|$(awk '{print $2}' <<<"$sel" | median)|$(awk '{print $3}' <<<"$sel" | median)|$(awk '{print $4}' <<<"$sel" | median)|$(awk '{print $6}' <<<"$sel" | median)|$(awk '{s += $5} END {print s}' <<<"$sel")" >>"$rows"
   done
 }

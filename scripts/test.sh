@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs what is missing, then builds and runs every test three times:
+# Installs what is missing, then builds and runs every test:
 #   1. under AddressSanitizer + UndefinedBehaviorSanitizer (every test),
-#   2. under ThreadSanitizer (the cross-core code: mailbox, server pipeline, e2e),
-#   3. the release build (every test) — its ctest summary is the last line.
+#   2. under ThreadSanitizer (the cross-core code: mailbox, pipeline, durability, e2e),
+#   3. the libFuzzer harnesses for 30 s each (clang, ASan + UBSan),
+#   4. the release build: a one-minute soak at 256 connections, then every test — its
+#      ctest summary is the last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
@@ -17,8 +19,14 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 echo "== TSan (cross-core) =="
 dir=$(scripts/build.sh tsan)
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  ctest --test-dir "$dir" -j"$jobs" --timeout 600 -R '^(Mailbox|Pipeline|e2e_cpp)'
+  ctest --test-dir "$dir" -j"$jobs" --timeout 600 -R '^(Mailbox|.*Pipeline|Durability|e2e_cpp)'
+
+echo "== Fuzzing =="
+scripts/fuzz.sh 30
+
+echo "== Release: soak =="
+dir=$(scripts/build.sh release)
+/usr/bin/python3 bench/soak/soak.py --binary "$dir/hf3fs-metad" --seconds 60 --connections 256
 
 echo "== Release =="
-dir=$(scripts/build.sh release)
 ctest --test-dir "$dir" -j"$jobs" --timeout 600

@@ -41,6 +41,12 @@ metadata server; same HTTP API, default port 18000).
   --admin-token-file F      require this token instead for /clear
   --access-log              one log line per request
   --summary-interval-ms N   periodic one-line summary at info level (default 10000; 0: off)
+  --data-dir DIR            keep state in DIR (per-core logs + snapshots) and recover it
+                            on start; without it, state lives in memory only
+  --durability sync|none    sync (default): answer a mutating request only after its log
+                            records are fdatasynced; none: log without syncing or waiting
+  --snapshot-log-bytes N    snapshot a core and start a new log segment past N log bytes
+                            (default 268435456)
   --log-level LEVEL         error|warn|info|debug (default info)
   --help                    this text
   --version                 print the version
@@ -165,6 +171,17 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.admin_token = read_token(flag, value);
     } else if (flag == "--summary-interval-ms") {
       cfg.summary_interval_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag == "--data-dir") {
+      cfg.data_dir = value;
+    } else if (flag == "--durability") {
+      if (value == "sync")
+        cfg.durable = metad::durability::sync;
+      else if (value == "none")
+        cfg.durable = metad::durability::none;
+      else
+        throw usage_error("--durability: expected sync or none");
+    } else if (flag == "--snapshot-log-bytes") {
+      cfg.snapshot_log_bytes = parse_int<std::uint64_t>(flag, value, 4096, std::uint64_t{1} << 40);
     } else if (flag == "--log-level") {
       if (value == "error")
         cfg.log = metad::log_level::error;
@@ -204,6 +221,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGXFSZ, SIG_IGN);  // a file size limit makes writes fail (EFBIG), not kill us
 
   try {
     metad::server server(cfg);

@@ -11,6 +11,9 @@ namespace metad {
 
 enum class io_mode { automatic, uring, epoll };
 enum class log_level { error, warn, info, debug };
+// sync: a mutating request is answered after its log records are fdatasynced.
+// none: records are written by the loop but not synced, and nobody waits for them.
+enum class durability { sync, none };
 
 struct config {
   std::string host = "127.0.0.1";
@@ -38,6 +41,12 @@ struct config {
   std::string admin_token;
   bool access_log = false;
   std::uint32_t summary_interval_ms = 10'000;  // periodic one-line summary at info; 0: off
+
+  // Empty: state lives in memory only.
+  std::string data_dir;
+  durability durable = durability::sync;
+  // A core snapshots its state and starts a new log segment past this many log bytes.
+  std::uint64_t snapshot_log_bytes = 256u << 20;
 };
 
 }  // namespace metad

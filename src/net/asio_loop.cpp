@@ -5,6 +5,9 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <utility>
+
 #include <array>
 #include <asio.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -71,6 +74,7 @@ class asio_loop {
     for (;;) {
       ctx_.poll();
       hooks_.poll();
+      flush();
       if (!stopping_ && hooks_.stopping()) begin_stop();
       if (stopping_ && connections_.empty() && hooks_.may_exit()) break;
       if (hooks_.prepare_sleep()) {
@@ -173,8 +177,32 @@ class asio_loop {
       auto [ec] = co_await tick_.async_wait(use_tuple);
       if (ec) co_return;
       sweep();
+      retry_flush_ = true;
       hooks_.tick();
     }
+  }
+
+  // Group commit, synchronously: this transport blocks its core for the write and the
+  // fdatasync (the uring transport submits both and keeps serving).
+  void flush() {
+    flush_job job;
+    if (!hooks_.take_flush(job, std::exchange(retry_flush_, false))) return;
+    long written = 0;
+    while (static_cast<std::size_t>(written) < job.bytes) {
+      const ssize_t n =
+          ::pwrite(job.fd, job.data + written, job.bytes - static_cast<std::size_t>(written),
+                   static_cast<off_t>(job.offset + static_cast<std::uint64_t>(written)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        written = n < 0 ? -errno : written;
+        break;
+      }
+      written += n;
+    }
+    const int synced =
+        job.sync && written == static_cast<long>(job.bytes) && ::fdatasync(job.fd) != 0 ? -errno
+                                                                                        : 0;
+    hooks_.flush_done(written, synced);
   }
 
   void sweep() {
@@ -225,6 +253,7 @@ class asio_loop {
   std::vector<connection*> connections_;
   std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   bool stopping_ = false;
+  bool retry_flush_ = false;
   clock::time_point stop_deadline_;
 };
 

@@ -44,6 +44,16 @@ class connection_handler {
   virtual bool mid_request() const = 0;
 };
 
+// A durable write the loop performs for the server (its log's group commit): write
+// `bytes` at `offset` of `fd`, then fdatasync it if `sync`.
+struct flush_job {
+  int fd = -1;
+  const char* data = nullptr;
+  std::size_t bytes = 0;
+  std::uint64_t offset = 0;
+  bool sync = true;
+};
+
 // The server side of one core's loop.
 class core_hooks {
  public:
@@ -62,6 +72,11 @@ class core_hooks {
   virtual bool may_exit() = 0;
   // Called about every 250 ms (timeouts are swept at the same pace).
   virtual void tick() = 0;
+  // Once per loop iteration when no flush is in flight: a write to issue now, if any.
+  // retry_failed: the tick came by, so a write that failed may be tried again.
+  virtual bool take_flush(flush_job& job, bool retry_failed) = 0;
+  // The write's result (bytes or -errno) and the fdatasync's (0 or -errno).
+  virtual void flush_done(long written, int synced) = 0;
 
  protected:
   ~core_hooks() = default;
@@ -80,7 +95,6 @@ struct loop_options {
   std::uint32_t connections_max = 16'384;
   loop_stats* stats = nullptr;  // required
 };
-
 
 // Run until hooks.may_exit(). Throw std::system_error if the loop cannot start.
 void run_uring_loop(const loop_options& options, core_hooks& hooks);

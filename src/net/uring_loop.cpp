@@ -115,6 +115,9 @@ class uring_loop {
   void shut(connection* c);
   void sweep();
   void begin_stop();
+  void maybe_flush();
+  void on_write(const io_uring_cqe& cqe);
+  void on_sync(const io_uring_cqe& cqe);
 
   loop_options options_;
   core_hooks& hooks_;
@@ -123,7 +126,11 @@ class uring_loop {
   std::vector<connection*> connections_;
   std::vector<connection*> ready_;
   std::vector<listener> listeners_;
-  loop_completion wake_done_, tick_done_;
+  loop_completion wake_done_, tick_done_, write_done_, sync_done_;
+  bool flush_in_flight_ = false;
+  bool flush_syncs_ = false;
+  bool retry_flush_ = false;
+  long flush_written_ = 0;
   completion ignored_;
   std::uint64_t wake_buffer_ = 0;
   std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
@@ -160,6 +167,8 @@ uring_loop::uring_loop(const loop_options& options, core_hooks& hooks)
     };
   }
   wake_done_.bind(this, &uring_loop::on_wake);
+  write_done_.bind(this, &uring_loop::on_write);
+  sync_done_.bind(this, &uring_loop::on_sync);
   tick_done_.bind(this, &uring_loop::on_tick);
   ignored_.on_cqe = [](completion*, const io_uring_cqe&) {};
 }
@@ -309,8 +318,36 @@ void uring_loop::on_wake(const io_uring_cqe&) { arm_wake(); }
 void uring_loop::on_tick(const io_uring_cqe&) {
   now_ms_ = now_ms();
   sweep();
+  retry_flush_ = true;
   hooks_.tick();
   arm_tick();
+}
+
+// Group commit: everything the requests of this iteration logged goes out in one write
+// and one fdatasync, linked so the sync only runs after the write.
+void uring_loop::maybe_flush() {
+  flush_job job;
+  if (flush_in_flight_ || !hooks_.take_flush(job, std::exchange(retry_flush_, false))) return;
+  flush_in_flight_ = true;
+  flush_syncs_ = job.sync;
+  io_uring_sqe* write = sqe(&write_done_);
+  io_uring_prep_write(write, job.fd, job.data, static_cast<unsigned>(job.bytes), job.offset);
+  if (job.sync) {
+    write->flags |= IOSQE_IO_LINK;
+    io_uring_prep_fsync(sqe(&sync_done_), job.fd, IORING_FSYNC_DATASYNC);
+  }
+}
+
+void uring_loop::on_write(const io_uring_cqe& cqe) {
+  flush_written_ = cqe.res;
+  if (flush_syncs_) return;  // the linked fsync reports
+  flush_in_flight_ = false;
+  hooks_.flush_done(flush_written_, 0);
+}
+
+void uring_loop::on_sync(const io_uring_cqe& cqe) {
+  flush_in_flight_ = false;
+  hooks_.flush_done(flush_written_, cqe.res);
 }
 
 void uring_loop::begin_stop() {
@@ -338,8 +375,9 @@ void uring_loop::run() {
         if (h) h.resume();
       }
     }
+    maybe_flush();
     if (!stopping_ && hooks_.stopping()) begin_stop();
-    if (stopping_ && connections_.empty() && hooks_.may_exit()) break;
+    if (stopping_ && connections_.empty() && !flush_in_flight_ && hooks_.may_exit()) break;
 
     if (hooks_.prepare_sleep()) {
       io_uring_submit_and_wait(&ring_, 1);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api/codec.hpp"
@@ -14,6 +15,8 @@
 #include "server/metrics.hpp"
 #include "shard/mailbox.hpp"
 #include "shard/state.hpp"
+#include "store/data_dir.hpp"
+#include "store/log.hpp"
 
 namespace server {
 
@@ -24,6 +27,12 @@ struct core_state {
   api::decoder decoder;
   request_metrics metrics;
   net::loop_stats connections;
+  // Durability (inactive without --data-dir): this core's log and its snapshots.
+  store::log_writer log;
+  std::uint64_t log_segment = 0;
+  std::thread snapshot_writer;             // background write of the newest snapshot
+  std::atomic<bool> snapshot_done{false};  // set by that thread when it finishes
+  bool snapshot_failed = false;            // written by that thread, read after done
 };
 
 struct cluster {
@@ -38,6 +47,8 @@ struct cluster {
   std::atomic<bool> stopping{false};
   // Cores still serving connections after a stop; loops exit when it reaches 0.
   std::atomic<int> draining_cores;
+  // The data directory (null: in memory only).
+  std::unique_ptr<store::data_dir> data;
 };
 
 }  // namespace server

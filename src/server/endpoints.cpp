@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "store/record.hpp"
+
 namespace server {
 namespace {
 
@@ -10,6 +12,11 @@ namespace {
 void plan_directory_walk(const cluster& cl, std::span<const std::string_view> keys,
                          const std::uint32_t* only, std::size_t only_count, scratch& s) {
   s.core_needed.assign(static_cast<std::size_t>(cl.cores), 0);
+  if (cl.cores == 1) {  // everything is here: no hashing
+    s.key_owner.assign(keys.size(), 0);
+    s.core_needed[0] = 1;
+    return;
+  }
   s.key_owner.resize(keys.size());
   auto mark = [&](std::size_t i) {
     const int owner = shard::owner_of_key(keys[i], cl.cores);
@@ -32,6 +39,31 @@ void clear_core(cluster& cl, int c) {
   core.directory.clear();
 }
 
+constexpr std::string_view kStorageFailed =
+    "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
+    "nothing was changed or acknowledged, reads still work";
+
+// After a change on `core` (on that core): waits until its log holds everything appended
+// so far durably, in sync mode. Resumes with false if the disk failed first.
+store::log_writer::wait_awaiter persisted(const cluster& cl, core_state& core) {
+  const bool sync = cl.cfg.durable == metad::durability::sync;
+  return core.log.durable_until(sync ? core.log.end() : 0);
+}
+
+// An upper bound of the log bytes a request over `keys` appends (make_room).
+std::uint64_t record_bytes(std::span<const std::string_view> keys, std::size_t extra_per_key,
+                           std::size_t extra = 0) {
+  std::uint64_t bytes = 64 + extra;
+  for (std::string_view key : keys) bytes += key.size() + 4 + extra_per_key;
+  return bytes;
+}
+
+bool same_stats(const std::optional<shard::rank_stats>& a,
+                const std::optional<shard::rank_stats>& b) {
+  return a && b && a->free == b->free && a->reserved == b->reserved && a->bound == b->bound &&
+         a->num_pages == b->num_pages;
+}
+
 }  // namespace
 
 request_task run_initialize(exchange& x) {
@@ -40,12 +72,23 @@ request_task run_initialize(exchange& x) {
   const api::initialize_cmd& cmd = x.work().init;
   int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   co_await cl.mailbox.hop(home, owner);
-  const shard::init_result r = cl.core[owner]->ranks.initialize(cmd.rank, cmd.num_pages);
-  if (r.outcome == shard::init_outcome::created)
-    cl.worker_ranks.fetch_add(1, std::memory_order_relaxed);
+  core_state& core = *cl.core[owner];
+  shard::init_result r{shard::init_outcome::unchanged, 0};
+  bool stored = core.log.make_room(64);
+  if (stored) {
+    r = core.ranks.initialize(cmd.rank, cmd.num_pages);
+    if (r.outcome == shard::init_outcome::created)
+      cl.worker_ranks.fetch_add(1, std::memory_order_relaxed);
+    if (core.log.enabled() &&
+        (r.outcome == shard::init_outcome::created || r.outcome == shard::init_outcome::grown))
+      store::append_initialize(core.log.pending(), cmd.rank, cmd.num_pages);
+    stored = co_await persisted(cl, core);
+  }
   co_await cl.mailbox.hop(owner, home);
   scratch& s = x.work();
-  if (r.outcome == shard::init_outcome::shrink_refused) {
+  if (!stored) {
+    x.respond_error(503, kStorageFailed);
+  } else if (r.outcome == shard::init_outcome::shrink_refused) {
     s.detail = fmt::format("Rank {} already initialized with {} pages", cmd.rank, r.old_pages);
     x.respond_error(409, s.detail);
   } else {
@@ -68,9 +111,22 @@ request_task run_allocate(exchange& x) {
   s.pages.clear();
   s.pages.reserve(cmd.keys.size());
   co_await cl.mailbox.hop(home, owner);
-  const bool found = cl.core[owner]->ranks.allocate(cmd.rank, cmd.keys.views(), s.indices, s.pages);
+  core_state& core = *cl.core[owner];
+  bool found = false;
+  bool stored = !core.log.enabled() || core.log.make_room(record_bytes(cmd.keys.views(), 0));
+  if (stored) {
+    const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+    found = core.ranks.allocate(cmd.rank, cmd.keys.views(), s.indices, s.pages);
+    // Allocation is deterministic: replaying the same request on the same state takes
+    // the same pages, so the request itself is the record.
+    if (found && core.log.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
+      store::append_allocate(core.log.pending(), cmd.rank, cmd.keys.views());
+    stored = co_await persisted(cl, core);
+  }
   co_await cl.mailbox.hop(owner, home);
-  if (!found) {
+  if (!stored) {
+    x.respond_error(503, kStorageFailed);
+  } else if (!found) {
     s.detail = fmt::format("Allocation failed: Rank {} not initialized", cmd.rank);
     x.respond_error(404, s.detail);
   } else {
@@ -95,25 +151,56 @@ request_task run_confirm(exchange& x) {
   s.core_needed.reserve(static_cast<std::size_t>(cl.cores));
   s.detail.reserve(256);
   co_await cl.mailbox.hop(home, owner);
-  const shard::confirm_outcome outcome = cl.core[owner]->ranks.confirm(
-      cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases, s.detail, s.indices);
+  shard::confirm_outcome outcome = shard::confirm_outcome::ok;
+  store::log_writer& owner_log = cl.core[owner]->log;
+  bool stored = !owner_log.enabled() ||
+                owner_log.make_room(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
+  const auto tp_world_size =
+      static_cast<std::int32_t>(cl.worker_ranks.load(std::memory_order_relaxed));
+  if (stored) {
+    core_state& core = *cl.core[owner];
+    const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+    outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases, s.detail,
+                                 s.indices);
+    if (outcome == shard::confirm_outcome::ok && core.log.enabled() &&
+        !same_stats(before, core.ranks.stats(cmd.rank)))
+      store::append_confirm(core.log.pending(), cmd.rank, tp_world_size, cmd.keys.views(),
+                            cmd.pages, cmd.releases);
+    stored = co_await persisted(cl, core);
+  }
   int at = owner;
-  if (outcome == shard::confirm_outcome::ok && !s.indices.empty()) {
+  if (stored && outcome == shard::confirm_outcome::ok && !s.indices.empty()) {
     // The rank's pages are bound; now count the confirmations in the directory, before
-    // the 204 goes out (read-your-writes for batch_exists/get_locations).
-    const auto tp_world_size =
-        static_cast<std::int32_t>(cl.worker_ranks.load(std::memory_order_relaxed));
+    // the 204 goes out (read-your-writes for batch_exists/get_locations). A key new to
+    // the directory logs its tp_world_size there; its count is derived on recovery.
     plan_directory_walk(cl, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
-    for (int step = 0; step < cl.cores; ++step) {
+    for (int step = 0; step < cl.cores && stored; ++step) {
       const int c = (owner + step) % cl.cores;
       if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
       co_await cl.mailbox.hop(at, c);
       at = c;
-      for (std::uint32_t i : s.indices)
-        if (s.key_owner[i] == c) cl.core[c]->directory.add_confirmation(cmd.keys[i], tp_world_size);
+      core_state& dir_core = *cl.core[c];
+      if (dir_core.log.enabled() &&
+          !dir_core.log.make_room(record_bytes(cmd.keys.views(), 4))) {
+        stored = false;  // the rank's pages are bound, but this is not acknowledged
+        break;
+      }
+      for (std::uint32_t i : s.indices) {
+        if (s.key_owner[i] != c) continue;
+        const std::size_t keys_before = dir_core.directory.size();
+        dir_core.directory.add_confirmation(cmd.keys[i], tp_world_size);
+        if (dir_core.log.enabled() && dir_core.directory.size() != keys_before)
+          store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
+      }
+      stored = co_await persisted(cl, dir_core);
     }
   }
   co_await cl.mailbox.hop(at, home);
+  if (!stored) {
+    x.respond_error(503, kStorageFailed);
+    x.complete();
+    co_return;
+  }
   switch (outcome) {
     case shard::confirm_outcome::ok:
       x.respond_canned(http::canned::no_content);
@@ -178,14 +265,22 @@ request_task run_clear(exchange& x) {
   cluster& cl = x.shared();
   int home = x.home().index;
   int at = home;
+  bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (home + step) % cl.cores;
     co_await cl.mailbox.hop(at, c);
     at = c;
     clear_core(cl, c);
+    core_state& core = *cl.core[c];
+    if (core.log.enabled()) store::append_clear(core.log.pending());
+    if (!co_await persisted(cl, core)) stored = false;
   }
   co_await cl.mailbox.hop(at, home);
-  x.respond_canned(http::canned::no_content);
+  if (stored) {
+    x.respond_canned(http::canned::no_content);
+  } else {
+    x.respond_error(503, kStorageFailed);
+  }
   x.complete();
 }
 

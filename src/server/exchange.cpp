@@ -153,11 +153,13 @@ bool exchange::authorized(const http::request& request, http::endpoint target) {
   const bool admin_only = target == http::endpoint::clear && !cfg.admin_token.empty();
   const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;
   if (token.empty()) return true;
-  constexpr std::string_view scheme = "Bearer ";
+  // "Bearer <token>"; the scheme name is case-insensitive (RFC 9110 11.1).
+  constexpr std::string_view scheme = "bearer ";
   const std::string_view given = request.authorization;
-  if (given.size() > scheme.size() && given.substr(0, scheme.size()) == scheme &&
-      same_secret(given.substr(scheme.size()), token))
-    return true;
+  bool scheme_ok = given.size() > scheme.size();
+  for (std::size_t i = 0; scheme_ok && i < scheme.size(); ++i)
+    scheme_ok = (given[i] | 0x20) == scheme[i];
+  if (scheme_ok && same_secret(given.substr(scheme.size()), token)) return true;
   respond_canned(http::canned::unauthorized);
   return false;
 }

@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
 #include "server/cluster.hpp"
+#include "server/durability.hpp"
 #include "server/exchange.hpp"
 #include "server/request_task.hpp"
 
@@ -45,7 +47,27 @@ class core_runner final : public net::core_hooks {
   int wake_fd() override { return cluster_.mailbox.wake_fd(index_); }
   bool stopping() override { return cluster_.stopping.load(std::memory_order_relaxed); }
   void tick() override;
+  bool take_flush(net::flush_job& job, bool retry_failed) override {
+    store::log_writer& log = cluster_.core[index_]->log;
+    if (!log.flush_due(retry_failed)) return false;
+    const store::log_writer::flush_job j = log.begin_flush();
+    job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == metad::durability::sync};
+    return true;
+  }
+  void flush_done(long written, int synced) override {
+    store::log_writer& log = cluster_.core[index_]->log;
+    const bool was_failing = log.failing();
+    log.end_flush(written, synced);
+    if (log.failing() && !was_failing)
+      metad::log::error(
+          "log write failed ({}): mutating requests get 503 until it succeeds",
+          std::system_category().message(static_cast<int>(written < 0 ? -written : -synced)));
+    if (!log.failing() && was_failing) metad::log::info("log writes succeed again");
+  }
   bool may_exit() override {
+    // Records of answered requests (none mode) go out before the core stops.
+    const store::log_writer& log = cluster_.core[index_]->log;
+    if (!log.idle() && !log.failing()) return false;
     if (!drained_) {
       drained_ = true;
       // The last core to drain wakes the others, which may be asleep waiting for it.
@@ -107,6 +129,7 @@ request_task log_summary(core_runner& self) {
 }
 
 void core_runner::tick() {
+  snapshot_tick(cluster_, *cluster_.core[index_]);
   const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
   if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
@@ -175,6 +198,9 @@ void server::run() {
     log::warn("io_uring is unavailable (io_uring_setup refused): using the epoll transport");
     use_uring = false;
   }
+  // Listeners open only after recovery: a client that connects sees the recovered state.
+  ::server::recover(cl);
+
   // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
   // port when it is 0. The unix socket, if any, is one listener all cores accept from.
   std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(cl.cores));
@@ -227,6 +253,7 @@ void server::run() {
     });
   }
   for (auto& t : threads) t.join();
+  for (auto& core : cl.core) ::server::finish_snapshot(*core);
   log::info("stopped");
 }
 

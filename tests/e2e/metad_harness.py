@@ -44,19 +44,55 @@ def compact(obj):
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def server_args(extra_args=()):
+    """The command line MetadServer runs: METAD_BIN on an ephemeral port, METAD_IO
+    transport, METAD_THREADS (default 2) core threads, then `extra_args` (a later flag
+    wins, so extra_args may override --threads)."""
+    binary = os.environ.get("METAD_BIN")
+    if not binary:
+        raise unittest.SkipTest("METAD_BIN is not set")
+    io = os.environ.get("METAD_IO", "uring")
+    return [binary, "--port", "0", "--threads", os.environ.get("METAD_THREADS", "2"), "--io", io,
+            "--log-level", "info", *extra_args]
+
+
+def run_to_exit(extra_args=(), timeout=START_TIMEOUT_S):
+    """Runs the server expecting it to fail at start-up.
+
+    Returns (exit code, stderr text, started): started is True if it printed its
+    "listening on" line (it is then killed and the exit code is None).
+    """
+    proc = subprocess.Popen(server_args(extra_args), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines = []
+    started = False
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            lines.append(line)
+            if _LISTENING.search(line):
+                started = True
+                proc.kill()
+                break
+    finally:
+        timer.cancel()
+        code = proc.wait()
+        proc.stderr.close()
+    return (None if started else code), "\n".join(lines), started
+
+
 class MetadServer:
     """One running hf3fs-metad process."""
 
-    def __init__(self, extra_args=()):
-        binary = os.environ.get("METAD_BIN")
-        if not binary:
-            raise unittest.SkipTest("METAD_BIN is not set")
-        io = os.environ.get("METAD_IO", "uring")
-        self.args = [binary, "--port", "0", "--threads", os.environ.get("METAD_THREADS", "2"), "--io", io,
-                     "--log-level", "info", *extra_args]
+    def __init__(self, extra_args=(), preexec_fn=None):
+        """preexec_fn: run in the child before exec (e.g. resource.setrlimit)."""
+        self.args = server_args(extra_args)
         self.stderr_lines = collections.deque(maxlen=2000)
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=preexec_fn)
         self._lines = queue.Queue()
         self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
         self._drain.start()
@@ -99,6 +135,26 @@ class MetadServer:
 
     def alive(self):
         return self.proc.poll() is None
+
+    def wait_log(self, pattern, timeout=5.0):
+        """True once a stderr line matches `pattern` (a regex) within `timeout`."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(rx.search(line) for line in list(self.stderr_lines)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def kill(self):
+        """SIGKILL (a crash: no drain, no flush); returns the exit code (-9)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        code = self.proc.wait()
+        self._drain.join(timeout=5)
+        self.proc.stderr.close()
+        return code
 
     def stop(self):
         """SIGTERM, then the exit code (None if it did not exit in time; then killed)."""

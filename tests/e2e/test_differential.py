@@ -14,7 +14,7 @@ Seeds are printed; replay one with
     DIFF_SEED=<seed> DIFF_OPS=<ops> METAD_BIN=build/hf3fs-metad \\
         /usr/bin/python3 -m unittest test_differential        (from tests/e2e)
 Environment: DIFF_SEED (one seed instead of the default set), DIFF_OPS (operations per
-seed), DIFF_SEEDS (how many fresh random seeds to add to the fixed ones, default 1),
+seed), DIFF_SEEDS (how many fresh random seeds to add to the fixed ones, default 2),
 DIFF_THREADS (threads of the concurrent variant). Standard library + requests only.
 """
 
@@ -30,12 +30,13 @@ from reference_model import INT64_MAX, INT64_MIN, Model
 
 PAGES_MAX = 64  # --pages-per-rank-max: the ceiling is cheap to test
 FIXED_SEEDS = (1, 2, 3)
-DEFAULT_OPS = 2500
-CONCURRENT_OPS = 1200
+DEFAULT_OPS = 6000
+CONCURRENT_OPS = 3000
 HISTORY = 12  # requests shown before a mismatch
 
 HEX_KEYS = [f"{i:032x}" for i in range(0x3a7, 0x3a7 + 10)] + [f"{i:064x}" for i in range(2)]
 ODD_KEYS = ["", "\u00e9t\u00e9", 'q"uote', "back\\slash", "tab\tnl\n", "nul\u0000", "\U0001f600", "k" * 70]
+COLD_KEYS = [f"{i:032x}" for i in range(0xc01d000, 0xc01d000 + 300)]  # rarely repeated
 RANKS = [0, 1, 2, 3, 5, -1, -7, 1000003]
 RARE_RANKS = [INT64_MAX, INT64_MIN, 12345678901]
 BAD_RANK_TEXTS = ["abc", "1.5", "9223372036854775808", "-9223372036854775809", "+", "-", "%31", "1e3", "0x10"]
@@ -80,11 +81,12 @@ class Request:
 class Generator:
     """Random requests, steered by the model's state so that most of them do something."""
 
-    def __init__(self, rng, model, ranks, keys, absent_ranks=(), may_create=True, may_clear=True):
+    def __init__(self, rng, model, ranks, keys, absent_ranks=(), may_create=True, may_clear=True, cold_keys=()):
         self.rng = rng
         self.model = model
         self.ranks = list(ranks)
         self.keys = list(keys)
+        self.cold_keys = list(cold_keys)
         self.absent_ranks = list(absent_ranks)  # never initialised (404 answers)
         self.may_create = may_create  # may initialise ranks not yet there
         self.may_clear = may_clear
@@ -93,7 +95,7 @@ class Generator:
                (self.exists, 9), (self.locations, 9), (self.rank_info, 6), (self.bad_json, 3),
                (self.bad_route, 2)]
         if may_clear:
-            ops.append((self.clear, 1))
+            ops.append((self.clear, 0.4))
         self.ops = [op for op, _ in ops]
         self.weights = [w for _, w in ops]
 
@@ -144,7 +146,8 @@ class Generator:
 
     def key_sample(self, lo=1, hi=6):
         n = self.rng.randint(lo, hi)
-        ks = [self.rng.choice(self.keys) for _ in range(n)]
+        ks = [self.rng.choice(self.cold_keys if self.cold_keys and self.rng.random() < 0.15 else self.keys)
+              for _ in range(n)]
         if ks and self.rng.random() < 0.2:
             ks.append(self.rng.choice(ks))  # a duplicate
         return ks
@@ -409,7 +412,7 @@ class Session:
 def seeds_to_run():
     if os.environ.get("DIFF_SEED"):
         return [int(os.environ["DIFF_SEED"])]
-    fresh = [random.SystemRandom().randrange(1, 2**31) for _ in range(env_int("DIFF_SEEDS", 1))]
+    fresh = [random.SystemRandom().randrange(1, 2**31) for _ in range(env_int("DIFF_SEEDS", 2))]
     return list(FIXED_SEEDS) + fresh
 
 
@@ -419,7 +422,7 @@ class DifferentialTest(MetadTestCase):
     def run_sequence(self, seed, ops):
         rng = random.Random(seed)
         model = Model(pages_max=PAGES_MAX)
-        gen = Generator(rng, model, RANKS, HEX_KEYS + ODD_KEYS, absent_ranks=[4, -2])
+        gen = Generator(rng, model, RANKS, HEX_KEYS + ODD_KEYS, absent_ranks=[4, -2], cold_keys=COLD_KEYS)
         session = Session(self.port, model, rng, f"seed {seed} (replay: DIFF_SEED={seed} DIFF_OPS={ops})")
         try:
             session.run([Request("POST", "/clear")])
@@ -429,7 +432,7 @@ class DifferentialTest(MetadTestCase):
                 n = min(n, ops - done)
                 session.run([gen.next() for _ in range(n)])
                 done += n
-            session.check_everything(RANKS + RARE_RANKS, HEX_KEYS + ODD_KEYS)
+            session.check_everything(RANKS + RARE_RANKS, HEX_KEYS + ODD_KEYS + COLD_KEYS)
         finally:
             session.close()
         if os.environ.get("DIFF_VERBOSE"):
@@ -443,6 +446,27 @@ class DifferentialTest(MetadTestCase):
             with self.subTest(seed=seed):
                 count = self.run_sequence(seed, ops)
                 print(f"differential: seed {seed}: {count} answers match the model", file=sys.stderr, flush=True)
+
+    @unittest.expectedFailure
+    def test_numbers_beyond_64_bits_are_valid_json(self):
+        """Known deviation (reported; remove the decorator once decided or fixed): JSON
+        numbers outside int64/uint64/double range are valid JSON — the reference's
+        json.loads accepts them — but the server answers 400 "Invalid JSON body: invalid
+        number", even in a field nobody reads (RFC 8259 section 6 lets a parser limit
+        number ranges, so this is a compatibility question, not a crash)."""
+        model = Model(pages_max=PAGES_MAX)
+        session = Session(self.port, model, random.Random(0), "numbers beyond 64 bits")
+        try:
+            session.run([Request("POST", "/rank/1/initialize", b'{"num_pages":4}')])
+            for body in [b'{"keys":[],"unread":123456789012345678901234567890}',
+                         b'{"keys":[],"unread":-9223372036854775809}',
+                         b'{"keys":[],"unread":1e999}',
+                         b'{"keys":["a"],"unread":[18446744073709551616]}']:
+                session.run([Request("POST", "/keys/batch_exists", body)])
+            session.run([Request("POST", "/keys/batch_allocate", b'{"rank":-9223372036854775809,"keys":[]}')])
+            session.run([Request("POST", "/rank/1/initialize", b'{"num_pages":18446744073709551616}')])
+        finally:
+            session.close()
 
     def test_concurrent_disjoint_clients_match_their_models(self):
         threads = env_int("DIFF_THREADS", 4)

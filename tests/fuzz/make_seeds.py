@@ -66,6 +66,8 @@ def http_streams():
             "locations", "allocate_dup", "confirm_fail", "allocate_many"]
     streams["pipelined_flow"] = b"".join(streams[n] for n in flow)
     streams["rank_info"] = b"GET /rank/0 HTTP/1.1\r\nHost: t\r\n\r\n"
+    streams["probes"] = (b"GET /health HTTP/1.1\r\n\r\nGET /ready HTTP/1.1\r\n\r\n"
+                         b"GET /metrics HTTP/1.1\r\n\r\nPOST /health HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
     streams["rank_info_bad"] = b"GET /rank/x1 HTTP/1.1\r\nHost: t\r\n\r\n"
     streams["clear"] = post("/clear", b"")
     streams["flow_then_clear"] = streams["pipelined_flow"] + post("/clear", b"{}") + streams["exists"]

@@ -1,0 +1,290 @@
+#include "server/durability.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "metad/log.hpp"
+#include "store/record.hpp"
+
+namespace server {
+namespace {
+
+using key_counts = std::unordered_map<std::string, std::int32_t>;
+
+// What one core learns while replaying, for the directory phase.
+struct replay_output {
+  // Confirmations of keys, by the core that owns the key now: one entry per (rank, key).
+  std::vector<std::vector<std::string>> confirmed_by_owner;
+  // tp_world_size of the keys this core owns (the smallest seen: the first confirmation).
+  std::unordered_map<std::string, std::int32_t> tp;
+  std::uint64_t records = 0;
+};
+
+struct position {
+  std::size_t segment = 0, offset = 0;
+};
+
+[[noreturn]] void corrupt(const std::string& path, std::size_t offset) {
+  throw std::runtime_error("corrupt record in " + path + " at offset " + std::to_string(offset) +
+                           ": refusing to start (move the file away to start without it)");
+}
+
+enum class file_kind { log, snapshot };
+
+// Scans one file. A log's torn tail (a crash mid-write) is dropped with a warning; a
+// snapshot is renamed into place only once whole, so any damage there is corruption,
+// which stops start-up.
+template <typename Visit>
+void scan_file(const std::string& bytes, const std::string& path, Visit&& visit, bool warn,
+               file_kind kind = file_kind::log) {
+  const store::scan_result result = store::scan(bytes, visit);
+  if (result.status == store::scan_status::corrupt ||
+      (result.status == store::scan_status::torn_tail && kind == file_kind::snapshot))
+    corrupt(path, result.bad_offset);
+  if (result.status == store::scan_status::torn_tail && warn)
+    metad::log::warn("{}: dropping a torn record at offset {} ({} bytes)", path, result.bad_offset,
+                     bytes.size() - result.bad_offset);
+}
+
+// Everything before a file group's last clear record is void.
+bool last_clear(const store::core_files& files, position& at) {
+  bool found = false;
+  for (std::size_t s = 0; s < files.logs.size(); ++s) {
+    scan_file(
+        files.logs[s], files.log_paths[s],
+        [&](const store::record& r, std::size_t offset) {
+          if (r.kind != store::record_kind::clear) return;
+          found = true;
+          at = {s, offset};
+        },
+        false);
+  }
+  return found;
+}
+
+class replayer {
+ public:
+  replayer(cluster& cl, int core, replay_output& out) : cl_(cl), core_(core), out_(out) {
+    out_.confirmed_by_owner.resize(static_cast<std::size_t>(cl.cores));
+  }
+
+  void apply(const store::record& r) {
+    shard::rank_table& ranks = cl_.core[core_]->ranks;
+    switch (r.kind) {
+      case store::record_kind::directory_key:
+        if (shard::owner_of_key(r.keys[0], cl_.cores) == core_) {
+          ++out_.records;
+          auto [it, added] = out_.tp.try_emplace(std::string(r.keys[0]), r.tp_world_size);
+          if (!added) it->second = std::min(it->second, r.tp_world_size);
+        }
+        return;
+      case store::record_kind::clear:
+        return;  // handled by starting after the last one
+      default:
+        break;
+    }
+    if (shard::owner_of_rank(r.rank, cl_.cores) != core_) return;
+    ++out_.records;
+    switch (r.kind) {
+      case store::record_kind::initialize:
+      case store::record_kind::snapshot_rank:
+        ranks.initialize(r.rank, r.num_pages);
+        break;
+      case store::record_kind::allocate:
+        indices_.clear();
+        pages_.clear();
+        ranks.allocate(r.rank, r.keys, indices_, pages_);
+        break;
+      case store::record_kind::confirm:
+        indices_.clear();
+        if (ranks.confirm(r.rank, r.keys, r.pages, r.releases, detail_, indices_) !=
+            shard::confirm_outcome::ok)
+          throw std::runtime_error("log replay: a logged confirm_write no longer applies: " +
+                                   detail_);
+        for (std::uint32_t i : indices_) confirmed(r.keys[i]);
+        break;
+      case store::record_kind::snapshot_entry:
+        if (!ranks.restore(r.rank, r.keys[0], r.page, r.confirmed))
+          throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
+                                   std::to_string(r.rank) + " cannot be restored");
+        if (r.confirmed) confirmed(r.keys[0]);
+        break;
+      default:
+        break;
+    }
+  }
+
+ private:
+  void confirmed(std::string_view key) {
+    const int owner = shard::owner_of_key(key, cl_.cores);
+    out_.confirmed_by_owner[static_cast<std::size_t>(owner)].emplace_back(key);
+  }
+
+  cluster& cl_;
+  int core_;
+  replay_output& out_;
+  std::vector<std::uint32_t> indices_;
+  std::vector<std::int64_t> pages_;
+  std::string detail_;
+};
+
+void replay_files(cluster& cl, int core, const std::vector<store::core_files>& files,
+                  replay_output& out) {
+  replayer r(cl, core, out);
+  auto apply = [&](const store::record& rec, std::size_t) { r.apply(rec); };
+  const bool warn = core == 0;  // one warning per torn file, not one per core
+  for (const store::core_files& f : files) {
+    position clear_at;
+    const bool cleared = last_clear(f, clear_at);
+    if (!cleared && !f.snapshot.empty())
+      scan_file(f.snapshot, f.snapshot_path, apply, warn, file_kind::snapshot);
+    for (std::size_t s = cleared ? clear_at.segment : 0; s < f.logs.size(); ++s) {
+      if (cleared && s == clear_at.segment) {
+        // Records after the clear only.
+        scan_file(
+            f.logs[s], f.log_paths[s],
+            [&](const store::record& rec, std::size_t offset) {
+              if (offset > clear_at.offset) r.apply(rec);
+            },
+            warn);
+      } else {
+        scan_file(f.logs[s], f.log_paths[s], apply, warn);
+      }
+    }
+  }
+}
+
+void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& outputs,
+                       std::int32_t fallback_tp) {
+  key_counts counts;
+  for (replay_output& from : outputs)
+    for (std::string& key : from.confirmed_by_owner[static_cast<std::size_t>(core)]) ++counts[key];
+  const auto& tps = outputs[static_cast<std::size_t>(core)].tp;
+  std::size_t guessed = 0;
+  for (const auto& [key, count] : counts) {
+    const auto it = tps.find(key);
+    // A binding whose directory record did not reach the disk belonged to a confirm
+    // that was never acknowledged; assume every rank had been initialised.
+    if (it == tps.end()) ++guessed;
+    cl.core[core]->directory.restore(key, it == tps.end() ? fallback_tp : it->second, count);
+  }
+  if (guessed)
+    metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
+                     fallback_tp);
+}
+
+std::string serialize(const core_state& core) {
+  std::string bytes;
+  core.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& st) {
+    store::append_snapshot_rank(bytes, rank, st.num_pages);
+  });
+  core.ranks.for_each_entry(
+      [&](std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed) {
+        store::append_snapshot_entry(bytes, rank, page, confirmed, key);
+      });
+  core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
+    store::append_directory_key(bytes, tp, key);
+  });
+  return bytes;
+}
+
+template <typename Work>
+void on_every_core(cluster& cl, Work&& work) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(cl.cores));
+  for (int c = 0; c < cl.cores; ++c) {
+    threads.emplace_back([&, c] {
+      try {
+        work(c);
+      } catch (...) {
+        errors[static_cast<std::size_t>(c)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+void recover(cluster& cl) {
+  if (cl.cfg.data_dir.empty()) {
+    metad::log::info("no --data-dir: state lives in memory only and is lost on restart");
+    return;
+  }
+  cl.data = std::make_unique<store::data_dir>(cl.cfg.data_dir);
+  store::data_dir& dir = *cl.data;
+  const std::vector<store::core_files> files = dir.load();
+  std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
+  on_every_core(cl,
+                [&](int c) { replay_files(cl, c, files, outputs[static_cast<std::size_t>(c)]); });
+  std::int64_t ranks = 0;
+  for (auto& core : cl.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
+  cl.worker_ranks = ranks;
+  on_every_core(
+      cl, [&](int c) { rebuild_directory(cl, c, outputs, static_cast<std::int32_t>(ranks)); });
+
+  // The new generation: one snapshot and one empty log per current core.
+  dir.begin_generation();
+  const std::uint64_t generation = dir.next_generation();
+  on_every_core(cl, [&](int c) {
+    core_state& core = *cl.core[c];
+    dir.write_snapshot(generation, c, 1, serialize(core));
+    core.log_segment = 1;
+    core.log.switch_segment(dir.create_log(generation, c, 1));
+  });
+  dir.commit_generation();
+  std::uint64_t records = 0, keys = 0;
+  for (auto& out : outputs) records += out.records;
+  for (auto& core : cl.core) keys += core->directory.size();
+  metad::log::info(
+      "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
+      "durability {}",
+      dir.path(), files.size(), ranks, keys, records,
+      cl.cfg.durable == metad::durability::sync ? "sync" : "none");
+}
+
+void snapshot_tick(cluster& cl, core_state& core) {
+  if (!cl.data) return;
+  if (core.snapshot_writer.joinable()) {
+    if (!core.snapshot_done.load(std::memory_order_acquire)) return;
+    core.snapshot_writer.join();
+    if (core.snapshot_failed)
+      metad::log::error("snapshot of core {} failed: its older log segments are kept", core.index);
+  }
+  if (core.log.size() < cl.cfg.snapshot_log_bytes || !core.log.idle() || core.log.failing()) return;
+  // Everything logged so far is durable and applied: the state now is exactly what the
+  // next segment starts from.
+  store::data_dir& dir = *cl.data;
+  const std::uint64_t generation = dir.generation();
+  const std::uint64_t segment = core.log_segment + 1;
+  int fd = -1;
+  try {
+    fd = dir.create_log(generation, core.index, segment);
+  } catch (const std::exception& e) {
+    metad::log::error("cannot start log segment {}: {}", segment, e.what());
+    return;
+  }
+  core.log.switch_segment(fd);
+  core.log_segment = segment;
+  core.snapshot_done.store(false, std::memory_order_relaxed);
+  core.snapshot_writer = std::thread([&core, &dir, generation, segment, bytes = serialize(core)] {
+    try {
+      dir.write_snapshot(generation, core.index, segment, bytes);
+      dir.remove_before(generation, core.index, segment);
+      core.snapshot_failed = false;
+    } catch (const std::exception& e) {
+      metad::log::error("snapshot {} of core {}: {}", segment, core.index, e.what());
+      core.snapshot_failed = true;
+    }
+    core.snapshot_done.store(true, std::memory_order_release);
+  });
+}
+
+void finish_snapshot(core_state& core) {
+  if (core.snapshot_writer.joinable()) core.snapshot_writer.join();
+}
+
+}  // namespace server

@@ -1,0 +1,205 @@
+#include "store/data_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <system_error>
+
+namespace store {
+namespace fs = std::filesystem;
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("open " + path);
+  std::string bytes;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0) {
+      ::close(fd);
+      fail("read " + path);
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+void write_all(int fd, const std::string& bytes, const std::string& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("write " + path);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// "core-<c>.snap-<S>" / "core-<c>.log-<S>" → (c, kind, S)
+bool parse_name(const std::string& name, int& core, std::string& kind, std::uint64_t& segment) {
+  if (!name.starts_with("core-")) return false;
+  const auto dot = name.find('.');
+  const auto dash = name.rfind('-');
+  if (dot == std::string::npos || dash == std::string::npos || dash < dot) return false;
+  const std::string_view c(name.data() + 5, dot - 5);
+  kind = name.substr(dot + 1, dash - dot - 1);
+  const std::string_view s(name.data() + dash + 1, name.size() - dash - 1);
+  if (kind != "snap" && kind != "log") return false;
+  auto r1 = std::from_chars(c.data(), c.data() + c.size(), core);
+  auto r2 = std::from_chars(s.data(), s.data() + s.size(), segment);
+  return r1.ec == std::errc{} && r1.ptr == c.data() + c.size() && r2.ec == std::errc{} &&
+         r2.ptr == s.data() + s.size();
+}
+
+}  // namespace
+
+void sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("open directory " + path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("fsync directory " + path);
+}
+
+data_dir::data_dir(std::string path) : path_(std::move(path)) {
+  std::error_code ec;
+  fs::create_directories(path_, ec);
+  if (ec) throw std::runtime_error("--data-dir " + path_ + ": " + ec.message());
+  const std::string lock = path_ + "/LOCK";
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) fail("open " + lock);
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    throw std::runtime_error("--data-dir " + path_ + " is in use by another hf3fs-metad");
+  std::ifstream current(path_ + "/CURRENT");
+  std::uint64_t g = 0;
+  if (current >> g) generation_ = g;
+}
+
+data_dir::~data_dir() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+std::string data_dir::generation_dir(std::uint64_t generation) const {
+  return path_ + "/g" + std::to_string(generation);
+}
+
+std::vector<core_files> data_dir::load() const {
+  std::vector<core_files> cores;
+  if (generation_ == 0) return cores;
+  const std::string dir = generation_dir(generation_);
+  struct found {
+    std::map<std::uint64_t, std::string> snaps, logs;
+  };
+  std::map<int, found> by_core;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    int core = 0;
+    std::string kind;
+    std::uint64_t segment = 0;
+    if (!parse_name(entry.path().filename().string(), core, kind, segment)) continue;  // temp files
+    (kind == "snap" ? by_core[core].snaps : by_core[core].logs)[segment] = entry.path().string();
+  }
+  for (auto& [core, f] : by_core) {
+    core_files files;
+    files.core = core;
+    std::uint64_t from = 0;
+    if (!f.snaps.empty()) {
+      const auto newest = std::prev(f.snaps.end());
+      from = newest->first;
+      files.snapshot_path = newest->second;
+      files.snapshot = read_file(newest->second);
+    }
+    for (const auto& [segment, path] : f.logs) {
+      if (segment < from) continue;  // already inside the snapshot
+      files.log_paths.push_back(path);
+      files.logs.push_back(read_file(path));
+    }
+    cores.push_back(std::move(files));
+  }
+  return cores;
+}
+
+void data_dir::begin_generation() {
+  const std::string next = generation_dir(generation_ + 1);
+  std::error_code ec;
+  fs::remove_all(next, ec);  // a generation that never got committed
+  if (!fs::create_directory(next, ec) || ec)
+    throw std::runtime_error("cannot create " + next + ": " + ec.message());
+  sync_directory(path_);
+}
+
+void data_dir::write_snapshot(std::uint64_t generation, int core, std::uint64_t segment,
+                              const std::string& bytes) const {
+  const std::string dir = generation_dir(generation);
+  const std::string final_path =
+      dir + "/core-" + std::to_string(core) + ".snap-" + std::to_string(segment);
+  const std::string temp_path = final_path + ".tmp";
+  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + temp_path);
+  try {
+    write_all(fd, bytes, temp_path);
+    if (::fdatasync(fd) != 0) fail("fdatasync " + temp_path);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp_path.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) fail("rename " + temp_path);
+  sync_directory(dir);
+}
+
+int data_dir::create_log(std::uint64_t generation, int core, std::uint64_t segment) const {
+  const std::string dir = generation_dir(generation);
+  const std::string path =
+      dir + "/core-" + std::to_string(core) + ".log-" + std::to_string(segment);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + path);
+  sync_directory(dir);
+  return fd;
+}
+
+void data_dir::remove_before(std::uint64_t generation, int core, std::uint64_t segment) const {
+  const std::string dir = generation_dir(generation);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    int c = 0;
+    std::string kind;
+    std::uint64_t s = 0;
+    if (parse_name(entry.path().filename().string(), c, kind, s) && c == core && s < segment)
+      ::unlink(entry.path().c_str());
+  }
+  sync_directory(dir);
+}
+
+void data_dir::commit_generation() {
+  const std::uint64_t next = generation_ + 1;
+  const std::string temp = path_ + "/CURRENT.tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + temp);
+  write_all(fd, std::to_string(next) + "\n", temp);
+  if (::fdatasync(fd) != 0) fail("fdatasync " + temp);
+  ::close(fd);
+  if (::rename(temp.c_str(), (path_ + "/CURRENT").c_str()) != 0) fail("rename " + temp);
+  sync_directory(path_);
+  std::error_code ec;
+  if (generation_ != 0) fs::remove_all(generation_dir(generation_), ec);
+  generation_ = next;
+}
+
+}  // namespace store

@@ -1,0 +1,90 @@
+#include "store/log.hpp"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+
+namespace store {
+
+log_writer::log_writer(int fd, std::uint64_t size) : fd_(fd), durable_(size), allocated_(size) {}
+
+log_writer::~log_writer() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool log_writer::make_room(std::uint64_t bytes) {
+  if (fd_ < 0) return true;
+  // A failed write still queued must go out first; a failed reservation is retried.
+  if (failing_ && !(pending_.empty() && in_flight_.empty())) return false;
+  const std::uint64_t needed = end() + bytes;
+  if (needed <= allocated_) return true;
+  constexpr std::uint64_t kChunk = 16u << 20;  // few fallocate calls, little waste
+  const std::uint64_t from = std::max(allocated_, durable_ + in_flight_.size());
+  const std::uint64_t wants[] = {std::max(needed, from) + kChunk, (needed + 4095) & ~std::uint64_t{4095}};
+  for (std::uint64_t want : wants) {
+    if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
+                    static_cast<off_t>(want - from)) == 0) {
+      allocated_ = want;
+      failing_ = false;
+      return true;
+    }
+    if (errno == EOPNOTSUPP) {  // no preallocation here: rely on the write's own check
+      allocated_ = ~std::uint64_t{0};
+      return true;
+    }
+  }
+  failing_ = true;
+  return false;
+}
+
+bool log_writer::flush_due(bool retry_failed) const {
+  if (fd_ < 0 || !in_flight_.empty() || pending_.empty()) return false;
+  return !failing_ || retry_failed;  // a failing disk is retried at the tick's pace
+}
+
+log_writer::flush_job log_writer::begin_flush() {
+  assert(in_flight_.empty());
+  in_flight_.swap(pending_);
+  return {fd_, in_flight_.data(), in_flight_.size(), durable_};
+}
+
+void log_writer::end_flush(long written, int synced) {
+  ++flushes_;
+  const bool ok = written == static_cast<long>(in_flight_.size()) && synced == 0;
+  if (ok) {
+    durable_ += in_flight_.size();
+    in_flight_.clear();
+    failing_ = false;
+  } else {
+    // Nothing of this batch counts as durable: put it back in front of what came since,
+    // to be rewritten at the same offset when the disk recovers.
+    ++failures_;
+    failing_ = true;
+    in_flight_ += pending_;
+    pending_.swap(in_flight_);
+    in_flight_.clear();
+  }
+  // Resume in order; a resumed request may append and wait again, behind these.
+  std::size_t ready = 0;
+  while (ready < waiters_.size() && (!ok || waiters_[ready].lsn <= durable_)) ++ready;
+  for (std::size_t i = 0; i < ready; ++i) {
+    waiter w = waiters_.front();
+    waiters_.pop_front();
+    *w.ok = w.lsn <= durable_;
+    w.handle.resume();
+  }
+}
+
+void log_writer::switch_segment(int fd) {
+  assert(idle());
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+  durable_ = 0;
+  allocated_ = 0;
+}
+
+}  // namespace store

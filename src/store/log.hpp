@@ -1,0 +1,86 @@
+// One core's append-only log with group commit. Records are appended to a pending
+// buffer; once per loop iteration the loop takes all of it (begin_flush), writes it at
+// the log's end and fdatasyncs it, then reports back (end_flush), which resumes every
+// request that was waiting for those bytes to be durable. Touched only by its core.
+#pragma once
+
+#include <coroutine>
+#include <cstdint>
+#include <deque>
+#include <string>
+
+namespace store {
+
+class log_writer {
+ public:
+  log_writer() = default;
+  // Takes ownership of fd, an open log segment already holding `size` valid bytes.
+  log_writer(int fd, std::uint64_t size);
+  ~log_writer();
+  log_writer(const log_writer&) = delete;
+  log_writer& operator=(const log_writer&) = delete;
+
+  bool enabled() const { return fd_ >= 0; }
+  // Appenders (store::append_*) write whole frames here.
+  std::string& pending() { return pending_; }
+  // Everything appended so far: waiting for end() makes all of it durable.
+  std::uint64_t end() const { return durable_ + in_flight_.size() + pending_.size(); }
+  std::uint64_t durable() const { return durable_; }
+  // The last flush or reservation failed (disk full, I/O error): mutations are refused.
+  bool failing() const { return failing_; }
+  // Called before a change is made: reserves disk space (fallocate) for `bytes` more of
+  // records, so a full disk refuses the request before anything changes rather than
+  // failing its write afterwards. False: refuse the request (503). A failing log also
+  // retries here, so writes resume once space returns.
+  bool make_room(std::uint64_t bytes);
+  std::uint64_t size() const { return durable_; }
+
+  // A write + fdatasync the loop should issue now, if any.
+  struct flush_job {
+    int fd = -1;
+    const char* data = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t offset = 0;
+  };
+  bool flush_due(bool retry_failed) const;
+  flush_job begin_flush();
+  // written: bytes written or -errno; synced: fdatasync's result (0 or -errno).
+  void end_flush(long written, int synced);
+
+  // co_await durable_until(lsn): true once [0, lsn) is durable, false if a flush failed
+  // first (the caller answers 503; the bytes stay queued and are retried).
+  struct wait_awaiter {
+    log_writer& log;
+    std::uint64_t lsn;
+    bool ok = true;
+    bool await_ready() const noexcept { return log.fd_ < 0 || log.durable_ >= lsn; }
+    void await_suspend(std::coroutine_handle<> h) { log.waiters_.push_back({lsn, h, &ok}); }
+    bool await_resume() const noexcept { return ok; }
+  };
+  wait_awaiter durable_until(std::uint64_t lsn) { return {*this, lsn}; }
+
+  // Swaps in a new segment (after a snapshot): the old fd is closed. Only when nothing
+  // is in flight or pending.
+  void switch_segment(int fd);
+  bool idle() const { return in_flight_.empty() && pending_.empty(); }
+  std::uint64_t flushes() const { return flushes_; }
+  std::uint64_t failures() const { return failures_; }
+
+ private:
+  struct waiter {
+    std::uint64_t lsn;
+    std::coroutine_handle<> handle;
+    bool* ok;
+  };
+
+  int fd_ = -1;
+  std::uint64_t durable_ = 0;  // bytes of this segment known durable
+  std::string pending_;        // appended, not yet handed to the loop
+  std::string in_flight_;      // being written
+  bool failing_ = false;
+  std::uint64_t allocated_ = 0;  // bytes of this segment reserved on disk
+  std::deque<waiter> waiters_;  // in lsn order
+  std::uint64_t flushes_ = 0, failures_ = 0;
+};
+
+}  // namespace store

@@ -1,0 +1,219 @@
+#include "store/record.hpp"
+
+#include <nmmintrin.h>
+
+#include <cstring>
+
+namespace store {
+namespace {
+
+constexpr std::size_t kFrameHeaderBytes = 8;
+// A payload larger than this is corruption, not a record (a confirm of 32 MiB of keys
+// stays far below it).
+constexpr std::uint32_t kPayloadBytesMax = 256u << 20;
+
+template <typename T>
+void put(std::string& out, T value) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));  // little-endian hosts only (x86-64)
+  out.append(bytes, sizeof(T));
+}
+
+void put_string(std::string& out, std::string_view s) {
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(s.size()));
+  out.append(s);
+}
+
+// Reserves the frame header, returns its offset; close_frame fills it in.
+std::size_t open_frame(std::string& out, record_kind kind) {
+  const std::size_t start = out.size();
+  out.append(kFrameHeaderBytes, '\0');
+  out.push_back(static_cast<char>(kind));
+  return start;
+}
+
+void close_frame(std::string& out, std::size_t start) {
+  const std::string_view payload(out.data() + start + kFrameHeaderBytes,
+                                 out.size() - start - kFrameHeaderBytes);
+  const auto length = static_cast<std::uint32_t>(payload.size());
+  const std::uint32_t crc = crc32c(payload);
+  std::memcpy(out.data() + start, &length, 4);
+  std::memcpy(out.data() + start + 4, &crc, 4);
+}
+
+class reader {
+ public:
+  explicit reader(std::string_view bytes) : bytes_(bytes) {}
+  template <typename T>
+  bool get(T& value) {
+    if (bytes_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(&value, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool get_string(std::string_view& s) {
+    std::uint32_t length = 0;
+    if (!get(length) || bytes_.size() - pos_ < length) return false;
+    s = bytes_.substr(pos_, length);
+    pos_ += length;
+    return true;
+  }
+  bool done() const { return pos_ == bytes_.size(); }
+
+ private:
+  std::string_view bytes_;
+  std::size_t pos_ = 0;
+};
+
+bool decode_keys(reader& in, record& out, bool with_pages) {
+  std::uint32_t count = 0;
+  if (!in.get(count)) return false;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::string_view key;
+    if (!in.get_string(key)) return false;
+    out.keys.push_back(key);
+    if (with_pages) {
+      std::int64_t page = 0;
+      if (!in.get(page)) return false;
+      out.pages.push_back(page);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::uint32_t crc32c(std::string_view bytes, std::uint32_t seed) {
+  std::uint64_t crc = ~seed;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, bytes.data() + i, 8);
+    crc = _mm_crc32_u64(crc, word);
+  }
+  auto crc32 = static_cast<std::uint32_t>(crc);
+  for (; i < bytes.size(); ++i) crc32 = _mm_crc32_u8(crc32, static_cast<std::uint8_t>(bytes[i]));
+  return ~crc32;
+}
+
+void append_initialize(std::string& out, std::int64_t rank, std::int64_t num_pages) {
+  const std::size_t frame = open_frame(out, record_kind::initialize);
+  put(out, rank);
+  put(out, num_pages);
+  close_frame(out, frame);
+}
+
+void append_allocate(std::string& out, std::int64_t rank, std::span<const std::string_view> keys) {
+  const std::size_t frame = open_frame(out, record_kind::allocate);
+  put(out, rank);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(keys.size()));
+  for (std::string_view key : keys) put_string(out, key);
+  close_frame(out, frame);
+}
+
+void append_confirm(std::string& out, std::int64_t rank, std::int32_t tp_world_size,
+                    std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
+                    std::span<const std::int64_t> releases) {
+  const std::size_t frame = open_frame(out, record_kind::confirm);
+  put(out, rank);
+  put(out, tp_world_size);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(keys.size()));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    put_string(out, keys[i]);
+    put(out, pages[i]);
+  }
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(releases.size()));
+  for (std::int64_t page : releases) put(out, page);
+  close_frame(out, frame);
+}
+
+void append_clear(std::string& out) { close_frame(out, open_frame(out, record_kind::clear)); }
+
+void append_snapshot_rank(std::string& out, std::int64_t rank, std::int64_t num_pages) {
+  const std::size_t frame = open_frame(out, record_kind::snapshot_rank);
+  put(out, rank);
+  put(out, num_pages);
+  close_frame(out, frame);
+}
+
+void append_snapshot_entry(std::string& out, std::int64_t rank, std::int64_t page, bool confirmed,
+                           std::string_view key) {
+  const std::size_t frame = open_frame(out, record_kind::snapshot_entry);
+  put(out, rank);
+  put(out, page);
+  put<std::uint8_t>(out, confirmed ? 1 : 0);
+  put_string(out, key);
+  close_frame(out, frame);
+}
+
+void append_directory_key(std::string& out, std::int32_t tp_world_size, std::string_view key) {
+  const std::size_t frame = open_frame(out, record_kind::directory_key);
+  put(out, tp_world_size);
+  put_string(out, key);
+  close_frame(out, frame);
+}
+
+frame_status next_frame(std::string_view bytes, std::size_t offset, std::string_view& payload,
+                        std::size_t& frame_bytes) {
+  if (bytes.size() - offset < kFrameHeaderBytes) return frame_status::short_read;
+  std::uint32_t length = 0, crc = 0;
+  std::memcpy(&length, bytes.data() + offset, 4);
+  std::memcpy(&crc, bytes.data() + offset + 4, 4);
+  if (length > kPayloadBytesMax) {
+    frame_bytes = bytes.size() - offset;  // unknowable: treat the rest as this frame
+    return frame_status::bad_checksum;
+  }
+  frame_bytes = kFrameHeaderBytes + length;
+  if (bytes.size() - offset < frame_bytes) return frame_status::short_read;
+  payload = bytes.substr(offset + kFrameHeaderBytes, length);
+  return crc32c(payload) == crc ? frame_status::whole : frame_status::bad_checksum;
+}
+
+bool decode_payload(std::string_view payload, record& out) {
+  if (payload.empty()) return false;
+  out.keys.clear();
+  out.pages.clear();
+  out.releases.clear();
+  out.kind = static_cast<record_kind>(payload[0]);
+  reader in(payload.substr(1));
+  switch (out.kind) {
+    case record_kind::initialize:
+    case record_kind::snapshot_rank:
+      return in.get(out.rank) && in.get(out.num_pages) && in.done();
+    case record_kind::allocate:
+      return in.get(out.rank) && decode_keys(in, out, false) && in.done();
+    case record_kind::confirm: {
+      std::uint32_t count = 0;
+      if (!in.get(out.rank) || !in.get(out.tp_world_size) || !decode_keys(in, out, true) ||
+          !in.get(count))
+        return false;
+      for (std::uint32_t i = 0; i < count; ++i) {
+        std::int64_t page = 0;
+        if (!in.get(page)) return false;
+        out.releases.push_back(page);
+      }
+      return in.done();
+    }
+    case record_kind::clear:
+      return in.done();
+    case record_kind::snapshot_entry: {
+      std::uint8_t confirmed = 0;
+      std::string_view key;
+      if (!in.get(out.rank) || !in.get(out.page) || !in.get(confirmed) || !in.get_string(key) ||
+          !in.done())
+        return false;
+      out.confirmed = confirmed != 0;
+      out.keys.push_back(key);
+      return true;
+    }
+    case record_kind::directory_key: {
+      std::string_view key;
+      if (!in.get(out.tp_world_size) || !in.get_string(key) || !in.done()) return false;
+      out.keys.push_back(key);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace store

@@ -1,0 +1,984 @@
+"""End-to-end tests of the operations features of hf3fs-metad (issue 6).
+
+/health, /ready and /metrics (Prometheus text, checked by promtool when installed), bearer
+token access control, the unix socket listener, Debian's nginx as a keep-alive reverse
+proxy over TCP and over the unix socket, header and idle timeouts (slowloris), the
+per-core connection limit, and the graceful stop. Every test starts its own server with
+the flags it needs (METAD_BIN, METAD_IO as for the other suites); loopback only.
+Standard library plus `requests`.
+"""
+
+import http.client
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import unittest
+
+import requests
+
+from metad_harness import (SOCKET_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Client,
+                           MetadServer, RawConnection, compact, keys, raw_request)
+
+PROMTOOL = "/usr/bin/promtool"
+NGINX = "/usr/sbin/nginx"
+
+TOKEN = "s3cret-Token_0123456789abcdef"
+ADMIN_TOKEN = "adm1n-Token_fedcba9876543210"
+UNAUTHORIZED_BODY = b'{"detail":"Missing or invalid bearer token"}'
+
+_TCP_LINE = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+_UNIX_LINE = re.compile(r"listening on unix:(\S+)")
+
+
+class OpsServer(MetadServer):
+    """MetadServer that also waits for the unix listener (--unix) and accepts --no-tcp
+    (then `port` is None)."""
+
+    def _wait_listening(self):
+        want_tcp = "--no-tcp" not in self.args
+        want_unix = "--unix" in self.args
+        port, unix = None, False
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (want_tcp and port is None) or (want_unix and not unix):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{self.args}: listeners not up within {START_TIMEOUT_S} s; "
+                                   f"stderr:\n{self.log()}")
+            try:
+                line = self._lines.get(timeout=left)
+            except Exception:  # queue.Empty
+                continue
+            if line is None:
+                raise RuntimeError(f"{self.args}: exited with {self.proc.wait()} before "
+                                   f"listening; stderr:\n{self.log()}")
+            match = _TCP_LINE.search(line)
+            if match:
+                port = int(match.group(1))
+            if _UNIX_LINE.search(line):
+                unix = True
+        return port
+
+    def wait_log(self, pattern, timeout=5.0):
+        """True once a stderr line matches `pattern` (a regex) within `timeout`."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(rx.search(line) for line in list(self.stderr_lines)):
+                return True
+            time.sleep(0.02)
+        return False
+
+
+# --- clients -------------------------------------------------------------------------
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over AF_UNIX (keep-alive like any HTTPConnection)."""
+
+    def __init__(self, path, timeout=SOCKET_TIMEOUT_S):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+class HttpCaller:
+    """call(method, path, obj=None, headers=None) -> (status, headers, body) over one
+    keep-alive http.client connection (TCP or unix)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    @classmethod
+    def tcp(cls, port):
+        return cls(http.client.HTTPConnection("127.0.0.1", port, timeout=SOCKET_TIMEOUT_S))
+
+    @classmethod
+    def unix(cls, path):
+        return cls(UnixHTTPConnection(path))
+
+    def __call__(self, method, path, obj=None, headers=None):
+        hdrs = dict(headers or {})
+        body = None
+        if method == "POST":
+            body = compact(obj) if obj is not None else b""
+            hdrs.setdefault("Content-Type", "application/json")
+        self.conn.request(method, path, body=body, headers=hdrs)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+    def close(self):
+        self.conn.close()
+
+
+class RequestsCaller:
+    """The same interface over a requests.Session (the way vLLM's client talks)."""
+
+    def __init__(self, base_url, headers=None):
+        self.base_url = base_url
+        self.session = requests.Session()
+        self.headers = dict(headers or {})
+
+    def __call__(self, method, path, obj=None, headers=None):
+        hdrs = dict(self.headers)
+        hdrs.update(headers or {})
+        data = None
+        if method == "POST":
+            data = compact(obj) if obj is not None else b""
+            hdrs.setdefault("Content-Type", "application/json")
+        r = self.session.request(method, self.base_url + path, data=data, headers=hdrs,
+                                 timeout=SOCKET_TIMEOUT_S)
+        return r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content
+
+    def close(self):
+        self.session.close()
+
+
+# --- Prometheus text -----------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+
+
+class Metrics:
+    """One scrape: samples by (name, sorted labels), and the declared TYPE of families."""
+
+    def __init__(self, text):
+        self.text = text
+        self.samples = {}
+        self.types = {}
+        for line in text.split("\n"):
+            if not line:
+                continue
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split(" ", 3)
+                assert name not in self.types, f"TYPE twice for {name}"
+                self.types[name] = kind
+                continue
+            if line.startswith("#"):
+                continue
+            match = _SAMPLE.match(line)
+            assert match, f"unparsable sample line {line!r}"
+            name, label_text, value = match.groups()
+            labels = {}
+            if label_text:
+                pairs = _LABEL.findall(label_text)
+                rebuilt = ",".join(f'{k}="{v}"' for k, v in pairs)
+                assert rebuilt == label_text, f"unparsable labels in {line!r}"
+                labels = dict(pairs)
+            series = (name, tuple(sorted(labels.items())))
+            assert series not in self.samples, f"duplicate series {line!r}"
+            self.samples[series] = float(value)
+
+    def get(self, name, **labels):
+        """The value of one series; 0 if absent (counters that never moved are omitted)."""
+        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def series(self, name):
+        """[(labels dict, value)] of every series of `name`."""
+        return [(dict(lbl), v) for (n, lbl), v in self.samples.items() if n == name]
+
+    def sum(self, name, **match):
+        return sum(v for lbl, v in self.series(name)
+                   if all(lbl.get(k) == str(want) for k, want in match.items()))
+
+
+# --- the vLLM request sequence ---------------------------------------------------------
+
+def vllm_sequence(tc, call, tag, ranks=(0, 1), num_pages=64, n=8):
+    """What one engine with TP=len(ranks) does, through `call`: clear, scheduler init,
+    worker inits, a miss, a save on every rank (allocate -> confirm), exists, loads
+    (get_locations), then a failed save whose release includes a cache-hit page. Checks
+    every answer byte for byte; returns the number of requests made."""
+    made = 0
+
+    def expect(method, path, obj, status, body):
+        nonlocal made
+        made += 1
+        got_status, headers, got = call(method, path, obj)
+        tc.assertEqual((got_status, got), (status, body), f"{method} {path} {obj}")
+        if status != 204:
+            tc.assertEqual(headers.get("content-type", "").split(";")[0], "application/json")
+
+    ks = keys(n, tag)
+    expect("POST", "/clear", None, 204, b"")
+    expect("POST", "/rank/0/initialize", {"num_pages": 0, "role": "scheduler"}, 200,
+           b'{"message":"Scheduler role does not require initialization"}')
+    for r in ranks:
+        expect("POST", f"/rank/{r}/initialize", {"num_pages": num_pages, "role": "worker"}, 200,
+               compact({"message": f"Rank {r} initialized with {num_pages} pages"}))
+    expect("POST", "/keys/batch_exists", {"keys": ks}, 200, compact({"exists": [False] * n}))
+    for r in ranks:
+        expect("POST", "/keys/batch_allocate", {"rank": r, "keys": [[k, ""] for k in ks]}, 200,
+               compact({"rank": r, "results": [[k, i] for i, k in enumerate(ks)]}))
+        expect("POST", "/keys/confirm_write",
+               {"rank": r, "confirmations": [[k, i] for i, k in enumerate(ks)],
+                "pages_to_release": []}, 204, b"")
+    expect("POST", "/keys/batch_exists", {"keys": ks}, 200, compact({"exists": [True] * n}))
+    for r in ranks:
+        expect("POST", "/keys/get_locations", {"rank": r, "keys": ks}, 200,
+               compact({"locations": list(range(n))}))
+    # A failed save on the first rank: two hits and two new keys; the connector releases
+    # every page of the task, the hits' pages included (those must stay bound).
+    r = ranks[0]
+    fresh = keys(2, tag + "/failed")
+    task = ks[:2] + fresh
+    expect("POST", "/keys/batch_allocate", {"rank": r, "keys": [[k, ""] for k in task]}, 200,
+           compact({"rank": r, "results": [[ks[0], 0], [ks[1], 1], [fresh[0], n],
+                                           [fresh[1], n + 1]]}))
+    expect("POST", "/keys/confirm_write",
+           {"rank": r, "confirmations": [], "pages_to_release": [0, 1, n, n + 1]}, 204, b"")
+    expect("GET", f"/rank/{r}", None, 200,
+           compact({"num_pages": num_pages, "free": num_pages - n, "reserved": 0, "bound": n}))
+    expect("POST", "/keys/get_locations", {"rank": r, "keys": task}, 200,
+           compact({"locations": [0, 1, None, None]}))
+    return made
+
+
+# --- base class ------------------------------------------------------------------------
+
+class OpsTestCase(unittest.TestCase):
+    """Helpers to start servers (stopped, and checked to exit 0, at cleanup), temp dirs
+    and raw connections."""
+
+    def tmpdir(self):
+        path = tempfile.mkdtemp(prefix="metad-ops-")
+        self.addCleanup(shutil.rmtree, path, ignore_errors=True)
+        return path
+
+    def start(self, *args):
+        server = OpsServer(args)
+        self.addCleanup(self._stop, server)
+        return server
+
+    def _stop(self, server):
+        code = server.stop()
+        self.assertEqual(code, 0, f"exit code after SIGTERM; stderr tail:\n{server.log()[-3000:]}")
+
+    def write_file(self, directory, name, text):
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def scrape(self, server, headers=None):
+        """GET /metrics on a fresh connection; checks the content type, returns Metrics."""
+        r = requests.get(server.base_url + "/metrics", headers=headers, timeout=SOCKET_TIMEOUT_S)
+        self.assertEqual(r.status_code, 200, r.content)
+        self.assertEqual(r.headers.get("Content-Type"), "text/plain; version=0.0.4; charset=utf-8")
+        return Metrics(r.text)
+
+    def assert_closed_without_answer(self, conn, timeout):
+        self.assertTrue(conn.closed_by_peer(timeout=timeout),
+                        f"connection not closed within {timeout} s; got {conn.buf!r}")
+        self.assertEqual(conn.buf, b"")
+
+
+def request_ok(port):
+    """One request on a fresh connection; True if it is answered 200 {"exists":[]}."""
+    with RawConnection(port, timeout=5.0) as conn:
+        conn.send(raw_request("POST", "/keys/batch_exists", compact({"keys": []})))
+        status, _, body = conn.read_response()
+    return (status, body) == (200, b'{"exists":[]}')
+
+
+# --- 1. metrics ------------------------------------------------------------------------
+
+class MetricsTest(OpsTestCase):
+
+    def test_health_and_ready(self):
+        server = self.start()
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        for path, body in (("/health", b'{"status":"ok"}'), ("/ready", b'{"status":"ready"}')):
+            with self.subTest(path=path):
+                r = client.request("GET", path)
+                self.assertEqual((r.status_code, r.content), (200, body))
+                self.assertEqual(r.headers.get("Content-Type"), "application/json")
+
+    def test_promtool_accepts_the_exposition(self):
+        server = self.start()
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        # Populate every family: a rank, a key, a refused release, an error, latencies.
+        self.assertEqual(client.initialize(3, 16).status_code, 200)
+        k = keys(1, "promtool")
+        self.assertEqual(client.batch_allocate(3, k).status_code, 200)
+        self.assertEqual(client.confirm_write(3, [(k[0], 0)], [0]).status_code, 204)
+        self.assertEqual(client.request("GET", "/nope").status_code, 404)
+        text = self.scrape(server).text
+        if not os.path.exists(PROMTOOL):
+            self.skipTest(f"{PROMTOOL} absent (Debian package prometheus)")
+        run = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(),
+                             capture_output=True, timeout=30)
+        self.assertEqual(run.returncode, 0,
+                         f"promtool: {run.stdout.decode()}{run.stderr.decode()}\n{text}")
+
+    def test_metrics_move_with_requests(self):
+        server = self.start()
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+
+        def get_text():
+            r = client.request("GET", "/metrics")
+            self.assertEqual(r.status_code, 200)
+            return Metrics(r.text)
+
+        before = get_text()
+        for family, kind in (("hf3fs_metad_requests_total", "counter"),
+                             ("hf3fs_metad_request_duration_seconds", "histogram"),
+                             ("hf3fs_metad_keys", "gauge"), ("hf3fs_metad_ranks", "gauge"),
+                             ("hf3fs_metad_refused_releases_total", "counter"),
+                             ("hf3fs_metad_cross_core_messages_total", "counter"),
+                             ("hf3fs_metad_connections_open", "gauge"),
+                             ("hf3fs_metad_connections_accepted_total", "counter"),
+                             ("hf3fs_metad_connections_rejected_total", "counter"),
+                             ("hf3fs_metad_connections_timed_out_total", "counter"),
+                             ("hf3fs_metad_pages", "gauge")):
+            with self.subTest(family=family):
+                self.assertEqual(before.types.get(family), kind)
+
+        rank, ks = 5, keys(4, "metrics")
+        self.assertEqual(client.initialize(rank, 100).status_code, 200)
+        self.assertEqual(client.post(f"/rank/{rank}/initialize",
+                                     {"num_pages": 1, "role": "Worker"}).status_code, 400)
+        self.assertEqual(client.batch_allocate(rank, ks).status_code, 200)
+        self.assertEqual(client.batch_allocate(99, ks).status_code, 404)
+        self.assertEqual(client.post("/no/such/path", {}).status_code, 404)
+        self.assertEqual(client.confirm_write(rank, [(ks[0], 0), (ks[1], 1)]).status_code, 204)
+        # A write-failure release of a bound page (1: refused, counted) and a reserved one.
+        self.assertEqual(client.confirm_write(rank, [], [1, 2]).status_code, 204)
+        info = client.rank_info(rank).json()
+        after = get_text()
+
+        expected = {("initialize", "200"): 1, ("initialize", "400"): 1,
+                    ("batch_allocate", "200"): 1, ("batch_allocate", "404"): 1,
+                    ("not_found", "404"): 1, ("confirm_write", "204"): 2,
+                    ("rank_info", "200"): 1, ("metrics", "200"): 1}
+        series = {(lbl["endpoint"], lbl["status"])
+                  for lbl, _ in before.series("hf3fs_metad_requests_total") +
+                  after.series("hf3fs_metad_requests_total")}
+        for endpoint, status in sorted(series | set(expected)):
+            with self.subTest(endpoint=endpoint, status=status):
+                delta = (after.get("hf3fs_metad_requests_total", endpoint=endpoint, status=status) -
+                         before.get("hf3fs_metad_requests_total", endpoint=endpoint, status=status))
+                self.assertEqual(delta, expected.get((endpoint, status), 0))
+
+        # Histograms: per endpoint, cumulative buckets, +Inf == _count == requests.
+        endpoints = {lbl["endpoint"] for lbl, _ in after.series("hf3fs_metad_requests_total")}
+        hist = "hf3fs_metad_request_duration_seconds"
+        for endpoint in sorted(endpoints):
+            with self.subTest(histogram=endpoint):
+                count = after.get(hist + "_count", endpoint=endpoint)
+                self.assertEqual(count, after.sum("hf3fs_metad_requests_total", endpoint=endpoint))
+                buckets = sorted(((float(lbl["le"]), v) for lbl, v in after.series(hist + "_bucket")
+                                  if lbl["endpoint"] == endpoint))
+                self.assertEqual(buckets[-1], (float("inf"), count))
+                values = [v for _, v in buckets]
+                self.assertEqual(values, sorted(values), "buckets must be cumulative")
+                self.assertGreaterEqual(after.get(hist + "_sum", endpoint=endpoint), 0.0)
+
+        # Pages of the rank, as GET /rank/{r} says.
+        self.assertEqual(info, {"num_pages": 100, "free": 97, "reserved": 1, "bound": 2})
+        for state, field in (("total", "num_pages"), ("free", "free"),
+                             ("reserved", "reserved"), ("bound", "bound")):
+            with self.subTest(pages=state):
+                self.assertEqual(after.get("hf3fs_metad_pages", rank=str(rank), state=state),
+                                 info[field])
+        self.assertEqual(after.get("hf3fs_metad_ranks"), 1)
+        self.assertEqual(after.get("hf3fs_metad_keys") - before.get("hf3fs_metad_keys"), 2)
+        self.assertEqual(after.get("hf3fs_metad_refused_releases_total") -
+                         before.get("hf3fs_metad_refused_releases_total"), 1)
+        self.assertGreaterEqual(after.get("hf3fs_metad_cross_core_messages_total"),
+                                before.get("hf3fs_metad_cross_core_messages_total"))
+        # Per core: one series per core thread; this client's connection is open.
+        threads = int(server.args[server.args.index("--threads") + 1])
+        for family in ("hf3fs_metad_connections_open", "hf3fs_metad_connections_accepted_total",
+                       "hf3fs_metad_connections_rejected_total",
+                       "hf3fs_metad_connections_timed_out_total"):
+            with self.subTest(per_core=family):
+                self.assertEqual(sorted(lbl["core"] for lbl, _ in after.series(family)),
+                                 [str(c) for c in range(threads)])
+        self.assertGreaterEqual(after.sum("hf3fs_metad_connections_open"), 1)
+        self.assertGreaterEqual(after.sum("hf3fs_metad_connections_accepted_total"), 1)
+
+        # /clear empties the gauges.
+        self.assertEqual(client.clear().status_code, 204)
+        cleared = get_text()
+        self.assertEqual(cleared.series("hf3fs_metad_pages"), [])
+        self.assertEqual((cleared.get("hf3fs_metad_ranks"), cleared.get("hf3fs_metad_keys")),
+                         (0, 0))
+
+
+# --- 2. access control -------------------------------------------------------------------
+
+# Every endpoint but /health, with a body that would succeed (or at least be answered)
+# if the token were right.
+GUARDED = (
+    ("POST", "/rank/0/initialize", {"num_pages": 8, "role": "worker"}),
+    ("POST", "/rank/0/initialize", {"num_pages": 0, "role": "scheduler"}),
+    ("POST", "/keys/batch_allocate", {"rank": 0, "keys": [["k", ""]]}),
+    ("POST", "/keys/confirm_write", {"rank": 0, "confirmations": [], "pages_to_release": []}),
+    ("POST", "/keys/batch_exists", {"keys": ["k"]}),
+    ("POST", "/keys/get_locations", {"rank": 0, "keys": ["k"]}),
+    ("POST", "/clear", None),
+    ("GET", "/rank/0", None),
+    ("GET", "/ready", None),
+    ("GET", "/metrics", None),
+    ("POST", "/no/such/path", {}),
+    ("GET", "/keys/batch_exists", None),
+)
+
+BAD_AUTHORIZATION = (
+    None,
+    "",
+    "Bearer",
+    "Bearer ",
+    "Bearer wrong",
+    f"Bearer {TOKEN}x",
+    f"Bearer {TOKEN[:-1]}",
+    f"Basic {TOKEN}",
+    TOKEN,
+    f"Bearer {ADMIN_TOKEN}",
+)
+
+
+class AuthTest(OpsTestCase):
+
+    def setUp(self):
+        d = self.tmpdir()
+        # The auth token file ends with a newline (as `echo` writes it); the admin one not.
+        self.auth_file = self.write_file(d, "token", TOKEN + "\n")
+        self.admin_file = self.write_file(d, "admin-token", ADMIN_TOKEN)
+
+    def assert_unauthorized(self, call, method, path, obj, headers):
+        status, hdrs, body = call(method, path, obj, headers)
+        self.assertEqual((status, body), (401, UNAUTHORIZED_BODY))
+        self.assertEqual(hdrs.get("www-authenticate"), "Bearer")
+        self.assertEqual(hdrs.get("content-type"), "application/json")
+
+    def test_every_endpoint_needs_the_token(self):
+        server = self.start("--auth-token-file", self.auth_file)
+        call = RequestsCaller(server.base_url)
+        self.addCleanup(call.close)
+        for method, path, obj in GUARDED:
+            for auth in BAD_AUTHORIZATION:
+                with self.subTest(method=method, path=path, authorization=auth):
+                    headers = {} if auth is None else {"Authorization": auth}
+                    self.assert_unauthorized(call, method, path, obj, headers)
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        # Nothing was applied: the rank does not exist.
+        self.assertEqual(call("GET", "/rank/0", None, good)[0], 404)
+        # /health needs none, and ignores a wrong one.
+        for headers in ({}, {"Authorization": "Bearer wrong"}, good):
+            with self.subTest(health=headers):
+                self.assertEqual(call("GET", "/health", None, headers)[::2],
+                                 (200, b'{"status":"ok"}'))
+        # The right token: everything works, /clear included (no admin token set).
+        authed = RequestsCaller(server.base_url, good)
+        self.addCleanup(authed.close)
+        vllm_sequence(self, authed, "auth")
+        self.assertEqual(authed("GET", "/ready")[::2], (200, b'{"status":"ready"}'))
+        self.assertEqual(authed("GET", "/metrics")[0], 200)
+
+    def test_admin_token_guards_clear(self):
+        server = self.start("--auth-token-file", self.auth_file,
+                            "--admin-token-file", self.admin_file)
+        call = RequestsCaller(server.base_url)
+        self.addCleanup(call.close)
+        user = {"Authorization": f"Bearer {TOKEN}"}
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        self.assertEqual(call("POST", "/rank/7/initialize", {"num_pages": 4}, user)[0], 200)
+        for name, headers in (("none", {}), ("user", user), ("wrong", {"Authorization": "Bearer x"})):
+            with self.subTest(clear_with=name):
+                self.assert_unauthorized(call, "POST", "/clear", None, headers)
+                self.assertEqual(call("GET", "/rank/7", None, user)[::2],
+                                 (200, b'{"num_pages":4,"free":4,"reserved":0,"bound":0}'))
+        self.assertEqual(call("POST", "/clear", None, admin)[::2], (204, b""))
+        self.assertEqual(call("GET", "/rank/7", None, user)[0], 404)
+
+    def test_bad_token_files_exit_2(self):
+        d = self.tmpdir()
+        empty = self.write_file(d, "empty", "")
+        blank = self.write_file(d, "blank", "  \n")
+        missing = os.path.join(d, "missing")
+        binary = os.environ.get("METAD_BIN")
+        if not binary:
+            self.skipTest("METAD_BIN is not set")
+        for flag in ("--auth-token-file", "--admin-token-file"):
+            for path in (empty, blank, missing):
+                with self.subTest(flag=flag, file=os.path.basename(path)):
+                    run = subprocess.run([binary, "--port", "0", flag, path],
+                                         stdin=subprocess.DEVNULL, capture_output=True,
+                                         timeout=STOP_TIMEOUT_S)
+                    self.assertEqual(run.returncode, 2, run.stderr)
+
+
+# --- 3. unix socket ---------------------------------------------------------------------
+
+class UnixSocketTest(OpsTestCase):
+
+    def test_unix_only(self):
+        sock = os.path.join(self.tmpdir(), "metad.sock")
+        server = self.start("--unix", sock, "--no-tcp")
+        self.assertTrue(stat.S_ISSOCK(os.stat(sock).st_mode))
+        self.assertIsNone(server.port)
+        call = HttpCaller.unix(sock)
+        self.addCleanup(call.close)
+        self.assertEqual(call("GET", "/health")[::2], (200, b'{"status":"ok"}'))
+        vllm_sequence(self, call, "unix")
+        self.assertEqual(call("GET", "/metrics")[0], 200)
+
+    def test_no_tcp_needs_unix(self):
+        binary = os.environ.get("METAD_BIN")
+        if not binary:
+            self.skipTest("METAD_BIN is not set")
+        run = subprocess.run([binary, "--port", "0", "--no-tcp"], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=STOP_TIMEOUT_S)
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertIn(b"--unix", run.stderr)
+
+    def test_tcp_and_unix_share_state(self):
+        sock = os.path.join(self.tmpdir(), "metad.sock")
+        server = self.start("--unix", sock)
+        tcp, unix = HttpCaller.tcp(server.port), HttpCaller.unix(sock)
+        self.addCleanup(tcp.close)
+        self.addCleanup(unix.close)
+        ks = keys(3, "shared")
+        self.assertEqual(tcp("POST", "/rank/2/initialize", {"num_pages": 8})[0], 200)
+        status, _, body = unix("POST", "/keys/batch_allocate", {"rank": 2, "keys": ks})
+        self.assertEqual((status, body), (200, compact({"rank": 2, "results": [[k, i] for i, k in
+                                                                             enumerate(ks)]})))
+        self.assertEqual(tcp("POST", "/keys/confirm_write",
+                             {"rank": 2, "confirmations": [[k, i] for i, k in enumerate(ks)]})[0],
+                         204)
+        expect_info = compact({"num_pages": 8, "free": 5, "reserved": 0, "bound": 3})
+        for name, call in (("tcp", tcp), ("unix", unix)):
+            with self.subTest(via=name):
+                self.assertEqual(call("POST", "/keys/batch_exists", {"keys": ks})[::2],
+                                 (200, b'{"exists":[true,true,true]}'))
+                self.assertEqual(call("GET", "/rank/2")[::2], (200, expect_info))
+        self.assertEqual(unix("POST", "/clear")[0], 204)
+        self.assertEqual(tcp("GET", "/rank/2")[0], 404)
+
+
+# --- 4. nginx -----------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+NGINX_CONF = """\
+worker_processes 1;
+{user}
+pid {dir}/nginx.pid;
+error_log {dir}/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+{blocks}
+}}
+"""
+
+NGINX_BLOCK = """\
+    upstream {name} {{
+        server {target};
+        keepalive 16;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://{name};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+{extra}        }}
+    }}
+"""
+
+
+class Nginx:
+    """Debian's nginx in the foreground with a generated config in `directory`."""
+
+    def __init__(self, directory, routes):
+        """routes: [(name, upstream target, extra location lines)] -> self.ports[name]."""
+        self.dir = directory
+        self.ports = {}
+        blocks = []
+        for name, target, extra in routes:
+            self.ports[name] = free_port()
+            blocks.append(NGINX_BLOCK.format(name=name, target=target, port=self.ports[name],
+                                             extra="".join(f"            {line}\n"
+                                                           for line in extra)))
+        # As root the workers would run as nobody, who cannot reach a socket in a 0700
+        # temp dir.
+        user = "user root;" if os.geteuid() == 0 else ""
+        self.conf = os.path.join(directory, "nginx.conf")
+        with open(self.conf, "w") as f:
+            f.write(NGINX_CONF.format(user=user, dir=directory, blocks="".join(blocks)))
+        self.proc = subprocess.Popen(
+            [NGINX, "-p", directory, "-c", self.conf, "-e", os.path.join(directory, "error.log"),
+             "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            self._wait_listening()
+        except Exception:
+            self.stop()
+            raise
+
+    def _wait_listening(self):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for port in self.ports.values():
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"nginx exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"nginx not listening on {port}:\n{self.log()}")
+                    time.sleep(0.05)
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "error.log")) as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        """Graceful stop (SIGQUIT), then SIGTERM, then SIGKILL; the exit code."""
+        for sig in (signal.SIGQUIT, signal.SIGTERM):
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout=STOP_TIMEOUT_S / 2)
+            except subprocess.TimeoutExpired:
+                pass
+        self.proc.kill()
+        return self.proc.wait()
+
+
+@unittest.skipUnless(os.path.exists(NGINX),
+                     f"{NGINX} absent: install nginx-light (scripts/setup.sh --bench) to run "
+                     "the reverse-proxy tests")
+class NginxTest(OpsTestCase):
+
+    def start_nginx(self, routes):
+        nginx = Nginx(self.tmpdir(), routes)
+        self.addCleanup(self._stop_nginx, nginx)
+        return nginx
+
+    def _stop_nginx(self, nginx):
+        code = nginx.stop()
+        self.assertEqual(code, 0, f"nginx exit code; error log:\n{nginx.log()}")
+
+    def test_vllm_sequence_through_nginx(self):
+        d = self.tmpdir()
+        os.chmod(d, 0o755)
+        open_sock = os.path.join(d, "open.sock")
+        auth_sock = os.path.join(d, "auth.sock")
+        token_file = self.write_file(d, "token", TOKEN + "\n")
+        open_server = self.start("--unix", open_sock)
+        auth_server = self.start("--unix", auth_sock, "--auth-token-file", token_file)
+        auth_header = [f'proxy_set_header Authorization "Bearer {TOKEN}";']
+        nginx = self.start_nginx([
+            ("metad_tcp", f"127.0.0.1:{open_server.port}", []),
+            ("metad_unix", f"unix:{open_sock}", []),
+            ("metad_auth_unix", f"unix:{auth_sock}", auth_header),
+            ("metad_auth_tcp", f"127.0.0.1:{auth_server.port}", auth_header),
+        ])
+        # The client itself sends no token: the auth server refuses it directly.
+        direct = RequestsCaller(auth_server.base_url)
+        self.addCleanup(direct.close)
+        self.assertEqual(direct("POST", "/keys/batch_exists", {"keys": []})[::2],
+                         (401, UNAUTHORIZED_BODY))
+
+        for name, server in (("metad_tcp", open_server), ("metad_unix", open_server),
+                             ("metad_auth_unix", auth_server), ("metad_auth_tcp", auth_server)):
+            with self.subTest(route=name):
+                before = self.scrape(server, {"Authorization": f"Bearer {TOKEN}"})
+                call = RequestsCaller(f"http://127.0.0.1:{nginx.ports[name]}")
+                try:
+                    made = vllm_sequence(self, call, name)
+                    made += 2
+                    self.assertEqual(call("GET", "/health")[::2], (200, b'{"status":"ok"}'))
+                    self.assertEqual(call("GET", "/ready")[::2], (200, b'{"status":"ready"}'))
+                finally:
+                    call.close()
+                after = self.scrape(server, {"Authorization": f"Bearer {TOKEN}"})
+                # Keep-alive upstream: far fewer connections than requests (the scrape
+                # itself is one).
+                accepted = (after.sum("hf3fs_metad_connections_accepted_total") -
+                            before.sum("hf3fs_metad_connections_accepted_total"))
+                self.assertLessEqual(accepted, 3, f"{made} requests took {accepted} connections")
+                self.assertEqual(after.sum("hf3fs_metad_requests_total", status=401) -
+                                 before.sum("hf3fs_metad_requests_total", status=401), 0)
+
+    def test_deploy_example_parses(self):
+        example = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "nginx",
+                               "hf3fs-metad.conf")
+        if not os.path.exists(example):
+            self.skipTest("deploy/nginx/hf3fs-metad.conf absent")
+        d = self.tmpdir()
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF.format(user="", dir=d,
+                                      blocks=f"    include {os.path.abspath(example)};\n"))
+        run = subprocess.run([NGINX, "-t", "-p", d, "-c", conf, "-e", os.path.join(d, "error.log")],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr.decode())
+
+
+# --- 5. timeouts (slowloris) ---------------------------------------------------------------
+
+SLOW_REQUEST = (b"POST /keys/batch_exists HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nX-Slow: " + b"a" * 200 + b"\r\n")
+
+
+def dribble_until_closed(port, sent_at_once, dribble, served_check, limit_s=5.0):
+    """Sends `sent_at_once`, then one byte of `dribble` every 100 ms until the server ends
+    the connection. Calls `served_check()` once, ~0.2 s in. Returns (seconds from the
+    first byte to the end, bytes the server sent, what served_check returned)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_S)
+    received = b""
+    served = None
+    try:
+        start = time.monotonic()
+        if sent_at_once:
+            sock.sendall(sent_at_once)
+        i = 0
+        while time.monotonic() - start < limit_s:
+            if i < len(dribble):
+                try:
+                    sock.sendall(dribble[i:i + 1])
+                except (BrokenPipeError, ConnectionResetError):
+                    return time.monotonic() - start, received, served
+                i += 1
+            readable, _, _ = select.select([sock], [], [], 0.1)
+            if readable:
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if not chunk:
+                    return time.monotonic() - start, received, served
+                received += chunk
+            if served is None and time.monotonic() - start > 0.2:
+                served = served_check()
+        return None, received, served
+    finally:
+        sock.close()
+
+
+class TimeoutTest(OpsTestCase):
+
+    def test_slowloris_is_cut_off_while_others_are_served(self):
+        server = self.start("--header-timeout-ms", "500")
+        before = self.scrape(server)
+        body = compact({"keys": ["x" * 32]})
+        cases = (
+            ("request line", b"", SLOW_REQUEST),
+            ("headers", SLOW_REQUEST[:34], SLOW_REQUEST[34:]),
+            ("body", SLOW_REQUEST + b"Content-Length: %d\r\n\r\n" % (len(body) + 60),
+             body + b" " * 60),
+        )
+        for name, at_once, dribble in cases:
+            with self.subTest(slow=name):
+                elapsed, received, served = dribble_until_closed(
+                    server.port, at_once, dribble, lambda: request_ok(server.port))
+                self.assertIsNotNone(elapsed, f"not disconnected within 5 s; got {received!r}")
+                self.assertGreaterEqual(elapsed, 0.3)
+                self.assertLessEqual(elapsed, 3.0)
+                self.assertTrue(served, "another client was not served meanwhile")
+                if received:  # an error answer before the close is fine; not a success
+                    self.assertNotRegex(received[:12], rb"^HTTP/1\.1 2")
+        self.assertTrue(request_ok(server.port))
+        after = self.scrape(server)
+        self.assertGreaterEqual(after.sum("hf3fs_metad_connections_timed_out_total") -
+                                before.sum("hf3fs_metad_connections_timed_out_total"), len(cases))
+
+    def test_idle_connections_are_closed(self):
+        server = self.start("--idle-timeout-ms", "500")
+        before = self.scrape(server)
+        cases = (("after a request", True), ("never used", False))
+        for name, use in cases:
+            with self.subTest(idle=name):
+                with RawConnection(server.port) as conn:
+                    if use:
+                        conn.send(raw_request("POST", "/keys/batch_exists", compact({"keys": []})))
+                        self.assertEqual(conn.read_response()[0], 200)
+                    start = time.monotonic()
+                    self.assert_closed_without_answer(conn, timeout=5.0)
+                    elapsed = time.monotonic() - start
+                if use:  # a never-used connection may have been accepted a bit earlier
+                    self.assertGreaterEqual(elapsed, 0.3)
+                self.assertLessEqual(elapsed, 3.0)
+        # A busy keep-alive connection (a request every 100 ms) is not idle.
+        with RawConnection(server.port) as conn:
+            for _ in range(10):
+                conn.send(raw_request("POST", "/keys/batch_exists", compact({"keys": []})))
+                self.assertEqual(conn.read_response()[0], 200)
+                time.sleep(0.1)
+        after = self.scrape(server)
+        self.assertGreaterEqual(after.sum("hf3fs_metad_connections_timed_out_total") -
+                                before.sum("hf3fs_metad_connections_timed_out_total"), len(cases))
+
+
+# --- 6. connection limit ---------------------------------------------------------------------
+
+class ConnectionLimitTest(OpsTestCase):
+
+    def test_limit_per_core(self):
+        limit = 5
+        server = self.start("--threads", "1", "--connections-max", str(limit))
+        conns = []
+        self.addCleanup(lambda: [c.close() for c in conns])
+        for _ in range(limit):
+            conn = RawConnection(server.port)
+            conns.append(conn)
+            conn.send(raw_request("GET", "/health"))
+            self.assertEqual(conn.read_response()[::2], (200, b'{"status":"ok"}'))
+        # One more: accepted by the kernel, closed by the server without an answer.
+        with RawConnection(server.port) as extra:
+            try:
+                extra.send(raw_request("GET", "/health"))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.assert_closed_without_answer(extra, timeout=2.0)
+        # The others still work.
+        for conn in conns:
+            conn.send(raw_request("GET", "/health"))
+            self.assertEqual(conn.read_response()[0], 200)
+        # Closing one makes room (the server notices the close asynchronously: retry).
+        conns.pop().close()
+        deadline = time.monotonic() + 3.0
+        while True:
+            conn = RawConnection(server.port)
+            try:
+                conn.send(raw_request("GET", "/metrics"))
+                status, _, body = conn.read_response()
+                conns.append(conn)
+                break
+            except (ConnectionError, OSError):
+                conn.close()
+                if time.monotonic() > deadline:
+                    self.fail("no new connection accepted after closing one")
+                time.sleep(0.05)
+        self.assertEqual(status, 200)
+        metrics = Metrics(body.decode())
+        self.assertEqual(metrics.get("hf3fs_metad_connections_open", core="0"), limit)
+        self.assertGreaterEqual(metrics.get("hf3fs_metad_connections_rejected_total", core="0"), 1)
+        self.assertGreaterEqual(metrics.get("hf3fs_metad_connections_accepted_total", core="0"),
+                                limit + 1)
+
+
+# --- logs --------------------------------------------------------------------------------
+
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (error|warn|info|debug) core=-?\d+ \S")
+
+
+class LoggingTest(OpsTestCase):
+
+    REQUESTS = (  # (method, path, body, endpoint label, status)
+        ("POST", "/rank/5/initialize", {"num_pages": 10}, "initialize", 200),
+        ("POST", "/keys/batch_exists", {"keys": 1}, "batch_exists", 400),
+        ("GET", "/no/such/path", None, "not_found", 404),
+        ("GET", "/health", None, "health", 200),
+    )
+
+    def make_requests(self, server):
+        call = RequestsCaller(server.base_url)
+        try:
+            for method, path, obj, _, status in self.REQUESTS:
+                self.assertEqual(call(method, path, obj)[0], status)
+        finally:
+            call.close()
+
+    def assert_log_lines_well_formed(self, server):
+        for line in list(server.stderr_lines):
+            self.assertRegex(line, _LOG_LINE)
+
+    def test_access_log_and_summary(self):
+        server = self.start("--access-log", "--summary-interval-ms", "200")
+        self.make_requests(server)
+        for method, path, _, endpoint, status in self.REQUESTS:
+            with self.subTest(access=path):
+                self.assertTrue(server.wait_log(rf" access {endpoint} {status} .*{re.escape(path)}"),
+                                server.log())
+        self.assertTrue(server.wait_log(r" summary: .*req/s.*10 of 10 pages free", timeout=5.0),
+                        server.log())
+        self.assert_log_lines_well_formed(server)
+
+    def test_quiet_by_default(self):
+        server = self.start("--summary-interval-ms", "0")
+        self.make_requests(server)
+        time.sleep(0.5)
+        lines = list(server.stderr_lines)
+        self.assertEqual([line for line in lines if " access " in line or " summary:" in line], [])
+        self.assert_log_lines_well_formed(server)
+
+
+# --- 7. graceful stop ------------------------------------------------------------------------
+
+class GracefulStopTest(OpsTestCase):
+
+    def test_in_flight_requests_finish_on_sigterm(self):
+        server = self.start()
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        ks = keys(2, "stop")
+        self.assertEqual(client.initialize(0, 8).status_code, 200)
+        self.assertEqual(client.batch_allocate(0, ks).status_code, 200)
+        self.assertEqual(client.confirm_write(0, [(ks[0], 0), (ks[1], 1)]).status_code, 204)
+        client.close()
+
+        body = compact({"keys": ks})
+        exists = raw_request("POST", "/keys/batch_exists", body)
+        ready = raw_request("GET", "/ready")
+        idle, slow_exists, slow_ready = (RawConnection(server.port) for _ in range(3))
+        for conn in (idle, slow_exists, slow_ready):
+            self.addCleanup(conn.close)
+            conn.send(raw_request("GET", "/health"))  # established and accepted
+            self.assertEqual(conn.read_response()[0], 200)
+        # Two requests in flight: all but their last bytes have arrived.
+        slow_exists.send(exists[:-3])
+        slow_ready.send(ready[:-2])
+        time.sleep(0.2)
+        server.proc.send_signal(signal.SIGTERM)
+        self.assertTrue(server.wait_log(r"draining"), server.log())
+        slow_exists.send(exists[-3:])
+        slow_ready.send(ready[-2:])
+        self.assertEqual(slow_exists.read_response()[::2], (200, b'{"exists":[true,true]}'))
+        status, headers, text = slow_ready.read_response()
+        self.assertEqual(status, 503, text)
+        self.assertEqual(headers.get("content-type"), "application/json")
+        self.assertRegex(text, rb'^\{"detail":".+"\}$')
+        for name, conn in (("idle", idle), ("exists", slow_exists), ("ready", slow_ready)):
+            with self.subTest(closed=name):
+                self.assertTrue(conn.closed_by_peer(timeout=5.0))
+        self.assertEqual(server.proc.wait(timeout=STOP_TIMEOUT_S), 0, server.log())
+        with self.assertRaises(OSError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,203 @@
+// Durability without sockets: requests through the pipeline with a data directory, the
+// group commit driven by hand, then recovery into clusters of other core counts.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "server/cluster.hpp"
+#include "server/durability.hpp"
+#include "server/exchange.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct counting_waker final : net::waker {
+  int wakes = 0;
+  void wake() override { ++wakes; }
+};
+
+// One cluster over a data directory, driven by hand: mailbox drains and log flushes.
+class node {
+ public:
+  node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30) {
+    cfg_.data_dir = dir;
+    cfg_.snapshot_log_bytes = snapshot_bytes;
+    cfg_.log = metad::log_level::error;
+    cluster_ = std::make_unique<server::cluster>(cfg_, cores);
+    server::recover(*cluster_);
+    x_ = std::make_unique<server::exchange>(*cluster_, *cluster_->core[0], waker_);
+  }
+  ~node() {
+    for (auto& core : cluster_->core) server::finish_snapshot(*core);
+  }
+
+  std::string send(const std::string& bytes) {
+    std::span<char> space = x_->read_space();
+    std::copy(bytes.begin(), bytes.end(), space.begin());
+    net::flow f = x_->on_bytes(bytes.size());
+    while (f == net::flow::wait) {
+      const int before = waker_.wakes;
+      for (int spin = 0; spin < 1000 && waker_.wakes == before; ++spin) {
+        for (auto& core : cluster_->core) {
+          cluster_->mailbox.drain(core->index);
+          flush(*core);
+        }
+      }
+      EXPECT_EQ(waker_.wakes, before + 1);
+      f = x_->on_resume();
+    }
+    for (auto& core : cluster_->core) server::snapshot_tick(*cluster_, *core);
+    return std::exchange(x_->output(), {});
+  }
+
+  std::string post(const std::string& path, const std::string& body) {
+    const std::string response =
+        send("POST " + path + " HTTP/1.1\r\ncontent-length: " + std::to_string(body.size()) +
+             "\r\n\r\n" + body);
+    return response.substr(response.find("\r\n\r\n") + 4);
+  }
+  std::string get(const std::string& path) {
+    const std::string response = send("GET " + path + " HTTP/1.1\r\n\r\n");
+    return response.substr(response.find("\r\n\r\n") + 4);
+  }
+
+ private:
+  static void flush(server::core_state& core) {
+    if (!core.log.flush_due(true)) return;
+    const store::log_writer::flush_job job = core.log.begin_flush();
+    const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
+    core.log.end_flush(written, ::fdatasync(job.fd));
+  }
+
+  metad::config cfg_;
+  std::unique_ptr<server::cluster> cluster_;
+  counting_waker waker_;
+  std::unique_ptr<server::exchange> x_;
+};
+
+class Durability : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() /
+            ("metad-durability-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A TP=2 save of keys k0..k{n-1} on ranks 0 and 1, a reservation left open on rank 2
+  // and a failed write released on rank 3.
+  static void populate(node& n, int keys) {
+    for (int r = 0; r < 4; ++r)
+      n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":64})");
+    std::string list, confirmations;
+    for (int i = 0; i < keys; ++i) {
+      list += (i ? "," : "") + std::string("\"k") + std::to_string(i) + "\"";
+      confirmations += (i ? "," : "") + std::string("[\"k") + std::to_string(i) + "\"," +
+                       std::to_string(i) + "]";
+    }
+    for (int r = 0; r < 2; ++r) {
+      n.post("/keys/batch_allocate",
+             "{\"rank\":" + std::to_string(r) + ",\"keys\":[" + list + "]}");
+      n.post("/keys/confirm_write",
+             "{\"rank\":" + std::to_string(r) + ",\"confirmations\":[" + confirmations + "]}");
+    }
+    n.post("/keys/batch_allocate", R"({"rank":2,"keys":["open1","open2"]})");
+    n.post("/keys/batch_allocate", R"({"rank":3,"keys":["failed1","failed2","kept"]})");
+    n.post("/keys/confirm_write", R"({"rank":3,"confirmations":[],"pages_to_release":[0,1]})");
+  }
+
+  static std::string state_of(node& n, int keys) {
+    std::string list;
+    for (int i = 0; i < keys; ++i)
+      list += (i ? "," : "") + std::string("\"k") + std::to_string(i) + "\"";
+    std::string s;
+    for (int r = 0; r < 4; ++r) s += n.get("/rank/" + std::to_string(r)) + "\n";
+    s += n.post("/keys/batch_exists", "{\"keys\":[" + list + "]}") + "\n";
+    s += n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[" + list + "]}") + "\n";
+    s += n.post("/keys/batch_allocate", R"({"rank":2,"keys":["open2","open1","new"]})") + "\n";
+    s += n.post("/keys/batch_allocate", R"({"rank":3,"keys":["kept","failed1"]})") + "\n";
+    return s;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(Durability, StateSurvivesARestartWithAnyCoreCount) {
+  std::string expected;
+  {
+    node reference(dir_ + "-reference", 1);  // the same history, never restarted
+    populate(reference, 20);
+    expected = state_of(reference, 20);
+  }
+  fs::remove_all(dir_ + "-reference");
+  {
+    node n(dir_, 2);
+    populate(n, 20);
+  }
+  {
+    node n(dir_, 3);  // three cores now own the ranks and keys two used to
+    EXPECT_EQ(state_of(n, 20), expected);
+  }
+  node again(dir_, 1);
+  EXPECT_EQ(again.get("/rank/0"), R"({"num_pages":64,"free":44,"reserved":0,"bound":20})");
+  EXPECT_EQ(again.get("/rank/2"), R"({"num_pages":64,"free":61,"reserved":3,"bound":0})");
+}
+
+TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
+  {
+    node n(dir_, 2, 4096);  // snapshot every few KiB of log
+    populate(n, 60);
+  }
+  std::size_t snapshots = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_))
+    if (e.path().filename().string().find(".snap-") != std::string::npos) ++snapshots;
+  EXPECT_GE(snapshots, 2u);
+  node n(dir_, 3);
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":64,"free":4,"reserved":0,"bound":60})");
+  EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":64,"free":62,"reserved":2,"bound":0})");
+}
+
+TEST_F(Durability, ClearIsDurableToo) {
+  {
+    node n(dir_, 2);
+    populate(n, 5);
+    n.post("/clear", "");
+    n.post("/rank/9/initialize", R"({"num_pages":3})");
+  }
+  node n(dir_, 2);
+  EXPECT_EQ(n.get("/rank/0"), R"({"detail":"Rank 0 not initialized"})");
+  EXPECT_EQ(n.get("/rank/9"), R"({"num_pages":3,"free":3,"reserved":0,"bound":0})");
+}
+
+TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
+  {
+    node n(dir_, 1);
+    populate(n, 5);
+  }
+  std::string log_path;
+  for (const auto& e : fs::recursive_directory_iterator(dir_))
+    if (e.path().filename().string().find(".log-") != std::string::npos &&
+        fs::file_size(e.path()) > 64)
+      log_path = e.path().string();
+  ASSERT_FALSE(log_path.empty());
+  {
+    std::fstream f(log_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('\x7f');
+  }
+  try {
+    node n(dir_, 1);
+    FAIL() << "start-up must refuse a corrupt log";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(log_path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offset 0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

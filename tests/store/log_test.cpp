@@ -1,0 +1,84 @@
+// Group commit: waiters resume once their bytes are durable; failures keep the bytes.
+#include "store/log.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <coroutine>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct fire {
+  struct promise_type {
+    fire get_return_object() { return {}; }
+    std::suspend_never initial_suspend() { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+};
+
+fire wait_for(store::log_writer& log, std::uint64_t lsn, int& result) {
+  result = (co_await log.durable_until(lsn)) ? 1 : 0;
+}
+
+int temp_fd() {
+  char path[] = "/tmp/metad-log-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ::unlink(path);
+  return fd;
+}
+
+}  // namespace
+
+TEST(LogWriter, WaitersResumeOnlyAfterTheirFlush) {
+  store::log_writer log(temp_fd(), 0);
+  log.pending() += "abc";
+  int first = -1;
+  wait_for(log, log.end(), first);
+  EXPECT_EQ(first, -1) << "nothing is durable yet";
+  ASSERT_TRUE(log.flush_due(false));
+  store::log_writer::flush_job job = log.begin_flush();
+  EXPECT_EQ(job.bytes, 3u);
+  log.pending() += "de";  // arrives while the flush is in flight
+  int second = -1;
+  wait_for(log, log.end(), second);
+  EXPECT_FALSE(log.flush_due(false)) << "one flush at a time";
+  log.end_flush(::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset)), 0);
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, -1);
+  job = log.begin_flush();
+  EXPECT_EQ(job.offset, 3u);
+  log.end_flush(static_cast<long>(job.bytes), 0);
+  EXPECT_EQ(second, 1);
+  EXPECT_EQ(log.durable(), 5u);
+}
+
+TEST(LogWriter, FailedFlushAnswersWaitersAndKeepsTheBytesForTheRetry) {
+  store::log_writer log(temp_fd(), 10);
+  log.pending() += "abcd";
+  int result = -1;
+  wait_for(log, log.end(), result);
+  store::log_writer::flush_job job = log.begin_flush();
+  log.pending() += "ef";
+  log.end_flush(-28 /* ENOSPC */, 0);
+  EXPECT_EQ(result, 0);
+  EXPECT_TRUE(log.failing());
+  EXPECT_FALSE(log.flush_due(false)) << "a failing disk is retried on the tick only";
+  ASSERT_TRUE(log.flush_due(true));
+  job = log.begin_flush();
+  EXPECT_EQ(std::string(job.data, job.bytes), "abcdef");
+  EXPECT_EQ(job.offset, 10u) << "rewritten where the failed write started";
+  log.end_flush(static_cast<long>(job.bytes), 0);
+  EXPECT_FALSE(log.failing());
+  EXPECT_EQ(log.durable(), 16u);
+}
+
+TEST(LogWriter, WithoutAFileEverythingIsDurableAtOnce) {
+  store::log_writer log;
+  int result = -1;
+  wait_for(log, 100, result);
+  EXPECT_EQ(result, 1);
+}
