@@ -4,6 +4,9 @@
 #include "api/codec.hpp"
 
 #include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -57,6 +60,86 @@ std::string_view parse_failure_reason(simdjson::error_code code) {
   }
 }
 
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// Whether [begin, end) is a JSON number by the grammar (RFC 8259 section 6).
+bool json_number_syntax(std::string_view t) {
+  std::size_t i = 0;
+  if (i < t.size() && t[i] == '-') ++i;
+  if (i >= t.size()) return false;
+  if (t[i] == '0') {
+    ++i;
+  } else if (is_digit(t[i])) {
+    while (i < t.size() && is_digit(t[i])) ++i;
+  } else {
+    return false;
+  }
+  if (i < t.size() && t[i] == '.') {
+    const std::size_t start = ++i;
+    while (i < t.size() && is_digit(t[i])) ++i;
+    if (i == start) return false;
+  }
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    const std::size_t start = i;
+    while (i < t.size() && is_digit(t[i])) ++i;
+    if (i == start) return false;
+  }
+  return i == t.size();
+}
+
+// A body whose numbers simdjson refused (integers beyond 64 bits, doubles beyond the
+// double range) is still valid JSON, and Python's json accepts it. Such numbers cannot
+// be a rank, page or num_pages anyway, so each becomes "0.0" padded with spaces — valid,
+// and still not an integer where one is read. Malformed numbers are left alone, so they
+// still fail. Returns false when nothing was replaced.
+bool neutralise_big_numbers(std::string_view body, simdjson::padded_string& out) {
+  std::string copy(body);
+  bool replaced = false;
+  bool in_string = false;
+  for (std::size_t i = 0; i < copy.size(); ++i) {
+    const char c = copy[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (c != '-' && !is_digit(c)) continue;
+    std::size_t end = i;
+    while (end < copy.size() && (is_digit(copy[end]) || copy[end] == '-' || copy[end] == '+' ||
+                                 copy[end] == '.' || copy[end] == 'e' || copy[end] == 'E'))
+      ++end;
+    const std::string_view token(copy.data() + i, end - i);
+    if (json_number_syntax(token) && token.size() >= 3) {
+      const bool integer = token.find_first_of(".eE") == std::string_view::npos;
+      bool fits = true;
+      if (integer) {
+        std::int64_t s;
+        std::uint64_t u;
+        fits = std::from_chars(token.data(), token.data() + token.size(), s).ec == std::errc{} ||
+               std::from_chars(token.data(), token.data() + token.size(), u).ec == std::errc{};
+      } else {
+        const double d = std::strtod(std::string(token).c_str(), nullptr);
+        fits = std::isfinite(d);
+      }
+      if (!fits) {
+        copy.replace(i, token.size(), "0.0" + std::string(token.size() - 3, ' '));
+        replaced = true;
+      }
+    }
+    i = end - 1;
+  }
+  if (replaced) out = simdjson::padded_string(copy);
+  return replaced;
+}
+
 // Parses `body` (padded by the caller) and requires an object at the top level.
 error parse_object(simdjson::dom::parser& parser, std::string_view body,
                    simdjson::dom::object& out) {
@@ -70,6 +153,9 @@ error parse_object(simdjson::dom::parser& parser, std::string_view body,
     parser = simdjson::dom::parser{};
   }
   auto parsed = parser.parse(body.data(), body.size(), false);
+  simdjson::padded_string neutralised;
+  if (parsed.error() == simdjson::NUMBER_ERROR && neutralise_big_numbers(body, neutralised))
+    parsed = parser.parse(neutralised);
   if (parsed.error() == simdjson::CAPACITY || parsed.error() == simdjson::MEMALLOC) {
     return {kTooLarge, "Request body too large to parse"};
   }

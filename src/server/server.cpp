@@ -58,10 +58,15 @@ class core_runner final : public net::core_hooks {
     store::log_writer& log = cluster_.core[index_]->log;
     const bool was_failing = log.failing();
     log.end_flush(written, synced);
-    if (log.failing() && !was_failing)
-      metad::log::error(
-          "log write failed ({}): mutating requests get 503 until it succeeds",
-          std::system_category().message(static_cast<int>(written < 0 ? -written : -synced)));
+    if (log.failing() && !was_failing) {
+      // A short write (disk full) cancels the linked fdatasync: name the write's failure.
+      const std::string cause = written < 0
+                                    ? std::system_category().message(static_cast<int>(-written))
+                                : synced == -ECANCELED ? std::string("short write: disk full?")
+                                                       : std::system_category().message(-synced);
+      metad::log::error("log write failed ({}): mutating requests get 503 until it succeeds",
+                        cause);
+    }
     if (!log.failing() && was_failing) metad::log::info("log writes succeed again");
   }
   bool may_exit() override {

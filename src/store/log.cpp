@@ -21,11 +21,17 @@ bool log_writer::make_room(std::uint64_t bytes) {
   // A failed write still queued must go out first; a failed reservation is retried.
   if (failing_ && !(pending_.empty() && in_flight_.empty())) return false;
   const std::uint64_t needed = end() + bytes;
-  if (needed <= allocated_) return true;
-  constexpr std::uint64_t kChunk = 16u << 20;  // few fallocate calls, little waste
+  if (needed <= allocated_ && !failing_) return true;
+  // Once the disk was found full, writes resume only with real headroom again, rather
+  // than trickling into the last reserved bytes.
+  constexpr std::uint64_t kChunk = 16u << 20;     // few fallocate calls, little waste
+  constexpr std::uint64_t kHeadroom = 64u << 10;  // the least a recovering log asks for
   const std::uint64_t from = std::max(allocated_, durable_ + in_flight_.size());
-  const std::uint64_t wants[] = {std::max(needed, from) + kChunk, (needed + 4095) & ~std::uint64_t{4095}};
+  const std::uint64_t least = failing_ ? std::max(needed, from) + kHeadroom : needed;
+  const std::uint64_t wants[] = {std::max(needed, from) + kChunk,
+                                 (least + 4095) & ~std::uint64_t{4095}};
   for (std::uint64_t want : wants) {
+    if (want <= from) continue;
     if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
                     static_cast<off_t>(want - from)) == 0) {
       allocated_ = want;
