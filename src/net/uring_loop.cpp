@@ -64,6 +64,16 @@ struct connection final : waker {
   uring_loop& loop;
   int fd;
   std::unique_ptr<connection_handler> handler;
+  // Sending runs beside the serve coroutine, so a response and the next recv go out in
+  // the same submission: `sending` holds the bytes on their way, `sent` of them done.
+  struct send_completion final : completion {
+    connection* owner = nullptr;
+  } send_done;
+  std::string sending;
+  std::size_t sent = 0;
+  bool send_in_flight = false;
+  bool send_failed = false;
+  std::coroutine_handle<> drain_waiter;  // serve() waiting for every byte to be sent
   std::uint64_t deadline_ms = 0;
   bool mid_request = false;
   bool waiting = false;
@@ -102,8 +112,18 @@ class uring_loop {
   io_uring_sqe* sqe(completion* c);
   void ready(connection* c) { ready_.push_back(c); }
 
+  // co_await drained{c}: until nothing of c's output is left to send.
+  struct drained {
+    connection* c;
+    bool await_ready() const noexcept { return !c->send_in_flight; }
+    void await_suspend(std::coroutine_handle<> h) noexcept { c->drain_waiter = h; }
+    void await_resume() const noexcept {}
+  };
+
  private:
   detached serve(connection* c);
+  void send_output(connection* c);
+  void on_send(connection* c, int result);
   void arm_accept(listener& l);
   void arm_wake();
   void arm_tick();
@@ -220,6 +240,11 @@ void uring_loop::open(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   auto* c = new connection(*this, fd);
+  c->send_done.owner = c;
+  c->send_done.on_cqe = [](completion* self, const io_uring_cqe& cqe) {
+    connection* owner = static_cast<connection::send_completion*>(self)->owner;
+    owner->loop.on_send(owner, cqe.res);
+  };
   c->handler = hooks_.open(*c);
   c->deadline_ms = now_ms_ + options_.idle_timeout_ms;
   c->index = connections_.size();
@@ -243,24 +268,41 @@ void uring_loop::close(connection* c) {
   delete c;
 }
 
+// Starts sending what the handler wrote, unless a send is already on its way (its
+// completion picks the new bytes up, keeping them in order).
+void uring_loop::send_output(connection* c) {
+  if (c->send_in_flight || c->send_failed) return;
+  if (c->sent == c->sending.size()) {
+    std::string& out = c->handler->output();
+    if (out.empty()) return;
+    c->sending.clear();
+    c->sending.swap(out);  // the handler gets the old buffer back, capacity and all
+    c->sent = 0;
+  }
+  io_uring_prep_send(sqe(&c->send_done), c->fd, c->sending.data() + c->sent,
+                     c->sending.size() - c->sent, MSG_NOSIGNAL);
+  c->send_in_flight = true;
+}
+
+void uring_loop::on_send(connection* c, int result) {
+  c->send_in_flight = false;
+  if (result <= 0) {
+    c->send_failed = true;
+    shut(c);  // serve() sees the failure through its recv
+  } else {
+    c->sent += static_cast<std::size_t>(result);
+    send_output(c);
+  }
+  if (!c->send_in_flight && c->drain_waiter) std::exchange(c->drain_waiter, {}).resume();
+}
+
 detached uring_loop::serve(connection* c) {
   flow next = flow::read;
   for (;;) {
-    std::string& out = c->handler->output();
-    bool send_failed = false;
-    for (std::size_t sent = 0; sent < out.size();) {
-      op o(*this);
-      io_uring_prep_send(sqe(&o), c->fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-      const int n = co_await o;
-      if (n <= 0) {
-        send_failed = true;
-        break;
-      }
-      sent += static_cast<std::size_t>(n);
-    }
-    out.clear();
-    if (send_failed) break;
+    send_output(c);
+    if (c->send_failed) break;
     if (next == flow::close) {
+      co_await drained{c};
       // Lingering close: a client still sending (a refused body) would get a reset that
       // can destroy our answer before it reads it. Stop writing, discard its bytes until
       // it closes, for at most kLingerMs (the sweep enforces the deadline).
@@ -289,7 +331,7 @@ detached uring_loop::serve(connection* c) {
     op o(*this);
     io_uring_prep_recv(sqe(&o), c->fd, space.data(), space.size(), 0);
     const int n = co_await o;
-    if (n <= 0 || c->shut) break;
+    if (n <= 0 || c->shut || c->send_failed) break;
     next = c->handler->on_bytes(static_cast<std::size_t>(n));
     const bool mid = c->handler->mid_request();
     if (!mid) {
@@ -299,6 +341,7 @@ detached uring_loop::serve(connection* c) {
     }
     c->mid_request = mid;
   }
+  co_await drained{c};
   close(c);
 }
 
