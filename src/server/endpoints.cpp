@@ -180,8 +180,7 @@ request_task run_confirm(exchange& x) {
       co_await cl.mailbox.hop(at, c);
       at = c;
       core_state& dir_core = *cl.core[c];
-      if (dir_core.log.enabled() &&
-          !dir_core.log.make_room(record_bytes(cmd.keys.views(), 4))) {
+      if (dir_core.log.enabled() && !dir_core.log.make_room(record_bytes(cmd.keys.views(), 4))) {
         stored = false;  // the rank's pages are bound, but this is not acknowledged
         break;
       }
@@ -308,9 +307,21 @@ request_task run_rank_info(exchange& x) {
 
 namespace server {
 
+request_task visit_cores(cluster& cl, int home, std::function<void(const core_state&)> visit,
+                         std::function<void()> done) {
+  int at = home;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (home + step) % cl.cores;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    visit(*cl.core[c]);
+  }
+  co_await cl.mailbox.hop(at, home);
+  done();
+}
+
 request_task run_metrics(exchange& x) {
   cluster& cl = x.shared();
-  int home = x.home().index;
   scratch& s = x.work();
   metrics_snapshot& snap = s.snapshot;
   snap = metrics_snapshot{};
@@ -319,31 +330,28 @@ request_task run_metrics(exchange& x) {
   // keeps small deployments from allocating there (a scrape is not the hot path).
   s.detail.clear();
   s.detail.reserve(64 * 1024);
-  int at = home;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (home + step) % cl.cores;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    const core_state& core = *cl.core[c];
+  auto collect = [&cl, &s, &snap](const core_state& core) {
     snap.requests.add(core.metrics);
     snap.keys += core.directory.size();
     snap.refused_releases += core.ranks.refused_releases();
-    snap.hops += cl.mailbox.posted(c);
+    snap.hops += cl.mailbox.posted(core.index);
     snap.ranks += core.ranks.rank_count();
     const net::loop_stats& conn = core.connections;
-    snap.connections[static_cast<std::size_t>(c)] = {conn.accepted - conn.closed, conn.accepted,
-                                                     conn.rejected, conn.timed_out};
+    snap.connections[static_cast<std::size_t>(core.index)] = {
+        conn.accepted - conn.closed, conn.accepted, conn.rejected, conn.timed_out};
     core.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& st) {
       render_rank(s.detail, rank, st.num_pages, st.free, st.reserved, st.bound);
     });
-  }
-  co_await cl.mailbox.hop(at, home);
-  s.body.clear();
-  render_metrics(s.body, snap);
-  render_rank_headers(s.body);
-  s.body += s.detail;
-  x.respond_metrics(s.body);
-  x.complete();
+  };
+  auto answer = [&x, &s, &snap] {
+    s.body.clear();
+    render_metrics(s.body, snap);
+    render_rank_headers(s.body);
+    s.body += s.detail;
+    x.respond_metrics(s.body);
+    x.complete();
+  };
+  return visit_cores(cl, x.home().index, collect, answer);
 }
 
 }  // namespace server

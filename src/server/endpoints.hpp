@@ -3,6 +3,8 @@
 // back home, writes the answer and calls exchange::complete().
 #pragma once
 
+#include <functional>
+
 #include "server/exchange.hpp"
 #include "server/request_task.hpp"
 
@@ -17,5 +19,10 @@ request_task run_clear(exchange& x);
 request_task run_rank_info(exchange& x);
 // GET /metrics: gathers every core's counters and ranks, renders Prometheus text.
 request_task run_metrics(exchange& x);
+
+// Calls visit(core) on each core's own thread in turn, starting at `home`, then done()
+// back on home (read-only walks: metrics, the periodic summary).
+request_task visit_cores(cluster& cl, int home, std::function<void(const core_state&)> visit,
+                         std::function<void()> done);
 
 }  // namespace server

@@ -15,6 +15,7 @@
 #include "net/transport.hpp"
 #include "server/cluster.hpp"
 #include "server/durability.hpp"
+#include "server/endpoints.hpp"
 #include "server/exchange.hpp"
 #include "server/request_task.hpp"
 
@@ -92,7 +93,7 @@ class core_runner final : public net::core_hooks {
   std::uint64_t last_requests_ = 0;
   bool summary_running_ = false;
 
-  friend request_task log_summary(core_runner& self);
+  friend void log_summary(core_runner& self);
 };
 
 std::uint64_t monotonic_ms() {
@@ -103,34 +104,32 @@ std::uint64_t monotonic_ms() {
 }
 
 // One info line with the load and the pools, summed over all cores.
-request_task log_summary(core_runner& self) {
-  cluster& cl = self.cluster_;
-  int home = self.index_;
-  std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
-  int at = home;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (home + step) % cl.cores;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    const core_state& core = *cl.core[c];
-    requests += core.metrics.total();
-    ranks += core.ranks.rank_count();
-    keys += core.directory.size();
+void log_summary(core_runner& self) {
+  struct sums {
+    std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
+  };
+  auto total = std::make_shared<sums>();  // lives until the walk's last step
+  auto add = [total](const core_state& core) {
+    total->requests += core.metrics.total();
+    total->ranks += core.ranks.rank_count();
+    total->keys += core.directory.size();
     core.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
-      free_pages += static_cast<std::uint64_t>(st.free);
-      pages += static_cast<std::uint64_t>(st.num_pages);
+      total->free_pages += static_cast<std::uint64_t>(st.free);
+      total->pages += static_cast<std::uint64_t>(st.num_pages);
     });
-  }
-  co_await cl.mailbox.hop(at, home);
-  const std::uint64_t now = monotonic_ms();
-  const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
-  metad::log::info(
-      "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-      seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
-      free_pages, pages, keys);
-  self.last_requests_ = requests;
-  self.last_summary_ms_ = now;
-  self.summary_running_ = false;
+  };
+  auto report = [&self, total] {
+    const std::uint64_t now = monotonic_ms();
+    const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
+    metad::log::info(
+        "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+        seconds > 0 ? static_cast<double>(total->requests - self.last_requests_) / seconds : 0.0,
+        total->ranks, total->free_pages, total->pages, total->keys);
+    self.last_requests_ = total->requests;
+    self.last_summary_ms_ = now;
+    self.summary_running_ = false;
+  };
+  visit_cores(self.cluster_, self.index_, add, report);
 }
 
 void core_runner::tick() {
