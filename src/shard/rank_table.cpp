@@ -271,13 +271,15 @@ void rank_table::for_each_entry_impl(void* visit,
                                      void (*call)(void*, std::int64_t, std::string_view,
                                                   std::int64_t, bool)) const {
   char text[packed_key_chars];
-  for (const auto& [rank, rs] : impl_->ranks) {
-    rs.keys.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+  for (const auto& entry : impl_->ranks) {
+    const std::int64_t rank = entry.first;  // lambdas cannot capture bindings in C++20
+    const rank_keys& keys = entry.second.keys;
+    keys.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
       unpack_hex_key(k, text);
       call(visit, rank, std::string_view(text, sizeof text), entry_word::page(word),
            entry_word::confirmed(word));
     });
-    rs.keys.others.for_each([&](const key_map<std::uint32_t>::slot& s) {
+    keys.others.for_each([&](const key_map<std::uint32_t>::slot& s) {
       call(visit, rank, key_blob::view(s.key), entry_word::page(s.value),
            entry_word::confirmed(s.value));
     });
