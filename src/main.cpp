@@ -1,5 +1,6 @@
 // hf3fs-metad: flags → config → server. SIGINT/SIGTERM stop it cleanly (exit 0);
 // bad flags print one line and exit 2.
+#include <malloc.h>
 #include <signal.h>
 
 #include <atomic>
@@ -213,6 +214,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   metad::log::threshold = cfg.log;
+  // Key tables grow by reallocation: a fixed mmap threshold puts every big table in its
+  // own mapping, so the old one goes back to the system when it is freed (glibc's
+  // sliding threshold would otherwise keep them in the heap, as resident memory).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
   // Signals are taken synchronously by one thread; every other thread blocks them.
   sigset_t stop_signals;
