@@ -26,6 +26,7 @@ struct core_state {
   shard::directory directory;
   api::decoder decoder;
   request_metrics metrics;
+  flush_metrics flushes;
   net::loop_stats connections;
   // Durability (inactive without --data-dir): this core's log and its snapshots.
   store::log_writer log;

@@ -332,6 +332,7 @@ request_task run_metrics(exchange& x) {
   s.detail.reserve(64 * 1024);
   auto collect = [&cl, &s, &snap](const core_state& core) {
     snap.requests.add(core.metrics);
+    snap.flushes.add(core.flushes);
     snap.keys += core.directory.size();
     snap.refused_releases += core.ranks.refused_releases();
     snap.hops += cl.mailbox.posted(core.index);

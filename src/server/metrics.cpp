@@ -51,6 +51,18 @@ void request_metrics::add(const request_metrics& other) {
   }
 }
 
+void flush_metrics::record(std::uint64_t elapsed_ns, bool ok) {
+  ++latency[bucket_of(elapsed_ns)];
+  latency_sum_ns += elapsed_ns;
+  if (!ok) ++failures;
+}
+
+void flush_metrics::add(const flush_metrics& other) {
+  for (std::size_t b = 0; b < latency.size(); ++b) latency[b] += other.latency[b];
+  latency_sum_ns += other.latency_sum_ns;
+  failures += other.failures;
+}
+
 std::uint64_t request_metrics::total() const {
   std::uint64_t sum = 0;
   for (const auto& per_route : requests)
@@ -95,6 +107,26 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
          static_cast<double>(m.latency_sum_ns[r]) / 1e9);
     line(out, "hf3fs_metad_request_duration_seconds_count{{endpoint=\"{}\"}} {}", route, count);
   }
+  line(out, "# HELP hf3fs_metad_log_flush_seconds Group commits of the logs: write + fdatasync.");
+  line(out, "# TYPE hf3fs_metad_log_flush_seconds histogram");
+  {
+    std::uint64_t cumulative = 0;
+    for (std::size_t b = 0; b < kLatencyBoundsUs.size(); ++b) {
+      cumulative += snap.flushes.latency[b];
+      line(out, "hf3fs_metad_log_flush_seconds_bucket{{le=\"{}\"}} {}", kLatencyBoundsUs[b] / 1e6,
+           cumulative);
+    }
+    cumulative += snap.flushes.latency.back();
+    line(out, "hf3fs_metad_log_flush_seconds_bucket{{le=\"+Inf\"}} {}", cumulative);
+    line(out, "hf3fs_metad_log_flush_seconds_sum {}",
+         static_cast<double>(snap.flushes.latency_sum_ns) / 1e9);
+    line(out, "hf3fs_metad_log_flush_seconds_count {}", cumulative);
+  }
+  line(
+      out,
+      "# HELP hf3fs_metad_log_flush_failures_total Log writes that failed (disk full, I/O error).");
+  line(out, "# TYPE hf3fs_metad_log_flush_failures_total counter");
+  line(out, "hf3fs_metad_log_flush_failures_total {}", snap.flushes.failures);
   line(out, "# HELP hf3fs_metad_keys Keys in the completion directory (complete or not).");
   line(out, "# TYPE hf3fs_metad_keys gauge");
   line(out, "hf3fs_metad_keys {}", snap.keys);

@@ -49,6 +49,16 @@ struct request_metrics {
   std::uint64_t total() const;
 };
 
+// Log group commits of one core: write + fdatasync latency, and failures.
+struct flush_metrics {
+  std::array<std::uint64_t, request_metrics::kBuckets> latency{};
+  std::uint64_t latency_sum_ns = 0;
+  std::uint64_t failures = 0;
+
+  void record(std::uint64_t elapsed_ns, bool ok);
+  void add(const flush_metrics& other);
+};
+
 struct connection_counts {
   std::uint64_t open = 0, accepted = 0, rejected = 0, timed_out = 0;
 };
@@ -57,6 +67,7 @@ struct connection_counts {
 struct metrics_snapshot {
   std::vector<connection_counts> connections;  // per core, sized before the scrape hops
   request_metrics requests;
+  flush_metrics flushes;
   std::uint64_t keys = 0;  // directory entries (complete or not)
   std::uint64_t refused_releases = 0;
   std::uint64_t hops = 0;  // cross-core hand-offs posted

@@ -34,6 +34,13 @@ cluster::cluster(const metad::config& config, int core_count)
 
 namespace {
 
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
 // The server's side of one core's event loop.
 class core_runner final : public net::core_hooks {
  public:
@@ -52,6 +59,7 @@ class core_runner final : public net::core_hooks {
     store::log_writer& log = cluster_.core[index_]->log;
     if (!log.flush_due(retry_failed)) return false;
     const store::log_writer::flush_job j = log.begin_flush();
+    flush_started_ns_ = monotonic_ns();
     job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == metad::durability::sync};
     return true;
   }
@@ -59,6 +67,7 @@ class core_runner final : public net::core_hooks {
     store::log_writer& log = cluster_.core[index_]->log;
     const bool was_failing = log.failing();
     log.end_flush(written, synced);
+    cluster_.core[index_]->flushes.record(monotonic_ns() - flush_started_ns_, !log.failing());
     if (log.failing() && !was_failing) {
       // A short write (disk full) cancels the linked fdatasync: name the write's failure.
       const std::string cause = written < 0
@@ -87,6 +96,7 @@ class core_runner final : public net::core_hooks {
   cluster& cluster_;
   int index_;
   bool drained_ = false;
+  std::uint64_t flush_started_ns_ = 0;
   // The periodic summary (core 0 only).
   std::uint64_t next_summary_ms_ = 0;
   std::uint64_t last_summary_ms_ = 0;
