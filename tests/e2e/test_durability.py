@@ -1085,6 +1085,22 @@ class NoSyncTest(DurabilityCase):
         self.stop(server)
 
 
+class FlushMetricsTest(DurabilityCase):
+
+    def test_group_commits_show_in_the_metrics(self):
+        server = self.start(self.tmpdir(), 2)
+        base = server.base_url
+        self.assertEqual(requests.post(base + "/rank/0/initialize", data='{"num_pages":8}').status_code, 200)
+        self.assertEqual(requests.post(base + "/keys/batch_allocate",
+                                       data='{"rank":0,"keys":["a","b"]}').status_code, 200)
+        text = requests.get(base + "/metrics").text
+        count = re.search(r"^hf3fs_metad_log_flush_seconds_count (\d+)$", text, re.M)
+        self.assertIsNotNone(count, text)
+        self.assertGreaterEqual(int(count.group(1)), 2, "one group commit per mutating request here")
+        self.assertRegex(text, r"(?m)^hf3fs_metad_log_flush_failures_total 0$")
+        self.stop(server)
+
+
 # --- 7. one server per directory ---------------------------------------------------------
 
 class LockTest(DurabilityCase):

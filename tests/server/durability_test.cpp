@@ -201,3 +201,4 @@ TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
 }
 
 }  // namespace
+
