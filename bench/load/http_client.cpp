@@ -106,9 +106,8 @@ bool http_client::read_response(int& status) {
   std::size_t length = 0;
   for (std::size_t at = head.find("\r\n"); at != std::string_view::npos;) {
     const std::size_t next = head.find("\r\n", at + 2);
-    const std::string_view line = head.substr(at + 2, next == std::string_view::npos
-                                                          ? std::string_view::npos
-                                                          : next - at - 2);
+    const std::string_view line = head.substr(
+        at + 2, next == std::string_view::npos ? std::string_view::npos : next - at - 2);
     if (iequals_prefix(line, "content-length:")) {
       std::string_view v = line.substr(15);
       while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
@@ -119,7 +118,8 @@ bool http_client::read_response(int& status) {
   body_begin_ = head_end + 4;
   body_size_ = length;
   while (in_size_ < body_begin_ + length) {
-    if (in_size_ == in_.size() && in_.size() < body_begin_ + length) in_.resize(body_begin_ + length);
+    if (in_size_ == in_.size() && in_.size() < body_begin_ + length)
+      in_.resize(body_begin_ + length);
     if (!fill()) return false;
   }
   consumed_ = body_begin_ + length;
@@ -139,8 +139,8 @@ int http_client::request(std::string_view method, std::string_view path, std::st
   // No retry: a failed call is an error the run reports, and the next call reconnects.
   int status = -1;
   if (!ensure_connected()) return -1;
-  const bool sent = send_all(out_.data(), out_.size()) &&
-                    (inline_body || send_all(body.data(), body.size()));
+  const bool sent =
+      send_all(out_.data(), out_.size()) && (inline_body || send_all(body.data(), body.size()));
   if (sent && read_response(status)) return status;
   close_socket();
   body_size_ = 0;

@@ -41,10 +41,10 @@ class http_client {
   std::uint64_t reconnects_ = 0;
   std::string out_;
   std::string in_;
-  std::size_t in_size_ = 0;      // valid bytes in in_
-  std::size_t body_begin_ = 0;   // body of the last response
+  std::size_t in_size_ = 0;     // valid bytes in in_
+  std::size_t body_begin_ = 0;  // body of the last response
   std::size_t body_size_ = 0;
-  std::size_t consumed_ = 0;     // bytes of in_ belonging to the last response
+  std::size_t consumed_ = 0;  // bytes of in_ belonging to the last response
 };
 
 }  // namespace bench

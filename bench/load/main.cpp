@@ -54,18 +54,30 @@ bench::load_options parse_flags(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + ": missing value");
     const std::string_view v = argv[++i];
-    if (flag == "--host") o.host = std::string(v);
-    else if (flag == "--port") o.port = static_cast<std::uint16_t>(parse_number(flag, v));
-    else if (flag == "--engines") o.engines = static_cast<int>(parse_number(flag, v));
-    else if (flag == "--tp") o.tp = static_cast<int>(parse_number(flag, v));
-    else if (flag == "--seconds") o.seconds = parse_number(flag, v);
-    else if (flag == "--rate") o.rate = parse_number(flag, v);
-    else if (flag == "--prompt-blocks") o.prompt_blocks = static_cast<int>(parse_number(flag, v));
-    else if (flag == "--task-keys") o.task_keys = static_cast<int>(parse_number(flag, v));
-    else if (flag == "--prompts") o.prompts = static_cast<int>(parse_number(flag, v));
-    else if (flag == "--pages") o.pages = static_cast<std::int64_t>(parse_number(flag, v));
-    else if (flag == "--fail-fraction") o.fail_fraction = parse_number(flag, v);
-    else throw std::invalid_argument("unknown flag " + std::string(flag));
+    if (flag == "--host")
+      o.host = std::string(v);
+    else if (flag == "--port")
+      o.port = static_cast<std::uint16_t>(parse_number(flag, v));
+    else if (flag == "--engines")
+      o.engines = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--tp")
+      o.tp = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--seconds")
+      o.seconds = parse_number(flag, v);
+    else if (flag == "--rate")
+      o.rate = parse_number(flag, v);
+    else if (flag == "--prompt-blocks")
+      o.prompt_blocks = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--task-keys")
+      o.task_keys = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--prompts")
+      o.prompts = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--pages")
+      o.pages = static_cast<std::int64_t>(parse_number(flag, v));
+    else if (flag == "--fail-fraction")
+      o.fail_fraction = parse_number(flag, v);
+    else
+      throw std::invalid_argument("unknown flag " + std::string(flag));
   }
   if (o.engines < 1 || o.tp < 1 || o.task_keys < 1 || o.prompt_blocks < 1 || o.prompts < 1 ||
       o.prompts >= (1 << 24) || o.prompt_blocks >= (1 << 24) || o.seconds <= 0 || o.seconds > 3600)
@@ -78,8 +90,8 @@ double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 void print_report(const bench::load_options& o, const bench::stream_stats& all) {
   char rate[64] = "back to back";
   if (o.rate > 0) std::snprintf(rate, sizeof rate, "%g calls/s per stream", o.rate);
-  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s\n\n", o.engines,
-              o.tp, o.engines * (1 + 2 * o.tp), o.seconds, rate);
+  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s\n\n", o.engines, o.tp,
+              o.engines * (1 + 2 * o.tp), o.seconds, rate);
   std::printf("| endpoint | requests | req/s | errors | p50 us | p99 us | p99.9 us | max us |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::uint64_t total = 0, errors = 0;
@@ -98,12 +110,13 @@ void print_report(const bench::load_options& o, const bench::stream_stats& all) 
                                    static_cast<double>(all.keys_asked[e])
                              : 0.0;
   };
-  std::printf("\nbatch_exists keys true: %.1f%%; get_locations keys found: %.1f%%; "
-              "allocate -1 results: %llu; write-failure tasks: %llu; late paced calls: %llu\n",
-              ratio(bench::ep_exists), ratio(bench::ep_locations),
-              static_cast<unsigned long long>(all.pages_refused),
-              static_cast<unsigned long long>(all.failed_tasks),
-              static_cast<unsigned long long>(all.late_calls));
+  std::printf(
+      "\nbatch_exists keys true: %.1f%%; get_locations keys found: %.1f%%; "
+      "allocate -1 results: %llu; write-failure tasks: %llu; late paced calls: %llu\n",
+      ratio(bench::ep_exists), ratio(bench::ep_locations),
+      static_cast<unsigned long long>(all.pages_refused),
+      static_cast<unsigned long long>(all.failed_tasks),
+      static_cast<unsigned long long>(all.late_calls));
   // One line for scripts (bench.sh divides server CPU by total_requests).
   std::printf("total_requests=%llu errors=%llu\n", static_cast<unsigned long long>(total),
               static_cast<unsigned long long>(errors));
@@ -135,10 +148,13 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   int s = 0;
   for (int e = 0; e < opt.engines; ++e) {
-    threads.emplace_back([&w, e, start, out = stats[s++].get()] { w.run_scheduler(e, start, *out); });
+    threads.emplace_back(
+        [&w, e, start, out = stats[s++].get()] { w.run_scheduler(e, start, *out); });
     for (int r = 0; r < opt.tp; ++r) {
-      threads.emplace_back([&w, e, r, start, out = stats[s++].get()] { w.run_saver(e, r, start, *out); });
-      threads.emplace_back([&w, e, r, start, out = stats[s++].get()] { w.run_loader(e, r, start, *out); });
+      threads.emplace_back(
+          [&w, e, r, start, out = stats[s++].get()] { w.run_saver(e, r, start, *out); });
+      threads.emplace_back(
+          [&w, e, r, start, out = stats[s++].get()] { w.run_loader(e, r, start, *out); });
     }
   }
   for (std::thread& t : threads) t.join();

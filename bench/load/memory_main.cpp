@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   const long keys = flag_value(argc, argv, "--keys", 1000000);
   const long batch = flag_value(argc, argv, "--batch", 128);
   if (pid <= 0 || rss_kib(pid) < 0 || ranks < 1 || pages < keys || keys < 1 || batch < 1) {
-    std::fprintf(stderr, "metad-memory: bad flags (need --pid of a running server, pages >= keys)\n");
+    std::fprintf(stderr,
+                 "metad-memory: bad flags (need --pid of a running server, pages >= keys)\n");
     return 2;
   }
   bench::http_client c("127.0.0.1", static_cast<std::uint16_t>(port), 60'000);

@@ -129,7 +129,8 @@ std::string workload::setup() {
   std::string body = "{\"num_pages\":" + std::to_string(opt_.pages) + ",\"role\":\"worker\"}";
   for (int r = 0; r < opt_.tp; ++r) {
     const int status = c.post("/rank/" + std::to_string(r) + "/initialize", body);
-    if (status != 200) return "initialize of rank " + std::to_string(r) + ": " + std::to_string(status);
+    if (status != 200)
+      return "initialize of rank " + std::to_string(r) + ": " + std::to_string(status);
   }
   for (int e = 0; e < opt_.engines; ++e)
     if (c.post("/rank/0/initialize", R"({"num_pages":0,"role":"scheduler"})") != 200)

@@ -20,13 +20,13 @@ struct load_options {
   int engines = 4;
   int tp = 8;
   double seconds = 10;
-  int prompt_blocks = 1250;    // keys per prompt (20k tokens / block size 16)
-  int task_keys = 128;         // keys per save/load task
-  int prompts = 400;           // distinct prompts per engine (the working set)
+  int prompt_blocks = 1250;      // keys per prompt (20k tokens / block size 16)
+  int task_keys = 128;           // keys per save/load task
+  int prompts = 400;             // distinct prompts per engine (the working set)
   std::int64_t pages = 4 << 20;  // pages per rank
-  double fail_fraction = 0.01;  // save tasks taking the write-failure path
-  double rate = 0;             // calls (tasks) per second per stream; 0 = back to back
-  bool clear = true;           // POST /clear before the run
+  double fail_fraction = 0.01;   // save tasks taking the write-failure path
+  double rate = 0;               // calls (tasks) per second per stream; 0 = back to back
+  bool clear = true;             // POST /clear before the run
 };
 
 enum endpoint : int { ep_exists, ep_allocate, ep_confirm, ep_locations, ep_count };
@@ -39,9 +39,9 @@ struct stream_stats {
   std::uint64_t errors[ep_count] = {};
   std::uint64_t keys_asked[ep_count] = {};  // batch_exists / get_locations keys asked
   std::uint64_t keys_found[ep_count] = {};  // ... answered true / with a page
-  std::uint64_t pages_refused = 0;  // batch_allocate results of -1 (pool full)
-  std::uint64_t failed_tasks = 0;   // save tasks that took the write-failure path
-  std::uint64_t late_calls = 0;     // paced calls that started behind schedule
+  std::uint64_t pages_refused = 0;          // batch_allocate results of -1 (pool full)
+  std::uint64_t failed_tasks = 0;           // save tasks that took the write-failure path
+  std::uint64_t late_calls = 0;             // paced calls that started behind schedule
   void merge(const stream_stats& other);
 };
 
@@ -56,8 +56,7 @@ class workload {
   // an error message, or "" on success.
   std::string setup();
 
-  void run_scheduler(int engine, std::chrono::steady_clock::time_point start,
-                     stream_stats& out);
+  void run_scheduler(int engine, std::chrono::steady_clock::time_point start, stream_stats& out);
   void run_saver(int engine, int rank, std::chrono::steady_clock::time_point start,
                  stream_stats& out);
   void run_loader(int engine, int rank, std::chrono::steady_clock::time_point start,

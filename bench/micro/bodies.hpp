@@ -37,7 +37,8 @@ inline std::string confirm_body(int count, int rank) {
 }
 
 inline std::string http_request(const std::string& path, const std::string& body) {
-  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1:18000\r\n"
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: 127.0.0.1:18000\r\n"
          "User-Agent: python-requests/2.31.0\r\nAccept-Encoding: gzip, deflate\r\n"
          "Accept: */*\r\nConnection: keep-alive\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\nContent-Type: application/json\r\n\r\n" + body;

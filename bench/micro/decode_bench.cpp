@@ -14,7 +14,8 @@ namespace {
 // A body with the padding simdjson reads past its end.
 struct padded {
   explicit padded(const std::string& text)
-      : bytes(std::make_unique<char[]>(text.size() + simdjson::SIMDJSON_PADDING)), size(text.size()) {
+      : bytes(std::make_unique<char[]>(text.size() + simdjson::SIMDJSON_PADDING)),
+        size(text.size()) {
     std::memcpy(bytes.get(), text.data(), text.size());
     std::memset(bytes.get() + size, 0, simdjson::SIMDJSON_PADDING);
   }
@@ -82,7 +83,8 @@ void BM_decode_initialize(benchmark::State& state) {
   api::decoder d;
   api::initialize_cmd cmd;
   for (auto _ : state) {
-    if (d.decode_initialize("0", body.view(), std::int64_t{1} << 28, cmd)) state.SkipWithError("decode failed");
+    if (d.decode_initialize("0", body.view(), std::int64_t{1} << 28, cmd))
+      state.SkipWithError("decode failed");
     benchmark::DoNotOptimize(cmd.num_pages);
   }
 }

@@ -12,8 +12,10 @@
 namespace {
 
 std::string request_for(int keys) {
-  if (keys == 0) return bench::http_request("/rank/0/initialize", R"({"num_pages":1024,"role":"worker"})");
-  if (keys == 128) return bench::http_request("/keys/batch_allocate", bench::keys_body(128, true, 0));
+  if (keys == 0)
+    return bench::http_request("/rank/0/initialize", R"({"num_pages":1024,"role":"worker"})");
+  if (keys == 128)
+    return bench::http_request("/keys/batch_allocate", bench::keys_body(128, true, 0));
   return bench::http_request("/keys/batch_exists", bench::keys_body(keys, false, -1));
 }
 
@@ -42,8 +44,12 @@ void BM_parse(benchmark::State& state) {
 
 // Args: keys in the body (0 = initialize), bytes per read (64 KiB = all at once; 1448 =
 // one TCP segment at a time, the worst case for an incremental parser).
-BENCHMARK(BM_parse)->ArgNames({"keys", "read"})
-    ->Args({0, 65536})->Args({128, 65536})->Args({1250, 65536})->Args({1250, 1448});
+BENCHMARK(BM_parse)
+    ->ArgNames({"keys", "read"})
+    ->Args({0, 65536})
+    ->Args({128, 65536})
+    ->Args({1250, 65536})
+    ->Args({1250, 1448});
 
 // Pipelined: 16 small requests arrive in one read.
 void BM_parse_pipelined(benchmark::State& state) {

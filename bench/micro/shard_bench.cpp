@@ -20,11 +20,14 @@ constexpr std::uint64_t kFillIds = std::uint64_t{1} << 40;  // ids of pre-filled
 struct key_set {
   key_set(std::uint64_t first_id, std::size_t count, std::size_t stride = 1) {
     strings.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) strings.push_back(bench::make_key(first_id + i * stride));
+    for (std::size_t i = 0; i < count; ++i)
+      strings.push_back(bench::make_key(first_id + i * stride));
     views.assign(strings.begin(), strings.end());
   }
-  std::span<const std::string_view> span(std::size_t first = 0, std::size_t count = SIZE_MAX) const {
-    return std::span<const std::string_view>(views).subspan(first, std::min(count, views.size() - first));
+  std::span<const std::string_view> span(std::size_t first = 0,
+                                         std::size_t count = SIZE_MAX) const {
+    return std::span<const std::string_view>(views).subspan(first,
+                                                            std::min(count, views.size() - first));
   }
   std::vector<std::string> strings;
   std::vector<std::string_view> views;
@@ -71,9 +74,14 @@ void BM_allocate_release(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * 128);
 }
-BENCHMARK(BM_allocate_release)->ArgNames({"pages", "fill%"})
-    ->Args({1024, 0})->Args({100'000, 0})->Args({2'097'152, 0})
-    ->Args({1024, 50})->Args({100'000, 50})->Args({2'097'152, 50});
+BENCHMARK(BM_allocate_release)
+    ->ArgNames({"pages", "fill%"})
+    ->Args({1024, 0})
+    ->Args({100'000, 0})
+    ->Args({2'097'152, 0})
+    ->Args({1024, 50})
+    ->Args({100'000, 50})
+    ->Args({2'097'152, 50});
 
 // The page pool alone: take the 128 lowest free pages, then release them.
 void BM_page_pool_take_release(benchmark::State& state) {

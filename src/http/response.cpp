@@ -136,8 +136,8 @@ void append_json(std::string& out, int status, std::string_view json_body, bool 
   append_body(out, status, "application/json", json_body, keep_alive);
 }
 
-void append_body(std::string& out, int status, std::string_view content_type,
-                 std::string_view body, bool keep_alive) {
+void append_body(std::string& out, int status, std::string_view content_type, std::string_view body,
+                 bool keep_alive) {
   append_status_line(out, status);
   out += "content-type: ";
   out += content_type;

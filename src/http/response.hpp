@@ -40,8 +40,8 @@ int status_of(std::string_view answer);
 // and (if !keep_alive) connection: close, then the body.
 void append_json(std::string& out, int status, std::string_view json_body, bool keep_alive);
 // The same with another content type (e.g. Prometheus text).
-void append_body(std::string& out, int status, std::string_view content_type,
-                 std::string_view body, bool keep_alive);
+void append_body(std::string& out, int status, std::string_view content_type, std::string_view body,
+                 bool keep_alive);
 
 std::string_view reason_phrase(int status);
 

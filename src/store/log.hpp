@@ -79,7 +79,7 @@ class log_writer {
   std::string in_flight_;      // being written
   bool failing_ = false;
   std::uint64_t allocated_ = 0;  // bytes of this segment reserved on disk
-  std::deque<waiter> waiters_;  // in lsn order
+  std::deque<waiter> waiters_;   // in lsn order
   std::uint64_t flushes_ = 0, failures_ = 0;
 };
 

@@ -27,7 +27,8 @@ inline void require(bool ok, const char* what, std::string_view detail = {}) {
 // small and large reads so that every parser state meets a buffer boundary.
 class splitter {
  public:
-  explicit splitter(std::uint16_t seed) : state_(0x9E3779B9u ^ (std::uint32_t{seed} * 0x85EBCA6Bu) ^ seed) {
+  explicit splitter(std::uint16_t seed)
+      : state_(0x9E3779B9u ^ (std::uint32_t{seed} * 0x85EBCA6Bu) ^ seed) {
     if (state_ == 0) state_ = 1;
   }
 

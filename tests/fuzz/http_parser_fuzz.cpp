@@ -48,8 +48,13 @@ void check_request(const http::request& r, const http::limits& lim) {
 }
 
 event ready_event(const http::request& r) {
-  return {http::parse_status::ready, http::parse_error::none, r.verb, std::string(r.target),
-          std::string(r.body), r.keep_alive, r.http_1_0};
+  return {http::parse_status::ready,
+          http::parse_error::none,
+          r.verb,
+          std::string(r.target),
+          std::string(r.body),
+          r.keep_alive,
+          r.http_1_0};
 }
 
 // Pulls every request the buffered bytes complete. Returns false once the parser failed.
@@ -101,7 +106,14 @@ std::vector<event> run(std::string_view stream, const http::limits& lim, fuzz::s
     at += n;
     alive = drain(p, lim, events, options, grow_while_ready);
   }
-  if (alive) events.push_back(event{http::parse_status::need_more, http::parse_error::none, http::method::other, {}, {}, false, false});
+  if (alive)
+    events.push_back(event{http::parse_status::need_more,
+                           http::parse_error::none,
+                           http::method::other,
+                           {},
+                           {},
+                           false,
+                           false});
   return events;
 }
 
@@ -124,9 +136,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < std::min(pieces.size(), whole.size()); ++i) {
       if (!(pieces[i] == whole[i])) {
         detail += "; first difference at event " + std::to_string(i) + " (status " +
-                  std::to_string(int(pieces[i].status)) + "/" + std::to_string(int(whole[i].status)) +
-                  ", error " + std::to_string(int(pieces[i].error)) + "/" +
-                  std::to_string(int(whole[i].error)) + ")";
+                  std::to_string(int(pieces[i].status)) + "/" +
+                  std::to_string(int(whole[i].status)) + ", error " +
+                  std::to_string(int(pieces[i].error)) + "/" + std::to_string(int(whole[i].error)) +
+                  ")";
         break;
       }
     }

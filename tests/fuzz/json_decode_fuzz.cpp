@@ -85,16 +85,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 0: {
       std::string_view rank_text;
       if (!rest.empty()) {
-        const std::size_t n = std::min<std::size_t>(static_cast<std::uint8_t>(rest[0]) % 24, rest.size() - 1);
+        const std::size_t n =
+            std::min<std::size_t>(static_cast<std::uint8_t>(rest[0]) % 24, rest.size() - 1);
         rank_text = rest.substr(1, n);
         rest.remove_prefix(1 + n);
       }
       const padded p(rest);
       api::initialize_cmd a, b;
       decode_twice(
-          [&](api::initialize_cmd& out) { return d.decode_initialize(rank_text, p.body, kPagesMax, out); },
+          [&](api::initialize_cmd& out) {
+            return d.decode_initialize(rank_text, p.body, kPagesMax, out);
+          },
           [](const api::initialize_cmd& c) {
-            return std::to_string(c.rank) + "/" + std::to_string(int(c.kind)) + "/" + std::to_string(c.num_pages);
+            return std::to_string(c.rank) + "/" + std::to_string(int(c.kind)) + "/" +
+                   std::to_string(c.num_pages);
           },
           a, b);
       std::int64_t rank = 0;
@@ -107,8 +111,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 1: {
       const padded p(rest);
       api::allocate_cmd a, b;
-      decode_twice([&](api::allocate_cmd& out) { return d.decode_allocate(p.body, out); },
-                   [](const api::allocate_cmd& c) { return std::to_string(c.rank) + flatten(c.keys); }, a, b);
+      decode_twice(
+          [&](api::allocate_cmd& out) { return d.decode_allocate(p.body, out); },
+          [](const api::allocate_cmd& c) { return std::to_string(c.rank) + flatten(c.keys); }, a,
+          b);
       check_keys(a.keys);
       break;
     }
@@ -125,8 +131,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       fuzz::require(a.keys.size() == a.pages.size(), "one page per confirmed key");
       for (std::int64_t page : a.pages) fuzz::require(page >= 0, "confirmed pages are >= 0");
       for (std::int64_t page : a.releases) fuzz::require(page >= 0, "released pages are >= 0");
-      fuzz::require(a.pages == b.pages && a.releases == b.releases && flatten(a.keys) == flatten(b.keys),
-                    "decoded commands are repeatable");
+      fuzz::require(
+          a.pages == b.pages && a.releases == b.releases && flatten(a.keys) == flatten(b.keys),
+          "decoded commands are repeatable");
       check_keys(a.keys);
       break;
     }
@@ -141,8 +148,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 4: {
       const padded p(rest);
       api::locations_cmd a, b;
-      decode_twice([&](api::locations_cmd& out) { return d.decode_locations(p.body, out); },
-                   [](const api::locations_cmd& c) { return std::to_string(c.rank) + flatten(c.keys); }, a, b);
+      decode_twice(
+          [&](api::locations_cmd& out) { return d.decode_locations(p.body, out); },
+          [](const api::locations_cmd& c) { return std::to_string(c.rank) + flatten(c.keys); }, a,
+          b);
       check_keys(a.keys);
       break;
     }

@@ -54,7 +54,8 @@ world& the_world() {
 
 // One connection: feeds `bytes` in pieces and returns everything it answered, and
 // whether the connection ended closed.
-std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split, bool& closed) {
+std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split,
+                     bool& closed) {
   server::exchange x(w.cl, *w.cl.core[static_cast<std::size_t>(home)], w.waker);
   std::string answers;
   std::size_t at = 0;
@@ -84,8 +85,17 @@ std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter&
 
 bool known_status(int status) {
   switch (status) {
-    case 100: case 200: case 204: case 400: case 404: case 405:
-    case 409: case 413: case 431: case 501: case 505:
+    case 100:
+    case 200:
+    case 204:
+    case 400:
+    case 404:
+    case 405:
+    case 409:
+    case 413:
+    case 431:
+    case 501:
+    case 505:
       return true;
     default:
       return false;
@@ -128,8 +138,10 @@ bool check_answers(std::string_view out) {
     }
     fuzz::require(has_length, "answers carry content-length", head);
     // Every answer is JSON except a successful GET /metrics (Prometheus text).
-    const bool json_body = head.find("\r\ncontent-type: application/json\r\n") != std::string_view::npos;
-    fuzz::require(json_body || (status == 200 && head.find("\r\ncontent-type: text/plain") != std::string_view::npos),
+    const bool json_body =
+        head.find("\r\ncontent-type: application/json\r\n") != std::string_view::npos;
+    fuzz::require(json_body || (status == 200 && head.find("\r\ncontent-type: text/plain") !=
+                                                     std::string_view::npos),
                   "answers are application/json", head);
     std::size_t length = 0;
     for (char c : length_text) {
@@ -148,7 +160,9 @@ bool check_answers(std::string_view out) {
       fuzz::require(object["detail"].get_string().get(detail) == simdjson::SUCCESS,
                     "errors carry a detail", std::string_view(body.data(), body.size()));
     }
-    if (status == 405) fuzz::require(head.find("\r\nallow: ") != std::string_view::npos, "405 says what is allowed", head);
+    if (status == 405)
+      fuzz::require(head.find("\r\nallow: ") != std::string_view::npos, "405 says what is allowed",
+                    head);
   }
   return said_close;
 }
@@ -173,7 +187,8 @@ std::size_t rank_count(const world& w) {
 void clear(world& w) {
   fuzz::splitter split(1);
   bool closed = false;
-  const std::string out = converse(w, 0, "POST /clear HTTP/1.1\r\ncontent-length: 0\r\n\r\n", split, closed);
+  const std::string out =
+      converse(w, 0, "POST /clear HTTP/1.1\r\ncontent-length: 0\r\n\r\n", split, closed);
   fuzz::require(out == "HTTP/1.1 204 No Content\r\n\r\n", "clear answers 204", out);
   fuzz::require(rank_count(w) == 0 && w.cl.worker_ranks.load() == 0, "clear drops every rank");
 }

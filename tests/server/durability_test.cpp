@@ -201,4 +201,3 @@ TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
 }
 
 }  // namespace
-
