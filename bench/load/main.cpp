@@ -28,6 +28,8 @@ constexpr std::string_view kUsage = R"(Usage: metad-load [flags]
   --pages N           pages per rank (default 4194304)
   --fail-fraction F   save tasks taking the write-failure path (default 0.01)
   --no-clear          do not POST /clear before the run
+  --saves-only        only the save streams (e.g. with --fail-fraction 1: fresh
+                      allocate → release pairs, back to back)
 Engines share ranks 0..TP-1 (one model, one 3FS file per rank), so a key is complete
 once all TP ranks of its engine confirmed it. Exit status 1 if any call failed.
 )";
@@ -50,6 +52,10 @@ bench::load_options parse_flags(int argc, char** argv) {
     }
     if (flag == "--no-clear") {
       o.clear = false;
+      continue;
+    }
+    if (flag == "--saves-only") {
+      o.saves_only = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + ": missing value");
@@ -148,13 +154,15 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   int s = 0;
   for (int e = 0; e < opt.engines; ++e) {
-    threads.emplace_back(
-        [&w, e, start, out = stats[s++].get()] { w.run_scheduler(e, start, *out); });
+    if (!opt.saves_only)
+      threads.emplace_back(
+          [&w, e, start, out = stats[s++].get()] { w.run_scheduler(e, start, *out); });
     for (int r = 0; r < opt.tp; ++r) {
       threads.emplace_back(
           [&w, e, r, start, out = stats[s++].get()] { w.run_saver(e, r, start, *out); });
-      threads.emplace_back(
-          [&w, e, r, start, out = stats[s++].get()] { w.run_loader(e, r, start, *out); });
+      if (!opt.saves_only)
+        threads.emplace_back(
+            [&w, e, r, start, out = stats[s++].get()] { w.run_loader(e, r, start, *out); });
     }
   }
   for (std::thread& t : threads) t.join();

@@ -27,6 +27,7 @@ struct load_options {
   double fail_fraction = 0.01;   // save tasks taking the write-failure path
   double rate = 0;               // calls (tasks) per second per stream; 0 = back to back
   bool clear = true;             // POST /clear before the run
+  bool saves_only = false;       // no scheduler or load streams
 };
 
 enum endpoint : int { ep_exists, ep_allocate, ep_confirm, ep_locations, ep_count };
