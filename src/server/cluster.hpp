@@ -31,7 +31,10 @@ struct core_state {
   // Durability (inactive without --data-dir): this core's log and its snapshots.
   store::log_writer log;
   std::uint64_t log_segment = 0;
-  std::thread snapshot_writer;             // background write of the newest snapshot
+  bool snapshot_due = false;    // the segment outgrew --snapshot-log-bytes: cut at next flush
+  int next_segment_fd = -1;     // a cut in progress: the segment after the current one
+  std::string snapshot_bytes;   // ... and the state at the cut
+  std::thread snapshot_writer;  // background write of the newest snapshot
   std::atomic<bool> snapshot_done{false};  // set by that thread when it finishes
   bool snapshot_failed = false;            // written by that thread, read after done
 };

@@ -1,8 +1,11 @@
 #include "server/durability.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 #include "metad/log.hpp"
 #include "store/record.hpp"
@@ -246,6 +249,32 @@ void recover(cluster& cl) {
       cl.cfg.durable == metad::durability::sync ? "sync" : "none");
 }
 
+namespace {
+
+// The cut is durable: switch to the next segment and write its snapshot in the background.
+void finish_cut(cluster& cl, core_state& core) {
+  store::data_dir& dir = *cl.data;
+  const std::uint64_t generation = dir.generation();
+  const std::uint64_t segment = core.log_segment + 1;
+  core.log.switch_segment(std::exchange(core.next_segment_fd, -1));
+  core.log_segment = segment;
+  core.snapshot_done.store(false, std::memory_order_relaxed);
+  core.snapshot_writer = std::thread(
+      [&core, &dir, generation, segment, bytes = std::exchange(core.snapshot_bytes, {})] {
+        try {
+          dir.write_snapshot(generation, core.index, segment, bytes);
+          dir.remove_before(generation, core.index, segment);
+          core.snapshot_failed = false;
+        } catch (const std::exception& e) {
+          metad::log::error("snapshot {} of core {}: {}", segment, core.index, e.what());
+          core.snapshot_failed = true;
+        }
+        core.snapshot_done.store(true, std::memory_order_release);
+      });
+}
+
+}  // namespace
+
 void snapshot_tick(cluster& cl, core_state& core) {
   if (!cl.data) return;
   if (core.snapshot_writer.joinable()) {
@@ -254,33 +283,41 @@ void snapshot_tick(cluster& cl, core_state& core) {
     if (core.snapshot_failed)
       metad::log::error("snapshot of core {} failed: its older log segments are kept", core.index);
   }
-  if (core.log.size() < cl.cfg.snapshot_log_bytes || !core.log.idle() || core.log.failing()) return;
-  // Everything logged so far is durable and applied: the state now is exactly what the
-  // next segment starts from.
-  store::data_dir& dir = *cl.data;
-  const std::uint64_t generation = dir.generation();
-  const std::uint64_t segment = core.log_segment + 1;
-  int fd = -1;
-  try {
-    fd = dir.create_log(generation, core.index, segment);
-  } catch (const std::exception& e) {
-    metad::log::error("cannot start log segment {}: {}", segment, e.what());
-    return;
-  }
-  core.log.switch_segment(fd);
-  core.log_segment = segment;
-  core.snapshot_done.store(false, std::memory_order_relaxed);
-  core.snapshot_writer = std::thread([&core, &dir, generation, segment, bytes = serialize(core)] {
+  if (core.log.size() >= cl.cfg.snapshot_log_bytes && core.next_segment_fd < 0)
+    core.snapshot_due = true;
+}
+
+bool take_flush(cluster& cl, core_state& core, bool retry_failed,
+                store::log_writer::flush_job& job) {
+  store::log_writer& log = core.log;
+  if (core.snapshot_due && !log.failing() && !core.snapshot_writer.joinable()) {
+    core.snapshot_due = false;
     try {
-      dir.write_snapshot(generation, core.index, segment, bytes);
-      dir.remove_before(generation, core.index, segment);
-      core.snapshot_failed = false;
+      core.next_segment_fd =
+          cl.data->create_log(cl.data->generation(), core.index, core.log_segment + 1);
+      core.snapshot_bytes = serialize(core);  // every change so far, pending ones included
     } catch (const std::exception& e) {
-      metad::log::error("snapshot {} of core {}: {}", segment, core.index, e.what());
-      core.snapshot_failed = true;
+      metad::log::error("cannot start log segment {}: {}", core.log_segment + 1, e.what());
     }
-    core.snapshot_done.store(true, std::memory_order_release);
-  });
+    if (core.next_segment_fd >= 0 && log.idle()) finish_cut(cl, core);  // nothing to write first
+  }
+  if (!log.flush_due(retry_failed)) return false;
+  job = log.begin_flush();
+  return true;
+}
+
+void flush_done(cluster& cl, core_state& core, long written, int synced) {
+  store::log_writer& log = core.log;
+  log.end_flush(written, synced);
+  if (core.next_segment_fd < 0) return;
+  if (!log.failing()) {
+    finish_cut(cl, core);
+  } else {
+    // The old segment's last write failed: its records (and any since) stay there, so
+    // the state serialized at the cut would be wrong for the next segment. Try later.
+    ::close(std::exchange(core.next_segment_fd, -1));
+    core.snapshot_bytes.clear();
+  }
 }
 
 void finish_snapshot(core_state& core) {

@@ -12,9 +12,17 @@ namespace server {
 // corrupt record.
 void recover(cluster& cl);
 
-// On core c's thread, each tick: starts a background snapshot when its log segment has
-// grown past the limit, and finishes one that completed.
+// On core c's thread, each tick: marks a snapshot due when the log segment has grown
+// past the limit, and reaps a background snapshot writer that finished.
 void snapshot_tick(cluster& cl, core_state& core);
+
+// The core's next group commit, if any (once per loop iteration, nothing in flight). A
+// due snapshot cuts the log here: the state now is serialized as the next segment's
+// snapshot, what is pending goes to the old segment as its last write, and the segment
+// switches once that write is durable (a failed write calls the cut off).
+bool take_flush(cluster& cl, core_state& core, bool retry_failed,
+                store::log_writer::flush_job& job);
+void flush_done(cluster& cl, core_state& core, long written, int synced);
 
 // Waits for a running snapshot (shutdown).
 void finish_snapshot(core_state& core);

@@ -56,9 +56,8 @@ class core_runner final : public net::core_hooks {
   bool stopping() override { return cluster_.stopping.load(std::memory_order_relaxed); }
   void tick() override;
   bool take_flush(net::flush_job& job, bool retry_failed) override {
-    store::log_writer& log = cluster_.core[index_]->log;
-    if (!log.flush_due(retry_failed)) return false;
-    const store::log_writer::flush_job j = log.begin_flush();
+    store::log_writer::flush_job j;
+    if (!::server::take_flush(cluster_, *cluster_.core[index_], retry_failed, j)) return false;
     flush_started_ns_ = monotonic_ns();
     job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == metad::durability::sync};
     return true;
@@ -66,7 +65,7 @@ class core_runner final : public net::core_hooks {
   void flush_done(long written, int synced) override {
     store::log_writer& log = cluster_.core[index_]->log;
     const bool was_failing = log.failing();
-    log.end_flush(written, synced);
+    ::server::flush_done(cluster_, *cluster_.core[index_], written, synced);
     cluster_.core[index_]->flushes.record(monotonic_ns() - flush_started_ns_, !log.failing());
     if (log.failing() && !was_failing) {
       // A short write (disk full) cancels the linked fdatasync: name the write's failure.

@@ -20,13 +20,14 @@ bool log_writer::make_room(std::uint64_t bytes) {
   if (fd_ < 0) return true;
   // A failed write still queued must go out first; a failed reservation is retried.
   if (failing_ && !(pending_.empty() && in_flight_.empty())) return false;
-  const std::uint64_t needed = end() + bytes;
+  // In bytes of the current segment file.
+  const std::uint64_t needed = end() - segment_start_ + bytes;
   if (needed <= allocated_ && !failing_) return true;
   // Once the disk was found full, writes resume only with real headroom again, rather
   // than trickling into the last reserved bytes.
   constexpr std::uint64_t kChunk = 16u << 20;     // few fallocate calls, little waste
   constexpr std::uint64_t kHeadroom = 64u << 10;  // the least a recovering log asks for
-  const std::uint64_t from = std::max(allocated_, durable_ + in_flight_.size());
+  const std::uint64_t from = std::max(allocated_, size() + in_flight_.size());
   const std::uint64_t least = failing_ ? std::max(needed, from) + kHeadroom : needed;
   const std::uint64_t wants[] = {std::max(needed, from) + kChunk,
                                  (least + 4095) & ~std::uint64_t{4095}};
@@ -55,7 +56,7 @@ bool log_writer::flush_due(bool retry_failed) const {
 log_writer::flush_job log_writer::begin_flush() {
   assert(in_flight_.empty());
   in_flight_.swap(pending_);
-  return {fd_, in_flight_.data(), in_flight_.size(), durable_};
+  return {fd_, in_flight_.data(), in_flight_.size(), size()};
 }
 
 void log_writer::end_flush(long written, int synced) {
@@ -86,10 +87,10 @@ void log_writer::end_flush(long written, int synced) {
 }
 
 void log_writer::switch_segment(int fd) {
-  assert(idle());
+  assert(in_flight_.empty());
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd;
-  durable_ = 0;
+  segment_start_ = durable_;  // positions stay monotonic: waiters keep their meaning
   allocated_ = 0;
 }
 

@@ -23,7 +23,8 @@ class log_writer {
   bool enabled() const { return fd_ >= 0; }
   // Appenders (store::append_*) write whole frames here.
   std::string& pending() { return pending_; }
-  // Everything appended so far: waiting for end() makes all of it durable.
+  // Positions are log-wide and only grow (a new segment continues where the last ended):
+  // waiting for end() makes everything appended so far durable.
   std::uint64_t end() const { return durable_ + in_flight_.size() + pending_.size(); }
   std::uint64_t durable() const { return durable_; }
   // The last flush or reservation failed (disk full, I/O error): mutations are refused.
@@ -33,7 +34,8 @@ class log_writer {
   // failing its write afterwards. False: refuse the request (503). A failing log also
   // retries here, so writes resume once space returns.
   bool make_room(std::uint64_t bytes);
-  std::uint64_t size() const { return durable_; }
+  // Durable bytes of the current segment file.
+  std::uint64_t size() const { return durable_ - segment_start_; }
 
   // A write + fdatasync the loop should issue now, if any.
   struct flush_job {
@@ -59,8 +61,8 @@ class log_writer {
   };
   wait_awaiter durable_until(std::uint64_t lsn) { return {*this, lsn}; }
 
-  // Swaps in a new segment (after a snapshot): the old fd is closed. Only when nothing
-  // is in flight or pending.
+  // Swaps in a new segment (after a snapshot): the old fd is closed. Only when nothing is
+  // in flight; what is pending goes to the new segment.
   void switch_segment(int fd);
   bool idle() const { return in_flight_.empty() && pending_.empty(); }
   std::uint64_t flushes() const { return flushes_; }
@@ -74,11 +76,12 @@ class log_writer {
   };
 
   int fd_ = -1;
-  std::uint64_t durable_ = 0;  // bytes of this segment known durable
-  std::string pending_;        // appended, not yet handed to the loop
-  std::string in_flight_;      // being written
+  std::uint64_t durable_ = 0;        // log position known durable
+  std::uint64_t segment_start_ = 0;  // log position where the current segment file starts
+  std::string pending_;              // appended, not yet handed to the loop
+  std::string in_flight_;            // being written
   bool failing_ = false;
-  std::uint64_t allocated_ = 0;  // bytes of this segment reserved on disk
+  std::uint64_t allocated_ = 0;  // bytes of the current segment file reserved on disk
   std::deque<waiter> waiters_;   // in lsn order
   std::uint64_t flushes_ = 0, failures_ = 0;
 };

@@ -66,11 +66,12 @@ class node {
   }
 
  private:
-  static void flush(server::core_state& core) {
-    if (!core.log.flush_due(true)) return;
-    const store::log_writer::flush_job job = core.log.begin_flush();
+  // What a loop does once per iteration: the group commit, through the server's hooks.
+  void flush(server::core_state& core) {
+    store::log_writer::flush_job job;
+    if (!server::take_flush(*cluster_, core, true, job)) return;
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-    core.log.end_flush(written, ::fdatasync(job.fd));
+    server::flush_done(*cluster_, core, written, ::fdatasync(job.fd));
   }
 
   metad::config cfg_;

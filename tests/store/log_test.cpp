@@ -82,3 +82,23 @@ TEST(LogWriter, WithoutAFileEverythingIsDurableAtOnce) {
   wait_for(log, 100, result);
   EXPECT_EQ(result, 1);
 }
+
+TEST(LogWriter, WaitersSurviveASegmentSwitchWithPendingBytes) {
+  store::log_writer log(temp_fd(), 0);
+  log.pending() += "old";
+  store::log_writer::flush_job job = log.begin_flush();
+  log.pending() += "new!";  // appended after the cut: belongs to the next segment
+  int result = -1;
+  wait_for(log, log.end(), result);
+  log.end_flush(static_cast<long>(job.bytes), 0);
+  log.switch_segment(temp_fd());
+  EXPECT_EQ(log.size(), 0u) << "a fresh segment file";
+  ASSERT_TRUE(log.flush_due(false));
+  job = log.begin_flush();
+  EXPECT_EQ(job.offset, 0u) << "written at the start of the new file";
+  EXPECT_EQ(std::string(job.data, job.bytes), "new!");
+  log.end_flush(static_cast<long>(job.bytes), 0);
+  EXPECT_EQ(result, 1) << "the waiter resumes once its bytes are durable in the new segment";
+  EXPECT_EQ(log.size(), 4u);
+  EXPECT_EQ(log.durable(), 7u);
+}
