@@ -8,12 +8,6 @@ local keys_total = 1000000
 common.static_post("/keys/batch_exists",
                    '{"keys":' .. common.keys_json(common.ids(0, 1250, 797, keys_total), false) .. '}')
 
-local ready = false
-function setup(thread)
-  if ready then return end
-  ready = true
-  common.init_rank(1, 1048576)
-  common.populate(1, keys_total, 16384)
-end
+setup = common.populated_rank_setup(keys_total)
 
 done = common.done

@@ -98,6 +98,18 @@ function M.populate(rank, count, batch)
 end
 
 -- A static POST: wrk builds the request once and replays it (no per-request Lua).
+-- A wrk setup() that gives rank 1 (1M pages) `count` confirmed keys, once per run. It
+-- is the only worker rank, so every key is complete.
+function M.populated_rank_setup(count)
+  local ready = false
+  return function(thread)
+    if ready then return end
+    ready = true
+    M.init_rank(1, 1048576)
+    M.populate(1, count, 16384)
+  end
+end
+
 function M.static_post(path, body)
   wrk.method = "POST"
   wrk.path = path
