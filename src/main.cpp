@@ -84,20 +84,6 @@ std::vector<int> parse_cpus(std::string_view text) {
   return cpus;
 }
 
-std::vector<int> first_cpus(int count) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> mask;
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &set)) mask.push_back(cpu);
-  if (mask.empty()) mask.push_back(0);
-  std::vector<int> cpus;
-  // More threads than CPUs is allowed (tests, oversubscribed hosts): wrap around.
-  for (int i = 0; i < count; ++i) cpus.push_back(mask[static_cast<std::size_t>(i) % mask.size()]);
-  return cpus;
-}
-
 // A token file's first line, without surrounding whitespace; it must not be empty.
 std::string read_token(std::string_view flag, std::string_view path) {
   std::ifstream in{std::string(path)};
@@ -112,7 +98,6 @@ std::string read_token(std::string_view flag, std::string_view path) {
 
 metad::config parse_flags(int argc, char** argv) {
   metad::config cfg;
-  int threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string_view flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -138,7 +123,7 @@ metad::config parse_flags(int argc, char** argv) {
     else if (flag == "--port")
       cfg.port = parse_int<std::uint16_t>(flag, value, 0, 65535);
     else if (flag == "--threads")
-      threads = parse_int<int>(flag, value, 1, 1024);
+      cfg.threads = parse_int<int>(flag, value, 1, 1024);
     else if (flag == "--cpus")
       cfg.cpus = parse_cpus(value);
     else if (flag == "--io") {
@@ -198,7 +183,6 @@ metad::config parse_flags(int argc, char** argv) {
       throw usage_error(std::string(flag) + ": unknown flag (see --help)");
     }
   }
-  if (cfg.cpus.empty() && threads > 0) cfg.cpus = first_cpus(threads);
   if (!cfg.tcp && cfg.unix_path.empty()) throw usage_error("--no-tcp needs --unix PATH");
   return cfg;
 }

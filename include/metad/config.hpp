@@ -18,8 +18,11 @@ enum class durability { sync, none };
 struct config {
   std::string host = "127.0.0.1";
   std::uint16_t port = 18000;
-  // CPUs to pin one core thread each to. Empty: the CPUs of the affinity mask.
+  // CPUs to pin one core thread each to. Empty: `threads` threads on the CPUs of the
+  // affinity mask, in order, wrapping around when there are more threads than CPUs
+  // (tests, oversubscribed hosts); threads == 0: one per CPU of the mask.
   std::vector<int> cpus;
+  int threads = 0;
   io_mode io = io_mode::automatic;
   log_level log = log_level::info;
 

@@ -1,20 +1,12 @@
 #include "server/exchange.hpp"
 
-#include <time.h>
-
 #include "http/response.hpp"
 #include "metad/log.hpp"
+#include "server/clock.hpp"
 #include "server/endpoints.hpp"
 
 namespace server {
 namespace {
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 // Equal-length comparison whose time does not depend on where the first difference is.
 bool same_secret(std::string_view given, std::string_view expected) {

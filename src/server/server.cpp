@@ -13,6 +13,7 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
+#include "server/clock.hpp"
 #include "server/cluster.hpp"
 #include "server/durability.hpp"
 #include "server/endpoints.hpp"
@@ -33,13 +34,6 @@ cluster::cluster(const metad::config& config, int core_count)
 }
 
 namespace {
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 // The server's side of one core's event loop.
 class core_runner final : public net::core_hooks {
@@ -105,13 +99,6 @@ class core_runner final : public net::core_hooks {
   friend void log_summary(core_runner& self);
 };
 
-std::uint64_t monotonic_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
-         static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
-}
-
 // One info line with the load and the pools, summed over all cores.
 void log_summary(core_runner& self) {
   struct sums {
@@ -158,14 +145,18 @@ void core_runner::tick() {
   log_summary(*this);
 }
 
-std::vector<int> affinity_cpus() {
+// `threads` CPUs of the affinity mask, in order, wrapping around (0: the whole mask).
+std::vector<int> affinity_cpus(int threads) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  std::vector<int> cpus;
+  std::vector<int> mask;
   if (sched_getaffinity(0, sizeof set, &set) == 0)
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  if (cpus.empty()) cpus.push_back(0);
+      if (CPU_ISSET(cpu, &set)) mask.push_back(cpu);
+  if (mask.empty()) mask.push_back(0);
+  if (threads <= 0) return mask;
+  std::vector<int> cpus;
+  for (int i = 0; i < threads; ++i) cpus.push_back(mask[static_cast<std::size_t>(i) % mask.size()]);
   return cpus;
 }
 
@@ -189,7 +180,7 @@ struct server::impl {
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
-  if (cfg.cpus.empty()) cfg.cpus = ::server::affinity_cpus();
+  if (cfg.cpus.empty()) cfg.cpus = ::server::affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->cluster =
