@@ -48,6 +48,13 @@ metadata server; same HTTP API, default port 18000).
                             records are fdatasynced; none: log without syncing or waiting
   --snapshot-log-bytes N    snapshot a core and start a new log segment past N log bytes
                             (default 268435456)
+  --reservation-ttl S       a page reserved by batch_allocate and neither confirmed nor
+                            released within S seconds returns to the pool (default 600;
+                            0: never)
+  --eviction none|lru       lru: a full rank evicts the least recently used complete keys
+                            (on every rank) to serve an allocation (default none: -1)
+  --read-lease-ms N         keys whose pages get_locations returned are not evicted or
+                            deleted for N ms (default 10000)
   --log-level LEVEL         error|warn|info|debug (default info)
   --help                    this text
   --version                 print the version
@@ -168,6 +175,17 @@ metad::config parse_flags(int argc, char** argv) {
         throw usage_error("--durability: expected sync or none");
     } else if (flag == "--snapshot-log-bytes") {
       cfg.snapshot_log_bytes = parse_int<std::uint64_t>(flag, value, 4096, std::uint64_t{1} << 40);
+    } else if (flag == "--reservation-ttl") {
+      cfg.reservation_ttl_ms = parse_int<std::uint64_t>(flag, value, 0, 86'400'000) * 1000;
+    } else if (flag == "--eviction") {
+      if (value == "none")
+        cfg.evict = metad::eviction::none;
+      else if (value == "lru")
+        cfg.evict = metad::eviction::lru;
+      else
+        throw usage_error("--eviction: expected none or lru");
+    } else if (flag == "--read-lease-ms") {
+      cfg.read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--log-level") {
       if (value == "error")
         cfg.log = metad::log_level::error;

@@ -43,7 +43,7 @@ bool bind_all(shard::rank_table& t, const key_set& keys, benchmark::State& state
     distinct.clear();
     pages.clear();
     fresh.clear();
-    t.allocate(kRank, batch, distinct, pages);
+    t.allocate(kRank, batch, 0, distinct, pages);
     if (t.confirm(kRank, batch, pages, {}, detail, fresh) != shard::confirm_outcome::ok) {
       state.SkipWithError(("prefill failed: " + detail).c_str());
       return false;
@@ -162,7 +162,7 @@ BENCHMARK(BM_rank_allocate_release_1M)->Unit(benchmark::kMicrosecond);
 void BM_directory_complete_1M(benchmark::State& state) {
   shard::directory d;
   const key_set all(0, 1'000'000);
-  for (std::string_view k : all.views) d.add_confirmation(k, 1);
+  for (std::string_view k : all.views) d.add_confirmation(k, 1, 0);
   const key_set ask(0, 1250, 797);
   std::size_t found = 0;
   for (auto _ : state) {
@@ -180,7 +180,7 @@ void BM_directory_insert_1M(benchmark::State& state) {
   const key_set all(0, 1'000'000);
   for (auto _ : state) {
     shard::directory d;
-    for (std::string_view k : all.views) d.add_confirmation(k, 8);
+    for (std::string_view k : all.views) d.add_confirmation(k, 8, 0);
     benchmark::DoNotOptimize(d.size());
   }
   state.SetItemsProcessed(state.iterations() * 1'000'000);

@@ -14,6 +14,9 @@ enum class log_level { error, warn, info, debug };
 // sync: a mutating request is answered after its log records are fdatasynced.
 // none: records are written by the loop but not synced, and nobody waits for them.
 enum class durability { sync, none };
+// lru: a rank that cannot serve an allocation evicts the least recently used complete
+// keys (on every rank) until it can. none: it answers -1, as the reference does.
+enum class eviction { none, lru };
 
 struct config {
   std::string host = "127.0.0.1";
@@ -50,6 +53,14 @@ struct config {
   durability durable = durability::sync;
   // A core snapshots its state and starts a new log segment past this many log bytes.
   std::uint64_t snapshot_log_bytes = 256u << 20;
+
+  // Page lifecycle. A reservation neither confirmed nor released within this returns
+  // to the free pool (0: never).
+  std::uint64_t reservation_ttl_ms = 600'000;
+  eviction evict = eviction::none;
+  // A key whose pages get_locations returned is neither evicted nor deleted for this
+  // long (its reader may still be reading the file).
+  std::uint32_t read_lease_ms = 10'000;
 };
 
 }  // namespace metad

@@ -69,6 +69,9 @@ struct confirm_cmd {
 struct exists_cmd {
   key_list keys;
 };
+struct delete_cmd {
+  key_list keys;
+};
 struct locations_cmd {
   std::int64_t rank = 0;
   key_list keys;
@@ -88,9 +91,14 @@ class decoder {
   error decode_allocate(std::string_view body, allocate_cmd& out);
   error decode_confirm(std::string_view body, confirm_cmd& out);
   error decode_exists(std::string_view body, exists_cmd& out);
+  // Same body and the same errors as batch_exists: {"keys": [string, ...]}.
+  error decode_delete(std::string_view body, delete_cmd& out);
   error decode_locations(std::string_view body, locations_cmd& out);
 
  private:
+  // An object whose optional `keys` is a list of strings (batch_exists, keys/delete).
+  error decode_key_strings(std::string_view body, key_list& out);
+
   simdjson::dom::parser parser_;
   std::vector<std::string_view> scratch_;
 };
@@ -105,6 +113,20 @@ void encode_exists(std::string& out, std::span<const std::uint8_t> exists);
 void encode_locations(std::string& out, std::span<const std::int64_t> pages);
 void encode_rank_info(std::string& out, std::int64_t num_pages, std::int64_t free,
                       std::int64_t reserved, std::int64_t bound);
+void encode_deleted(std::string& out, std::uint64_t deleted);
+
+// One rank's counters in a /stats answer.
+struct rank_info_row {
+  std::int64_t rank = 0, num_pages = 0, free = 0, reserved = 0, bound = 0;
+};
+// Server-wide counters in a /stats answer.
+struct stats_totals {
+  std::uint64_t keys = 0, leased_keys = 0, evicted_keys = 0, expired_reservations = 0,
+                deleted_keys = 0, refused_releases = 0;
+};
+// Ranks in the order given: the caller sorts them.
+void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const stats_totals& t);
+
 // {"detail":"..."} with the detail escaped.
 void encode_error(std::string& out, std::string_view detail);
 // Escapes like Python's json.dumps(ensure_ascii=False): '"', '\\', control characters.

@@ -364,7 +364,7 @@ error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
   return {};
 }
 
-error decoder::decode_exists(std::string_view body, exists_cmd& out) {
+error decoder::decode_key_strings(std::string_view body, key_list& out) {
   simdjson::dom::object object;
   if (error e = parse_object(parser_, body, object)) return e;
   const auto [keys_field] = find_fields<1>(object, {"keys"});
@@ -376,8 +376,16 @@ error decoder::decode_exists(std::string_view body, exists_cmd& out) {
     }
     if (error e = collect_string_keys(list, scratch_)) return e;
   }
-  out.keys.assign(scratch_);
+  out.assign(scratch_);
   return {};
+}
+
+error decoder::decode_exists(std::string_view body, exists_cmd& out) {
+  return decode_key_strings(body, out.keys);
+}
+
+error decoder::decode_delete(std::string_view body, delete_cmd& out) {
+  return decode_key_strings(body, out.keys);
 }
 
 error decoder::decode_locations(std::string_view body, locations_cmd& out) {

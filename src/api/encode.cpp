@@ -23,6 +23,26 @@ void append_int(std::string& out, std::int64_t value) {
   out.append(text.data(), text.size());
 }
 
+// Counters are unsigned: through append_int one above INT64_MAX would print negative.
+void append_uint(std::string& out, std::uint64_t value) {
+  const fmt::format_int text(value);
+  out.append(text.data(), text.size());
+}
+
+// The body of a rank-info object, shared by GET /rank/{rank} and each row of /stats so the
+// two cannot drift apart.
+void append_rank_counters(std::string& out, std::int64_t num_pages, std::int64_t free,
+                          std::int64_t reserved, std::int64_t bound) {
+  out.append(R"("num_pages":)");
+  append_int(out, num_pages);
+  out.append(R"(,"free":)");
+  append_int(out, free);
+  out.append(R"(,"reserved":)");
+  append_int(out, reserved);
+  out.append(R"(,"bound":)");
+  append_int(out, bound);
+}
+
 // For each byte: 0 when it is copied verbatim, else the character after the backslash
 // ('u' for \u00XX). Python escapes exactly '"', '\\' and the C0 controls.
 constexpr std::array<char, 256> kEscapes = [] {
@@ -145,14 +165,42 @@ void encode_locations(std::string& out, std::span<const std::int64_t> pages) {
 
 void encode_rank_info(std::string& out, std::int64_t num_pages, std::int64_t free,
                       std::int64_t reserved, std::int64_t bound) {
-  out.append(R"({"num_pages":)");
-  append_int(out, num_pages);
-  out.append(R"(,"free":)");
-  append_int(out, free);
-  out.append(R"(,"reserved":)");
-  append_int(out, reserved);
-  out.append(R"(,"bound":)");
-  append_int(out, bound);
+  out.push_back('{');
+  append_rank_counters(out, num_pages, free, reserved, bound);
+  out.push_back('}');
+}
+
+void encode_deleted(std::string& out, std::uint64_t deleted) {
+  out.append(R"({"deleted":)");
+  append_uint(out, deleted);
+  out.push_back('}');
+}
+
+void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const stats_totals& t) {
+  // A row is 52 bytes of punctuation and up to 5 x 20 digits; the totals fit in 256.
+  out.reserve(out.size() + 256 + ranks.size() * 152);
+  out.append(R"({"ranks":[)");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const rank_info_row& r = ranks[i];
+    if (i != 0) out.push_back(',');
+    out.append(R"({"rank":)");
+    append_int(out, r.rank);
+    out.push_back(',');
+    append_rank_counters(out, r.num_pages, r.free, r.reserved, r.bound);
+    out.push_back('}');
+  }
+  out.append(R"(],"keys":)");
+  append_uint(out, t.keys);
+  out.append(R"(,"leased_keys":)");
+  append_uint(out, t.leased_keys);
+  out.append(R"(,"evicted_keys":)");
+  append_uint(out, t.evicted_keys);
+  out.append(R"(,"expired_reservations":)");
+  append_uint(out, t.expired_reservations);
+  out.append(R"(,"deleted_keys":)");
+  append_uint(out, t.deleted_keys);
+  out.append(R"(,"refused_releases":)");
+  append_uint(out, t.refused_releases);
   out.push_back('}');
 }
 

@@ -36,6 +36,7 @@ route match(method verb, std::string_view path) {
     if (name == "batch_allocate") return post_only(verb, endpoint::batch_allocate);
     if (name == "confirm_write") return post_only(verb, endpoint::confirm_write);
     if (name == "get_locations") return post_only(verb, endpoint::get_locations);
+    if (name == "delete") return post_only(verb, endpoint::delete_keys);
     return {};
   }
   if (path.starts_with(rank)) return match_rank(verb, path.substr(rank.size()));
@@ -43,6 +44,7 @@ route match(method verb, std::string_view path) {
   if (path == "/health") return get_only(verb, endpoint::health);
   if (path == "/ready") return get_only(verb, endpoint::ready);
   if (path == "/metrics") return get_only(verb, endpoint::metrics);
+  if (path == "/stats") return get_only(verb, endpoint::stats);
   return {};
 }
 

@@ -19,6 +19,8 @@ enum class endpoint : std::uint8_t {
   health,          // GET  /health
   ready,           // GET  /ready
   metrics,         // GET  /metrics
+  delete_keys,     // POST /keys/delete
+  stats,           // GET  /stats
   not_found,
   method_not_allowed,      // POST-only path, wrong method (answer carries allow: POST)
   method_not_allowed_get,  // GET-only path, wrong method (answer carries allow: GET)

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "api/codec.hpp"
 #include "metad/config.hpp"
 #include "net/transport.hpp"
+#include "server/clock.hpp"
 #include "server/metrics.hpp"
 #include "shard/mailbox.hpp"
 #include "shard/state.hpp"
@@ -28,6 +30,8 @@ struct core_state {
   request_metrics metrics;
   flush_metrics flushes;
   net::loop_stats connections;
+  // Keys that left the directory slice here: by /keys/delete, by eviction (metrics).
+  std::uint64_t deleted_keys = 0, evicted_keys = 0;
   // Durability (inactive without --data-dir): this core's log and its snapshots.
   store::log_writer log;
   std::uint64_t log_segment = 0;
@@ -53,6 +57,12 @@ struct cluster {
   std::atomic<int> draining_cores;
   // The data directory (null: in memory only).
   std::unique_ptr<store::data_dir> data;
+  // The clock of reservation deadlines, leases and recency (milliseconds, monotonic);
+  // tests replace it with a fake. Any core may call it.
+  std::function<std::uint64_t()> clock = monotonic_ms;
+  // Nothing is evicted or deleted before this time: the leases readers held before a
+  // restart were not kept, so recovered keys count as leased for --read-lease-ms.
+  std::uint64_t removal_floor_ms = 0;
 };
 
 }  // namespace server

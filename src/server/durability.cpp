@@ -82,6 +82,12 @@ class replayer {
           if (!added) it->second = std::min(it->second, r.tp_world_size);
         }
         return;
+      case store::record_kind::directory_remove:
+        if (shard::owner_of_key(r.keys[0], cl_.cores) == core_) {
+          ++out_.records;
+          out_.tp.erase(std::string(r.keys[0]));
+        }
+        return;
       case store::record_kind::clear:
         return;  // handled by starting after the last one
       default:
@@ -95,9 +101,10 @@ class replayer {
         ranks.initialize(r.rank, r.num_pages);
         break;
       case store::record_kind::allocate:
+        // Reservations made in replay get a fresh TTL from now.
         indices_.clear();
         pages_.clear();
-        ranks.allocate(r.rank, r.keys, indices_, pages_);
+        ranks.allocate(r.rank, r.keys, now_, indices_, pages_);
         break;
       case store::record_kind::confirm:
         indices_.clear();
@@ -105,28 +112,42 @@ class replayer {
             shard::confirm_outcome::ok)
           throw std::runtime_error("log replay: a logged confirm_write no longer applies: " +
                                    detail_);
-        for (std::uint32_t i : indices_) confirmed(r.keys[i]);
+        break;
+      case store::record_kind::remove:
+        indices_.clear();
+        ranks.remove_confirmed(r.rank, r.keys, indices_);
+        break;
+      case store::record_kind::release:
+        if (!ranks.release_reserved(r.rank, r.releases))
+          throw std::runtime_error("log replay: an expiry of rank " + std::to_string(r.rank) +
+                                   " no longer applies");
         break;
       case store::record_kind::snapshot_entry:
-        if (!ranks.restore(r.rank, r.keys[0], r.page, r.confirmed))
+        if (!ranks.restore(r.rank, r.keys[0], r.page, r.confirmed, now_))
           throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
                                    std::to_string(r.rank) + " cannot be restored");
-        if (r.confirmed) confirmed(r.keys[0]);
         break;
       default:
         break;
     }
   }
 
- private:
-  void confirmed(std::string_view key) {
-    const int owner = shard::owner_of_key(key, cl_.cores);
-    out_.confirmed_by_owner[static_cast<std::size_t>(owner)].emplace_back(key);
+  // After the last record: the keys this core's ranks hold confirmed, by the core
+  // that owns each key's directory slice (which counts them).
+  void collect_confirmed() {
+    cl_.core[core_]->ranks.for_each_entry(
+        [this](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
+          if (!confirmed) return;
+          const int owner = shard::owner_of_key(key, cl_.cores);
+          out_.confirmed_by_owner[static_cast<std::size_t>(owner)].emplace_back(key);
+        });
   }
 
+ private:
   cluster& cl_;
   int core_;
   replay_output& out_;
+  const std::uint64_t now_ = cl_.clock();
   std::vector<std::uint32_t> indices_;
   std::vector<std::int64_t> pages_;
   std::string detail_;
@@ -156,6 +177,7 @@ void replay_files(cluster& cl, int core, const std::vector<store::core_files>& f
       }
     }
   }
+  r.collect_confirmed();
 }
 
 void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& outputs,
@@ -170,7 +192,8 @@ void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& output
     // A binding whose directory record did not reach the disk belonged to a confirm
     // that was never acknowledged; assume every rank had been initialised.
     if (it == tps.end()) ++guessed;
-    cl.core[core]->directory.restore(key, it == tps.end() ? fallback_tp : it->second, count);
+    cl.core[core]->directory.restore(key, it == tps.end() ? fallback_tp : it->second, count,
+                                     cl.clock());
   }
   if (guessed)
     metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
@@ -242,6 +265,7 @@ void recover(cluster& cl) {
   std::uint64_t records = 0, keys = 0;
   for (auto& out : outputs) records += out.records;
   for (auto& core : cl.core) keys += core->directory.size();
+  if (keys > 0) cl.removal_floor_ms = cl.clock() + cl.cfg.read_lease_ms;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
       "durability {}",

@@ -2,33 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "server/lifecycle.hpp"
+#include "server/steps.hpp"
 #include "store/record.hpp"
 
 namespace server {
 namespace {
-
-// Marks, for each core, whether one of `keys` has its directory slice there, and
-// remembers each key's owner.
-void plan_directory_walk(const cluster& cl, std::span<const std::string_view> keys,
-                         const std::uint32_t* only, std::size_t only_count, scratch& s) {
-  s.core_needed.assign(static_cast<std::size_t>(cl.cores), 0);
-  if (cl.cores == 1) {  // everything is here: no hashing
-    s.key_owner.assign(keys.size(), 0);
-    s.core_needed[0] = 1;
-    return;
-  }
-  s.key_owner.resize(keys.size());
-  auto mark = [&](std::size_t i) {
-    const int owner = shard::owner_of_key(keys[i], cl.cores);
-    s.key_owner[i] = static_cast<std::uint16_t>(owner);
-    s.core_needed[static_cast<std::size_t>(owner)] = 1;
-  };
-  if (only == nullptr) {
-    for (std::size_t i = 0; i < keys.size(); ++i) mark(i);
-  } else {
-    for (std::size_t j = 0; j < only_count; ++j) mark(only[j]);
-  }
-}
 
 // Drops core c's ranks and directory slice (on core c).
 void clear_core(cluster& cl, int c) {
@@ -37,25 +16,6 @@ void clear_core(cluster& cl, int c) {
                             std::memory_order_relaxed);
   core.ranks.clear();
   core.directory.clear();
-}
-
-constexpr std::string_view kStorageFailed =
-    "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
-    "nothing was changed or acknowledged, reads still work";
-
-// After a change on `core` (on that core): waits until its log holds everything appended
-// so far durably, in sync mode. Resumes with false if the disk failed first.
-store::log_writer::wait_awaiter persisted(const cluster& cl, core_state& core) {
-  const bool sync = cl.cfg.durable == metad::durability::sync;
-  return core.log.durable_until(sync ? core.log.end() : 0);
-}
-
-// An upper bound of the log bytes a request over `keys` appends (make_room).
-std::uint64_t record_bytes(std::span<const std::string_view> keys, std::size_t extra_per_key,
-                           std::size_t extra = 0) {
-  std::uint64_t bytes = 64 + extra;
-  for (std::string_view key : keys) bytes += key.size() + 4 + extra_per_key;
-  return bytes;
 }
 
 bool same_stats(const std::optional<shard::rank_stats>& a,
@@ -99,6 +59,34 @@ request_task run_initialize(exchange& x) {
   x.complete();
 }
 
+namespace {
+
+// One attempt at a batch_allocate on the rank's owner core, logged if it changed the
+// rank. Allocation is deterministic: replaying the same request on the same state takes
+// the same pages, so the request itself is the record.
+shard::allocate_result try_allocate(cluster& cl, core_state& core, scratch& s, bool& stored) {
+  const api::allocate_cmd& cmd = s.allocate;
+  s.indices.clear();
+  s.pages.clear();
+  if (core.log.enabled() && !core.log.make_room(record_bytes(cmd.keys.views(), 0))) {
+    stored = false;
+    return {};
+  }
+  const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+  const shard::allocate_result r =
+      core.ranks.allocate(cmd.rank, cmd.keys.views(), cl.clock(), s.indices, s.pages);
+  if (r.found && core.log.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
+    store::append_allocate(core.log.pending(), cmd.rank, cmd.keys.views());
+  return r;
+}
+
+// Eviction rounds one allocation may start before it answers -1: each evicts as many
+// keys as pages are missing, so more rounds are needed only when the evicted keys were
+// not all on this rank.
+constexpr int kEvictionRounds = 4;
+
+}  // namespace
+
 request_task run_allocate(exchange& x) {
   cluster& cl = x.shared();
   int home = x.home().index;
@@ -106,27 +94,26 @@ request_task run_allocate(exchange& x) {
   const api::allocate_cmd& cmd = s.allocate;
   int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   // Sized here so the owner core never grows (allocates) memory this core frees.
-  s.indices.clear();
   s.indices.reserve(cmd.keys.size());
-  s.pages.clear();
   s.pages.reserve(cmd.keys.size());
   co_await cl.mailbox.hop(home, owner);
   core_state& core = *cl.core[owner];
-  bool found = false;
-  bool stored = !core.log.enabled() || core.log.make_room(record_bytes(cmd.keys.views(), 0));
-  if (stored) {
-    const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
-    found = core.ranks.allocate(cmd.rank, cmd.keys.views(), s.indices, s.pages);
-    // Allocation is deterministic: replaying the same request on the same state takes
-    // the same pages, so the request itself is the record.
-    if (found && core.log.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
-      store::append_allocate(core.log.pending(), cmd.rank, cmd.keys.views());
-    stored = co_await persisted(cl, core);
+  bool stored = true;
+  shard::allocate_result r = try_allocate(cl, core, s, stored);
+  // Short of pages: first reservations past their deadline, then eviction.
+  if (stored && r.short_by > 0 && expire_due(cl, core) > 0) r = try_allocate(cl, core, s, stored);
+  for (int round = 0; stored && r.short_by > 0 && r.evictable &&
+                      cl.cfg.evict == metad::eviction::lru && round < kEvictionRounds;
+       ++round) {
+    const std::size_t evicted = co_await evict(cl, owner, r.short_by, s.removal, stored);
+    if (evicted == 0 || !stored) break;
+    r = try_allocate(cl, core, s, stored);
   }
+  if (stored) stored = co_await persisted(cl, core);
   co_await cl.mailbox.hop(owner, home);
   if (!stored) {
     x.respond_error(503, kStorageFailed);
-  } else if (!found) {
+  } else if (!r.found) {
     s.detail = fmt::format("Allocation failed: Rank {} not initialized", cmd.rank);
     x.respond_error(404, s.detail);
   } else {
@@ -184,11 +171,11 @@ request_task run_confirm(exchange& x) {
         stored = false;  // the rank's pages are bound, but this is not acknowledged
         break;
       }
+      const std::uint64_t now = cl.clock();
       for (std::uint32_t i : s.indices) {
         if (s.key_owner[i] != c) continue;
-        const std::size_t keys_before = dir_core.directory.size();
-        dir_core.directory.add_confirmation(cmd.keys[i], tp_world_size);
-        if (dir_core.log.enabled() && dir_core.directory.size() != keys_before)
+        if (dir_core.directory.add_confirmation(cmd.keys[i], tp_world_size, now) &&
+            dir_core.log.enabled())
           store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
       }
       stored = co_await persisted(cl, dir_core);
@@ -224,15 +211,20 @@ request_task run_lookup(exchange& x, bool with_rank) {
   s.flags.assign(keys.size(), 0);
   s.pages.assign(keys.size(), -1);
   plan_directory_walk(cl, keys.views(), nullptr, 0, s);
+  // A reader that gets pages holds a lease on them: they are not evicted or deleted
+  // while it may still be reading the file.
+  const std::uint64_t now = cl.clock();
+  const std::uint64_t lease_until =
+      with_rank && cl.cfg.read_lease_ms > 0 ? now + cl.cfg.read_lease_ms : 0;
   int at = home;
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (home + step) % cl.cores;
     if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
     co_await cl.mailbox.hop(at, c);
     at = c;
-    const shard::directory& dir = cl.core[c]->directory;
+    shard::directory& dir = cl.core[c]->directory;
     for (std::size_t i = 0; i < keys.size(); ++i)
-      if (s.key_owner[i] == c) s.flags[i] = dir.complete(keys[i]) ? 1 : 0;
+      if (s.key_owner[i] == c) s.flags[i] = dir.use(keys[i], now, lease_until) ? 1 : 0;
   }
   bool found = true;
   if (with_rank) {
@@ -335,6 +327,9 @@ request_task run_metrics(exchange& x) {
     snap.flushes.add(core.flushes);
     snap.keys += core.directory.size();
     snap.refused_releases += core.ranks.refused_releases();
+    snap.expired_reservations += core.ranks.expired_reservations();
+    snap.evicted_keys += core.evicted_keys;
+    snap.deleted_keys += core.deleted_keys;
     snap.hops += cl.mailbox.posted(core.index);
     snap.ranks += core.ranks.rank_count();
     const net::loop_stats& conn = core.connections;

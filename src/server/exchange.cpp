@@ -4,6 +4,7 @@
 #include "metad/log.hpp"
 #include "server/clock.hpp"
 #include "server/endpoints.hpp"
+#include "server/lifecycle.hpp"
 
 namespace server {
 namespace {
@@ -38,6 +39,10 @@ route_label label_of(http::endpoint e) {
       return route_label::ready;
     case http::endpoint::metrics:
       return route_label::metrics;
+    case http::endpoint::delete_keys:
+      return route_label::delete_keys;
+    case http::endpoint::stats:
+      return route_label::stats;
     case http::endpoint::not_found:
       return route_label::not_found;
     case http::endpoint::method_not_allowed:
@@ -142,7 +147,9 @@ void exchange::respond_canned(http::canned what) {
 bool exchange::authorized(const http::request& request, http::endpoint target) {
   const metad::config& cfg = cluster_.cfg;
   if (target == http::endpoint::health) return true;  // probes carry no secrets
-  const bool admin_only = target == http::endpoint::clear && !cfg.admin_token.empty();
+  const bool admin_only =
+      (target == http::endpoint::clear || target == http::endpoint::delete_keys) &&
+      !cfg.admin_token.empty();
   const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;
   if (token.empty()) return true;
   // "Bearer <token>"; the scheme name is case-insensitive (RFC 9110 11.1).
@@ -212,6 +219,12 @@ void exchange::dispatch(const http::request& request) {
       return complete();
     case http::endpoint::metrics:
       run_metrics(*this);
+      return;
+    case http::endpoint::delete_keys:
+      if (!(err = decoder.decode_delete(request.body, s.remove))) run_delete(*this);
+      break;
+    case http::endpoint::stats:
+      run_stats(*this);
       return;
     case http::endpoint::not_found:
       respond_canned(http::canned::not_found);

@@ -16,6 +16,35 @@
 
 namespace server {
 
+// The keys a removal (delete, eviction) takes off every rank, gathered on the cores
+// that own them; home-owned, reserved before the walk starts.
+struct removal_job {
+  std::string bytes;                   // the keys back to back
+  std::vector<std::uint32_t> ends;     // key i ends at bytes[ends[i]]
+  std::vector<std::string_view> keys;  // views of them, once sealed
+  std::vector<std::uint16_t> owner;    // each key's directory core
+  std::vector<std::int32_t> bindings;  // each key: ranks that dropped it
+  // Scratch of the walk: eviction's merge of the cores' oldest keys, one rank's removals.
+  std::vector<std::pair<std::uint64_t, std::uint16_t>> oldest;
+  std::vector<std::uint64_t> used;
+  std::vector<std::uint32_t> quota;
+  std::vector<std::int64_t> ranks;
+  std::vector<std::uint32_t> removed;
+  std::vector<std::string_view> removed_keys;
+
+  void clear() {
+    bytes.clear();
+    ends.clear();
+    keys.clear();
+  }
+  void add(std::string_view key) {
+    bytes.append(key);
+    ends.push_back(static_cast<std::uint32_t>(bytes.size()));
+  }
+  // After the last add: the views, owners and zeroed counts.
+  void seal(int cores);
+};
+
 // Per-connection buffers reused by every request: commands, results, encoder output.
 struct scratch {
   api::initialize_cmd init;
@@ -23,6 +52,10 @@ struct scratch {
   api::confirm_cmd confirm;
   api::exists_cmd exists;
   api::locations_cmd locations;
+  api::delete_cmd remove;
+  removal_job removal;
+  std::vector<api::rank_info_row> rank_rows;
+  api::stats_totals totals;
   std::vector<std::uint32_t> indices;
   std::vector<std::int64_t> pages;
   std::vector<std::uint8_t> flags;

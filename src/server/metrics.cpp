@@ -28,10 +28,14 @@ void line(std::string& out, fmt::format_string<Args...> format, Args&&... args) 
 }  // namespace
 
 std::string_view route_name(route_label route) {
-  static constexpr std::string_view names[] = {
-      "initialize", "batch_allocate",     "confirm_write", "batch_exists", "get_locations",
-      "clear",      "rank_info",          "health",        "ready",        "metrics",
-      "not_found",  "method_not_allowed", "invalid_http"};
+  static constexpr std::string_view names[] = {"initialize",    "batch_allocate",
+                                               "confirm_write", "batch_exists",
+                                               "get_locations", "clear",
+                                               "rank_info",     "health",
+                                               "ready",         "metrics",
+                                               "delete",        "stats",
+                                               "not_found",     "method_not_allowed",
+                                               "invalid_http"};
   static_assert(std::size(names) == request_metrics::kRoutes);
   return names[static_cast<std::size_t>(route)];
 }
@@ -133,11 +137,24 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   line(out, "# HELP hf3fs_metad_ranks Initialised worker ranks.");
   line(out, "# TYPE hf3fs_metad_ranks gauge");
   line(out, "hf3fs_metad_ranks {}", snap.ranks);
-  line(out,
-       "# HELP hf3fs_metad_refused_releases_total Releases of pages bound to confirmed keys, "
-       "refused.");
-  line(out, "# TYPE hf3fs_metad_refused_releases_total counter");
-  line(out, "hf3fs_metad_refused_releases_total {}", snap.refused_releases);
+  struct counter {
+    std::string_view name, help;
+    std::uint64_t value;
+  };
+  const counter counters[] = {
+      {"hf3fs_metad_refused_releases_total", "Releases of pages bound to confirmed keys, refused.",
+       snap.refused_releases},
+      {"hf3fs_metad_expired_reservations_total",
+       "Reserved pages returned to the pool after --reservation-ttl.", snap.expired_reservations},
+      {"hf3fs_metad_evicted_keys_total", "Complete keys evicted (on every rank) to make room.",
+       snap.evicted_keys},
+      {"hf3fs_metad_deleted_keys_total", "Keys removed by /keys/delete.", snap.deleted_keys},
+  };
+  for (const counter& c : counters) {
+    line(out, "# HELP {} {}", c.name, c.help);
+    line(out, "# TYPE {} counter", c.name);
+    line(out, "{} {}", c.name, c.value);
+  }
   line(out,
        "# HELP hf3fs_metad_cross_core_messages_total Requests handed from one core to another.");
   line(out, "# TYPE hf3fs_metad_cross_core_messages_total counter");

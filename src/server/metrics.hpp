@@ -23,6 +23,8 @@ enum class route_label : std::uint8_t {
   health,
   ready,
   metrics,
+  delete_keys,
+  stats,
   not_found,
   method_not_allowed,
   invalid_http,  // the request could not be parsed
@@ -70,6 +72,7 @@ struct metrics_snapshot {
   flush_metrics flushes;
   std::uint64_t keys = 0;  // directory entries (complete or not)
   std::uint64_t refused_releases = 0;
+  std::uint64_t expired_reservations = 0, evicted_keys = 0, deleted_keys = 0;
   std::uint64_t hops = 0;  // cross-core hand-offs posted
   std::uint64_t ranks = 0;
 };

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <exception>
 #include <new>
+#include <utility>
 
 namespace server {
 
@@ -29,6 +30,61 @@ struct request_task {
       frame_pool::release(frame, bytes);
     }
   };
+};
+
+}  // namespace server
+
+namespace server {
+
+// A step of a request that hops on its own (eviction inside an allocation, the removal
+// walk of /keys/delete): `co_await`ed by the request's coroutine, it starts when
+// awaited and resumes the awaiter when done. It must end on the core it started on, so
+// its frame is freed where it was allocated.
+template <typename T>
+class subtask {
+ public:
+  struct promise_type {
+    T value{};
+    std::coroutine_handle<> awaiter;
+
+    subtask get_return_object() noexcept {
+      return subtask(std::coroutine_handle<promise_type>::from_promise(*this));
+    }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    struct resume_awaiter {
+      bool await_ready() noexcept { return false; }
+      std::coroutine_handle<> await_suspend(std::coroutine_handle<promise_type> h) noexcept {
+        return h.promise().awaiter;
+      }
+      void await_resume() noexcept {}
+    };
+    resume_awaiter final_suspend() noexcept { return {}; }
+    void return_value(T v) noexcept { value = v; }
+    void unhandled_exception() noexcept { std::terminate(); }
+    static void* operator new(std::size_t bytes) { return frame_pool::allocate(bytes); }
+    static void operator delete(void* frame, std::size_t bytes) noexcept {
+      frame_pool::release(frame, bytes);
+    }
+  };
+
+  subtask(subtask&& other) noexcept : h_(std::exchange(other.h_, {})) {}
+  subtask(const subtask&) = delete;
+  subtask& operator=(const subtask&) = delete;
+  subtask& operator=(subtask&&) = delete;
+  ~subtask() {
+    if (h_) h_.destroy();
+  }
+
+  bool await_ready() const noexcept { return false; }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiter) noexcept {
+    h_.promise().awaiter = awaiter;
+    return h_;
+  }
+  T await_resume() noexcept { return h_.promise().value; }
+
+ private:
+  explicit subtask(std::coroutine_handle<promise_type> h) : h_(h) {}
+  std::coroutine_handle<promise_type> h_;
 };
 
 }  // namespace server

@@ -18,6 +18,7 @@
 #include "server/durability.hpp"
 #include "server/endpoints.hpp"
 #include "server/exchange.hpp"
+#include "server/lifecycle.hpp"
 #include "server/request_task.hpp"
 
 namespace server {
@@ -30,6 +31,8 @@ cluster::cluster(const metad::config& config, int core_count)
   for (int i = 0; i < core_count; ++i) {
     core.push_back(std::make_unique<core_state>());
     core.back()->index = i;
+    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms);
+    core.back()->directory.set_lru(config.evict == metad::eviction::lru);
   }
 }
 
@@ -130,6 +133,7 @@ void log_summary(core_runner& self) {
 
 void core_runner::tick() {
   snapshot_tick(cluster_, *cluster_.core[index_]);
+  expire_due(cluster_, *cluster_.core[index_]);
   const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
   if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;

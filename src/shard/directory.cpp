@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "shard/key_life.hpp"
 #include "shard/key_map.hpp"
 #include "shard/packed_map.hpp"
 #include "shard/rank_keys.hpp"
@@ -9,7 +10,8 @@
 // directory: this core's slice of key completeness (keys whose key_hash maps here).
 // A 32-lowercase-hex key whose tp_world_size fits 16 bits (all of them in practice) is
 // one packed_map slot, {tp, count} packed into its 4-byte word; any other key, or a
-// larger tp, goes to a key_map with heap key bytes and full int32 counts.
+// larger tp, goes to a key_map with heap key bytes and full int32 counts. Beside it:
+// key_life (recency and read leases) and the bookkeeping of removals in progress.
 namespace shard {
 namespace {
 
@@ -25,11 +27,66 @@ struct completion {
 constexpr std::int32_t packed_tp_max = 0xFFFF;
 constexpr std::uint32_t packed_count_max = 0xFFFF;
 
+std::uint32_t packed_word(std::int32_t tp, std::int32_t count) {
+  const auto t = static_cast<std::uint32_t>(std::max<std::int32_t>(tp, 0));
+  const auto n = std::min(static_cast<std::uint32_t>(count), packed_count_max);
+  return (t << 16) | n;
+}
+
 }  // namespace
 
 struct directory::impl {
   packed_map packed;           // hex keys with tp <= packed_tp_max
   key_map<completion> others;  // every other key
+  key_life life;
+  // Removals in progress: begun (the key reads as incomplete), not yet finished.
+  key_map<std::uint32_t> removing;
+  // Confirmations still in flight for bindings a finished removal already dropped
+  // (their count went below zero): each absorbs one add_confirmation of its key.
+  key_map<std::int32_t> owed;
+
+  // The key's entry in whichever map holds it.
+  struct entry {
+    std::uint32_t* word = nullptr;
+    key_map<completion>::slot* slot = nullptr;
+    explicit operator bool() const { return word != nullptr || slot != nullptr; }
+    completion get() const {
+      if (slot != nullptr) return slot->value;
+      return {static_cast<std::int32_t>(*word >> 16),
+              static_cast<std::int32_t>(*word & packed_count_max)};
+    }
+  };
+  entry find(std::string_view key, const parsed_key& p) {
+    if (p.hex) {
+      if (std::uint32_t* word = packed.find(p.packed, p.hash)) return {word, nullptr};
+      if (others.size() == 0) return {};
+    }
+    return {nullptr, others.find(key, other_hash(key, p))};
+  }
+  static std::uint32_t other_hash(std::string_view key, const parsed_key& p) {
+    return p.hex ? table_hash(key) : static_cast<std::uint32_t>(p.hash);
+  }
+  void erase(const entry& e) {
+    if (e.word != nullptr) {
+      packed.erase(e.word);
+    } else {
+      others.erase(*e.slot);
+    }
+  }
+  // Stores a new entry in the form its tp calls for.
+  void insert(std::string_view key, const parsed_key& p, std::int32_t tp, std::int32_t count) {
+    if (p.hex && tp <= packed_tp_max && count >= 1) {
+      packed.insert_new(p.packed, p.hash, packed_word(tp, count));
+    } else {
+      others.insert_new(key, other_hash(key, p), completion{tp, count});
+    }
+  }
+  static bool is_complete(const completion& c) {
+    return c.confirmed_count >= 1 && c.confirmed_count >= c.tp_world_size;
+  }
+  bool is_removing(std::string_view key) const {
+    return removing.size() != 0 && removing.find(key, table_hash(key)) != nullptr;
+  }
 };
 
 directory::directory() : impl_(std::make_unique<impl>()) {}
@@ -37,60 +94,124 @@ directory::~directory() = default;
 directory::directory(directory&&) noexcept = default;
 directory& directory::operator=(directory&&) noexcept = default;
 
-void directory::add_confirmation(std::string_view key, std::int32_t tp_world_size) {
+void directory::set_lru(bool on) { impl_->life.set_lru(on); }
+
+bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_size,
+                                 std::uint64_t now_ms) {
+  impl& m = *impl_;
+  if (m.owed.size() != 0) {
+    if (auto* s = m.owed.find(key, table_hash(key))) {
+      if (--s->value == 0) m.owed.erase(*s);
+      return false;
+    }
+  }
   parsed_key p;
   parse_key(key, p);
-  if (p.hex) {
-    if (std::uint32_t* word = impl_->packed.find(p.packed, p.hash)) {
-      if ((*word & packed_count_max) < packed_count_max) ++*word;
-      return;
-    }
-    if (tp_world_size <= packed_tp_max) {
-      const auto tp = static_cast<std::uint32_t>(std::max<std::int32_t>(tp_world_size, 0));
-      impl_->packed.insert_new(p.packed, p.hash, (tp << 16) | 1u);
-      return;
-    }
+  const impl::entry e = m.find(key, p);
+  if (!e) {
+    m.insert(key, p, tp_world_size, 1);
+    if (impl::is_complete({tp_world_size, 1})) m.life.touch(key, now_ms);
+    return true;
   }
-  const std::uint32_t hash = p.hex ? table_hash(key) : static_cast<std::uint32_t>(p.hash);
-  if (auto* s = impl_->others.find(key, hash)) {
-    if (s->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
-      ++s->value.confirmed_count;
-    }
-    return;
+  const completion before = e.get();
+  if (e.word != nullptr) {
+    if ((*e.word & packed_count_max) < packed_count_max) ++*e.word;
+  } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
+    ++e.slot->value.confirmed_count;
   }
-  impl_->others.insert_new(key, hash, completion{tp_world_size, 1});
+  if (!impl::is_complete(before) && impl::is_complete(e.get())) m.life.touch(key, now_ms);
+  return false;
 }
 
 bool directory::complete(std::string_view key) const {
+  impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
-  if (p.hex) {
-    if (const std::uint32_t* word = impl_->packed.find(p.packed, p.hash)) {
-      return (*word & packed_count_max) >= (*word >> 16);
-    }
-    if (impl_->others.size() == 0) return false;
-  }
-  const std::uint32_t hash = p.hex ? table_hash(key) : static_cast<std::uint32_t>(p.hash);
-  const auto* s = impl_->others.find(key, hash);
-  return s != nullptr && s->value.confirmed_count >= s->value.tp_world_size;
+  const impl::entry e = m.find(key, p);
+  return e && impl::is_complete(e.get()) && !m.is_removing(key);
 }
 
-void directory::restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count) {
+bool directory::use(std::string_view key, std::uint64_t now_ms, std::uint64_t lease_until_ms) {
+  if (!complete(key)) return false;
+  if (lease_until_ms != 0) {
+    impl_->life.lease(key, now_ms, lease_until_ms);
+  } else if (impl_->life.lru()) {
+    impl_->life.touch(key, now_ms);
+  }
+  return true;
+}
+
+directory::removal directory::begin_removal(std::string_view key, std::uint64_t now_ms) {
+  impl& m = *impl_;
+  parsed_key p;
+  parse_key(key, p);
+  if (!m.find(key, p)) return removal::absent;
+  if (m.is_removing(key)) return removal::busy;
+  if (m.life.leased(key, now_ms)) return removal::leased;
+  m.life.forget(key);
+  m.removing.insert_new(key, table_hash(key), 1);
+  return removal::started;
+}
+
+bool directory::finish_removal(std::string_view key, std::int32_t bindings) {
+  impl& m = *impl_;
+  if (m.removing.size() == 0) return false;
+  auto* r = m.removing.find(key, table_hash(key));
+  if (r == nullptr) return false;  // the directory was cleared meanwhile
+  m.removing.erase(*r);
+  parsed_key p;
+  parse_key(key, p);
+  const impl::entry e = m.find(key, p);
+  SHARD_CHECK(e);  // only a clear drops a key being removed
+  const completion c = e.get();
+  const std::int32_t left = c.confirmed_count - bindings;
+  m.erase(e);
+  if (left > 0) {  // confirmed again by ranks the removal had passed already
+    m.insert(key, p, c.tp_world_size, left);
+    return false;
+  }
+  if (left < 0) {
+    if (auto* s = m.owed.find(key, table_hash(key))) {
+      s->value -= left;
+    } else {
+      m.owed.insert_new(key, table_hash(key), -left);
+    }
+  }
+  return true;
+}
+
+std::size_t directory::take_least_recent_impl(std::uint64_t now_ms, std::size_t n, void* take,
+                                              void (*call)(void*, std::string_view)) {
+  impl& m = *impl_;
+  return m.life.take_oldest(now_ms, n, [&](std::string_view key) {
+    m.removing.insert_new(key, table_hash(key), 1);
+    call(take, key);
+  });
+}
+
+void directory::oldest_used(std::uint64_t now_ms, std::size_t n, std::vector<std::uint64_t>& out) {
+  impl_->life.oldest_used(now_ms, n, out);
+}
+
+std::size_t directory::leased_count(std::uint64_t now_ms) const {
+  return impl_->life.leased_count(now_ms);
+}
+
+void directory::sweep(std::uint64_t now_ms) { impl_->life.sweep(now_ms); }
+
+void directory::restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
+                        std::uint64_t now_ms) {
+  impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
   // Drop any entry the key has, then store it in the form add_confirmation would use.
+  if (const impl::entry e = m.find(key, p)) m.erase(e);
   if (p.hex) {
-    if (std::uint32_t* word = impl_->packed.find(p.packed, p.hash)) impl_->packed.erase(word);
+    // A hex key with a large tp lives in `others`; a hex key in `packed` is found first.
+    if (auto* s = m.others.find(key, table_hash(key))) m.others.erase(*s);
   }
-  const std::uint32_t hash = p.hex ? table_hash(key) : static_cast<std::uint32_t>(p.hash);
-  if (auto* s = impl_->others.find(key, hash)) impl_->others.erase(*s);
-  if (p.hex && tp_world_size <= packed_tp_max && count >= 1) {
-    const auto tp = static_cast<std::uint32_t>(std::max<std::int32_t>(tp_world_size, 0));
-    const auto n = std::min(static_cast<std::uint32_t>(count), packed_count_max);
-    impl_->packed.insert_new(p.packed, p.hash, (tp << 16) | n);
-    return;
-  }
-  impl_->others.insert_new(key, hash, completion{tp_world_size, count});
+  m.insert(key, p, tp_world_size, count);
+  if (impl::is_complete({tp_world_size, count})) m.life.touch(key, now_ms);
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,
@@ -108,8 +229,12 @@ void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_v
 
 std::size_t directory::size() const { return impl_->packed.size() + impl_->others.size(); }
 void directory::clear() {
-  impl_->packed.clear();
-  impl_->others.clear();
+  impl& m = *impl_;
+  m.packed.clear();
+  m.others.clear();
+  m.life.clear();
+  m.removing.clear();
+  m.owed.clear();
 }
 
 }  // namespace shard

@@ -90,6 +90,14 @@ void page_pool::release(std::uint32_t page) {
   ++free_count_;
 }
 
+void page_pool::free_bound(std::uint32_t page) {
+  SHARD_CHECK(state(page) == page_state::bound);
+  bound_[page / 64] &= ~bit(page);
+  --bound_count_;
+  set_free(page);
+  ++free_count_;
+}
+
 page_state page_pool::state(std::uint32_t page) const {
   SHARD_CHECK(page < num_pages_);
   if (levels_[0][page / 64] & bit(page)) return page_state::free;

@@ -36,6 +36,8 @@ class page_pool {
   void bind(std::uint32_t page);
   // reserved → free.
   void release(std::uint32_t page);
+  // bound → free (a key deleted or evicted).
+  void free_bound(std::uint32_t page);
 
   page_state state(std::uint32_t page) const;
 

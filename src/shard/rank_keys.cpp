@@ -23,6 +23,21 @@ void rank_keys::release_reserved(std::uint32_t page) {
   others.erase(*s);  // frees owner.blob
 }
 
+std::int64_t rank_keys::remove_confirmed(std::string_view key, const parsed_key& p) {
+  if (p.hex) {
+    std::uint32_t* word = packed.find(p.packed, p.hash);
+    if (word == nullptr || !entry_word::confirmed(*word)) return -1;
+    const std::uint32_t page = entry_word::page(*word);
+    packed.erase(word);
+    return page;
+  }
+  auto* s = others.find(key, static_cast<std::uint32_t>(p.hash));
+  if (s == nullptr || !entry_word::confirmed(s->value)) return -1;
+  const std::uint32_t page = entry_word::page(s->value);
+  others.erase(*s);
+  return page;
+}
+
 std::string rank_keys::key_text(const key_owner& owner) {
   if (owner.blob != nullptr) return std::string(key_blob::view(owner.blob));
   std::string text(packed_key_chars, '\0');
@@ -54,7 +69,7 @@ std::string rank_keys::check(const page_pool& pool) const {
     } else if (!is_confirmed && pool.state(page) != page_state::reserved) {
       error =
           fmt::format("key {} reserves page {} but the page is not reserved", key_text(self), page);
-    } else if (!is_confirmed && !(owners.find(page) == self)) {
+    } else if (!is_confirmed && !owners.find(page).same_key(self)) {
       error = fmt::format("reserved page {} does not point back to key {}", page, key_text(self));
     }
     if (!error.empty()) return;

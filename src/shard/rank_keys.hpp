@@ -43,12 +43,17 @@ inline std::uint32_t page(std::uint32_t word) { return (word & 0x7FFFFFFFu) - 1;
 inline bool confirmed(std::uint32_t word) { return (word >> 31) != 0; }
 }  // namespace entry_word
 
-// How a reserved page names its key: packed, or by its key_map heap block.
+// How a reserved page names its key (packed, or by its key_map heap block), and when
+// the reservation expires.
 struct key_owner {
   packed_key packed;
-  const char* blob = nullptr;  // set for keys in `others`
-  bool set = false;            // false: no owner
+  const char* blob = nullptr;     // set for keys in `others`
+  bool set = false;               // false: no owner
+  std::uint64_t deadline_ms = 0;  // reservation_queue entry of this reservation
   bool operator==(const key_owner&) const = default;
+  bool same_key(const key_owner& o) const {
+    return set == o.set && blob == o.blob && (blob != nullptr || packed == o.packed);
+  }
 };
 
 struct rank_keys {
@@ -69,17 +74,23 @@ struct rank_keys {
     if (p.hex) packed.prefetch(p.hash);
   }
 
-  // Inserts the absent key as reserving `page`, and records the page's owner.
-  void reserve(std::string_view key, const parsed_key& p, std::uint32_t page) {
+  // Inserts the absent key as reserving `page` until deadline_ms, and records the
+  // page's owner.
+  void reserve(std::string_view key, const parsed_key& p, std::uint32_t page,
+               std::uint64_t deadline_ms) {
     const std::uint32_t word = entry_word::make(page, false);
     if (p.hex) {
       packed.insert_new(p.packed, p.hash, word);
-      owners.insert(page, key_owner{p.packed, nullptr, true});
+      owners.insert(page, key_owner{p.packed, nullptr, true, deadline_ms});
     } else {
       const auto& s = others.insert_new(key, static_cast<std::uint32_t>(p.hash), word);
-      owners.insert(page, key_owner{{}, s.key, true});
+      owners.insert(page, key_owner{{}, s.key, true, deadline_ms});
     }
   }
+
+  // Drops the key if it is confirmed here; returns its page, or -1 (absent or only
+  // reserved: a key being written keeps its reservation).
+  std::int64_t remove_confirmed(std::string_view key, const parsed_key& p);
 
   [[gnu::noinline]] std::uint32_t* find_other(std::string_view key, const parsed_key& p) {
     auto* s = others.find(key, static_cast<std::uint32_t>(p.hash));

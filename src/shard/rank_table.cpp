@@ -7,6 +7,7 @@
 #include "shard/check.hpp"
 #include "shard/page_pool.hpp"
 #include "shard/rank_keys.hpp"
+#include "shard/reservation_queue.hpp"
 #include "shard/state.hpp"
 
 // rank_table: per rank, a page pool and a key → {page, reserved|confirmed} map, plus the
@@ -16,14 +17,32 @@ namespace {
 
 struct rank_state {
   page_pool pool;
-  rank_keys keys;  // key → {page, reserved|confirmed}; reserved page → key
+  rank_keys keys;            // key → {page, reserved|confirmed}; reserved page → key
+  reservation_queue expiry;  // reservations by deadline (only with a TTL)
+
+  // Whether the queue entry's reservation still holds the page.
+  bool live(const reservation_queue::entry& e) const {
+    const key_owner owner = keys.owners.find(e.page);
+    return owner.set && owner.deadline_ms == e.deadline_ms;
+  }
+  void reserve(std::string_view key, const parsed_key& p, std::uint32_t page,
+               std::uint64_t deadline_ms) {
+    keys.reserve(key, p, page, deadline_ms);
+    if (deadline_ms == no_deadline) return;
+    expiry.push(page, deadline_ms, keys.owners.size(),
+                [this](const reservation_queue::entry& e) { return live(e); });
+  }
+  static constexpr std::uint64_t no_deadline = UINT64_MAX;
 };
 
 }  // namespace
 
 struct rank_table::impl {
   std::unordered_map<std::int64_t, rank_state> ranks;
+  std::uint64_t reservation_ttl_ms = 0;  // 0: reservations never expire
   std::uint64_t refused_releases = 0;
+  std::uint64_t expired = 0;
+  std::vector<std::int64_t> expired_pages;  // scratch of expire()
   // Scratch reused across calls, so steady-state calls do not allocate here.
   std::vector<parsed_key> parsed;     // each request key, parsed
   std::vector<std::uint32_t*> words;  // each confirmed key's stored word
@@ -79,12 +98,17 @@ struct rank_table::impl {
                                std::span<const std::int64_t> pages,
                                std::span<const std::int64_t> releases);
   void release(rank_state& rs, std::uint32_t page);
+  std::uint64_t deadline(std::uint64_t now_ms) const {
+    return reservation_ttl_ms == 0 ? rank_state::no_deadline : now_ms + reservation_ttl_ms;
+  }
 };
 
 rank_table::rank_table() : impl_(std::make_unique<impl>()) {}
 rank_table::~rank_table() = default;
 rank_table::rank_table(rank_table&&) noexcept = default;
 rank_table& rank_table::operator=(rank_table&&) noexcept = default;
+
+void rank_table::set_reservation_ttl(std::uint64_t ttl_ms) { impl_->reservation_ttl_ms = ttl_ms; }
 
 init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages) {
   SHARD_CHECK(num_pages > 0 && num_pages <= page_pool::pages_max);
@@ -104,11 +128,11 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages) {
 
 bool rank_table::contains(std::int64_t rank) const { return impl_->find(rank) != nullptr; }
 
-bool rank_table::allocate(std::int64_t rank, std::span<const std::string_view> keys,
-                          std::vector<std::uint32_t>& distinct_out,
-                          std::vector<std::int64_t>& pages_out) {
+allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::string_view> keys,
+                                     std::uint64_t now_ms, std::vector<std::uint32_t>& distinct_out,
+                                     std::vector<std::int64_t>& pages_out) {
   rank_state* rs = impl_->find(rank);
-  if (rs == nullptr) return false;
+  if (rs == nullptr) return {};
   impl& m = *impl_;
   m.parse_keys(*rs, keys);
   const std::size_t distinct_base = distinct_out.size();
@@ -125,12 +149,67 @@ bool rank_table::allocate(std::int64_t rank, std::span<const std::string_view> k
     }
   }
   // All or nothing over the keys that need a new page.
-  if (m.misses.size() > rs->pool.free_count()) return true;
+  const std::size_t free = rs->pool.free_count();
+  if (m.misses.size() > free) {
+    const auto missing = static_cast<std::uint32_t>(m.misses.size() - free);
+    return {true, missing, missing <= rs->pool.bound_count()};
+  }
+  const std::uint64_t deadline = m.deadline(now_ms);
   for (const std::uint32_t offset : m.misses) {
     const std::uint32_t i = distinct_out[distinct_base + offset];
     const std::uint32_t page = rs->pool.take_lowest();
-    rs->keys.reserve(keys[i], m.parsed[i], page);
+    rs->reserve(keys[i], m.parsed[i], page, deadline);
     pages_out[pages_base + offset] = page;
+  }
+  return {true, 0, false};
+}
+
+std::size_t rank_table::expire_impl(std::uint64_t now_ms, void* visit,
+                                    void (*call)(void*, std::int64_t,
+                                                 std::span<const std::int64_t>)) {
+  impl& m = *impl_;
+  if (m.reservation_ttl_ms == 0) return 0;
+  std::size_t total = 0;
+  for (auto& entry : m.ranks) {
+    rank_state& rs = entry.second;
+    m.expired_pages.clear();
+    total += rs.expiry.pop_due(
+        now_ms, [&rs](const reservation_queue::entry& e) { return rs.live(e); },
+        [&](std::uint32_t page) {
+          rs.keys.release_reserved(page);
+          rs.pool.release(page);
+          m.expired_pages.push_back(page);
+        });
+    if (!m.expired_pages.empty()) call(visit, entry.first, m.expired_pages);
+  }
+  m.expired += total;
+  return total;
+}
+
+bool rank_table::release_reserved(std::int64_t rank, std::span<const std::int64_t> pages) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr) return false;
+  for (const std::int64_t page : pages) {
+    if (page < 0 || page >= rs->pool.num_pages()) return false;
+    const auto p = static_cast<std::uint32_t>(page);
+    if (rs->pool.state(p) != page_state::reserved) continue;
+    rs->keys.release_reserved(p);
+    rs->pool.release(p);
+  }
+  return true;
+}
+
+bool rank_table::remove_confirmed(std::int64_t rank, std::span<const std::string_view> keys,
+                                  std::vector<std::uint32_t>& removed_out) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr) return false;
+  parsed_key parsed;
+  for (std::uint32_t i = 0; i < keys.size(); ++i) {
+    parse_key(keys[i], parsed);
+    const std::int64_t page = rs->keys.remove_confirmed(keys[i], parsed);
+    if (page < 0) continue;
+    rs->pool.free_bound(static_cast<std::uint32_t>(page));
+    removed_out.push_back(i);
   }
   return true;
 }
@@ -207,8 +286,8 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
   return confirm_outcome::ok;
 }
 
-bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t page,
-                         bool confirmed) {
+bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed,
+                         std::uint64_t now_ms) {
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr || page < 0 || page >= rs->pool.num_pages()) return false;
   const auto p = static_cast<std::uint32_t>(page);
@@ -216,7 +295,7 @@ bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t p
   parse_key(key, parsed);
   if (rs->pool.state(p) != page_state::free || rs->keys.find(key, parsed) != nullptr) return false;
   rs->pool.take(p);
-  rs->keys.reserve(key, parsed, p);
+  rs->reserve(key, parsed, p, confirmed ? rank_state::no_deadline : impl_->deadline(now_ms));
   if (confirmed) {
     SHARD_CHECK(rank_keys::names(rs->keys.owners.take(p), key, parsed));
     rs->pool.bind(p);
@@ -287,7 +366,13 @@ void rank_table::for_each_entry_impl(void* visit,
 }
 
 std::size_t rank_table::rank_count() const { return impl_->ranks.size(); }
+std::size_t rank_table::reserved_pages() const {
+  std::size_t n = 0;
+  for (const auto& entry : impl_->ranks) n += entry.second.pool.reserved_count();
+  return n;
+}
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }
+std::uint64_t rank_table::expired_reservations() const { return impl_->expired; }
 void rank_table::clear() { impl_->ranks.clear(); }
 
 std::string rank_table::check_invariants() const {

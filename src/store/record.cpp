@@ -24,6 +24,16 @@ void put_string(std::string& out, std::string_view s) {
   out.append(s);
 }
 
+void put_keys(std::string& out, std::span<const std::string_view> keys) {
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(keys.size()));
+  for (std::string_view key : keys) put_string(out, key);
+}
+
+void put_pages(std::string& out, std::span<const std::int64_t> pages) {
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(pages.size()));
+  for (std::int64_t page : pages) put(out, page);
+}
+
 // Reserves the frame header, returns its offset; close_frame fills it in.
 std::size_t open_frame(std::string& out, record_kind kind) {
   const std::size_t start = out.size();
@@ -39,6 +49,15 @@ void close_frame(std::string& out, std::size_t start) {
   const std::uint32_t crc = crc32c(payload);
   std::memcpy(out.data() + start, &length, 4);
   std::memcpy(out.data() + start + 4, &crc, 4);
+}
+
+// allocate and remove share one layout: rank, keys.
+void append_rank_keys(std::string& out, record_kind kind, std::int64_t rank,
+                      std::span<const std::string_view> keys) {
+  const std::size_t frame = open_frame(out, kind);
+  put(out, rank);
+  put_keys(out, keys);
+  close_frame(out, frame);
 }
 
 class reader {
@@ -81,6 +100,25 @@ bool decode_keys(reader& in, record& out, bool with_pages) {
   return true;
 }
 
+bool decode_pages(reader& in, std::vector<std::int64_t>& pages) {
+  std::uint32_t count = 0;
+  if (!in.get(count)) return false;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::int64_t page = 0;
+    if (!in.get(page)) return false;
+    pages.push_back(page);
+  }
+  return true;
+}
+
+// The last field of snapshot_entry, directory_key and directory_remove: one key, then nothing.
+bool decode_last_key(reader& in, record& out) {
+  std::string_view key;
+  if (!in.get_string(key) || !in.done()) return false;
+  out.keys.push_back(key);
+  return true;
+}
+
 }  // namespace
 
 std::uint32_t crc32c(std::string_view bytes, std::uint32_t seed) {
@@ -104,11 +142,7 @@ void append_initialize(std::string& out, std::int64_t rank, std::int64_t num_pag
 }
 
 void append_allocate(std::string& out, std::int64_t rank, std::span<const std::string_view> keys) {
-  const std::size_t frame = open_frame(out, record_kind::allocate);
-  put(out, rank);
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(keys.size()));
-  for (std::string_view key : keys) put_string(out, key);
-  close_frame(out, frame);
+  append_rank_keys(out, record_kind::allocate, rank, keys);
 }
 
 void append_confirm(std::string& out, std::int64_t rank, std::int32_t tp_world_size,
@@ -122,8 +156,7 @@ void append_confirm(std::string& out, std::int64_t rank, std::int32_t tp_world_s
     put_string(out, keys[i]);
     put(out, pages[i]);
   }
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(releases.size()));
-  for (std::int64_t page : releases) put(out, page);
+  put_pages(out, releases);
   close_frame(out, frame);
 }
 
@@ -149,6 +182,23 @@ void append_snapshot_entry(std::string& out, std::int64_t rank, std::int64_t pag
 void append_directory_key(std::string& out, std::int32_t tp_world_size, std::string_view key) {
   const std::size_t frame = open_frame(out, record_kind::directory_key);
   put(out, tp_world_size);
+  put_string(out, key);
+  close_frame(out, frame);
+}
+
+void append_remove(std::string& out, std::int64_t rank, std::span<const std::string_view> keys) {
+  append_rank_keys(out, record_kind::remove, rank, keys);
+}
+
+void append_release(std::string& out, std::int64_t rank, std::span<const std::int64_t> pages) {
+  const std::size_t frame = open_frame(out, record_kind::release);
+  put(out, rank);
+  put_pages(out, pages);
+  close_frame(out, frame);
+}
+
+void append_directory_remove(std::string& out, std::string_view key) {
+  const std::size_t frame = open_frame(out, record_kind::directory_remove);
   put_string(out, key);
   close_frame(out, frame);
 }
@@ -181,37 +231,25 @@ bool decode_payload(std::string_view payload, record& out) {
     case record_kind::snapshot_rank:
       return in.get(out.rank) && in.get(out.num_pages) && in.done();
     case record_kind::allocate:
+    case record_kind::remove:
       return in.get(out.rank) && decode_keys(in, out, false) && in.done();
-    case record_kind::confirm: {
-      std::uint32_t count = 0;
-      if (!in.get(out.rank) || !in.get(out.tp_world_size) || !decode_keys(in, out, true) ||
-          !in.get(count))
-        return false;
-      for (std::uint32_t i = 0; i < count; ++i) {
-        std::int64_t page = 0;
-        if (!in.get(page)) return false;
-        out.releases.push_back(page);
-      }
-      return in.done();
-    }
+    case record_kind::confirm:
+      return in.get(out.rank) && in.get(out.tp_world_size) && decode_keys(in, out, true) &&
+             decode_pages(in, out.releases) && in.done();
+    case record_kind::release:
+      return in.get(out.rank) && decode_pages(in, out.releases) && in.done();
     case record_kind::clear:
       return in.done();
     case record_kind::snapshot_entry: {
       std::uint8_t confirmed = 0;
-      std::string_view key;
-      if (!in.get(out.rank) || !in.get(out.page) || !in.get(confirmed) || !in.get_string(key) ||
-          !in.done())
-        return false;
+      if (!in.get(out.rank) || !in.get(out.page) || !in.get(confirmed)) return false;
       out.confirmed = confirmed != 0;
-      out.keys.push_back(key);
-      return true;
+      return decode_last_key(in, out);
     }
-    case record_kind::directory_key: {
-      std::string_view key;
-      if (!in.get(out.tp_world_size) || !in.get_string(key) || !in.done()) return false;
-      out.keys.push_back(key);
-      return true;
-    }
+    case record_kind::directory_key:
+      return in.get(out.tp_world_size) && decode_last_key(in, out);
+    case record_kind::directory_remove:
+      return decode_last_key(in, out);
   }
   return false;
 }

@@ -21,19 +21,25 @@ enum class record_kind : std::uint8_t {
   snapshot_rank = 5,   // rank, num_pages (a snapshot's rank header)
   snapshot_entry = 6,  // rank, page, confirmed, key: a reserved or bound page of a rank
   directory_key = 7,   // tp_world_size, key: a key entered the directory (its count is derived)
+  remove = 8,   // rank, keys: bound keys removed from the rank (/keys/delete, eviction); replay
+                // unbinds each key on that rank
+  release = 9,  // rank, releases: expired reservations of the rank went back to its pool
+  directory_remove = 10,  // key: a key left the directory (replay forgets its tp_world_size)
 };
 
 // A decoded record; views point into the buffer it was decoded from.
 struct record {
   record_kind kind{};
-  std::int64_t rank = 0;
-  std::int64_t num_pages = 0;          // initialize, snapshot_rank
-  std::int32_t tp_world_size = 0;      // confirm, directory_key
-  std::int64_t page = -1;              // snapshot_entry
-  bool confirmed = false;              // snapshot_entry
-  std::vector<std::string_view> keys;  // allocate, confirm; snapshot_entry, directory_key: one
+  // Fields a kind does not use keep whatever an earlier decode left in them.
+  std::int64_t rank = 0;           // every kind but clear, directory_key, directory_remove
+  std::int64_t num_pages = 0;      // initialize, snapshot_rank
+  std::int32_t tp_world_size = 0;  // confirm, directory_key
+  std::int64_t page = -1;          // snapshot_entry
+  bool confirmed = false;          // snapshot_entry
+  // allocate, confirm, remove; snapshot_entry, directory_key, directory_remove: exactly one
+  std::vector<std::string_view> keys;
   std::vector<std::int64_t> pages;     // confirm: pages[i] for keys[i]
-  std::vector<std::int64_t> releases;  // confirm
+  std::vector<std::int64_t> releases;  // confirm, release: pages returned to the free pool
 };
 
 // Appenders write one whole frame at the end of `out`.
@@ -47,6 +53,9 @@ void append_snapshot_rank(std::string& out, std::int64_t rank, std::int64_t num_
 void append_snapshot_entry(std::string& out, std::int64_t rank, std::int64_t page, bool confirmed,
                            std::string_view key);
 void append_directory_key(std::string& out, std::int32_t tp_world_size, std::string_view key);
+void append_remove(std::string& out, std::int64_t rank, std::span<const std::string_view> keys);
+void append_release(std::string& out, std::int64_t rank, std::span<const std::int64_t> pages);
+void append_directory_remove(std::string& out, std::string_view key);
 
 enum class scan_status : std::uint8_t {
   ok,         // every frame was whole and valid

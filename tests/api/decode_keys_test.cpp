@@ -1,5 +1,5 @@
-// batch_allocate, batch_exists and get_locations bodies: good shapes and every bad
-// shape of spec/api.md, with the exact detail.
+// batch_allocate, batch_exists, keys/delete and get_locations bodies: good shapes and
+// every bad shape of spec/api.md, with the exact detail.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -161,19 +161,45 @@ TEST(DecodeAllocate, DecodesAFullSaveTask) {
 }
 
 // ---------------------------------------------------------------------------------------
-// batch_exists
+// batch_exists and keys/delete: one body shape, so one table for both.
 
-TEST(DecodeExists, AcceptsKeyLists) {
-  const keys_case cases[] = {
+std::vector<keys_case> key_strings_accepted() {
+  return {
       {"keys", R"({"keys":["a","b","a"]})", "", 0, {"a", "b", "a"}},
       {"missing keys is empty", "{}", "", 0, {}},
       {"empty keys", R"({"keys":[]})", "", 0, {}},
       {"other fields ignored", R"({"rank":"anything","keys":["k"]})", "", 0, {"k"}},
       {"last duplicate keys wins", R"({"keys":null,"keys":["k"]})", "", 0, {"k"}},
       {"empty key", R"({"keys":[""]})", "", 0, {""}},
+      {"escapes decoded", R"({"keys":["a\"b","\u0000"]})", "", 0, {"a\"b", std::string(1, '\0')}},
+      {"hex keys",
+       R"({"keys":[")" + kHex32 + R"(",")" + kHex64 + R"("]})",
+       "",
+       0,
+       {kHex32, kHex64}},
   };
+}
+
+std::vector<keys_case> key_strings_refused() {
+  return {
+      {"null keys", R"({"keys":null})", "Invalid keys format"},
+      {"string keys", R"({"keys":"a"})", "Invalid keys format"},
+      {"object keys", R"({"keys":{}})", "Invalid keys format"},
+      {"number keys", R"({"keys":1})", "Invalid keys format"},
+      {"bool keys", R"({"keys":true})", "Invalid keys format"},
+      {"last duplicate keys wins", R"({"keys":[],"keys":false})", "Invalid keys format"},
+      {"number element", R"({"keys":["a",1]})", string_key_detail(1)},
+      {"pair element", R"({"keys":[["a",""]]})", string_key_detail(0)},
+      {"null element", R"({"keys":[null]})", string_key_detail(0)},
+      {"bool element", R"({"keys":[false]})", string_key_detail(0)},
+      {"late bad element", R"({"keys":["a","b","c",{}]})", string_key_detail(3)},
+      {"not an object", R"(["a"])", std::string(kNotObject)},
+  };
+}
+
+TEST(DecodeExists, AcceptsKeyLists) {
   decoder d;
-  for (const keys_case& c : cases) {
+  for (const keys_case& c : key_strings_accepted()) {
     exists_cmd cmd;
     const error e = d.decode_exists(body(c.body), cmd);
     EXPECT_FALSE(e) << c.what << ": " << e.detail;
@@ -182,19 +208,8 @@ TEST(DecodeExists, AcceptsKeyLists) {
 }
 
 TEST(DecodeExists, RefusesMalformedRequests) {
-  const keys_case cases[] = {
-      {"null keys", R"({"keys":null})", "Invalid keys format"},
-      {"string keys", R"({"keys":"a"})", "Invalid keys format"},
-      {"object keys", R"({"keys":{}})", "Invalid keys format"},
-      {"number keys", R"({"keys":1})", "Invalid keys format"},
-      {"last duplicate keys wins", R"({"keys":[],"keys":false})", "Invalid keys format"},
-      {"number element", R"({"keys":["a",1]})", string_key_detail(1)},
-      {"pair element", R"({"keys":[["a",""]]})", string_key_detail(0)},
-      {"null element", R"({"keys":[null]})", string_key_detail(0)},
-      {"late bad element", R"({"keys":["a","b","c",{}]})", string_key_detail(3)},
-  };
   decoder d;
-  for (const keys_case& c : cases) {
+  for (const keys_case& c : key_strings_refused()) {
     exists_cmd cmd;
     const error e = d.decode_exists(body(c.body), cmd);
     EXPECT_EQ(e.status, 400) << c.what;
@@ -240,6 +255,46 @@ TEST(DecodeExists, DecodesSmallBodiesAfterAHugeOne) {
   }
   ASSERT_FALSE(d.decode_exists(body(text), cmd));
   EXPECT_EQ(cmd.keys.size(), static_cast<std::size_t>(count));
+}
+
+TEST(DecodeDelete, AcceptsKeyLists) {
+  decoder d;
+  for (const keys_case& c : key_strings_accepted()) {
+    delete_cmd cmd;
+    const error e = d.decode_delete(body(c.body), cmd);
+    EXPECT_FALSE(e) << c.what << ": " << e.detail;
+    EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
+  }
+}
+
+TEST(DecodeDelete, RefusesMalformedRequests) {
+  decoder d;
+  for (const keys_case& c : key_strings_refused()) {
+    delete_cmd cmd;
+    const error e = d.decode_delete(body(c.body), cmd);
+    EXPECT_EQ(e.status, 400) << c.what;
+    EXPECT_EQ(e.detail, c.detail) << c.what;
+  }
+}
+
+// A refused body leaves the previous command as it was: the caller never runs it, but a
+// half-filled key list would be a trap.
+TEST(DecodeDelete, RefusedBodyLeavesTheCommandUnchanged) {
+  decoder d;
+  delete_cmd cmd;
+  ASSERT_FALSE(d.decode_delete(body(R"({"keys":["kept"]})"), cmd));
+  EXPECT_TRUE(d.decode_delete(body(R"({"keys":["a",1]})"), cmd));
+  EXPECT_EQ(strings(cmd.keys), strs{"kept"});
+}
+
+TEST(DecodeDelete, KeysOutliveTheNextParse) {
+  decoder d;
+  delete_cmd first;
+  exists_cmd second;
+  ASSERT_FALSE(d.decode_delete(body(R"({"keys":["first","k"]})"), first));
+  ASSERT_FALSE(d.decode_exists(body(R"({"keys":["second","x","y"]})"), second));
+  EXPECT_EQ(strings(first.keys), (strs{"first", "k"}));
+  EXPECT_EQ(strings(second.keys), (strs{"second", "x", "y"}));
 }
 
 // ---------------------------------------------------------------------------------------

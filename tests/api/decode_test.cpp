@@ -53,6 +53,11 @@ const std::vector<endpoint>& endpoints() {
          locations_cmd cmd;
          return d.decode_locations(b, cmd);
        }},
+      {"keys/delete",
+       [](decoder& d, std::string_view b) {
+         delete_cmd cmd;
+         return d.decode_delete(b, cmd);
+       }},
   };
   return all;
 }

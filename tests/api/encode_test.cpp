@@ -100,6 +100,86 @@ TEST(EncodeRankInfo, WritesAllCounters) {
   EXPECT_EQ(out, R"({"num_pages":100,"free":90,"reserved":6,"bound":4})");
 }
 
+TEST(EncodeDeleted, WritesTheCount) {
+  const std::pair<std::uint64_t, std::string_view> cases[] = {
+      {0, R"({"deleted":0})"},
+      {3, R"({"deleted":3})"},
+      {UINT64_MAX, R"({"deleted":18446744073709551615})"},
+  };
+  for (const auto& [deleted, expected] : cases) {
+    std::string out = "<";
+    encode_deleted(out, deleted);
+    EXPECT_EQ(out, "<" + std::string(expected)) << deleted;
+  }
+}
+
+TEST(EncodeStats, WritesRanksInTheGivenOrderThenTotals) {
+  const std::vector<rank_info_row> ranks = {
+      {.rank = 0, .num_pages = 8, .free = 5, .reserved = 1, .bound = 2},
+      {.rank = -3, .num_pages = 1, .free = 0, .reserved = 0, .bound = 1},
+      {.rank = 2, .num_pages = 4, .free = 4, .reserved = 0, .bound = 0},
+  };
+  const stats_totals totals = {.keys = 3,
+                               .leased_keys = 4,
+                               .evicted_keys = 5,
+                               .expired_reservations = 6,
+                               .deleted_keys = 7,
+                               .refused_releases = 8};
+  std::string out;
+  encode_stats(out, ranks, totals);
+  EXPECT_EQ(out, R"({"ranks":[{"rank":0,"num_pages":8,"free":5,"reserved":1,"bound":2},)"
+                 R"({"rank":-3,"num_pages":1,"free":0,"reserved":0,"bound":1},)"
+                 R"({"rank":2,"num_pages":4,"free":4,"reserved":0,"bound":0}],)"
+                 R"("keys":3,"leased_keys":4,"evicted_keys":5,"expired_reservations":6,)"
+                 R"("deleted_keys":7,"refused_releases":8})");
+}
+
+TEST(EncodeStats, WritesAnEmptyRankList) {
+  std::string out = "<";
+  encode_stats(out, {}, stats_totals{});
+  EXPECT_EQ(out, R"(<{"ranks":[],"keys":0,"leased_keys":0,"evicted_keys":0,)"
+                 R"("expired_reservations":0,"deleted_keys":0,"refused_releases":0})");
+}
+
+TEST(EncodeStats, WritesExtremeValues) {
+  const rank_info_row ranks[] = {{INT64_MIN, INT64_MAX, -1, 0, INT64_MIN}};
+  const stats_totals totals = {UINT64_MAX, 0, UINT64_MAX, 0, UINT64_MAX, 0};
+  std::string out;
+  encode_stats(out, ranks, totals);
+  EXPECT_EQ(
+      out, R"({"ranks":[{"rank":-9223372036854775808,"num_pages":9223372036854775807,)"
+           R"("free":-1,"reserved":0,"bound":-9223372036854775808}],)"
+           R"("keys":18446744073709551615,"leased_keys":0,"evicted_keys":18446744073709551615,)"
+           R"("expired_reservations":0,"deleted_keys":18446744073709551615,"refused_releases":0})");
+}
+
+// A /stats row and GET /rank/{rank} write the same counters the same way.
+TEST(EncodeStats, RowMatchesTheRankInfoObject) {
+  std::string info;
+  encode_rank_info(info, 100, 90, 6, 4);
+  const rank_info_row row = {.rank = 7, .num_pages = 100, .free = 90, .reserved = 6, .bound = 4};
+  std::string stats;
+  encode_stats(stats, {&row, 1}, stats_totals{});
+  EXPECT_TRUE(stats.starts_with(R"({"ranks":[{"rank":7,)" + info.substr(1) + "]")) << stats;
+}
+
+// What we write, a JSON parser reads back as the same numbers.
+TEST(EncodeStats, RoundTripsThroughAJsonParser) {
+  const rank_info_row ranks[] = {{-1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}};
+  std::string out;
+  encode_stats(out, ranks, {11, 12, 13, 14, 15, 16});
+  simdjson::dom::parser parser;
+  const body b(out);
+  simdjson::dom::element doc;
+  ASSERT_EQ(parser.parse(b.view().data(), b.view().size(), false).get(doc), simdjson::SUCCESS);
+  simdjson::dom::array rows;
+  ASSERT_EQ(doc["ranks"].get(rows), simdjson::SUCCESS);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(std::int64_t(rows.at(0)["rank"]), -1);
+  EXPECT_EQ(std::int64_t(rows.at(1)["bound"]), 10);
+  EXPECT_EQ(std::uint64_t(doc["refused_releases"]), 16u);
+}
+
 TEST(EncodeError, WritesDetail) {
   const std::pair<std::string_view, std::string_view> cases[] = {
       {"Not Found", R"({"detail":"Not Found"})"},

@@ -42,7 +42,9 @@ INSTANTIATE_TEST_SUITE_P(
                       route_case{method::post, "/keys/confirm_write", endpoint::confirm_write},
                       route_case{method::post, "/keys/batch_exists", endpoint::batch_exists},
                       route_case{method::post, "/keys/get_locations", endpoint::get_locations},
-                      route_case{method::post, "/clear", endpoint::clear}));
+                      route_case{method::post, "/keys/delete", endpoint::delete_keys},
+                      route_case{method::post, "/clear", endpoint::clear},
+                      route_case{method::get, "/stats", endpoint::stats}));
 
 INSTANTIATE_TEST_SUITE_P(
     WrongMethod, RouterTable,
@@ -58,7 +60,12 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::patch, "/keys/get_locations", endpoint::method_not_allowed},
         route_case{method::get, "/clear", endpoint::method_not_allowed},
         route_case{method::delete_, "/clear", endpoint::method_not_allowed},
-        route_case{method::other, "/clear", endpoint::method_not_allowed}));
+        route_case{method::other, "/clear", endpoint::method_not_allowed},
+        route_case{method::get, "/keys/delete", endpoint::method_not_allowed},
+        route_case{method::delete_, "/keys/delete", endpoint::method_not_allowed},
+        route_case{method::post, "/stats", endpoint::method_not_allowed_get},
+        route_case{method::head, "/stats", endpoint::method_not_allowed_get},
+        route_case{method::delete_, "/stats", endpoint::method_not_allowed_get}));
 
 INSTANTIATE_TEST_SUITE_P(
     Unknown, RouterTable,
@@ -82,7 +89,16 @@ INSTANTIATE_TEST_SUITE_P(
                       route_case{method::post, "/rank/3/init", endpoint::not_found},
                       route_case{method::post, "/rank/3/4/initialize", endpoint::not_found},
                       route_case{method::post, "/ranks/3/initialize", endpoint::not_found},
-                      route_case{method::get, "/docs", endpoint::not_found}));
+                      route_case{method::get, "/docs", endpoint::not_found},
+                      route_case{method::post, "/keys/delete/", endpoint::not_found},
+                      route_case{method::post, "/keys/deletes", endpoint::not_found},
+                      route_case{method::post, "/keys/DELETE", endpoint::not_found},
+                      route_case{method::delete_, "/keys", endpoint::not_found},
+                      route_case{method::post, "/delete", endpoint::not_found},
+                      route_case{method::get, "/stats/", endpoint::not_found},
+                      route_case{method::get, "/STATS", endpoint::not_found},
+                      route_case{method::get, "/stat", endpoint::not_found},
+                      route_case{method::get, "/keys/stats", endpoint::not_found}));
 
 }  // namespace
 }  // namespace http

@@ -18,15 +18,15 @@ class DirectoryTp : public ::testing::TestWithParam<std::int32_t> {};
 TEST_P(DirectoryTp, CompleteOnceTpRanksConfirmed) {
   const std::int32_t tp = GetParam();
   directory d;
-  d.add_confirmation("k", tp);
+  d.add_confirmation("k", tp, 0);
   for (std::int32_t n = 1; n < tp; ++n) {
     EXPECT_FALSE(d.complete("k")) << n;
-    d.add_confirmation("k", tp);
+    d.add_confirmation("k", tp, 0);
   }
   EXPECT_TRUE(d.complete("k"));
   // Over-confirmation (more ranks than expected) stays complete: >=, not ==.
-  d.add_confirmation("k", tp);
-  d.add_confirmation("k", 99);  // a later tp size does not change the recorded one
+  d.add_confirmation("k", tp, 0);
+  d.add_confirmation("k", 99, 0);  // a later tp size does not change the recorded one
   EXPECT_TRUE(d.complete("k"));
   EXPECT_EQ(d.size(), 1u);
 }
@@ -35,20 +35,20 @@ INSTANTIATE_TEST_SUITE_P(Sizes, DirectoryTp, ::testing::Values(0, 1, 2, 8));
 
 TEST(Directory, FirstConfirmationRecordsTpWorldSize) {
   directory d;
-  d.add_confirmation("k", 2);
-  d.add_confirmation("k", 1);  // would complete under tp 1, but the key keeps tp 2
+  d.add_confirmation("k", 2, 0);
+  d.add_confirmation("k", 1, 0);  // would complete under tp 1, but the key keeps tp 2
   EXPECT_TRUE(d.complete("k"));
-  d.add_confirmation("j", 3);
-  d.add_confirmation("j", 1);
+  d.add_confirmation("j", 3, 0);
+  d.add_confirmation("j", 1, 0);
   EXPECT_FALSE(d.complete("j"));
-  d.add_confirmation("j", 1);
+  d.add_confirmation("j", 1, 0);
   EXPECT_TRUE(d.complete("j"));
 }
 
 TEST(Directory, KeysAreIndependent) {
   directory d;
-  d.add_confirmation("a", 1);
-  d.add_confirmation("b", 2);
+  d.add_confirmation("a", 1, 0);
+  d.add_confirmation("b", 2, 0);
   EXPECT_TRUE(d.complete("a"));
   EXPECT_FALSE(d.complete("b"));
   EXPECT_FALSE(d.complete("c"));
@@ -57,13 +57,13 @@ TEST(Directory, KeysAreIndependent) {
 
 TEST(Directory, ClearDropsEveryKey) {
   directory d;
-  for (int i = 0; i < 1000; ++i) d.add_confirmation(std::to_string(i), 1);
+  for (int i = 0; i < 1000; ++i) d.add_confirmation(std::to_string(i), 1, 0);
   EXPECT_EQ(d.size(), 1000u);
   EXPECT_TRUE(d.complete("999"));
   d.clear();
   EXPECT_EQ(d.size(), 0u);
   EXPECT_FALSE(d.complete("999"));
-  d.add_confirmation("999", 2);
+  d.add_confirmation("999", 2, 0);
   EXPECT_FALSE(d.complete("999"));
 }
 
@@ -75,14 +75,14 @@ TEST(Directory, SliceOfOneCoreStillFindsEveryKey) {
     std::string k = "key-" + std::to_string(i);
     if (owner_of_key(k, 16) == 5) mine.push_back(k);
   }
-  for (const auto& k : mine) d.add_confirmation(k, 1);
+  for (const auto& k : mine) d.add_confirmation(k, 1, 0);
   EXPECT_EQ(d.size(), mine.size());
   for (const auto& k : mine) ASSERT_TRUE(d.complete(k));
 }
 
 TEST(Directory, MovedDirectoryKeepsItsState) {
   directory d;
-  d.add_confirmation("k", 1);
+  d.add_confirmation("k", 1, 0);
   directory moved(std::move(d));
   EXPECT_TRUE(moved.complete("k"));
   directory assigned;

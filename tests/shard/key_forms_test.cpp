@@ -31,8 +31,8 @@ TEST(KeyForms, UppercaseAndLowercaseHexAreDifferentKeys) {
   EXPECT_EQ(confirmed(t, 0, {lower, upper, zeros, sha}), (V{-1, 1, 2, -1}));
   EXPECT_EQ(t.check_invariants(), "");
   directory d;
-  d.add_confirmation(lower, 2);
-  d.add_confirmation(upper, 1);
+  d.add_confirmation(lower, 2, 0);
+  d.add_confirmation(upper, 1, 0);
   EXPECT_FALSE(d.complete(lower));
   EXPECT_TRUE(d.complete(upper));
   EXPECT_FALSE(d.complete(zeros));
@@ -64,20 +64,20 @@ TEST(KeyForms, DirectoryCountsPackedKeysPastSixteenBits) {
   // tp beyond the packed form's 16 bits: the key keeps full counts elsewhere.
   for (int n = 0; n < 70000; ++n) {
     EXPECT_FALSE(d.complete(lower)) << n;
-    d.add_confirmation(lower, 70000);
+    d.add_confirmation(lower, 70000, 0);
   }
   EXPECT_TRUE(d.complete(lower));
   // tp at the packed limit, and confirmations beyond it (the count saturates).
   for (int n = 0; n < 65535; ++n) {
     EXPECT_FALSE(d.complete(zeros)) << n;
-    d.add_confirmation(zeros, 65535);
+    d.add_confirmation(zeros, 65535, 0);
   }
   EXPECT_TRUE(d.complete(zeros));
-  for (int n = 0; n < 10; ++n) d.add_confirmation(zeros, 1);
+  for (int n = 0; n < 10; ++n) d.add_confirmation(zeros, 1, 0);
   EXPECT_TRUE(d.complete(zeros));
-  d.add_confirmation(sha, -5);
+  d.add_confirmation(sha, -5, 0);
   EXPECT_TRUE(d.complete(sha));
-  d.add_confirmation(upper, 0);
+  d.add_confirmation(upper, 0, 0);
   EXPECT_TRUE(d.complete(upper));
   EXPECT_EQ(d.size(), 4u);
 }
@@ -97,10 +97,10 @@ TEST(KeyForms, SnapshotsGiveBackTheExactKeys) {
           {2, lower, 0, false}, {2, upper, 1, true}, {2, zeros, 2, true}, {2, sha, 3, false}}));
 
   directory d;
-  d.add_confirmation(lower, 8);
-  d.add_confirmation(lower, 8);
-  d.add_confirmation(upper, 70000);
-  d.add_confirmation(sha, 2);
+  d.add_confirmation(lower, 8, 0);
+  d.add_confirmation(lower, 8, 0);
+  d.add_confirmation(upper, 70000, 0);
+  d.add_confirmation(sha, 2, 0);
   std::set<std::tuple<std::string, std::int32_t, std::int32_t>> keys;
   d.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
     keys.emplace(std::string(key), tp, count);
@@ -108,22 +108,22 @@ TEST(KeyForms, SnapshotsGiveBackTheExactKeys) {
   EXPECT_EQ(keys, (std::set<std::tuple<std::string, std::int32_t, std::int32_t>>{
                       {lower, 8, 2}, {upper, 70000, 1}, {sha, 2, 1}}));
   directory r;
-  r.add_confirmation(lower, 1);  // restore replaces what a key had
-  for (const auto& [key, tp, count] : keys) r.restore(key, tp, count);
-  r.restore(zeros, 70000, 70000);
-  r.restore("k", 3, 0);
+  r.add_confirmation(lower, 1, 0);  // restore replaces what a key had
+  for (const auto& [key, tp, count] : keys) r.restore(key, tp, count, 0);
+  r.restore(zeros, 70000, 70000, 0);
+  r.restore("k", 3, 0, 0);
   EXPECT_EQ(r.size(), 5u);
   EXPECT_FALSE(r.complete(lower));
-  r.add_confirmation(lower, 1);  // 3 of 8
+  r.add_confirmation(lower, 1, 0);  // 3 of 8
   for (int n = 0; n < 5; ++n) {
     EXPECT_FALSE(r.complete(lower));
-    r.add_confirmation(lower, 1);
+    r.add_confirmation(lower, 1, 0);
   }
   EXPECT_TRUE(r.complete(lower));
   EXPECT_FALSE(r.complete(upper));
   EXPECT_TRUE(r.complete(zeros));
   EXPECT_FALSE(r.complete("k"));
-  r.add_confirmation(sha, 2);
+  r.add_confirmation(sha, 2, 0);
   EXPECT_TRUE(r.complete(sha));
 }
 

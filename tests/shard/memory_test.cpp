@@ -85,12 +85,12 @@ TEST(ShardMemory, BindingsOfHexKeysCostAtMost32BytesAndPagesAtMost1Byte) {
       distinct.clear();
       got.clear();
       fresh.clear();
-      ASSERT_TRUE(table.allocate(r, batch_keys, distinct, got));
+      ASSERT_TRUE(table.allocate(r, batch_keys, 0, distinct, got));
       ASSERT_EQ(got.size(), n);
       ASSERT_EQ(table.confirm(r, batch_keys, got, {}, detail, fresh), confirm_outcome::ok)
           << detail;
       ASSERT_EQ(fresh.size(), n);
-      for (std::uint32_t i : fresh) dir.add_confirmation(batch_keys[i], ranks);
+      for (std::uint32_t i : fresh) dir.add_confirmation(batch_keys[i], ranks, 0);
     }
   }
   const std::size_t after_keys = heap_bytes();

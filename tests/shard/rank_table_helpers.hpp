@@ -21,7 +21,7 @@ struct allocation {
 
 inline allocation allocate(rank_table& t, std::int64_t rank, const keys_t& keys) {
   allocation a;
-  EXPECT_TRUE(t.allocate(rank, keys, a.distinct, a.pages));
+  EXPECT_TRUE(t.allocate(rank, keys, 0, a.distinct, a.pages));
   EXPECT_EQ(a.distinct.size(), a.pages.size());
   return a;
 }

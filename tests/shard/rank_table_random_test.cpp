@@ -4,6 +4,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ struct model_rank {
   struct held {
     std::int64_t page;
     bool confirmed;
+    std::uint64_t deadline = 0;  // of a reservation
   };
   std::int64_t num_pages = 0;
   std::map<std::string, held, std::less<>> keys;
@@ -34,8 +36,8 @@ struct model_rank {
     return {num_pages, free_count(), static_cast<std::int64_t>(keys.size()) - bound, bound};
   }
 
-  void allocate(const std::vector<std::string_view>& in, std::vector<std::uint32_t>& distinct,
-                std::vector<std::int64_t>& pages) {
+  void allocate(const std::vector<std::string_view>& in, std::uint64_t deadline,
+                std::vector<std::uint32_t>& distinct, std::vector<std::int64_t>& pages) {
     std::vector<std::string_view> fresh;
     for (std::uint32_t i = 0; i < in.size(); ++i) {
       bool dup = false;
@@ -52,7 +54,7 @@ struct model_rank {
       const auto u = used();
       std::int64_t p = 0;
       while (u.count(p)) ++p;
-      keys[std::string(in[distinct[k]])] = {p, false};
+      keys[std::string(in[distinct[k]])] = {p, false, deadline};
       pages[k] = p;
     }
   }
@@ -105,6 +107,20 @@ struct model_rank {
   }
 };
 
+// Reservations whose deadline came, in no particular order.
+std::size_t expire(model_rank& m, std::uint64_t now) {
+  std::size_t n = 0;
+  for (auto it = m.keys.begin(); it != m.keys.end();) {
+    if (!it->second.confirmed && it->second.deadline <= now) {
+      it = m.keys.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 // How often each confirm answer occurred, so the test can insist it exercised them all.
 struct coverage {
   std::map<std::string, int> answers;
@@ -127,6 +143,9 @@ void run_random(std::uint32_t seed, int steps, coverage& cov) {
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   rank_table table;
+  constexpr std::uint64_t ttl = 60;
+  table.set_reservation_ttl(ttl);
+  std::uint64_t now = 1000;
   std::map<std::int64_t, model_rank> model;
   std::uint64_t refused = 0;
   std::vector<std::string> universe;
@@ -142,15 +161,42 @@ void run_random(std::uint32_t seed, int steps, coverage& cov) {
     const std::int64_t rank = ranks[pick(3)];
     model_rank& m = model[rank];
     const int op = pick(100);
+    now += static_cast<std::uint64_t>(pick(3));
     std::vector<std::string_view> keys;
     for (int n = pick(12); n > 0; --n) keys.push_back(universe[pick(48)]);
-    if (op < 40) {
+    if (op < 36) {
       std::vector<std::uint32_t> d1, d2;
       std::vector<std::int64_t> p1, p2;
-      ASSERT_TRUE(table.allocate(rank, keys, d1, p1));
-      m.allocate(keys, d2, p2);
+      ASSERT_TRUE(table.allocate(rank, keys, now, d1, p1));
+      m.allocate(keys, now + ttl, d2, p2);
       ASSERT_EQ(d1, d2);
       ASSERT_EQ(p1, p2);
+    } else if (op < 40) {
+      // Expiry on every rank at once, as a core's tick does.
+      std::size_t want = 0;
+      for (auto& entry : model) want += expire(entry.second, now);
+      std::size_t reported = 0;
+      const std::size_t got =
+          table.expire(now, [&](std::int64_t r, std::span<const std::int64_t> pages) {
+            ASSERT_FALSE(pages.empty());
+            ASSERT_TRUE(model.count(r));
+            reported += pages.size();
+          });
+      ASSERT_EQ(got, want);
+      ASSERT_EQ(reported, want);
+      cov.answers["expired"] += static_cast<int>(got);
+    } else if (op < 44) {
+      // Delete / eviction on this rank: confirmed keys go, reservations stay.
+      std::vector<std::uint32_t> removed, want;
+      ASSERT_TRUE(table.remove_confirmed(rank, keys, removed));
+      for (std::uint32_t i = 0; i < keys.size(); ++i) {
+        auto it = m.keys.find(keys[i]);
+        if (it == m.keys.end() || !it->second.confirmed) continue;
+        m.keys.erase(it);
+        want.push_back(i);
+      }
+      ASSERT_EQ(removed, want);
+      cov.answers["removed"] += static_cast<int>(removed.size());
     } else if (op < 90) {
       // Mostly plausible confirmations (the page the key holds), some corrupted.
       std::vector<std::int64_t> pages, releases;
@@ -212,8 +258,8 @@ TEST(RankTableRandom, AgreesWithModelAndKeepsInvariants) {
     run_random(seed, 2500, cov);
     if (HasFatalFailure()) return;
   }
-  for (const char* answer :
-       {"ok", "release out of range", "page out of range", "two keys", "not reserved"}) {
+  for (const char* answer : {"ok", "release out of range", "page out of range", "two keys",
+                             "not reserved", "expired", "removed"}) {
     EXPECT_GT(cov.answers[answer], 0) << answer;
   }
   for (const auto& [answer, n] : cov.answers) std::printf("  %-22s %d\n", answer.c_str(), n);

@@ -49,7 +49,7 @@ TEST(RankTable, GrowthKeepsReservationsAndConfirmations) {
 TEST(RankTable, UninitialisedRankIsReported) {
   rank_table t;
   allocation a;
-  EXPECT_FALSE(t.allocate(1, keys_t{"a"}, a.distinct, a.pages));
+  EXPECT_FALSE(t.allocate(1, keys_t{"a"}, 0, a.distinct, a.pages));
   EXPECT_TRUE(a.distinct.empty());
   EXPECT_TRUE(a.pages.empty());
   EXPECT_EQ(confirm(t, 1, {"a"}, {0}).outcome, confirm_outcome::not_initialized);
@@ -91,7 +91,7 @@ TEST(RankTable, AllocateAppendsToTheOutputVectors) {
   t.initialize(0, 4);
   std::vector<std::uint32_t> distinct{99};
   std::vector<std::int64_t> pages{-5};
-  ASSERT_TRUE(t.allocate(0, keys_t{"a", "a", "b"}, distinct, pages));
+  ASSERT_TRUE(t.allocate(0, keys_t{"a", "a", "b"}, 0, distinct, pages));
   EXPECT_EQ(distinct, (U{99, 0, 2}));
   EXPECT_EQ(pages, (V{-5, 0, 1}));
 }

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -100,4 +103,181 @@ TEST(Record, FlippedByteInAMiddleRecordIsCorruption) {
 
 TEST(Record, Crc32cMatchesTheStandardCheckValue) {
   EXPECT_EQ(store::crc32c("123456789"), 0xE3069283u);
+}
+
+namespace {
+
+// The payload of the single frame in `frame`, copied so decoded views outlive `frame`.
+std::string payload_of(std::string_view frame) {
+  std::string_view payload;
+  std::size_t frame_bytes = 0;
+  EXPECT_EQ(store::next_frame(frame, 0, payload, frame_bytes), store::frame_status::whole);
+  EXPECT_EQ(frame_bytes, frame.size());
+  return std::string(payload);
+}
+
+const std::string kHexKey(64, 'f');
+const std::string_view kOddKey("not hex\0\x01\xff/", 11);
+
+}  // namespace
+
+TEST(Record, RemoveRoundTripsItsRankAndKeys) {
+  const std::vector<std::vector<std::string_view>> cases = {{}, {kHexKey}, {kHexKey, kOddKey, ""}};
+  for (const auto& keys : cases) {
+    for (const std::int64_t rank : {std::int64_t{0}, std::int64_t{-3}, INT64_MAX, INT64_MIN}) {
+      std::string frame;
+      store::append_remove(frame, rank, keys);
+      const std::string payload = payload_of(frame);
+      store::record r;
+      ASSERT_TRUE(store::decode_payload(payload, r)) << keys.size() << " keys, rank " << rank;
+      EXPECT_EQ(r.kind, store::record_kind::remove);
+      EXPECT_EQ(r.rank, rank);
+      EXPECT_EQ(r.keys, keys);
+      EXPECT_TRUE(r.pages.empty());
+      EXPECT_TRUE(r.releases.empty());
+    }
+  }
+}
+
+TEST(Record, RemoveHasTheLayoutOfAllocateUnderItsOwnKind) {
+  const std::vector<std::string_view> keys = {kHexKey, kOddKey};
+  std::string removed, allocated;
+  store::append_remove(removed, -9, keys);
+  store::append_allocate(allocated, -9, keys);
+  const std::string removed_payload = payload_of(removed);
+  const std::string allocated_payload = payload_of(allocated);
+  EXPECT_EQ(removed_payload[0], static_cast<char>(store::record_kind::remove));
+  EXPECT_EQ(removed_payload.substr(1), allocated_payload.substr(1));
+}
+
+TEST(Record, ReleaseRoundTripsItsRankAndPages) {
+  const std::vector<std::vector<std::int64_t>> cases = {{}, {0}, {7, 0, 1 << 20, INT64_MAX}};
+  for (const auto& pages : cases) {
+    for (const std::int64_t rank : {std::int64_t{5}, std::int64_t{-1}}) {
+      std::string frame;
+      store::append_release(frame, rank, pages);
+      const std::string payload = payload_of(frame);
+      store::record r;
+      ASSERT_TRUE(store::decode_payload(payload, r)) << pages.size() << " pages, rank " << rank;
+      EXPECT_EQ(r.kind, store::record_kind::release);
+      EXPECT_EQ(r.rank, rank);
+      EXPECT_EQ(r.releases, pages);
+      EXPECT_TRUE(r.keys.empty());
+      EXPECT_TRUE(r.pages.empty());
+    }
+  }
+}
+
+TEST(Record, DirectoryRemoveRoundTripsItsKey) {
+  for (const std::string_view key : {std::string_view(kHexKey), kOddKey, std::string_view()}) {
+    std::string frame;
+    store::append_directory_remove(frame, key);
+    const std::string payload = payload_of(frame);
+    store::record r;
+    ASSERT_TRUE(store::decode_payload(payload, r)) << key.size() << "-byte key";
+    EXPECT_EQ(r.kind, store::record_kind::directory_remove);
+    ASSERT_EQ(r.keys.size(), 1u);
+    EXPECT_EQ(r.keys[0], key);
+  }
+}
+
+TEST(Record, NewKindsRejectEveryTruncationAndAnyTrailingByte) {
+  const std::vector<std::string_view> keys = {kHexKey, kOddKey};
+  const std::vector<std::int64_t> pages = {3, 4};
+  std::string remove, empty_remove, release, empty_release, directory_remove;
+  store::append_remove(remove, 2, keys);
+  store::append_remove(empty_remove, 2, {});
+  store::append_release(release, 2, pages);
+  store::append_release(empty_release, 2, {});
+  store::append_directory_remove(directory_remove, kHexKey);
+  for (const std::string* frame :
+       {&remove, &empty_remove, &release, &empty_release, &directory_remove}) {
+    const std::string payload = payload_of(*frame);
+    store::record r;
+    for (std::size_t cut = 0; cut < payload.size(); ++cut)
+      EXPECT_FALSE(store::decode_payload(std::string_view(payload).substr(0, cut), r))
+          << "kind " << int(payload[0]) << " cut at " << cut;
+    EXPECT_FALSE(store::decode_payload(payload + '\0', r)) << "kind " << int(payload[0]);
+  }
+}
+
+TEST(Record, NewKindsRejectCountsAndLengthsThatDisagreeWithThePayload) {
+  // Offsets inside the payload: kind (1), then rank (8) for remove and release.
+  constexpr std::size_t kCountAt = 9, kFirstLengthAt = 13;
+  const auto with_u32 = [](std::string payload, std::size_t at, std::uint32_t value) {
+    std::memcpy(payload.data() + at, &value, 4);
+    return payload;
+  };
+  const std::vector<std::string_view> keys = {"k1", "k2"};
+  const std::vector<std::int64_t> pages = {3, 4};
+  std::string remove, release, directory_remove;
+  store::append_remove(remove, 1, keys);
+  store::append_release(release, 1, pages);
+  store::append_directory_remove(directory_remove, "k1");
+  const std::string remove_payload = payload_of(remove);
+  const std::string release_payload = payload_of(release);
+  const std::string directory_payload = payload_of(directory_remove);
+  const std::vector<std::string> bad = {
+      with_u32(remove_payload, kCountAt, 3),           // a key more than written
+      with_u32(remove_payload, kCountAt, 1),           // the second key left as trailing bytes
+      with_u32(remove_payload, kCountAt, UINT32_MAX),  // a count no payload can hold
+      with_u32(remove_payload, kFirstLengthAt, 1000),  // a key overrunning the payload
+      with_u32(remove_payload, kFirstLengthAt, 1),     // a key shorter than written
+      with_u32(release_payload, kCountAt, 3),
+      with_u32(release_payload, kCountAt, 1),
+      with_u32(release_payload, kCountAt, UINT32_MAX),
+      with_u32(directory_payload, 1, 3),  // the key overruns the payload
+      with_u32(directory_payload, 1, 1),  // the key leaves a trailing byte
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    store::record r;
+    EXPECT_FALSE(store::decode_payload(bad[i], r)) << "case " << i;
+  }
+}
+
+TEST(Record, MixedLogWithTheNewKindsScansInOrder) {
+  std::string log = three_records();
+  const std::vector<std::string_view> removed = {"k1", kHexKey};
+  const std::vector<std::int64_t> expired = {9, 2};
+  store::append_remove(log, -7, removed);
+  store::append_directory_key(log, 4, kOddKey);
+  store::append_release(log, -7, expired);
+  store::append_directory_remove(log, kOddKey);
+  store::append_remove(log, 11, {});
+  store::append_release(log, 11, {});
+  store::append_clear(log);
+  std::vector<store::record> seen;
+  std::vector<std::size_t> offsets;
+  const store::scan_result result = store::scan(log, [&](const store::record& r, std::size_t at) {
+    seen.push_back(r);
+    offsets.push_back(at);
+  });
+  ASSERT_EQ(result.status, store::scan_status::ok);
+  EXPECT_EQ(result.valid_bytes, log.size());
+  using k = store::record_kind;
+  std::vector<k> kinds;
+  for (const store::record& r : seen) kinds.push_back(r.kind);
+  ASSERT_EQ(kinds,
+            (std::vector<k>{k::initialize, k::allocate, k::confirm, k::remove, k::directory_key,
+                            k::release, k::directory_remove, k::remove, k::release, k::clear}));
+  EXPECT_EQ(seen[3].rank, -7);
+  EXPECT_EQ(seen[3].keys, removed);
+  EXPECT_TRUE(seen[3].pages.empty());     // not the confirm's, decoded just before
+  EXPECT_TRUE(seen[3].releases.empty());  // likewise
+  EXPECT_EQ(seen[4].keys, (std::vector<std::string_view>{kOddKey}));
+  EXPECT_EQ(seen[5].rank, -7);
+  EXPECT_EQ(seen[5].releases, expired);
+  EXPECT_TRUE(seen[5].keys.empty());
+  EXPECT_EQ(seen[6].keys, (std::vector<std::string_view>{kOddKey}));
+  EXPECT_EQ(seen[7].rank, 11);
+  EXPECT_TRUE(seen[7].keys.empty());
+  EXPECT_EQ(seen[8].rank, 11);
+  EXPECT_TRUE(seen[8].releases.empty());
+
+  // A flipped byte inside the first release (not the last frame) is corruption there.
+  log[offsets[5] + 12] ^= 0x01;
+  store::scan_result flipped;
+  EXPECT_EQ(kinds_of(log, flipped).size(), 5u);
+  EXPECT_EQ(flipped.status, store::scan_status::corrupt);
+  EXPECT_EQ(flipped.bad_offset, offsets[5]);
 }

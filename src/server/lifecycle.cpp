@@ -1,0 +1,205 @@
+#include "server/lifecycle.hpp"
+
+#include <algorithm>
+
+#include "server/endpoints.hpp"
+#include "server/steps.hpp"
+#include "store/record.hpp"
+
+namespace server {
+
+void removal_job::seal(int cores) {
+  keys.clear();
+  std::uint32_t begin = 0;
+  for (const std::uint32_t end : ends) {
+    keys.emplace_back(bytes.data() + begin, end - begin);
+    begin = end;
+  }
+  owner.resize(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    owner[i] = static_cast<std::uint16_t>(cores == 1 ? 0 : shard::owner_of_key(keys[i], cores));
+  bindings.assign(keys.size(), 0);
+}
+
+std::size_t expire_due(cluster& cl, core_state& core) {
+  const std::uint64_t now = cl.clock();
+  core.directory.sweep(now);
+  if (cl.cfg.reservation_ttl_ms == 0) return 0;
+  // The pages of one rank's record: a reservation entry each, at most.
+  if (core.log.enabled() && !core.log.make_room(64 + 8 * core.ranks.reserved_pages())) return 0;
+  return core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+    if (core.log.enabled()) store::append_release(core.log.pending(), rank, pages);
+  });
+}
+
+namespace {
+
+// Drops every binding of job.keys on each core's ranks, then settles the keys'
+// directory slices (whose removals were begun). From core `at`, on which it ends.
+subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bool evicting,
+                                       bool& stored) {
+  const int start = at;
+  std::size_t left = 0;
+  if (job.keys.empty()) co_return 0;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (start + step) % cl.cores;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    core_state& core = *cl.core[c];
+    if (core.ranks.rank_count() == 0) continue;
+    if (core.log.enabled() &&
+        !core.log.make_room(core.ranks.rank_count() * record_bytes(job.keys, 0))) {
+      stored = false;  // the bindings stay; the directory below keeps the keys' counts
+      continue;
+    }
+    job.ranks.clear();
+    core.ranks.for_each_rank(
+        [&job](std::int64_t rank, const shard::rank_stats&) { job.ranks.push_back(rank); });
+    for (const std::int64_t rank : job.ranks) {
+      job.removed.clear();
+      core.ranks.remove_confirmed(rank, job.keys, job.removed);
+      if (job.removed.empty()) continue;
+      job.removed_keys.clear();
+      for (const std::uint32_t i : job.removed) {
+        ++job.bindings[i];
+        job.removed_keys.push_back(job.keys[i]);
+      }
+      if (core.log.enabled()) store::append_remove(core.log.pending(), rank, job.removed_keys);
+    }
+    if (!co_await persisted(cl, core)) stored = false;
+  }
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (start + step) % cl.cores;
+    if (std::find(job.owner.begin(), job.owner.end(), c) == job.owner.end()) continue;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    core_state& core = *cl.core[c];
+    // Without room the directory still settles; only the record of a key leaving is
+    // lost, and recovery derives the directory from the bindings anyway.
+    const bool logged = core.log.enabled() && core.log.make_room(record_bytes(job.keys, 0));
+    for (std::size_t i = 0; i < job.keys.size(); ++i) {
+      if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i]))
+        continue;
+      ++left;
+      ++(evicting ? core.evicted_keys : core.deleted_keys);
+      if (logged) store::append_directory_remove(core.log.pending(), job.keys[i]);
+    }
+    if (!co_await persisted(cl, core)) stored = false;
+  }
+  co_await cl.mailbox.hop(at, start);
+  co_return left;
+}
+
+}  // namespace
+
+subtask<std::size_t> evict(cluster& cl, int at, std::uint32_t need, removal_job& job,
+                           bool& stored) {
+  const int start = at;
+  job.clear();
+  const std::uint64_t now = cl.clock();
+  if (now < cl.removal_floor_ms || need == 0) co_return 0;
+  // How many keys each core's slice gives: the `need` oldest across all slices.
+  job.quota.assign(static_cast<std::size_t>(cl.cores), 0);
+  if (cl.cores == 1) {
+    job.quota[0] = need;
+  } else {
+    job.oldest.clear();
+    for (int step = 0; step < cl.cores; ++step) {
+      const int c = (start + step) % cl.cores;
+      co_await cl.mailbox.hop(at, c);
+      at = c;
+      job.used.clear();
+      cl.core[c]->directory.oldest_used(now, need, job.used);
+      for (const std::uint64_t used : job.used)
+        job.oldest.emplace_back(used, static_cast<std::uint16_t>(c));
+    }
+    const std::size_t n = std::min<std::size_t>(need, job.oldest.size());
+    std::nth_element(job.oldest.begin(), job.oldest.begin() + static_cast<std::ptrdiff_t>(n),
+                     job.oldest.end());
+    for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
+  }
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (start + step) % cl.cores;
+    if (job.quota[static_cast<std::size_t>(c)] == 0) continue;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    cl.core[c]->directory.take_least_recent(now, job.quota[static_cast<std::size_t>(c)],
+                                            [&job](std::string_view key) { job.add(key); });
+  }
+  job.seal(cl.cores);
+  const std::size_t left = co_await remove_everywhere(cl, at, job, true, stored);
+  co_await cl.mailbox.hop(at, start);
+  co_return left;
+}
+
+request_task run_delete(exchange& x) {
+  cluster& cl = x.shared();
+  const int home = x.home().index;
+  scratch& s = x.work();
+  const api::key_list& keys = s.remove.keys;
+  removal_job& job = s.removal;
+  job.clear();
+  job.bytes.reserve(keys.size() * 40);
+  job.ends.reserve(keys.size());
+  plan_directory_walk(cl, keys.views(), nullptr, 0, s);
+  const std::uint64_t now = cl.clock();
+  int at = home;
+  if (now >= cl.removal_floor_ms) {
+    for (int step = 0; step < cl.cores; ++step) {
+      const int c = (home + step) % cl.cores;
+      if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
+      co_await cl.mailbox.hop(at, c);
+      at = c;
+      shard::directory& dir = cl.core[c]->directory;
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (s.key_owner[i] == c &&
+            dir.begin_removal(keys[i], now) == shard::directory::removal::started)
+          job.add(keys[i]);
+    }
+  }
+  job.seal(cl.cores);
+  bool stored = true;
+  const std::size_t deleted = co_await remove_everywhere(cl, at, job, false, stored);
+  co_await cl.mailbox.hop(at, home);
+  if (!stored) {
+    x.respond_error(503, kStorageFailed);
+  } else {
+    s.body.clear();
+    api::encode_deleted(s.body, deleted);
+    x.respond_json(200, s.body);
+  }
+  x.complete();
+}
+
+request_task run_stats(exchange& x) {
+  cluster& cl = x.shared();
+  scratch& s = x.work();
+  s.rank_rows.clear();
+  s.rank_rows.reserve(64);
+  s.totals = api::stats_totals{};
+  const std::uint64_t now = cl.clock();
+  auto collect = [&s, now](const core_state& core) {
+    api::stats_totals& t = s.totals;
+    t.keys += core.directory.size();
+    t.leased_keys += core.directory.leased_count(now);
+    t.evicted_keys += core.evicted_keys;
+    t.deleted_keys += core.deleted_keys;
+    t.expired_reservations += core.ranks.expired_reservations();
+    t.refused_releases += core.ranks.refused_releases();
+    core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
+      s.rank_rows.push_back({rank, st.num_pages, st.free, st.reserved, st.bound});
+    });
+  };
+  auto answer = [&x, &s] {
+    std::sort(
+        s.rank_rows.begin(), s.rank_rows.end(),
+        [](const api::rank_info_row& a, const api::rank_info_row& b) { return a.rank < b.rank; });
+    s.body.clear();
+    api::encode_stats(s.body, s.rank_rows, s.totals);
+    x.respond_json(200, s.body);
+    x.complete();
+  };
+  return visit_cores(cl, x.home().index, collect, answer);
+}
+
+}  // namespace server

@@ -1,0 +1,31 @@
+// Page lifecycle beyond the reference server: reservations that expire, keys deleted on
+// request, and least-recently-used eviction when a rank's pool runs out. Expiry is local
+// to a rank's core; delete and eviction walk the cores that own the keys' directory
+// slices and every core with ranks: begin at the directories (the key reads as absent
+// from then on; leased keys are refused), drop the bindings on every rank, then settle
+// the directories. Every change is logged where it happens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "server/exchange.hpp"
+#include "server/request_task.hpp"
+
+namespace server {
+
+// On core `core`'s thread, every loop tick and when an allocation comes up short:
+// returns reservations past their deadline to the pool (logging them) and forgets ended
+// leases. Returns how many reservations expired.
+std::size_t expire_due(cluster& cl, core_state& core);
+
+// From core `at`, on which it ends: evicts up to `need` least recently used complete keys
+// that no reader holds a lease on, on every rank. Returns how many keys left; `stored`
+// turns false if a core's log could not take the change.
+subtask<std::size_t> evict(cluster& cl, int at, std::uint32_t need, removal_job& job, bool& stored);
+
+// POST /keys/delete and GET /stats.
+request_task run_delete(exchange& x);
+request_task run_stats(exchange& x);
+
+}  // namespace server

@@ -1,0 +1,98 @@
+// key_life: what one directory slice knows of its keys' lives beyond completeness —
+// when each was last used (for least-recently-used eviction) and until when a reader
+// holds a lease on its pages (get_locations). Keys sit on one intrusive list, least
+// recently used first, so eviction takes from the front in O(1) per key. With LRU
+// tracking off (no eviction) only leased keys are kept, and the list is then in lease
+// order, so expired leases are dropped from the front too. Only the owning core calls it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shard/key_map.hpp"
+#include "shard/packed_map.hpp"
+#include "shard/rank_keys.hpp"
+
+namespace shard {
+
+class key_life {
+ public:
+  key_life();
+  key_life(key_life&&) noexcept = default;
+  key_life& operator=(key_life&&) noexcept = default;
+
+  // On: every complete key is tracked (touch() inserts). Off: only leased keys are.
+  void set_lru(bool on) { lru_ = on; }
+  bool lru() const { return lru_; }
+  std::size_t size() const { return hex_.size() + others_.size(); }
+
+  // The complete key was used at now_ms: it becomes the most recently used (inserted
+  // when LRU tracking is on).
+  void touch(std::string_view key, std::uint64_t now_ms);
+  // A reader got the key's pages at now_ms: leased until until_ms, and used.
+  void lease(std::string_view key, std::uint64_t now_ms, std::uint64_t until_ms);
+  bool leased(std::string_view key, std::uint64_t now_ms) const;
+  std::size_t leased_count(std::uint64_t now_ms) const;
+  // The key leaves (deleted, evicted).
+  void forget(std::string_view key);
+
+  // Eviction: the least recently used keys without a lease at now_ms, oldest first, up
+  // to n of them: calls take(key) for each and forgets it. A leased key met on the way
+  // moves to the recent end (its read is a use), so each node is passed over at most
+  // once per use.
+  template <typename Take>
+  std::size_t take_oldest(std::uint64_t now_ms, std::size_t n, Take&& take) {
+    std::size_t taken = 0;
+    for (std::size_t seen = 0, limit = size(); taken < n && seen < limit; ++seen) {
+      const std::uint32_t i = nodes_[0].next;
+      if (i == 0) break;
+      if (nodes_[i].lease_until_ms > now_ms) {
+        unlink(i);
+        link_last(i);
+        continue;
+      }
+      key_text(i, text_);
+      take(std::string_view(text_));
+      drop(i);
+      ++taken;
+    }
+    return taken;
+  }
+  // Appends the last-use times of the keys take_oldest(now_ms, n) would take, oldest
+  // first (to merge the slices of several cores); moves leased keys as it does.
+  void oldest_used(std::uint64_t now_ms, std::size_t n, std::vector<std::uint64_t>& out);
+
+  // Without LRU tracking: drops the keys whose lease ended by now_ms.
+  void sweep(std::uint64_t now_ms);
+  void clear();
+
+ private:
+  struct node {
+    packed_key packed{};
+    const char* blob = nullptr;  // others_' copy of a non-hex key
+    std::uint32_t prev = 0, next = 0;
+    std::uint64_t used_ms = 0;
+    std::uint64_t lease_until_ms = 0;
+  };
+  // The node of `key`, or 0.
+  std::uint32_t find(std::string_view key, const parsed_key& p) const;
+  std::uint32_t insert(std::string_view key, const parsed_key& p);
+  void drop(std::uint32_t i);
+  void unlink(std::uint32_t i);
+  void link_last(std::uint32_t i);
+  void key_text(std::uint32_t i, std::string& out) const;
+
+  bool lru_ = false;
+  // nodes_[0] is the list's sentinel: its next is the least recently used key, its prev
+  // the most recent. Free nodes are chained through `next` from free_.
+  std::vector<node> nodes_;
+  std::uint32_t free_ = 0;
+  packed_map hex_;                 // 32-lowercase-hex key → node index
+  key_map<std::uint32_t> others_;  // any other key → node index
+  std::string text_;               // scratch for take_oldest
+};
+
+}  // namespace shard

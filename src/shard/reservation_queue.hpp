@@ -1,0 +1,72 @@
+// The reservations of one rank in the order they were made, for expiry: since every
+// reservation gets the same TTL, that order is also the order of their deadlines, so the
+// due ones are always at the front. An entry whose reservation ended early (confirmed or
+// released) stays until it reaches the front or a compaction drops it; compaction runs
+// when stale entries outnumber live ones, so the queue stays within a constant factor of
+// the reserved pages and every entry is touched O(1) times. Owned by the rank's core.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace shard {
+
+class reservation_queue {
+ public:
+  struct entry {
+    std::uint64_t deadline_ms;
+    std::uint32_t page;
+  };
+
+  std::size_t size() const { return entries_.size() - head_; }
+
+  // Appends a reservation. `live(entry)` says whether an entry's reservation still
+  // holds; `live_count` is how many do (the reserved pages), for compaction.
+  template <typename Live>
+  void push(std::uint32_t page, std::uint64_t deadline_ms, std::size_t live_count, Live&& live) {
+    entries_.push_back(entry{deadline_ms, page});
+    if (size() > 2 * live_count + 64) compact(live);
+  }
+
+  // Calls expire(page) for each live entry whose deadline has come (<= now_ms), in order.
+  template <typename Live, typename Expire>
+  std::size_t pop_due(std::uint64_t now_ms, Live&& live, Expire&& expire) {
+    std::size_t expired = 0;
+    while (head_ < entries_.size() && entries_[head_].deadline_ms <= now_ms) {
+      const entry e = entries_[head_++];
+      if (!live(e)) continue;
+      expire(e.page);
+      ++expired;
+    }
+    if (head_ == entries_.size()) {
+      entries_.clear();
+      head_ = 0;
+    } else if (head_ > 64 && head_ * 2 > entries_.size()) {
+      entries_.erase(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+    return expired;
+  }
+
+  void clear() {
+    entries_.clear();
+    head_ = 0;
+  }
+
+ private:
+  template <typename Live>
+  void compact(Live&& live) {
+    entries_.erase(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(head_));
+    head_ = 0;
+    entries_.erase(
+        std::remove_if(entries_.begin(), entries_.end(), [&](const entry& e) { return !live(e); }),
+        entries_.end());
+  }
+
+  std::vector<entry> entries_;
+  std::size_t head_ = 0;  // entries before it were popped
+};
+
+}  // namespace shard

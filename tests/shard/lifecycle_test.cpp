@@ -1,0 +1,286 @@
+// Reservation expiry, removal of confirmed keys, and the directory's side of delete and
+// eviction (recency, leases, removals racing confirmations), on a fake clock: the time
+// is an argument, so nothing here sleeps.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "rank_table_helpers.hpp"
+#include "shard/key_life.hpp"
+#include "shard/reservation_queue.hpp"
+#include "shard/state.hpp"
+
+namespace shard {
+namespace {
+
+using namespace testing_helpers;
+
+constexpr std::uint64_t kTtl = 600'000;
+
+allocation allocate_at(rank_table& t, std::int64_t rank, const keys_t& keys, std::uint64_t now) {
+  allocation a;
+  EXPECT_TRUE(t.allocate(rank, keys, now, a.distinct, a.pages));
+  return a;
+}
+
+// Every page released by expire() at now, by rank.
+std::vector<std::pair<std::int64_t, V>> expire(rank_table& t, std::uint64_t now) {
+  std::vector<std::pair<std::int64_t, V>> out;
+  t.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+    out.emplace_back(rank, V(pages.begin(), pages.end()));
+  });
+  return out;
+}
+
+TEST(ReservationExpiry, ReservationPastItsTtlReturnsToThePool) {
+  rank_table t;
+  t.set_reservation_ttl(kTtl);
+  t.initialize(0, 4);
+  EXPECT_EQ(allocate_at(t, 0, {"a", "b"}, 1000).pages, (V{0, 1}));
+  EXPECT_TRUE(expire(t, 1000 + kTtl - 1).empty());
+  EXPECT_EQ(stats_tuple(*t.stats(0)), std::make_tuple(4, 2, 2, 0));
+  const auto gone = expire(t, 1000 + kTtl);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0], std::make_pair(std::int64_t{0}, V{0, 1}));
+  EXPECT_EQ(stats_tuple(*t.stats(0)), std::make_tuple(4, 4, 0, 0));
+  EXPECT_EQ(t.expired_reservations(), 2u);
+  // The key is forgotten: a confirm of the expired reservation is refused, and the key
+  // gets a page anew.
+  EXPECT_EQ(confirm(t, 0, {"a"}, {0}).outcome, confirm_outcome::bad_request);
+  EXPECT_EQ(allocate_at(t, 0, {"b"}, 1000 + kTtl).pages, (V{0}));
+  EXPECT_EQ(t.check_invariants(), "");
+}
+
+TEST(ReservationExpiry, ConfirmedAndReleasedReservationsDoNotExpire) {
+  rank_table t;
+  t.set_reservation_ttl(kTtl);
+  t.initialize(0, 4);
+  allocate_at(t, 0, {"a", "b", "c"}, 0);
+  ASSERT_EQ(confirm(t, 0, {"a"}, {0}, {1}).outcome, confirm_outcome::ok);  // a bound, b freed
+  EXPECT_EQ(expire(t, kTtl), (std::vector<std::pair<std::int64_t, V>>{{0, V{2}}}));
+  EXPECT_EQ(stats_tuple(*t.stats(0)), std::make_tuple(4, 3, 0, 1));
+  EXPECT_EQ(confirmed(t, 0, {"a"}), (V{0}));
+}
+
+TEST(ReservationExpiry, AReReservedPageKeepsItsNewDeadline) {
+  rank_table t;
+  t.set_reservation_ttl(kTtl);
+  t.initialize(0, 1);
+  allocate_at(t, 0, {"a"}, 0);
+  ASSERT_EQ(confirm(t, 0, {}, {}, {0}).outcome, confirm_outcome::ok);
+  EXPECT_EQ(allocate_at(t, 0, {"a"}, 500).pages, (V{0}));  // same key, same page, later
+  EXPECT_TRUE(expire(t, kTtl).empty());                    // the first entry is stale
+  EXPECT_EQ(expire(t, kTtl + 500).size(), 1u);
+}
+
+TEST(ReservationExpiry, ZeroTtlKeepsReservations) {
+  rank_table t;
+  t.initialize(0, 2);
+  allocate_at(t, 0, {"a"}, 0);
+  EXPECT_TRUE(expire(t, ~std::uint64_t{0}).empty());
+  EXPECT_EQ(stats_tuple(*t.stats(0)), std::make_tuple(2, 1, 1, 0));
+}
+
+TEST(ReservationExpiry, RestoredReservationGetsAFreshTtl) {
+  rank_table t;
+  t.set_reservation_ttl(kTtl);
+  t.initialize(3, 4);
+  ASSERT_TRUE(t.restore(3, "a", 2, false, 5000));
+  ASSERT_TRUE(t.restore(3, "b", 1, true, 5000));
+  EXPECT_TRUE(expire(t, 5000 + kTtl - 1).empty());
+  EXPECT_EQ(expire(t, 5000 + kTtl), (std::vector<std::pair<std::int64_t, V>>{{3, V{2}}}));
+  EXPECT_EQ(stats_tuple(*t.stats(3)), std::make_tuple(4, 3, 0, 1));
+}
+
+TEST(ReservationExpiry, ReplayedReleaseFreesOnlyReservedPages) {
+  rank_table t;
+  t.initialize(0, 4);
+  allocate_at(t, 0, {"a", "b"}, 0);
+  ASSERT_EQ(confirm(t, 0, {"a"}, {0}).outcome, confirm_outcome::ok);
+  EXPECT_TRUE(t.release_reserved(0, V{0, 1, 3}));  // bound, reserved, free
+  EXPECT_EQ(stats_tuple(*t.stats(0)), std::make_tuple(4, 3, 0, 1));
+  EXPECT_FALSE(t.release_reserved(0, V{4}));
+  EXPECT_FALSE(t.release_reserved(9, V{0}));
+  EXPECT_EQ(t.check_invariants(), "");
+}
+
+TEST(ReservationQueue, StaysWithinAConstantFactorOfLiveReservations) {
+  // One live reservation at a time, a million made: the stale entries are compacted.
+  reservation_queue q;
+  std::uint64_t live_deadline = 0;
+  auto live = [&](const reservation_queue::entry& e) { return e.deadline_ms == live_deadline; };
+  for (std::uint64_t i = 1; i <= 1'000'000; ++i) {
+    live_deadline = i;
+    q.push(0, i, 1, live);
+    ASSERT_LE(q.size(), 2u * 1 + 64 + 1);
+  }
+  std::vector<std::uint32_t> expired;
+  EXPECT_EQ(q.pop_due(~std::uint64_t{0}, live, [&](std::uint32_t p) { expired.push_back(p); }), 1u);
+  EXPECT_EQ(q.size(), 0u);
+}
+
+TEST(RemoveConfirmed, DropsBoundKeysAndKeepsReservations) {
+  rank_table t;
+  t.initialize(0, 4);
+  allocate_at(t, 0, {"a", "b", "c"}, 0);
+  ASSERT_EQ(confirm(t, 0, {"a", "c"}, {0, 2}).outcome, confirm_outcome::ok);
+  U removed;
+  ASSERT_TRUE(t.remove_confirmed(0, keys_t{"c", "b", "x", "a", "c"}, removed));
+  EXPECT_EQ(removed, (U{0, 3}));
+  EXPECT_EQ(stats_tuple(*t.stats(0)), std::make_tuple(4, 3, 1, 0));
+  EXPECT_EQ(confirmed(t, 0, {"a", "c"}), (V{-1, -1}));
+  EXPECT_EQ(allocate_at(t, 0, {"b", "a"}, 0).pages, (V{1, 0}));  // b kept its page
+  EXPECT_FALSE(t.remove_confirmed(5, keys_t{"a"}, removed));
+  EXPECT_EQ(t.check_invariants(), "");
+}
+
+// A key confirmed by `ranks` ranks under tp_world_size `tp`.
+void confirm_key(directory& d, std::string_view key, int ranks, int tp, std::uint64_t now) {
+  for (int r = 0; r < ranks; ++r) d.add_confirmation(key, tp, now);
+}
+
+std::vector<std::string> take(directory& d, std::uint64_t now, std::size_t n) {
+  std::vector<std::string> out;
+  d.take_least_recent(now, n, [&](std::string_view k) { out.emplace_back(k); });
+  return out;
+}
+
+const std::string kA(32, 'a'), kB(32, 'b'), kC(32, 'c');
+
+TEST(DirectoryRemoval, BeginHidesTheKeyAndFinishDropsIt) {
+  directory d;
+  confirm_key(d, kA, 2, 2, 0);
+  EXPECT_EQ(d.begin_removal(kA, 0), directory::removal::started);
+  EXPECT_FALSE(d.complete(kA));
+  EXPECT_EQ(d.begin_removal(kA, 0), directory::removal::busy);
+  EXPECT_TRUE(d.finish_removal(kA, 2));
+  EXPECT_EQ(d.size(), 0u);
+  EXPECT_EQ(d.begin_removal(kA, 0), directory::removal::absent);
+  // A fresh confirmation starts the key anew, with the tp of now.
+  EXPECT_TRUE(d.add_confirmation(kA, 1, 0));
+  EXPECT_TRUE(d.complete(kA));
+}
+
+TEST(DirectoryRemoval, ConfirmationsDuringARemovalKeepTheKey) {
+  directory d;
+  confirm_key(d, "k", 1, 2, 0);
+  ASSERT_EQ(d.begin_removal("k", 0), directory::removal::started);
+  d.add_confirmation("k", 2, 0);           // a rank the removal had passed already
+  EXPECT_FALSE(d.complete("k"));           // still hidden until the removal settles
+  EXPECT_FALSE(d.finish_removal("k", 1));  // one binding dropped, one new one stays
+  EXPECT_EQ(d.size(), 1u);
+  EXPECT_FALSE(d.complete("k"));  // 1 of 2
+  d.add_confirmation("k", 2, 0);
+  EXPECT_TRUE(d.complete("k"));
+}
+
+TEST(DirectoryRemoval, AConfirmationArrivingAfterItsBindingWasDroppedIsAbsorbed) {
+  directory d;
+  confirm_key(d, "k", 1, 1, 0);
+  ASSERT_EQ(d.begin_removal("k", 0), directory::removal::started);
+  // Two ranks dropped the key, but only one confirmation had reached the directory.
+  EXPECT_TRUE(d.finish_removal("k", 2));
+  EXPECT_FALSE(d.add_confirmation("k", 1, 0));  // the late one: owed, absorbed
+  EXPECT_EQ(d.size(), 0u);
+  EXPECT_FALSE(d.complete("k"));
+  EXPECT_TRUE(d.add_confirmation("k", 1, 0));  // a real new binding counts again
+  EXPECT_TRUE(d.complete("k"));
+}
+
+TEST(DirectoryRemoval, AClearInBetweenLeavesNothingBehind) {
+  directory d;
+  confirm_key(d, "k", 1, 1, 0);
+  ASSERT_EQ(d.begin_removal("k", 0), directory::removal::started);
+  d.clear();
+  EXPECT_FALSE(d.finish_removal("k", 3));
+  EXPECT_TRUE(d.add_confirmation("k", 1, 0));  // nothing owed
+  EXPECT_TRUE(d.complete("k"));
+}
+
+TEST(DirectoryLease, ALeasedKeyIsNeitherDeletedNorEvictedUntilTheLeaseEnds) {
+  for (bool lru : {false, true}) {
+    SCOPED_TRACE(lru ? "lru" : "no lru");
+    directory d;
+    d.set_lru(lru);
+    confirm_key(d, kA, 1, 1, 0);
+    EXPECT_TRUE(d.use(kA, 100, 10'100));  // get_locations at 100, lease 10 s
+    EXPECT_EQ(d.leased_count(10'099), 1u);
+    EXPECT_EQ(d.begin_removal(kA, 10'099), directory::removal::leased);
+    EXPECT_TRUE(take(d, 10'099, 5).empty());
+    EXPECT_EQ(d.begin_removal(kA, 10'100), directory::removal::started);
+    EXPECT_TRUE(d.finish_removal(kA, 1));
+  }
+}
+
+TEST(DirectoryLease, WithoutLruEndedLeasesAreSwept) {
+  directory d;
+  confirm_key(d, kA, 1, 1, 0);
+  confirm_key(d, kB, 1, 1, 0);
+  d.use(kA, 0, 50);
+  d.use(kB, 10, 60);
+  d.use(kA, 20, 70);  // renewed: now after kB in lease order
+  d.sweep(60);
+  EXPECT_EQ(d.leased_count(0), 1u);
+  EXPECT_EQ(d.begin_removal(kB, 60), directory::removal::started);
+  EXPECT_EQ(d.begin_removal(kA, 60), directory::removal::leased);
+  d.sweep(70);
+  EXPECT_EQ(d.leased_count(0), 0u);
+}
+
+TEST(DirectoryLru, TakesTheLeastRecentlyUsedCompleteKeysFirst) {
+  directory d;
+  d.set_lru(true);
+  confirm_key(d, kA, 2, 2, 1);  // complete at 1
+  confirm_key(d, kB, 2, 2, 2);
+  confirm_key(d, kC, 1, 2, 3);  // incomplete: being written, never taken
+  confirm_key(d, "other", 1, 1, 4);
+  EXPECT_TRUE(d.use(kA, 5, 0));  // batch_exists hit: a is now the most recent
+  std::vector<std::uint64_t> used;
+  d.oldest_used(6, 10, used);
+  EXPECT_EQ(used, (std::vector<std::uint64_t>{2, 4, 5}));
+  EXPECT_EQ(take(d, 6, 2), (std::vector<std::string>{kB, "other"}));
+  EXPECT_FALSE(d.complete(kB));  // being removed
+  d.add_confirmation(kC, 2, 7);  // c completes at 7
+  EXPECT_EQ(take(d, 8, 5), (std::vector<std::string>{kA, kC}));
+  EXPECT_TRUE(take(d, 8, 5).empty());
+}
+
+TEST(DirectoryLru, LeasedKeysAreSkippedAndMovedBehind) {
+  directory d;
+  d.set_lru(true);
+  confirm_key(d, kA, 1, 1, 1);
+  confirm_key(d, kB, 1, 1, 2);
+  d.use(kA, 3, 100);  // leased until 100
+  EXPECT_EQ(take(d, 50, 2), (std::vector<std::string>{kB}));
+  EXPECT_EQ(take(d, 100, 2), (std::vector<std::string>{kA}));
+}
+
+TEST(DirectoryLru, RecoveredKeysAreTracked) {
+  directory d;
+  d.set_lru(true);
+  d.restore(kA, 2, 2, 10);
+  d.restore(kB, 2, 1, 10);  // incomplete
+  EXPECT_EQ(take(d, 20, 5), (std::vector<std::string>{kA}));
+}
+
+TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
+  key_life life;
+  life.set_lru(true);
+  const std::string sha(64, 'f');
+  life.touch("plain key", 1);
+  life.touch(sha, 2);
+  life.touch(kA, 3);
+  life.lease("plain key", 4, 9);
+  EXPECT_TRUE(life.leased("plain key", 8));
+  EXPECT_FALSE(life.leased(sha, 0));
+  std::vector<std::string> got;
+  life.take_oldest(10, 10, [&](std::string_view k) { got.emplace_back(k); });
+  EXPECT_EQ(got, (std::vector<std::string>{sha, kA, "plain key"}));
+  EXPECT_EQ(life.size(), 0u);
+  life.touch("again", 11);  // nodes are reused
+  EXPECT_EQ(life.size(), 1u);
+}
+
+}  // namespace
+}  // namespace shard
