@@ -231,6 +231,12 @@ run_wrk_suite() {
     wrk_case "alloc→release pair, 64 conns, --durability sync" "$io" "$server_port" alloc_release.lua \
       64 64 "$load_cpus" "$server_pid"
     stop_server
+    # Saves into a full pool: every allocation of 128 new keys evicts the 128 least
+    # recently used complete keys first (issue 5's eviction path).
+    start_server "$io" "$server_cpus" --eviction lru --read-lease-ms 0
+    POOL_PAGES=8192 wrk_case "alloc→confirm pair 128 new keys, full pool, evicts 128 (req = half pair)" \
+      "$io" "$server_port" alloc_confirm.lua 8 8 "$load_cpus" "$server_pid"
+    stop_server
     replay_case "$io" 0
     replay_case "$io" 100
   done

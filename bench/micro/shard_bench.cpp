@@ -187,6 +187,47 @@ void BM_directory_insert_1M(benchmark::State& state) {
 }
 BENCHMARK(BM_directory_insert_1M)->Unit(benchmark::kMillisecond);
 
+// A save into a full pool with eviction, the shard work alone: the directory gives up
+// its 128 least recently used keys, the rank drops them, the directory settles, then
+// 128 new keys are allocated, confirmed and counted. Arg: keys held (= pool pages). The
+// cost per key must not grow with the number of keys (no scan).
+void BM_evict_and_save(benchmark::State& state) {
+  const auto held = static_cast<std::size_t>(state.range(0));
+  shard::rank_table t;
+  t.initialize(kRank, static_cast<std::int64_t>(held));
+  shard::directory d;
+  d.set_lru(true);
+  const key_set fill(kFillIds, held);
+  if (!bind_all(t, fill, state)) return;
+  for (std::size_t i = 0; i < held; ++i) d.add_confirmation(fill.views[i], 1, i);
+  std::vector<std::string> victims;
+  std::vector<std::string_view> views;
+  std::vector<std::uint32_t> removed, distinct, fresh;
+  std::vector<std::int64_t> pages;
+  std::string detail;
+  std::uint64_t next = 0, now = held;
+  for (auto _ : state) {
+    victims.clear();
+    d.take_least_recent(now, 128, [&](std::string_view k) { victims.emplace_back(k); });
+    views.assign(victims.begin(), victims.end());
+    removed.clear();
+    t.remove_confirmed(kRank, views, removed);
+    for (std::string_view k : views) d.finish_removal(k, 1);
+    const key_set task(next, 128);
+    next += 128;
+    distinct.clear();
+    pages.clear();
+    fresh.clear();
+    t.allocate(kRank, task.span(), now, distinct, pages);
+    t.confirm(kRank, task.span(), pages, {}, detail, fresh);
+    for (std::string_view k : task.views) d.add_confirmation(k, 1, now);
+    ++now;
+  }
+  if (removed.size() != 128 || fresh.size() != 128) state.SkipWithError("eviction fell short");
+  state.SetItemsProcessed(state.iterations() * 128);
+}
+BENCHMARK(BM_evict_and_save)->Arg(16384)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

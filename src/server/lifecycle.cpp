@@ -1,6 +1,9 @@
 #include "server/lifecycle.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <unordered_map>
 
 #include "server/endpoints.hpp"
 #include "server/steps.hpp"
@@ -169,6 +172,31 @@ request_task run_delete(exchange& x) {
     x.respond_json(200, s.body);
   }
   x.complete();
+}
+
+std::string check_consistency(const cluster& cl) {
+  std::unordered_map<std::string, std::int32_t> bound;
+  for (const auto& core : cl.core) {
+    if (std::string e = core->ranks.check_invariants(); !e.empty()) return e;
+    core->ranks.for_each_entry(
+        [&bound](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
+          if (confirmed) ++bound[std::string(key)];
+        });
+  }
+  std::string error;
+  std::size_t counted = 0;
+  for (const auto& core : cl.core) {
+    core->directory.for_each_key([&](std::string_view key, std::int32_t, std::int32_t count) {
+      ++counted;
+      const auto it = bound.find(std::string(key));
+      const std::int32_t ranks = it == bound.end() ? 0 : it->second;
+      if (error.empty() && ranks != count)
+        error = fmt::format("key {} counts {} confirmations, {} ranks hold it", key, count, ranks);
+    });
+  }
+  if (error.empty() && counted != bound.size())
+    error = fmt::format("{} keys are bound on ranks, {} in the directory", bound.size(), counted);
+  return error;
 }
 
 request_task run_stats(exchange& x) {

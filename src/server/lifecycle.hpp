@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "server/exchange.hpp"
 #include "server/request_task.hpp"
@@ -23,6 +24,11 @@ std::size_t expire_due(cluster& cl, core_state& core);
 // that no reader holds a lease on, on every rank. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
 subtask<std::size_t> evict(cluster& cl, int at, std::uint32_t need, removal_job& job, bool& stored);
+
+// Whole-cluster consistency (tests, fuzzers; every core idle): each rank's pages agree
+// with its keys (rank_table::check_invariants), and each directory count is the number
+// of ranks holding the key bound. "" when consistent, else the first violation.
+std::string check_consistency(const cluster& cl);
 
 // POST /keys/delete and GET /stats.
 request_task run_delete(exchange& x);

@@ -87,6 +87,10 @@ struct directory::impl {
   bool is_removing(std::string_view key) const {
     return removing.size() != 0 && removing.find(key, table_hash(key)) != nullptr;
   }
+  bool complete(std::string_view key, const parsed_key& p) {
+    const entry e = find(key, p);
+    return e && is_complete(e.get()) && !is_removing(key);
+  }
 };
 
 directory::directory() : impl_(std::make_unique<impl>()) {}
@@ -110,7 +114,7 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
   const impl::entry e = m.find(key, p);
   if (!e) {
     m.insert(key, p, tp_world_size, 1);
-    if (impl::is_complete({tp_world_size, 1})) m.life.touch(key, now_ms);
+    if (impl::is_complete({tp_world_size, 1})) m.life.touch(key, p, now_ms);
     return true;
   }
   const completion before = e.get();
@@ -119,24 +123,25 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
   } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
     ++e.slot->value.confirmed_count;
   }
-  if (!impl::is_complete(before) && impl::is_complete(e.get())) m.life.touch(key, now_ms);
+  if (!impl::is_complete(before) && impl::is_complete(e.get())) m.life.touch(key, p, now_ms);
   return false;
 }
 
 bool directory::complete(std::string_view key) const {
-  impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
-  const impl::entry e = m.find(key, p);
-  return e && impl::is_complete(e.get()) && !m.is_removing(key);
+  return impl_->complete(key, p);
 }
 
 bool directory::use(std::string_view key, std::uint64_t now_ms, std::uint64_t lease_until_ms) {
-  if (!complete(key)) return false;
+  impl& m = *impl_;
+  parsed_key p;
+  parse_key(key, p);
+  if (!m.complete(key, p)) return false;
   if (lease_until_ms != 0) {
-    impl_->life.lease(key, now_ms, lease_until_ms);
-  } else if (impl_->life.lru()) {
-    impl_->life.touch(key, now_ms);
+    m.life.lease(key, p, now_ms, lease_until_ms);
+  } else if (m.life.lru()) {
+    m.life.touch(key, p, now_ms);
   }
   return true;
 }
@@ -211,7 +216,7 @@ void directory::restore(std::string_view key, std::int32_t tp_world_size, std::i
     if (auto* s = m.others.find(key, table_hash(key))) m.others.erase(*s);
   }
   m.insert(key, p, tp_world_size, count);
-  if (impl::is_complete({tp_world_size, count})) m.life.touch(key, now_ms);
+  if (impl::is_complete({tp_world_size, count})) m.life.touch(key, p, now_ms);
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,

@@ -75,9 +75,7 @@ void key_life::key_text(std::uint32_t i, std::string& out) const {
   }
 }
 
-void key_life::touch(std::string_view key, std::uint64_t now_ms) {
-  parsed_key p;
-  parse_key(key, p);
+void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t now_ms) {
   std::uint32_t i = find(key, p);
   if (i == 0) {
     if (!lru_) return;
@@ -89,9 +87,8 @@ void key_life::touch(std::string_view key, std::uint64_t now_ms) {
   nodes_[i].used_ms = now_ms;
 }
 
-void key_life::lease(std::string_view key, std::uint64_t now_ms, std::uint64_t until_ms) {
-  parsed_key p;
-  parse_key(key, p);
+void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t now_ms,
+                     std::uint64_t until_ms) {
   std::uint32_t i = find(key, p);
   if (i == 0) {
     i = insert(key, p);

@@ -31,9 +31,10 @@ class key_life {
 
   // The complete key was used at now_ms: it becomes the most recently used (inserted
   // when LRU tracking is on).
-  void touch(std::string_view key, std::uint64_t now_ms);
+  void touch(std::string_view key, const parsed_key& p, std::uint64_t now_ms);
   // A reader got the key's pages at now_ms: leased until until_ms, and used.
-  void lease(std::string_view key, std::uint64_t now_ms, std::uint64_t until_ms);
+  void lease(std::string_view key, const parsed_key& p, std::uint64_t now_ms,
+             std::uint64_t until_ms);
   bool leased(std::string_view key, std::uint64_t now_ms) const;
   std::size_t leased_count(std::uint64_t now_ms) const;
   // The key leaves (deleted, evicted).

@@ -3,8 +3,8 @@
 // any read beyond). One decoder is reused across inputs, as one core reuses its own.
 // Checks that a decoded command is well formed and that decoding is repeatable.
 //
-// Input: byte 0 = endpoint (mod 5); for initialize, byte 1 = length of the {rank} path
-// text (mod 24) that follows; the rest = the body.
+// Input: byte 0 = endpoint (mod 6: initialize, allocate, confirm, exists, locations, delete); for
+// initialize, byte 1 = length of the {rank} path text (mod 24) that follows; the rest = the body.
 #include <simdjson.h>
 
 #include <cstdint>
@@ -81,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 1) return 0;
   api::decoder& d = shared_decoder();
   std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 5) {
+  switch (data[0] % 6) {
     case 0: {
       std::string_view rank_text;
       if (!rest.empty()) {
@@ -152,6 +152,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           [&](api::locations_cmd& out) { return d.decode_locations(p.body, out); },
           [](const api::locations_cmd& c) { return std::to_string(c.rank) + flatten(c.keys); }, a,
           b);
+      check_keys(a.keys);
+      break;
+    }
+    case 5: {
+      const padded p(rest);
+      api::delete_cmd a, b;
+      decode_twice([&](api::delete_cmd& out) { return d.decode_delete(p.body, out); },
+                   [](const api::delete_cmd& c) { return flatten(c.keys); }, a, b);
       check_keys(a.keys);
       break;
     }

@@ -56,6 +56,7 @@ def vllm_bodies():
         "exists": ("/keys/batch_exists", {"keys": keys + [keys[0]]}),
         "locations": ("/keys/get_locations", {"rank": 0, "keys": keys[:3]}),
         "sha256_keys": ("/keys/batch_exists", {"keys": [key(i, 64) for i in range(40)]}),
+        "delete": ("/keys/delete", {"keys": [keys[1], keys[4], keys[1], "nope"]}),
     }
 
 
@@ -66,6 +67,10 @@ def http_streams():
             "locations", "allocate_dup", "confirm_fail", "allocate_many"]
     streams["pipelined_flow"] = b"".join(streams[n] for n in flow)
     streams["rank_info"] = b"GET /rank/0 HTTP/1.1\r\nHost: t\r\n\r\n"
+    streams["stats"] = b"GET /stats HTTP/1.1\r\nHost: t\r\n\r\nPOST /stats HTTP/1.1\r\n\r\n"
+    # Rank 1 (4 pages) fills up, then takes more keys: eviction; then a delete.
+    streams["evict_then_delete"] = (streams["pipelined_flow"] + streams["allocate_many"] +
+                                    streams["locations"] + streams["delete"] + streams["exists"])
     streams["probes"] = (b"GET /health HTTP/1.1\r\n\r\nGET /ready HTTP/1.1\r\n\r\n"
                          b"GET /metrics HTTP/1.1\r\n\r\nPOST /health HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
     streams["rank_info_bad"] = b"GET /rank/x1 HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -144,9 +149,9 @@ def main():
         # pipeline_fuzz: byte 0 = home core (+0x80: clear first), bytes 1-2 = split seed.
         write("pipeline_fuzz", name, bytes([i % 3, i & 0xFF, 0]) + data)
     # json_decode_fuzz: byte 0 = endpoint (0 initialize, 1 allocate, 2 confirm, 3 exists,
-    # 4 locations); initialize: byte 1 = rank text length, then the rank text.
+    # 4 locations, 5 delete); initialize: byte 1 = rank text length, then the rank text.
     for i, b in enumerate(JSON_BODIES):
-        for endpoint in range(5):
+        for endpoint in range(6):
             if endpoint == 0:
                 for rank in (b"0", b"-7", b"+12", b"9223372036854775808", b"x"):
                     write("json_decode_fuzz", f"{i:02d}-init-{rank.decode()}", bytes([0, len(rank)]) + rank + b)

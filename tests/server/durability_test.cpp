@@ -7,78 +7,12 @@
 #include <fstream>
 #include <string>
 
-#include "server/cluster.hpp"
-#include "server/durability.hpp"
-#include "server/exchange.hpp"
+#include "node.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct counting_waker final : net::waker {
-  int wakes = 0;
-  void wake() override { ++wakes; }
-};
-
-// One cluster over a data directory, driven by hand: mailbox drains and log flushes.
-class node {
- public:
-  node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30) {
-    cfg_.data_dir = dir;
-    cfg_.snapshot_log_bytes = snapshot_bytes;
-    cfg_.log = metad::log_level::error;
-    cluster_ = std::make_unique<server::cluster>(cfg_, cores);
-    server::recover(*cluster_);
-    x_ = std::make_unique<server::exchange>(*cluster_, *cluster_->core[0], waker_);
-  }
-  ~node() {
-    for (auto& core : cluster_->core) server::finish_snapshot(*core);
-  }
-
-  std::string send(const std::string& bytes) {
-    std::span<char> space = x_->read_space();
-    std::copy(bytes.begin(), bytes.end(), space.begin());
-    net::flow f = x_->on_bytes(bytes.size());
-    while (f == net::flow::wait) {
-      const int before = waker_.wakes;
-      for (int spin = 0; spin < 1000 && waker_.wakes == before; ++spin) {
-        for (auto& core : cluster_->core) {
-          cluster_->mailbox.drain(core->index);
-          flush(*core);
-        }
-      }
-      EXPECT_EQ(waker_.wakes, before + 1);
-      f = x_->on_resume();
-    }
-    for (auto& core : cluster_->core) server::snapshot_tick(*cluster_, *core);
-    return std::exchange(x_->output(), {});
-  }
-
-  std::string post(const std::string& path, const std::string& body) {
-    const std::string response =
-        send("POST " + path + " HTTP/1.1\r\ncontent-length: " + std::to_string(body.size()) +
-             "\r\n\r\n" + body);
-    return response.substr(response.find("\r\n\r\n") + 4);
-  }
-  std::string get(const std::string& path) {
-    const std::string response = send("GET " + path + " HTTP/1.1\r\n\r\n");
-    return response.substr(response.find("\r\n\r\n") + 4);
-  }
-
- private:
-  // What a loop does once per iteration: the group commit, through the server's hooks.
-  void flush(server::core_state& core) {
-    store::log_writer::flush_job job;
-    if (!server::take_flush(*cluster_, core, true, job)) return;
-    const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-    server::flush_done(*cluster_, core, written, ::fdatasync(job.fd));
-  }
-
-  metad::config cfg_;
-  std::unique_ptr<server::cluster> cluster_;
-  counting_waker waker_;
-  std::unique_ptr<server::exchange> x_;
-};
+using server_test::node;
 
 class Durability : public ::testing::Test {
  protected:

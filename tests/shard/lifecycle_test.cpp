@@ -268,17 +268,22 @@ TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
   key_life life;
   life.set_lru(true);
   const std::string sha(64, 'f');
-  life.touch("plain key", 1);
-  life.touch(sha, 2);
-  life.touch(kA, 3);
-  life.lease("plain key", 4, 9);
+  auto parsed = [](std::string_view k) {
+    parsed_key p;
+    parse_key(k, p);
+    return p;
+  };
+  life.touch("plain key", parsed("plain key"), 1);
+  life.touch(sha, parsed(sha), 2);
+  life.touch(kA, parsed(kA), 3);
+  life.lease("plain key", parsed("plain key"), 4, 9);
   EXPECT_TRUE(life.leased("plain key", 8));
   EXPECT_FALSE(life.leased(sha, 0));
   std::vector<std::string> got;
   life.take_oldest(10, 10, [&](std::string_view k) { got.emplace_back(k); });
   EXPECT_EQ(got, (std::vector<std::string>{sha, kA, "plain key"}));
   EXPECT_EQ(life.size(), 0u);
-  life.touch("again", 11);  // nodes are reused
+  life.touch("again", parsed("again"), 11);  // nodes are reused
   EXPECT_EQ(life.size(), 1u);
 }
 
