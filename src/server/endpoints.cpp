@@ -167,7 +167,8 @@ request_task run_confirm(exchange& x) {
       co_await cl.mailbox.hop(at, c);
       at = c;
       core_state& dir_core = *cl.core[c];
-      if (dir_core.log.enabled() && !dir_core.log.make_room(record_bytes(cmd.keys.views(), 4))) {
+      if (dir_core.log.enabled() &&
+          !dir_core.log.make_room(record_bytes(cmd.keys.views(), kKeyRecordBytes))) {
         stored = false;  // the rank's pages are bound, but this is not acknowledged
         break;
       }

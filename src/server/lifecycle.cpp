@@ -28,8 +28,10 @@ std::size_t expire_due(cluster& cl, core_state& core) {
   const std::uint64_t now = cl.clock();
   core.directory.sweep(now);
   if (cl.cfg.reservation_ttl_ms == 0) return 0;
-  // The pages of one rank's record: a reservation entry each, at most.
-  if (core.log.enabled() && !core.log.make_room(64 + 8 * core.ranks.reserved_pages())) return 0;
+  // At most one record per rank, of 8 bytes per page it reserved.
+  if (core.log.enabled() &&
+      !core.log.make_room(64 * core.ranks.rank_count() + 8 * core.ranks.reserved_pages()))
+    return 0;
   return core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
     if (core.log.enabled()) store::append_release(core.log.pending(), rank, pages);
   });
@@ -79,7 +81,8 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
     core_state& core = *cl.core[c];
     // Without room the directory still settles; only the record of a key leaving is
     // lost, and recovery derives the directory from the bindings anyway.
-    const bool logged = core.log.enabled() && core.log.make_room(record_bytes(job.keys, 0));
+    const bool logged =
+        core.log.enabled() && core.log.make_room(record_bytes(job.keys, kKeyRecordBytes));
     for (std::size_t i = 0; i < job.keys.size(); ++i) {
       if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i]))
         continue;

@@ -43,6 +43,10 @@ inline store::log_writer::wait_awaiter persisted(const cluster& cl, core_state& 
   return core.log.durable_until(sync ? core.log.end() : 0);
 }
 
+// What a record of one key costs beside the key's length-prefixed bytes, at most: frame
+// header, kind, tp_world_size (directory_key; directory_remove has less).
+constexpr std::size_t kKeyRecordBytes = 8 + 1 + 4;
+
 // An upper bound of the log bytes a request over `keys` appends (make_room).
 inline std::uint64_t record_bytes(std::span<const std::string_view> keys, std::size_t extra_per_key,
                                   std::size_t extra = 0) {

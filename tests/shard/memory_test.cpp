@@ -121,5 +121,37 @@ TEST(ShardMemory, BindingsOfHexKeysCostAtMost32BytesAndPagesAtMost1Byte) {
   EXPECT_LE(per_binding, 32.0);
 }
 
+// With --eviction lru every complete key also has a place in its directory slice's
+// recency list (key_life): its cost per key, on top of the directory entry.
+TEST(ShardMemory, RecencyTrackingCostsAtMost80BytesPerKey) {
+  const std::uint64_t keys = sanitized ? 100'000 : 1'000'000;
+  std::string text(32, '\0');
+  auto fill = [&](directory& d) {
+    for (std::uint64_t i = 0; i < keys; ++i) {
+      write_key(text.data(), i);
+      d.add_confirmation(std::string_view(text.data(), 32), 1, i);
+    }
+  };
+  const std::size_t start = heap_bytes();
+  directory plain;
+  fill(plain);
+  const std::size_t after_plain = heap_bytes();
+  directory tracked;
+  tracked.set_lru(true);
+  fill(tracked);
+  const std::size_t after_tracked = heap_bytes();
+  const double entry = static_cast<double>(after_plain - start) / static_cast<double>(keys);
+  const double recency =
+      static_cast<double>(after_tracked - after_plain) / static_cast<double>(keys) - entry;
+  std::printf("  %llu keys: directory %.1f bytes/key, recency +%.1f bytes/key\n",
+              static_cast<unsigned long long>(keys), entry, recency);
+  RecordProperty("recency_bytes_per_key", std::to_string(recency));
+  std::vector<std::uint64_t> oldest;
+  tracked.oldest_used(keys, 1, oldest);
+  ASSERT_EQ(oldest, std::vector<std::uint64_t>{0});
+  if (sanitized) return;
+  EXPECT_LE(recency, 80.0);
+}
+
 }  // namespace
 }  // namespace shard
