@@ -8,6 +8,8 @@
 
 namespace server {
 
+inline constexpr std::uint64_t kNsPerMs = 1'000'000;
+
 inline std::uint64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

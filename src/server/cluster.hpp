@@ -57,12 +57,13 @@ struct cluster {
   std::atomic<int> draining_cores;
   // The data directory (null: in memory only).
   std::unique_ptr<store::data_dir> data;
-  // The clock of reservation deadlines, leases and recency (milliseconds, monotonic);
-  // tests replace it with a fake. Any core may call it.
-  std::function<std::uint64_t()> clock = monotonic_ms;
+  // The clock of reservation deadlines, leases and recency: nanoseconds, monotonic (fine
+  // enough to order uses on different cores); tests replace it with a fake. Any core
+  // may call it.
+  std::function<std::uint64_t()> clock = monotonic_ns;
   // Nothing is evicted or deleted before this time: the leases readers held before a
   // restart were not kept, so recovered keys count as leased for --read-lease-ms.
-  std::uint64_t removal_floor_ms = 0;
+  std::uint64_t removal_floor = 0;  // on `clock`
 };
 
 }  // namespace server

@@ -265,7 +265,7 @@ void recover(cluster& cl) {
   std::uint64_t records = 0, keys = 0;
   for (auto& out : outputs) records += out.records;
   for (auto& core : cl.core) keys += core->directory.size();
-  if (keys > 0) cl.removal_floor_ms = cl.clock() + cl.cfg.read_lease_ms;
+  if (keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
       "durability {}",

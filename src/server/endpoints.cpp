@@ -80,10 +80,9 @@ shard::allocate_result try_allocate(cluster& cl, core_state& core, scratch& s, b
   return r;
 }
 
-// Eviction rounds one allocation may start before it answers -1: each evicts as many
-// keys as pages are missing, so more rounds are needed only when the evicted keys were
-// not all on this rank.
-constexpr int kEvictionRounds = 4;
+// Evictions one allocation may start before it answers -1: each frees as many pages as
+// were missing, so another is needed only when concurrent allocations took them first.
+constexpr int kEvictionRounds = 8;
 
 }  // namespace
 
@@ -105,7 +104,7 @@ request_task run_allocate(exchange& x) {
   for (int round = 0; stored && r.short_by > 0 && r.evictable &&
                       cl.cfg.evict == metad::eviction::lru && round < kEvictionRounds;
        ++round) {
-    const std::size_t evicted = co_await evict(cl, owner, r.short_by, s.removal, stored);
+    const std::size_t evicted = co_await evict(cl, owner, cmd.rank, r.short_by, s.removal, stored);
     if (evicted == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }
@@ -211,30 +210,44 @@ request_task run_lookup(exchange& x, bool with_rank) {
   const std::int64_t rank = s.locations.rank;
   s.flags.assign(keys.size(), 0);
   s.pages.assign(keys.size(), -1);
-  plan_directory_walk(cl, keys.views(), nullptr, 0, s);
-  // A reader that gets pages holds a lease on them: they are not evicted or deleted
-  // while it may still be reading the file.
+  s.indices.clear();
+  s.indices.reserve(keys.size());
   const std::uint64_t now = cl.clock();
-  const std::uint64_t lease_until =
-      with_rank && cl.cfg.read_lease_ms > 0 ? now + cl.cfg.read_lease_ms : 0;
   int at = home;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (home + step) % cl.cores;
-    if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    shard::directory& dir = cl.core[c]->directory;
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      if (s.key_owner[i] == c) s.flags[i] = dir.use(keys[i], now, lease_until) ? 1 : 0;
-  }
   bool found = true;
+  std::uint64_t lease_until = 0;
   if (with_rank) {
-    // Completeness was read first: a confirm binds its pages before it counts them,
-    // so a key seen complete has its page bound by now.
+    // The rank's pages first: only the keys it has a page for are asked of the
+    // directory, and they take a lease — a reader that gets pages holds them against
+    // eviction and delete while it may still be reading the file. A page is answered
+    // only if its key is still complete after that (a removal hides a key from the
+    // directory before any rank frees its page).
     int owner = shard::owner_of_rank(rank, cl.cores);
     co_await cl.mailbox.hop(at, owner);
     at = owner;
     found = cl.core[owner]->ranks.confirmed_pages(rank, keys.views(), s.pages);
+    for (std::uint32_t i = 0; found && i < keys.size(); ++i)
+      if (s.pages[i] >= 0) s.indices.push_back(i);
+    if (cl.cfg.read_lease_ms > 0) lease_until = now + cl.cfg.read_lease_ms * kNsPerMs;
+  }
+  if (!with_rank || !s.indices.empty()) {
+    plan_directory_walk(cl, keys.views(), with_rank ? s.indices.data() : nullptr, s.indices.size(),
+                        s);
+    for (int step = 0; step < cl.cores; ++step) {
+      const int c = (home + step) % cl.cores;
+      if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
+      co_await cl.mailbox.hop(at, c);
+      at = c;
+      shard::directory& dir = cl.core[c]->directory;
+      auto look = [&](std::size_t i) {
+        if (s.key_owner[i] == c) s.flags[i] = dir.use(keys[i], now, lease_until) ? 1 : 0;
+      };
+      if (with_rank) {
+        for (const std::uint32_t i : s.indices) look(i);
+      } else {
+        for (std::size_t i = 0; i < keys.size(); ++i) look(i);
+      }
+    }
   }
   co_await cl.mailbox.hop(at, home);
   s.body.clear();

@@ -24,11 +24,15 @@ struct removal_job {
   std::vector<std::string_view> keys;  // views of them, once sealed
   std::vector<std::uint16_t> owner;    // each key's directory core
   std::vector<std::int32_t> bindings;  // each key: ranks that dropped it
-  // Scratch of the walk: eviction's merge of the cores' oldest keys, one rank's removals.
-  std::vector<std::pair<std::uint64_t, std::uint16_t>> oldest;
+  // Eviction's candidates: each key's last use (to put it back) and whether the rank
+  // short of pages holds it.
   std::vector<std::uint64_t> used;
+  std::vector<std::uint8_t> member;
+  // Scratch of the walk: the merge of the cores' oldest keys, one rank's removals.
+  std::vector<std::pair<std::uint64_t, std::uint16_t>> oldest;
+  std::vector<std::uint64_t> times;
   std::vector<std::uint32_t> quota;
-  std::vector<std::int64_t> ranks;
+  std::vector<std::int64_t> ranks, pages;
   std::vector<std::uint32_t> removed;
   std::vector<std::string_view> removed_keys;
 
@@ -36,13 +40,19 @@ struct removal_job {
     bytes.clear();
     ends.clear();
     keys.clear();
+    used.clear();
+    member.clear();
   }
-  void add(std::string_view key) {
+  void add(std::string_view key, std::uint64_t last_use = 0) {
     bytes.append(key);
     ends.push_back(static_cast<std::uint32_t>(bytes.size()));
+    used.push_back(last_use);
+    member.push_back(0);
   }
   // After the last add: the views, owners and zeroed counts.
   void seal(int cores);
+  // Keeps only the members (bindings of the others are lost: call before the walk).
+  void keep_members(int cores);
 };
 
 // Per-connection buffers reused by every request: commands, results, encoder output.

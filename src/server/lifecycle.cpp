@@ -24,6 +24,24 @@ void removal_job::seal(int cores) {
   bindings.assign(keys.size(), 0);
 }
 
+void removal_job::keep_members(int cores) {
+  std::string kept;
+  kept.reserve(bytes.size());
+  std::vector<std::uint32_t> kept_ends;
+  std::vector<std::uint64_t> kept_used;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (!member[i]) continue;
+    kept.append(keys[i]);
+    kept_ends.push_back(static_cast<std::uint32_t>(kept.size()));
+    kept_used.push_back(used[i]);
+  }
+  bytes.swap(kept);
+  ends.swap(kept_ends);
+  used.swap(kept_used);
+  member.assign(ends.size(), 1);
+  seal(cores);
+}
+
 std::size_t expire_due(cluster& cl, core_state& core) {
   const std::uint64_t now = cl.clock();
   core.directory.sweep(now);
@@ -98,28 +116,35 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
 
 }  // namespace
 
-subtask<std::size_t> evict(cluster& cl, int at, std::uint32_t need, removal_job& job,
-                           bool& stored) {
+namespace {
+
+// Rounds of gathering candidates one eviction may take: each asks for as many as all the
+// rounds before it together, so keys that hold no page on the rank (passed over and put
+// back) cost at most a doubling of the walk.
+constexpr int kGatherRounds = 16;
+
+// Takes (begins the removal of) the `want` least recently used evictable keys over all
+// directory slices into `job`, from core `at`, on which it ends.
+subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::size_t want,
+                                 removal_job& job) {
   const int start = at;
-  job.clear();
-  const std::uint64_t now = cl.clock();
-  if (now < cl.removal_floor_ms || need == 0) co_return 0;
-  // How many keys each core's slice gives: the `need` oldest across all slices.
+  const std::size_t before = job.ends.size();
   job.quota.assign(static_cast<std::size_t>(cl.cores), 0);
   if (cl.cores == 1) {
-    job.quota[0] = need;
+    job.quota[0] = static_cast<std::uint32_t>(want);
   } else {
+    // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
     for (int step = 0; step < cl.cores; ++step) {
       const int c = (start + step) % cl.cores;
       co_await cl.mailbox.hop(at, c);
       at = c;
-      job.used.clear();
-      cl.core[c]->directory.oldest_used(now, need, job.used);
-      for (const std::uint64_t used : job.used)
-        job.oldest.emplace_back(used, static_cast<std::uint16_t>(c));
+      job.times.clear();
+      cl.core[c]->directory.oldest_used(now, want, job.times);
+      for (const std::uint64_t t : job.times)
+        job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
     }
-    const std::size_t n = std::min<std::size_t>(need, job.oldest.size());
+    const std::size_t n = std::min(want, job.oldest.size());
     std::nth_element(job.oldest.begin(), job.oldest.begin() + static_cast<std::ptrdiff_t>(n),
                      job.oldest.end());
     for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
@@ -129,12 +154,77 @@ subtask<std::size_t> evict(cluster& cl, int at, std::uint32_t need, removal_job&
     if (job.quota[static_cast<std::size_t>(c)] == 0) continue;
     co_await cl.mailbox.hop(at, c);
     at = c;
-    cl.core[c]->directory.take_least_recent(now, job.quota[static_cast<std::size_t>(c)],
-                                            [&job](std::string_view key) { job.add(key); });
+    cl.core[c]->directory.take_least_recent(
+        now, job.quota[static_cast<std::size_t>(c)],
+        [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
   }
-  job.seal(cl.cores);
-  const std::size_t left = co_await remove_everywhere(cl, at, job, true, stored);
   co_await cl.mailbox.hop(at, start);
+  co_return job.ends.size() - before;
+}
+
+// Calls off the removal of the candidates that are not members (or of all of them):
+// back in front of their slices, in their order. From core `at`, on which it ends.
+subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool all) {
+  const int start = at;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (start + step) % cl.cores;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    for (std::size_t i = job.keys.size(); i-- > 0;)
+      if (job.owner[i] == c && (all || !job.member[i]))
+        cl.core[c]->directory.abort_removal(job.keys[i], job.used[i]);
+  }
+  co_await cl.mailbox.hop(at, start);
+  co_return true;
+}
+
+}  // namespace
+
+subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
+                           removal_job& job, bool& stored) {
+  job.clear();
+  const std::uint64_t now = cl.clock();
+  if (now < cl.removal_floor || need == 0) co_return 0;
+  // Gather the least recently used keys until `need` of them hold a page on this rank
+  // (`at` owns it): only those are evicted; the others are put back untouched.
+  std::size_t members = 0;
+  for (int round = 0; members < need && round < kGatherRounds; ++round) {
+    const std::size_t first = job.ends.size();
+    const std::size_t want = std::max<std::size_t>(need - members, first);
+    const std::size_t taken = co_await take_oldest(cl, at, now, want, job);
+    if (taken == 0) break;  // nothing evictable is left
+    job.seal(cl.cores);
+    job.pages.assign(taken, -1);
+    cl.core[at]->ranks.confirmed_pages(
+        rank, std::span<const std::string_view>(job.keys).subspan(first), job.pages);
+    for (std::size_t i = 0; i < taken; ++i) {
+      job.member[first + i] = job.pages[i] >= 0 ? 1 : 0;
+      members += job.member[first + i];
+    }
+  }
+  if (job.keys.empty()) co_return 0;
+  // Exactly the `need` least recently used members (a last round may bring more); not
+  // enough to serve the allocation: evict nothing (it answers -1).
+  const bool enough = members >= need;
+  if (members > need) {
+    job.times.clear();
+    for (std::size_t i = 0; i < job.keys.size(); ++i)
+      if (job.member[i]) job.times.push_back(job.used[i]);
+    std::nth_element(job.times.begin(), job.times.begin() + (need - 1), job.times.end());
+    const std::uint64_t cutoff = job.times[need - 1];
+    for (std::size_t i = 0, kept = 0; i < job.keys.size(); ++i) {
+      if (!job.member[i]) continue;
+      if (job.used[i] > cutoff || kept == need) {
+        job.member[i] = 0;
+      } else {
+        ++kept;
+      }
+    }
+  }
+  co_await put_back(cl, at, job, !enough);
+  if (!enough) co_return 0;
+  job.keep_members(cl.cores);
+  const std::size_t left = co_await remove_everywhere(cl, at, job, true, stored);
   co_return left;
 }
 
@@ -150,7 +240,7 @@ request_task run_delete(exchange& x) {
   plan_directory_walk(cl, keys.views(), nullptr, 0, s);
   const std::uint64_t now = cl.clock();
   int at = home;
-  if (now >= cl.removal_floor_ms) {
+  if (now >= cl.removal_floor) {
     for (int step = 0; step < cl.cores; ++step) {
       const int c = (home + step) % cl.cores;
       if (!s.core_needed[static_cast<std::size_t>(c)]) continue;

@@ -20,10 +20,12 @@ namespace server {
 // leases. Returns how many reservations expired.
 std::size_t expire_due(cluster& cl, core_state& core);
 
-// From core `at`, on which it ends: evicts up to `need` least recently used complete keys
-// that no reader holds a lease on, on every rank. Returns how many keys left; `stored`
+// From core `at` (the owner of `rank`), on which it ends: evicts, on every rank, the
+// `need` least recently used complete keys without a read lease that `rank` holds a page
+// for — or nothing, if there are not that many. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
-subtask<std::size_t> evict(cluster& cl, int at, std::uint32_t need, removal_job& job, bool& stored);
+subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
+                           removal_job& job, bool& stored);
 
 // Whole-cluster consistency (tests, fuzzers; every core idle): each rank's pages agree
 // with its keys (rank_table::check_invariants), and each directory count is the number

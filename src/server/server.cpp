@@ -31,7 +31,7 @@ cluster::cluster(const metad::config& config, int core_count)
   for (int i = 0; i < core_count; ++i) {
     core.push_back(std::make_unique<core_state>());
     core.back()->index = i;
-    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms);
+    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * kNsPerMs);
     core.back()->directory.set_lru(config.evict == metad::eviction::lru);
   }
 }

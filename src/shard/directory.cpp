@@ -101,7 +101,7 @@ directory& directory::operator=(directory&&) noexcept = default;
 void directory::set_lru(bool on) { impl_->life.set_lru(on); }
 
 bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_size,
-                                 std::uint64_t now_ms) {
+                                 std::uint64_t now) {
   impl& m = *impl_;
   if (m.owed.size() != 0) {
     if (auto* s = m.owed.find(key, table_hash(key))) {
@@ -114,7 +114,7 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
   const impl::entry e = m.find(key, p);
   if (!e) {
     m.insert(key, p, tp_world_size, 1);
-    if (impl::is_complete({tp_world_size, 1})) m.life.touch(key, p, now_ms);
+    if (impl::is_complete({tp_world_size, 1})) m.life.touch(key, p, now);
     return true;
   }
   const completion before = e.get();
@@ -123,7 +123,7 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
   } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
     ++e.slot->value.confirmed_count;
   }
-  if (!impl::is_complete(before) && impl::is_complete(e.get())) m.life.touch(key, p, now_ms);
+  if (!impl::is_complete(before) && impl::is_complete(e.get())) m.life.touch(key, p, now);
   return false;
 }
 
@@ -133,26 +133,26 @@ bool directory::complete(std::string_view key) const {
   return impl_->complete(key, p);
 }
 
-bool directory::use(std::string_view key, std::uint64_t now_ms, std::uint64_t lease_until_ms) {
+bool directory::use(std::string_view key, std::uint64_t now, std::uint64_t lease_until) {
   impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
   if (!m.complete(key, p)) return false;
-  if (lease_until_ms != 0) {
-    m.life.lease(key, p, now_ms, lease_until_ms);
+  if (lease_until != 0) {
+    m.life.lease(key, p, now, lease_until);
   } else if (m.life.lru()) {
-    m.life.touch(key, p, now_ms);
+    m.life.touch(key, p, now);
   }
   return true;
 }
 
-directory::removal directory::begin_removal(std::string_view key, std::uint64_t now_ms) {
+directory::removal directory::begin_removal(std::string_view key, std::uint64_t now) {
   impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
   if (!m.find(key, p)) return removal::absent;
   if (m.is_removing(key)) return removal::busy;
-  if (m.life.leased(key, now_ms)) return removal::leased;
+  if (m.life.leased(key, now)) return removal::leased;
   m.life.forget(key);
   m.removing.insert_new(key, table_hash(key), 1);
   return removal::started;
@@ -185,27 +185,39 @@ bool directory::finish_removal(std::string_view key, std::int32_t bindings) {
   return true;
 }
 
-std::size_t directory::take_least_recent_impl(std::uint64_t now_ms, std::size_t n, void* take,
-                                              void (*call)(void*, std::string_view)) {
+std::size_t directory::take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
+                                              void (*call)(void*, std::string_view,
+                                                           std::uint64_t)) {
   impl& m = *impl_;
-  return m.life.take_oldest(now_ms, n, [&](std::string_view key) {
+  return m.life.take_oldest(now, n, [&](std::string_view key, std::uint64_t used) {
     m.removing.insert_new(key, table_hash(key), 1);
-    call(take, key);
+    call(take, key, used);
   });
 }
 
-void directory::oldest_used(std::uint64_t now_ms, std::size_t n, std::vector<std::uint64_t>& out) {
-  impl_->life.oldest_used(now_ms, n, out);
+void directory::abort_removal(std::string_view key, std::uint64_t used) {
+  impl& m = *impl_;
+  if (m.removing.size() == 0) return;
+  auto* r = m.removing.find(key, table_hash(key));
+  if (r == nullptr) return;  // cleared meanwhile
+  m.removing.erase(*r);
+  parsed_key p;
+  parse_key(key, p);
+  m.life.restore_first(key, p, used);
 }
 
-std::size_t directory::leased_count(std::uint64_t now_ms) const {
-  return impl_->life.leased_count(now_ms);
+void directory::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out) {
+  impl_->life.oldest_used(now, n, out);
 }
 
-void directory::sweep(std::uint64_t now_ms) { impl_->life.sweep(now_ms); }
+std::size_t directory::leased_count(std::uint64_t now) const {
+  return impl_->life.leased_count(now);
+}
+
+void directory::sweep(std::uint64_t now) { impl_->life.sweep(now); }
 
 void directory::restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
-                        std::uint64_t now_ms) {
+                        std::uint64_t now) {
   impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
@@ -216,7 +228,7 @@ void directory::restore(std::string_view key, std::int32_t tp_world_size, std::i
     if (auto* s = m.others.find(key, table_hash(key))) m.others.erase(*s);
   }
   m.insert(key, p, tp_world_size, count);
-  if (impl::is_complete({tp_world_size, count})) m.life.touch(key, p, now_ms);
+  if (impl::is_complete({tp_world_size, count})) m.life.touch(key, p, now);
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,

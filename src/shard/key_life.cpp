@@ -75,7 +75,7 @@ void key_life::key_text(std::uint32_t i, std::string& out) const {
   }
 }
 
-void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t now_ms) {
+void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t now) {
   std::uint32_t i = find(key, p);
   if (i == 0) {
     if (!lru_) return;
@@ -84,11 +84,11 @@ void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t no
     unlink(i);
     link_last(i);
   }
-  nodes_[i].used_ms = now_ms;
+  nodes_[i].used = now;
 }
 
-void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t now_ms,
-                     std::uint64_t until_ms) {
+void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t now,
+                     std::uint64_t until) {
   std::uint32_t i = find(key, p);
   if (i == 0) {
     i = insert(key, p);
@@ -97,22 +97,33 @@ void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t no
     link_last(i);
   }
   node& n = nodes_[i];
-  n.used_ms = now_ms;
-  if (until_ms > n.lease_until_ms) n.lease_until_ms = until_ms;
+  n.used = now;
+  if (until > n.lease_until) n.lease_until = until;
 }
 
-bool key_life::leased(std::string_view key, std::uint64_t now_ms) const {
+void key_life::restore_first(std::string_view key, const parsed_key& p, std::uint64_t used) {
+  std::uint32_t i = find(key, p);
+  if (i == 0) i = insert(key, p);
+  unlink(i);
+  nodes_[i].prev = 0;
+  nodes_[i].next = nodes_[0].next;
+  nodes_[nodes_[0].next].prev = i;
+  nodes_[0].next = i;
+  nodes_[i].used = used;
+}
+
+bool key_life::leased(std::string_view key, std::uint64_t now) const {
   if (size() == 0) return false;
   parsed_key p;
   parse_key(key, p);
   const std::uint32_t i = find(key, p);
-  return i != 0 && nodes_[i].lease_until_ms > now_ms;
+  return i != 0 && nodes_[i].lease_until > now;
 }
 
-std::size_t key_life::leased_count(std::uint64_t now_ms) const {
+std::size_t key_life::leased_count(std::uint64_t now) const {
   std::size_t n = 0;
   for (std::uint32_t i = nodes_[0].next; i != 0; i = nodes_[i].next)
-    n += nodes_[i].lease_until_ms > now_ms ? 1 : 0;
+    n += nodes_[i].lease_until > now ? 1 : 0;
   return n;
 }
 
@@ -123,25 +134,24 @@ void key_life::forget(std::string_view key) {
   if (const std::uint32_t i = find(key, p); i != 0) drop(i);
 }
 
-void key_life::oldest_used(std::uint64_t now_ms, std::size_t n, std::vector<std::uint64_t>& out) {
+void key_life::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out) {
   std::uint32_t i = nodes_[0].next;
   for (std::size_t seen = 0, limit = size(); i != 0 && n > 0 && seen < limit; ++seen) {
     const std::uint32_t next = nodes_[i].next;
-    if (nodes_[i].lease_until_ms > now_ms) {
+    if (nodes_[i].lease_until > now) {
       unlink(i);  // as take_oldest would: a read is a use
       link_last(i);
     } else {
-      out.push_back(nodes_[i].used_ms);
+      out.push_back(nodes_[i].used);
       --n;
     }
     i = next;
   }
 }
 
-void key_life::sweep(std::uint64_t now_ms) {
+void key_life::sweep(std::uint64_t now) {
   if (lru_) return;
-  for (std::uint32_t i = nodes_[0].next; i != 0 && nodes_[i].lease_until_ms <= now_ms;
-       i = nodes_[0].next)
+  for (std::uint32_t i = nodes_[0].next; i != 0 && nodes_[i].lease_until <= now; i = nodes_[0].next)
     drop(i);
 }
 

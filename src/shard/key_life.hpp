@@ -29,45 +29,47 @@ class key_life {
   bool lru() const { return lru_; }
   std::size_t size() const { return hex_.size() + others_.size(); }
 
-  // The complete key was used at now_ms: it becomes the most recently used (inserted
+  // The complete key was used at now: it becomes the most recently used (inserted
   // when LRU tracking is on).
-  void touch(std::string_view key, const parsed_key& p, std::uint64_t now_ms);
-  // A reader got the key's pages at now_ms: leased until until_ms, and used.
-  void lease(std::string_view key, const parsed_key& p, std::uint64_t now_ms,
-             std::uint64_t until_ms);
-  bool leased(std::string_view key, std::uint64_t now_ms) const;
-  std::size_t leased_count(std::uint64_t now_ms) const;
+  void touch(std::string_view key, const parsed_key& p, std::uint64_t now);
+  // A reader got the key's pages at now: leased until until, and used.
+  void lease(std::string_view key, const parsed_key& p, std::uint64_t now, std::uint64_t until);
+  bool leased(std::string_view key, std::uint64_t now) const;
+  std::size_t leased_count(std::uint64_t now) const;
   // The key leaves (deleted, evicted).
   void forget(std::string_view key);
 
-  // Eviction: the least recently used keys without a lease at now_ms, oldest first, up
-  // to n of them: calls take(key) for each and forgets it. A leased key met on the way
+  // Eviction: the least recently used keys without a lease at now, oldest first, up
+  // to n of them: calls take(key, used) for each and forgets it. A leased key met on the way
   // moves to the recent end (its read is a use), so each node is passed over at most
   // once per use.
   template <typename Take>
-  std::size_t take_oldest(std::uint64_t now_ms, std::size_t n, Take&& take) {
+  std::size_t take_oldest(std::uint64_t now, std::size_t n, Take&& take) {
     std::size_t taken = 0;
     for (std::size_t seen = 0, limit = size(); taken < n && seen < limit; ++seen) {
       const std::uint32_t i = nodes_[0].next;
       if (i == 0) break;
-      if (nodes_[i].lease_until_ms > now_ms) {
+      if (nodes_[i].lease_until > now) {
         unlink(i);
         link_last(i);
         continue;
       }
       key_text(i, text_);
-      take(std::string_view(text_));
+      take(std::string_view(text_), nodes_[i].used);
       drop(i);
       ++taken;
     }
     return taken;
   }
-  // Appends the last-use times of the keys take_oldest(now_ms, n) would take, oldest
+  // Appends the last-use times of the keys take_oldest(now, n) would take, oldest
   // first (to merge the slices of several cores); moves leased keys as it does.
-  void oldest_used(std::uint64_t now_ms, std::size_t n, std::vector<std::uint64_t>& out);
+  void oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out);
 
-  // Without LRU tracking: drops the keys whose lease ended by now_ms.
-  void sweep(std::uint64_t now_ms);
+  // Puts a key take_oldest took back in front, as it was (an eviction called off).
+  void restore_first(std::string_view key, const parsed_key& p, std::uint64_t used);
+
+  // Without LRU tracking: drops the keys whose lease ended by now.
+  void sweep(std::uint64_t now);
   void clear();
 
  private:
@@ -75,8 +77,8 @@ class key_life {
     packed_key packed{};
     const char* blob = nullptr;  // others_' copy of a non-hex key
     std::uint32_t prev = 0, next = 0;
-    std::uint64_t used_ms = 0;
-    std::uint64_t lease_until_ms = 0;
+    std::uint64_t used = 0;
+    std::uint64_t lease_until = 0;
   };
   // The node of `key`, or 0.
   std::uint32_t find(std::string_view key, const parsed_key& p) const;

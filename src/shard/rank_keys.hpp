@@ -47,9 +47,9 @@ inline bool confirmed(std::uint32_t word) { return (word >> 31) != 0; }
 // the reservation expires.
 struct key_owner {
   packed_key packed;
-  const char* blob = nullptr;     // set for keys in `others`
-  bool set = false;               // false: no owner
-  std::uint64_t deadline_ms = 0;  // reservation_queue entry of this reservation
+  const char* blob = nullptr;  // set for keys in `others`
+  bool set = false;            // false: no owner
+  std::uint64_t deadline = 0;  // reservation_queue entry of this reservation
   bool operator==(const key_owner&) const = default;
   bool same_key(const key_owner& o) const {
     return set == o.set && blob == o.blob && (blob != nullptr || packed == o.packed);
@@ -74,17 +74,17 @@ struct rank_keys {
     if (p.hex) packed.prefetch(p.hash);
   }
 
-  // Inserts the absent key as reserving `page` until deadline_ms, and records the
+  // Inserts the absent key as reserving `page` until deadline, and records the
   // page's owner.
   void reserve(std::string_view key, const parsed_key& p, std::uint32_t page,
-               std::uint64_t deadline_ms) {
+               std::uint64_t deadline) {
     const std::uint32_t word = entry_word::make(page, false);
     if (p.hex) {
       packed.insert_new(p.packed, p.hash, word);
-      owners.insert(page, key_owner{p.packed, nullptr, true, deadline_ms});
+      owners.insert(page, key_owner{p.packed, nullptr, true, deadline});
     } else {
       const auto& s = others.insert_new(key, static_cast<std::uint32_t>(p.hash), word);
-      owners.insert(page, key_owner{{}, s.key, true, deadline_ms});
+      owners.insert(page, key_owner{{}, s.key, true, deadline});
     }
   }
 

@@ -23,13 +23,13 @@ struct rank_state {
   // Whether the queue entry's reservation still holds the page.
   bool live(const reservation_queue::entry& e) const {
     const key_owner owner = keys.owners.find(e.page);
-    return owner.set && owner.deadline_ms == e.deadline_ms;
+    return owner.set && owner.deadline == e.deadline;
   }
   void reserve(std::string_view key, const parsed_key& p, std::uint32_t page,
-               std::uint64_t deadline_ms) {
-    keys.reserve(key, p, page, deadline_ms);
-    if (deadline_ms == no_deadline) return;
-    expiry.push(page, deadline_ms, keys.owners.size(),
+               std::uint64_t deadline) {
+    keys.reserve(key, p, page, deadline);
+    if (deadline == no_deadline) return;
+    expiry.push(page, deadline, keys.owners.size(),
                 [this](const reservation_queue::entry& e) { return live(e); });
   }
   static constexpr std::uint64_t no_deadline = UINT64_MAX;
@@ -39,7 +39,7 @@ struct rank_state {
 
 struct rank_table::impl {
   std::unordered_map<std::int64_t, rank_state> ranks;
-  std::uint64_t reservation_ttl_ms = 0;  // 0: reservations never expire
+  std::uint64_t reservation_ttl = 0;  // 0: reservations never expire
   std::uint64_t refused_releases = 0;
   std::uint64_t expired = 0;
   std::vector<std::int64_t> expired_pages;  // scratch of expire()
@@ -98,8 +98,8 @@ struct rank_table::impl {
                                std::span<const std::int64_t> pages,
                                std::span<const std::int64_t> releases);
   void release(rank_state& rs, std::uint32_t page);
-  std::uint64_t deadline(std::uint64_t now_ms) const {
-    return reservation_ttl_ms == 0 ? rank_state::no_deadline : now_ms + reservation_ttl_ms;
+  std::uint64_t deadline(std::uint64_t now) const {
+    return reservation_ttl == 0 ? rank_state::no_deadline : now + reservation_ttl;
   }
 };
 
@@ -108,7 +108,7 @@ rank_table::~rank_table() = default;
 rank_table::rank_table(rank_table&&) noexcept = default;
 rank_table& rank_table::operator=(rank_table&&) noexcept = default;
 
-void rank_table::set_reservation_ttl(std::uint64_t ttl_ms) { impl_->reservation_ttl_ms = ttl_ms; }
+void rank_table::set_reservation_ttl(std::uint64_t ttl) { impl_->reservation_ttl = ttl; }
 
 init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages) {
   SHARD_CHECK(num_pages > 0 && num_pages <= page_pool::pages_max);
@@ -129,7 +129,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages) {
 bool rank_table::contains(std::int64_t rank) const { return impl_->find(rank) != nullptr; }
 
 allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::string_view> keys,
-                                     std::uint64_t now_ms, std::vector<std::uint32_t>& distinct_out,
+                                     std::uint64_t now, std::vector<std::uint32_t>& distinct_out,
                                      std::vector<std::int64_t>& pages_out) {
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return {};
@@ -154,7 +154,7 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
     const auto missing = static_cast<std::uint32_t>(m.misses.size() - free);
     return {true, missing, missing <= rs->pool.bound_count()};
   }
-  const std::uint64_t deadline = m.deadline(now_ms);
+  const std::uint64_t deadline = m.deadline(now);
   for (const std::uint32_t offset : m.misses) {
     const std::uint32_t i = distinct_out[distinct_base + offset];
     const std::uint32_t page = rs->pool.take_lowest();
@@ -164,17 +164,17 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
   return {true, 0, false};
 }
 
-std::size_t rank_table::expire_impl(std::uint64_t now_ms, void* visit,
+std::size_t rank_table::expire_impl(std::uint64_t now, void* visit,
                                     void (*call)(void*, std::int64_t,
                                                  std::span<const std::int64_t>)) {
   impl& m = *impl_;
-  if (m.reservation_ttl_ms == 0) return 0;
+  if (m.reservation_ttl == 0) return 0;
   std::size_t total = 0;
   for (auto& entry : m.ranks) {
     rank_state& rs = entry.second;
     m.expired_pages.clear();
     total += rs.expiry.pop_due(
-        now_ms, [&rs](const reservation_queue::entry& e) { return rs.live(e); },
+        now, [&rs](const reservation_queue::entry& e) { return rs.live(e); },
         [&](std::uint32_t page) {
           rs.keys.release_reserved(page);
           rs.pool.release(page);
@@ -287,7 +287,7 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
 }
 
 bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed,
-                         std::uint64_t now_ms) {
+                         std::uint64_t now) {
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr || page < 0 || page >= rs->pool.num_pages()) return false;
   const auto p = static_cast<std::uint32_t>(page);
@@ -295,7 +295,7 @@ bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t p
   parse_key(key, parsed);
   if (rs->pool.state(p) != page_state::free || rs->keys.find(key, parsed) != nullptr) return false;
   rs->pool.take(p);
-  rs->reserve(key, parsed, p, confirmed ? rank_state::no_deadline : impl_->deadline(now_ms));
+  rs->reserve(key, parsed, p, confirmed ? rank_state::no_deadline : impl_->deadline(now));
   if (confirmed) {
     SHARD_CHECK(rank_keys::names(rs->keys.owners.take(p), key, parsed));
     rs->pool.bind(p);

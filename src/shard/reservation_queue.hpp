@@ -16,7 +16,7 @@ namespace shard {
 class reservation_queue {
  public:
   struct entry {
-    std::uint64_t deadline_ms;
+    std::uint64_t deadline;
     std::uint32_t page;
   };
 
@@ -25,16 +25,16 @@ class reservation_queue {
   // Appends a reservation. `live(entry)` says whether an entry's reservation still
   // holds; `live_count` is how many do (the reserved pages), for compaction.
   template <typename Live>
-  void push(std::uint32_t page, std::uint64_t deadline_ms, std::size_t live_count, Live&& live) {
-    entries_.push_back(entry{deadline_ms, page});
+  void push(std::uint32_t page, std::uint64_t deadline, std::size_t live_count, Live&& live) {
+    entries_.push_back(entry{deadline, page});
     if (size() > 2 * live_count + 64) compact(live);
   }
 
-  // Calls expire(page) for each live entry whose deadline has come (<= now_ms), in order.
+  // Calls expire(page) for each live entry whose deadline has come (<= now), in order.
   template <typename Live, typename Expire>
-  std::size_t pop_due(std::uint64_t now_ms, Live&& live, Expire&& expire) {
+  std::size_t pop_due(std::uint64_t now, Live&& live, Expire&& expire) {
     std::size_t expired = 0;
-    while (head_ < entries_.size() && entries_[head_].deadline_ms <= now_ms) {
+    while (head_ < entries_.size() && entries_[head_].deadline <= now) {
       const entry e = entries_[head_++];
       if (!live(e)) continue;
       expire(e.page);

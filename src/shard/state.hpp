@@ -45,29 +45,29 @@ class rank_table {
   rank_table(rank_table&&) noexcept;
   rank_table& operator=(rank_table&&) noexcept;
 
-  // A reservation neither confirmed nor released within ttl_ms of now_ms expires (see
+  // A reservation neither confirmed nor released within ttl of now expires (see
   // expire()); 0 (the default) keeps reservations until then.
-  void set_reservation_ttl(std::uint64_t ttl_ms);
+  void set_reservation_ttl(std::uint64_t ttl);
 
   // num_pages > 0, already validated against the ceiling.
   init_result initialize(std::int64_t rank, std::int64_t num_pages);
   bool contains(std::int64_t rank) const;
 
-  // batch_allocate on one rank at now_ms. `keys` may repeat. For each distinct key, in
+  // batch_allocate on one rank at now. `keys` may repeat. For each distinct key, in
   // order of first occurrence, appends its index in `keys` to distinct_out and its page
   // to pages_out (-1: the pool cannot serve the batch). Nothing is appended when the
   // rank is not initialised.
   allocate_result allocate(std::int64_t rank, std::span<const std::string_view> keys,
-                           std::uint64_t now_ms, std::vector<std::uint32_t>& distinct_out,
+                           std::uint64_t now, std::vector<std::uint32_t>& distinct_out,
                            std::vector<std::int64_t>& pages_out);
 
-  // Returns every reservation whose deadline is <= now_ms to the free pool (its key
+  // Returns every reservation whose deadline is <= now to the free pool (its key
   // forgotten), on every rank; calls visit(rank, std::span<const std::int64_t> pages) once
   // per rank that lost any, for the log. Returns how many expired. O(1) amortised per
   // reservation: no scan.
   template <typename Visit>
-  std::size_t expire(std::uint64_t now_ms, Visit&& visit) {
-    return expire_impl(now_ms, &visit,
+  std::size_t expire(std::uint64_t now, Visit&& visit) {
+    return expire_impl(now, &visit,
                        [](void* v, std::int64_t rank, std::span<const std::int64_t> pages) {
                          (*static_cast<Visit*>(v))(rank, pages);
                        });
@@ -111,10 +111,10 @@ class rank_table {
                    bool confirmed) { (*static_cast<Visit*>(v))(rank, key, page, confirmed); });
   }
   // Recovery: puts `key` on `page` of an initialised rank, reserved (with a fresh TTL
-  // from now_ms) or bound. False if the rank is absent, the page is out of range or
+  // from now) or bound. False if the rank is absent, the page is out of range or
   // taken, or the key already has one.
   bool restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed,
-               std::uint64_t now_ms);
+               std::uint64_t now);
 
   std::size_t rank_count() const;
   // Reserved pages over all ranks (sizing expire()'s log records).
@@ -134,7 +134,7 @@ class rank_table {
   void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;
   void for_each_entry_impl(void* visit, void (*call)(void*, std::int64_t, std::string_view,
                                                      std::int64_t, bool)) const;
-  std::size_t expire_impl(std::uint64_t now_ms, void* visit,
+  std::size_t expire_impl(std::uint64_t now, void* visit,
                           void (*call)(void*, std::int64_t, std::span<const std::int64_t>));
 
   struct impl;
@@ -152,37 +152,44 @@ class directory {
   // leases readers hold.
   void set_lru(bool on);
 
-  // One more rank confirmed `key` at now_ms. A new key records tp_world_size; returns
+  // One more rank confirmed `key` at now. A new key records tp_world_size; returns
   // true when the key entered the directory (for the log).
-  bool add_confirmation(std::string_view key, std::int32_t tp_world_size, std::uint64_t now_ms);
+  bool add_confirmation(std::string_view key, std::int32_t tp_world_size, std::uint64_t now);
   // Confirmed by >= tp_world_size ranks, and not being removed.
   bool complete(std::string_view key) const;
-  // A lookup at now_ms: whether the key is complete; if so it counts as used, and with
-  // lease_until_ms != 0 a reader holds a lease on its pages until then.
-  bool use(std::string_view key, std::uint64_t now_ms, std::uint64_t lease_until_ms);
+  // A lookup at now: whether the key is complete; if so it counts as used, and with
+  // lease_until != 0 a reader holds a lease on its pages until then.
+  bool use(std::string_view key, std::uint64_t now, std::uint64_t lease_until);
 
   // Removal (delete, eviction) in two steps around the ranks dropping their bindings.
   // begin: the key reads as incomplete from now on, unless it is absent, already being
-  // removed, or leased at now_ms.
+  // removed, or leased at now.
   enum class removal : std::uint8_t { started, absent, busy, leased };
-  removal begin_removal(std::string_view key, std::uint64_t now_ms);
+  removal begin_removal(std::string_view key, std::uint64_t now);
   // finish: `bindings` ranks dropped the key since begin. Confirmations that arrived
   // meanwhile keep the key (with the count they make); else it leaves: returns true
   // (for the log). Nothing happens if the directory was cleared in between.
   bool finish_removal(std::string_view key, std::int32_t bindings);
   // Eviction: begins the removal of up to n least recently used complete keys that no
-  // reader holds a lease on, oldest first, calling take(std::string_view key) for each.
+  // reader holds a lease on, oldest first, calling take(std::string_view key,
+  // std::uint64_t used) for each.
   template <typename Take>
-  std::size_t take_least_recent(std::uint64_t now_ms, std::size_t n, Take&& take) {
-    return take_least_recent_impl(
-        now_ms, n, &take, [](void* t, std::string_view key) { (*static_cast<Take*>(t))(key); });
+  std::size_t take_least_recent(std::uint64_t now, std::size_t n, Take&& take) {
+    return take_least_recent_impl(now, n, &take,
+                                  [](void* t, std::string_view key, std::uint64_t used) {
+                                    (*static_cast<Take*>(t))(key, used);
+                                  });
   }
+  // Calls off a removal take_least_recent began: the key is complete again, back in
+  // front with its last use. Keys called off in the reverse order they were taken
+  // regain their order. Nothing happens if the directory was cleared in between.
+  void abort_removal(std::string_view key, std::uint64_t used);
   // The last-use times of the keys take_least_recent would take, oldest first (to merge
   // the slices of several cores).
-  void oldest_used(std::uint64_t now_ms, std::size_t n, std::vector<std::uint64_t>& out);
-  std::size_t leased_count(std::uint64_t now_ms) const;
+  void oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out);
+  std::size_t leased_count(std::uint64_t now) const;
   // Periodic: forgets leases that ended (without LRU tracking).
-  void sweep(std::uint64_t now_ms);
+  void sweep(std::uint64_t now);
 
   std::size_t size() const;
   // Calls visit(key, tp_world_size, count) for every key (snapshots).
@@ -193,16 +200,16 @@ class directory {
                         (*static_cast<Visit*>(v))(key, tp, count);
                       });
   }
-  // Recovery: sets a key's entry outright (used at now_ms).
+  // Recovery: sets a key's entry outright (used at now).
   void restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
-               std::uint64_t now_ms);
+               std::uint64_t now);
   void clear();
 
  private:
   void for_each_key_impl(void* visit,
                          void (*call)(void*, std::string_view, std::int32_t, std::int32_t)) const;
-  std::size_t take_least_recent_impl(std::uint64_t now_ms, std::size_t n, void* take,
-                                     void (*call)(void*, std::string_view));
+  std::size_t take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
+                                     void (*call)(void*, std::string_view, std::uint64_t));
 
   struct impl;
   std::unique_ptr<impl> impl_;

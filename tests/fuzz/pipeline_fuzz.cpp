@@ -48,7 +48,7 @@ metad::config make_config() {
 
 struct world {
   world() {
-    cl.clock = [this] { return now_ms; };
+    cl.clock = [this] { return now_ms * server::kNsPerMs; };
   }
   metad::config cfg = make_config();
   server::cluster cl{cfg, kCores};

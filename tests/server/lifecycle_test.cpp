@@ -189,6 +189,60 @@ TEST_P(Lifecycle, ABatchThatCanNeverFitEvictsNothing) {
   EXPECT_EQ(exists(n, {key(1), key(2)}), R"({"exists":[true,true]})");
 }
 
+TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
+  node n(config(metad::eviction::lru), GetParam());
+  init(n, 1, 100);  // rank 0 alone: its keys are complete with one confirmation
+  for (int i = 0; i < 20; ++i) {
+    save(n, 1, {key(i)});
+    n.now += 1;
+  }
+  n.post("/rank/1/initialize", R"({"num_pages":2})");
+  for (int i = 20; i < 22; ++i) {
+    n.now += 1;
+    for (int r = 1; r >= 0; --r) {
+      const std::string rank = std::to_string(r);
+      const std::string got =
+          n.post("/keys/batch_allocate", "{\"rank\":" + rank + ",\"keys\":[\"" + key(i) + "\"]}");
+      const std::string page = got.substr(got.rfind(',') + 1, got.find(']') - got.rfind(',') - 1);
+      n.post("/keys/confirm_write",
+             "{\"rank\":" + rank + ",\"confirmations\":[[\"" + key(i) + "\"," + page + "]]}");
+    }
+  }
+  // Rank 1 is full; the 20 older keys have no page there and are not evicted for it.
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":1,\"keys\":[\"" + key(50) + "\"]}"),
+            "{\"rank\":1,\"results\":[[\"" + key(50) + "\",0]]}");
+  EXPECT_EQ(exists(n, {key(0), key(19), key(20), key(21)}), R"({"exists":[true,true,false,true]})");
+  // ... and, but for key 0 and 19 just used, they are still the least recently used: a
+  // full rank 0 evicts key 1 first.
+  for (int i = 100; i < 179; ++i) save(n, 1, {key(i)});  // incomplete: rank 1 lacks them
+  EXPECT_EQ(
+      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + key(60) + "\"]}").find("-1"),
+      std::string::npos);
+  EXPECT_EQ(exists(n, {key(1), key(2)}), R"({"exists":[false,true]})");
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
+TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
+  node n(config(metad::eviction::lru), GetParam());
+  init(n, 2, 8);
+  save(n, 1, {key(1), key(2)});  // rank 1 has not written them: incomplete, not evictable
+  for (int i = 3; i < 9; ++i) save(n, 2, {key(i)});
+  std::vector<std::string> fresh;
+  for (int i = 20; i < 27; ++i) fresh.push_back(key(i));
+  EXPECT_EQ(
+      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list(fresh) + "]}").find(",0]"),
+      std::string::npos);
+  EXPECT_EQ(exists(n, {key(3), key(8)}), R"({"exists":[true,true]})");
+  EXPECT_NE(n.get("/stats").find(R"("evicted_keys":0)"), std::string::npos);
+  // Six new keys fit once the six complete ones go.
+  fresh.pop_back();
+  EXPECT_EQ(
+      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list(fresh) + "]}").find("-1"),
+      std::string::npos);
+  EXPECT_EQ(exists(n, {key(3), key(8)}), R"({"exists":[false,false]})");
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
 TEST_P(Lifecycle, AVllmFlowWithAPoolFarSmallerThanTheWorkingSetKeepsSaving) {
   for (const auto evict : {metad::eviction::lru, metad::eviction::none}) {
     SCOPED_TRACE(evict == metad::eviction::lru ? "lru" : "none");

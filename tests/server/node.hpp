@@ -29,7 +29,7 @@ class node {
   node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
     cfg_.log = metad::log_level::error;
     cluster_ = std::make_unique<server::cluster>(cfg_, cores);
-    cluster_->clock = [this] { return now; };
+    cluster_->clock = [this] { return now * server::kNsPerMs; };
     server::recover(*cluster_);
     x_ = std::make_unique<server::exchange>(*cluster_, *cluster_->core[0], waker_);
   }

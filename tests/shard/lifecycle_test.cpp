@@ -109,7 +109,7 @@ TEST(ReservationQueue, StaysWithinAConstantFactorOfLiveReservations) {
   // One live reservation at a time, a million made: the stale entries are compacted.
   reservation_queue q;
   std::uint64_t live_deadline = 0;
-  auto live = [&](const reservation_queue::entry& e) { return e.deadline_ms == live_deadline; };
+  auto live = [&](const reservation_queue::entry& e) { return e.deadline == live_deadline; };
   for (std::uint64_t i = 1; i <= 1'000'000; ++i) {
     live_deadline = i;
     q.push(0, i, 1, live);
@@ -142,7 +142,7 @@ void confirm_key(directory& d, std::string_view key, int ranks, int tp, std::uin
 
 std::vector<std::string> take(directory& d, std::uint64_t now, std::size_t n) {
   std::vector<std::string> out;
-  d.take_least_recent(now, n, [&](std::string_view k) { out.emplace_back(k); });
+  d.take_least_recent(now, n, [&](std::string_view k, std::uint64_t) { out.emplace_back(k); });
   return out;
 }
 
@@ -280,7 +280,7 @@ TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
   EXPECT_TRUE(life.leased("plain key", 8));
   EXPECT_FALSE(life.leased(sha, 0));
   std::vector<std::string> got;
-  life.take_oldest(10, 10, [&](std::string_view k) { got.emplace_back(k); });
+  life.take_oldest(10, 10, [&](std::string_view k, std::uint64_t) { got.emplace_back(k); });
   EXPECT_EQ(got, (std::vector<std::string>{sha, kA, "plain key"}));
   EXPECT_EQ(life.size(), 0u);
   life.touch("again", parsed("again"), 11);  // nodes are reused
