@@ -208,7 +208,7 @@ void BM_evict_and_save(benchmark::State& state) {
   std::uint64_t next = 0, now = held;
   for (auto _ : state) {
     victims.clear();
-    d.take_least_recent(now, 128, [&](std::string_view k) { victims.emplace_back(k); });
+    d.take_least_recent(now, 128, [&](std::string_view k, std::uint64_t) { victims.emplace_back(k); });
     views.assign(victims.begin(), victims.end());
     removed.clear();
     t.remove_confirmed(kRank, views, removed);
