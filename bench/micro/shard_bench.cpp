@@ -68,7 +68,7 @@ void BM_allocate_release(benchmark::State& state) {
   for (auto _ : state) {
     distinct.clear();
     pages.clear();
-    t.allocate(kRank, task.span(), distinct, pages);
+    t.allocate(kRank, task.span(), 0, distinct, pages);
     if (pages.back() < 0) state.SkipWithError("pool exhausted");
     t.confirm(kRank, {}, {}, pages, detail, fresh);
   }
@@ -132,7 +132,7 @@ void BM_rank_hit_pair_1M(benchmark::State& state) {
   for (auto _ : state) {
     distinct.clear();
     pages.clear();
-    r.t.allocate(kRank, task.span(), distinct, pages);
+    r.t.allocate(kRank, task.span(), 0, distinct, pages);
     fresh.clear();
     if (r.t.confirm(kRank, task.span(), pages, {}, detail, fresh) != shard::confirm_outcome::ok)
       state.SkipWithError(detail.c_str());
@@ -151,7 +151,7 @@ void BM_rank_allocate_release_1M(benchmark::State& state) {
   for (auto _ : state) {
     distinct.clear();
     pages.clear();
-    r.t.allocate(kRank, task.span(), distinct, pages);
+    r.t.allocate(kRank, task.span(), 0, distinct, pages);
     r.t.confirm(kRank, {}, {}, pages, detail, fresh);
   }
   state.SetItemsProcessed(state.iterations() * 128);

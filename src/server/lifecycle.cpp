@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 
 #include "server/endpoints.hpp"
@@ -25,20 +26,20 @@ void removal_job::seal(int cores) {
 }
 
 void removal_job::keep_members(int cores) {
-  std::string kept;
-  kept.reserve(bytes.size());
-  std::vector<std::uint32_t> kept_ends;
-  std::vector<std::uint64_t> kept_used;
+  // In place: a kept key only moves towards the front.
+  std::size_t bytes_kept = 0, kept = 0;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (!member[i]) continue;
-    kept.append(keys[i]);
-    kept_ends.push_back(static_cast<std::uint32_t>(kept.size()));
-    kept_used.push_back(used[i]);
+    std::memmove(bytes.data() + bytes_kept, keys[i].data(), keys[i].size());
+    bytes_kept += keys[i].size();
+    ends[kept] = static_cast<std::uint32_t>(bytes_kept);
+    used[kept] = used[i];
+    ++kept;
   }
-  bytes.swap(kept);
-  ends.swap(kept_ends);
-  used.swap(kept_used);
-  member.assign(ends.size(), 1);
+  bytes.resize(bytes_kept);
+  ends.resize(kept);
+  used.resize(kept);
+  member.assign(kept, 1);
   seal(cores);
 }
 
@@ -113,10 +114,6 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
   co_await cl.mailbox.hop(at, start);
   co_return left;
 }
-
-}  // namespace
-
-namespace {
 
 // Rounds of gathering candidates one eviction may take: each asks for as many as all the
 // rounds before it together, so keys that hold no page on the rank (passed over and put
