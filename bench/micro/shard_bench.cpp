@@ -226,7 +226,7 @@ void BM_evict_and_save(benchmark::State& state) {
   if (removed.size() != 128 || fresh.size() != 128) state.SkipWithError("eviction fell short");
   state.SetItemsProcessed(state.iterations() * 128);
 }
-BENCHMARK(BM_evict_and_save)->Arg(16384)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_evict_and_save)->Arg(16384)->Arg(1 << 18)->Arg(1 << 20)->Arg(1 << 22)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
