@@ -59,9 +59,4 @@ function response(status, headers, body)
   end
 end
 
-function done(summary, latency, requests)
-  local extra = 0
-  for _, t in ipairs(threads) do extra = extra + (t:get("bad") or 0) end
-  summary.errors.status = summary.errors.status + extra
-  common.done(summary, latency, requests)
-end
+done = common.done_counting_bad(threads)

@@ -131,4 +131,15 @@ function M.done(summary, latency, requests)
                          latency:percentile(99), bad))
 end
 
+-- done() for the scripts whose threads count wrong answers in a global `bad`: adds
+-- them to the status errors, then prints as M.done does.
+function M.done_counting_bad(threads)
+  return function(summary, latency, requests)
+    local extra = 0
+    for _, t in ipairs(threads) do extra = extra + (t:get("bad") or 0) end
+    summary.errors.status = summary.errors.status + extra
+    M.done(summary, latency, requests)
+  end
+end
+
 return M

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -189,18 +190,18 @@ void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const 
     append_rank_counters(out, r.num_pages, r.free, r.reserved, r.bound);
     out.push_back('}');
   }
-  out.append(R"(],"keys":)");
-  append_uint(out, t.keys);
-  out.append(R"(,"leased_keys":)");
-  append_uint(out, t.leased_keys);
-  out.append(R"(,"evicted_keys":)");
-  append_uint(out, t.evicted_keys);
-  out.append(R"(,"expired_reservations":)");
-  append_uint(out, t.expired_reservations);
-  out.append(R"(,"deleted_keys":)");
-  append_uint(out, t.deleted_keys);
-  out.append(R"(,"refused_releases":)");
-  append_uint(out, t.refused_releases);
+  const std::pair<std::string_view, std::uint64_t> totals[] = {
+      {R"(],"keys":)", t.keys},
+      {R"(,"leased_keys":)", t.leased_keys},
+      {R"(,"evicted_keys":)", t.evicted_keys},
+      {R"(,"expired_reservations":)", t.expired_reservations},
+      {R"(,"deleted_keys":)", t.deleted_keys},
+      {R"(,"refused_releases":)", t.refused_releases},
+  };
+  for (const auto& [name, value] : totals) {
+    out.append(name);
+    append_uint(out, value);
+  }
   out.push_back('}');
 }
 

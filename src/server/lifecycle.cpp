@@ -58,6 +58,23 @@ std::size_t expire_due(cluster& cl, core_state& core) {
 
 namespace {
 
+// Calls visit(c) on each core c for which wanted(c), in order from core `at`, on that
+// core's thread, then comes back to `at`.
+template <typename Wanted, typename Visit>
+subtask<bool> on_cores(cluster& cl, int at, Wanted wanted, Visit visit) {
+  const int start = at;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (start + step) % cl.cores;
+    if (!wanted(c)) continue;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    visit(c);
+  }
+  co_await cl.mailbox.hop(at, start);
+  co_return true;
+}
+bool every_core(int) { return true; }
+
 // Drops every binding of job.keys on each core's ranks, then settles the keys'
 // directory slices (whose removals were begun). From core `at`, on which it ends.
 subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bool evicting,
@@ -124,7 +141,6 @@ constexpr int kGatherRounds = 16;
 // directory slices into `job`, from core `at`, on which it ends.
 subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::size_t want,
                                  removal_job& job) {
-  const int start = at;
   const std::size_t before = job.ends.size();
   job.quota.assign(static_cast<std::size_t>(cl.cores), 0);
   if (cl.cores == 1) {
@@ -132,47 +148,35 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
   } else {
     // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
-    for (int step = 0; step < cl.cores; ++step) {
-      const int c = (start + step) % cl.cores;
-      co_await cl.mailbox.hop(at, c);
-      at = c;
+    co_await on_cores(cl, at, every_core, [&](int c) {
       job.times.clear();
       cl.core[c]->directory.oldest_used(now, want, job.times);
       for (const std::uint64_t t : job.times)
         job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
-    }
+    });
     const std::size_t n = std::min(want, job.oldest.size());
     std::nth_element(job.oldest.begin(), job.oldest.begin() + static_cast<std::ptrdiff_t>(n),
                      job.oldest.end());
     for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
   }
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (start + step) % cl.cores;
-    if (job.quota[static_cast<std::size_t>(c)] == 0) continue;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    cl.core[c]->directory.take_least_recent(
-        now, job.quota[static_cast<std::size_t>(c)],
-        [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
-  }
-  co_await cl.mailbox.hop(at, start);
+  co_await on_cores(
+      cl, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
+      [&](int c) {
+        cl.core[c]->directory.take_least_recent(
+            now, job.quota[static_cast<std::size_t>(c)],
+            [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
+      });
   co_return job.ends.size() - before;
 }
 
 // Calls off the removal of the candidates that are not members (or of all of them):
 // back in front of their slices, in their order. From core `at`, on which it ends.
 subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool all) {
-  const int start = at;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (start + step) % cl.cores;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
+  return on_cores(cl, at, every_core, [&cl, &job, all](int c) {
     for (std::size_t i = job.keys.size(); i-- > 0;)
       if (job.owner[i] == c && (all || !job.member[i]))
         cl.core[c]->directory.abort_removal(job.keys[i], job.used[i]);
-  }
-  co_await cl.mailbox.hop(at, start);
-  co_return true;
+  });
 }
 
 }  // namespace
@@ -236,24 +240,20 @@ request_task run_delete(exchange& x) {
   job.ends.reserve(keys.size());
   plan_directory_walk(cl, keys.views(), nullptr, 0, s);
   const std::uint64_t now = cl.clock();
-  int at = home;
   if (now >= cl.removal_floor) {
-    for (int step = 0; step < cl.cores; ++step) {
-      const int c = (home + step) % cl.cores;
-      if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
-      co_await cl.mailbox.hop(at, c);
-      at = c;
-      shard::directory& dir = cl.core[c]->directory;
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        if (s.key_owner[i] == c &&
-            dir.begin_removal(keys[i], now) == shard::directory::removal::started)
-          job.add(keys[i]);
-    }
+    co_await on_cores(
+        cl, home, [&s](int c) { return s.core_needed[static_cast<std::size_t>(c)] != 0; },
+        [&](int c) {
+          shard::directory& dir = cl.core[c]->directory;
+          for (std::size_t i = 0; i < keys.size(); ++i)
+            if (s.key_owner[i] == c &&
+                dir.begin_removal(keys[i], now) == shard::directory::removal::started)
+              job.add(keys[i]);
+        });
   }
   job.seal(cl.cores);
   bool stored = true;
-  const std::size_t deleted = co_await remove_everywhere(cl, at, job, false, stored);
-  co_await cl.mailbox.hop(at, home);
+  const std::size_t deleted = co_await remove_everywhere(cl, home, job, false, stored);
   if (!stored) {
     x.respond_error(503, kStorageFailed);
   } else {
