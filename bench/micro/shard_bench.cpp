@@ -54,10 +54,12 @@ bool bind_all(shard::rank_table& t, const key_set& keys, benchmark::State& state
 
 // One save task taking the failure path: batch_allocate of 128 fresh keys, then
 // confirm_write with no confirmations and all 128 pages released. Args: pool pages,
-// percent of the pool bound beforehand (allocation then searches past bound pages).
+// percent of the pool bound beforehand (allocation then searches past bound pages),
+// whether reservations expire (the server's default TTL: their deadlines are queued).
 void BM_allocate_release(benchmark::State& state) {
   const auto pool = static_cast<std::int64_t>(state.range(0));
   shard::rank_table t;
+  if (state.range(2) != 0) t.set_reservation_ttl(600'000'000'000);
   t.initialize(kRank, pool);
   const key_set fill(kFillIds, static_cast<std::size_t>(pool * state.range(1) / 100));
   if (!bind_all(t, fill, state)) return;
@@ -65,23 +67,26 @@ void BM_allocate_release(benchmark::State& state) {
   std::vector<std::uint32_t> distinct, fresh;
   std::vector<std::int64_t> pages;
   std::string detail;
+  std::uint64_t now = 0;
   for (auto _ : state) {
     distinct.clear();
     pages.clear();
-    t.allocate(kRank, task.span(), 0, distinct, pages);
+    t.allocate(kRank, task.span(), ++now, distinct, pages);
     if (pages.back() < 0) state.SkipWithError("pool exhausted");
     t.confirm(kRank, {}, {}, pages, detail, fresh);
   }
   state.SetItemsProcessed(state.iterations() * 128);
 }
 BENCHMARK(BM_allocate_release)
-    ->ArgNames({"pages", "fill%"})
-    ->Args({1024, 0})
-    ->Args({100'000, 0})
-    ->Args({2'097'152, 0})
-    ->Args({1024, 50})
-    ->Args({100'000, 50})
-    ->Args({2'097'152, 50});
+    ->ArgNames({"pages", "fill%", "ttl"})
+    ->Args({1024, 0, 0})
+    ->Args({100'000, 0, 0})
+    ->Args({2'097'152, 0, 0})
+    ->Args({1024, 50, 0})
+    ->Args({100'000, 50, 0})
+    ->Args({2'097'152, 50, 0})
+    ->Args({1024, 0, 1})
+    ->Args({2'097'152, 50, 1});
 
 // The page pool alone: take the 128 lowest free pages, then release them.
 void BM_page_pool_take_release(benchmark::State& state) {
@@ -208,7 +213,8 @@ void BM_evict_and_save(benchmark::State& state) {
   std::uint64_t next = 0, now = held;
   for (auto _ : state) {
     victims.clear();
-    d.take_least_recent(now, 128, [&](std::string_view k, std::uint64_t) { victims.emplace_back(k); });
+    d.take_least_recent(now, 128,
+                        [&](std::string_view k, std::uint64_t) { victims.emplace_back(k); });
     views.assign(victims.begin(), victims.end());
     removed.clear();
     t.remove_confirmed(kRank, views, removed);
@@ -226,7 +232,12 @@ void BM_evict_and_save(benchmark::State& state) {
   if (removed.size() != 128 || fresh.size() != 128) state.SkipWithError("eviction fell short");
   state.SetItemsProcessed(state.iterations() * 128);
 }
-BENCHMARK(BM_evict_and_save)->Arg(16384)->Arg(1 << 18)->Arg(1 << 20)->Arg(1 << 22)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_evict_and_save)
+    ->Arg(16384)
+    ->Arg(1 << 18)
+    ->Arg(1 << 20)
+    ->Arg(1 << 22)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
