@@ -218,7 +218,7 @@ void BM_evict_and_save(benchmark::State& state) {
     views.assign(victims.begin(), victims.end());
     removed.clear();
     t.remove_confirmed(kRank, views, removed);
-    for (std::string_view k : views) d.finish_removal(k, 1);
+    for (std::string_view k : views) d.finish_removal(k, 1, now);
     const key_set task(next, 128);
     next += 128;
     distinct.clear();

@@ -64,6 +64,10 @@ struct cluster {
   // Nothing is evicted or deleted before this time: the leases readers held before a
   // restart were not kept, so recovered keys count as leased for --read-lease-ms.
   std::uint64_t removal_floor = 0;  // on `clock`
+  // /clear calls begun and finished. A delete or eviction walk, which carries keys from
+  // core to core, stops touching state once a clear has begun since it started (it would
+  // drop what was written after the clear), and does not start while one runs.
+  std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
 };
 
 }  // namespace server

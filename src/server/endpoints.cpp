@@ -271,6 +271,7 @@ request_task run_clear(exchange& x) {
   int home = x.home().index;
   int at = home;
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
+  cl.clears_begun.fetch_add(1);
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (home + step) % cl.cores;
     co_await cl.mailbox.hop(at, c);
@@ -280,6 +281,7 @@ request_task run_clear(exchange& x) {
     if (core.log.enabled()) store::append_clear(core.log.pending());
     if (!co_await persisted(cl, core)) stored = false;
   }
+  cl.clears_done.fetch_add(1);
   co_await cl.mailbox.hop(at, home);
   if (stored) {
     x.respond_canned(http::canned::no_content);

@@ -35,14 +35,21 @@ struct removal_job {
   std::vector<std::int64_t> ranks, pages;
   std::vector<std::uint32_t> removed;
   std::vector<std::string_view> removed_keys;
+  std::vector<std::uint8_t> core_has_keys;  // per core: a key's directory slice is there
+  std::uint64_t clears = 0;                 // cluster::clears_begun when the walk began
 
-  void clear() {
+  // Starts a walk; false (do nothing) while a /clear runs.
+  bool begin(const cluster& cl) {
     bytes.clear();
     ends.clear();
     keys.clear();
     used.clear();
     member.clear();
+    clears = cl.clears_begun.load();
+    return cl.clears_done.load() == clears;
   }
+  // On any core during the walk: false once a /clear has begun since.
+  bool valid(const cluster& cl) const { return cl.clears_begun.load() == clears; }
   void add(std::string_view key, std::uint64_t last_use = 0) {
     bytes.append(key);
     ends.push_back(static_cast<std::uint32_t>(bytes.size()));

@@ -59,19 +59,22 @@ std::size_t expire_due(cluster& cl, core_state& core) {
 namespace {
 
 // Calls visit(c) on each core c for which wanted(c), in order from core `at`, on that
-// core's thread, then comes back to `at`.
+// core's thread, then comes back to `at`. Stops (returns false) where a /clear has begun
+// since the job's walk began.
 template <typename Wanted, typename Visit>
-subtask<bool> on_cores(cluster& cl, int at, Wanted wanted, Visit visit) {
+subtask<bool> on_cores(cluster& cl, int at, const removal_job& job, Wanted wanted, Visit visit) {
   const int start = at;
-  for (int step = 0; step < cl.cores; ++step) {
+  bool valid = true;
+  for (int step = 0; step < cl.cores && valid; ++step) {
     const int c = (start + step) % cl.cores;
     if (!wanted(c)) continue;
     co_await cl.mailbox.hop(at, c);
     at = c;
-    visit(c);
+    valid = job.valid(cl);
+    if (valid) visit(c);
   }
   co_await cl.mailbox.hop(at, start);
-  co_return true;
+  co_return valid;
 }
 bool every_core(int) { return true; }
 
@@ -82,10 +85,17 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
   const int start = at;
   std::size_t left = 0;
   if (job.keys.empty()) co_return 0;
+  // Sized here (on the walk's first core) so that the walk grows nothing elsewhere.
+  job.removed.reserve(job.keys.size());
+  job.removed_keys.reserve(job.keys.size());
+  job.ranks.reserve(256);
+  job.core_has_keys.assign(static_cast<std::size_t>(cl.cores), 0);
+  for (const std::uint16_t c : job.owner) job.core_has_keys[c] = 1;
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (start + step) % cl.cores;
     co_await cl.mailbox.hop(at, c);
     at = c;
+    if (!job.valid(cl)) break;  // a /clear drops everything: nothing left to settle
     core_state& core = *cl.core[c];
     if (core.ranks.rank_count() == 0) continue;
     if (core.log.enabled() &&
@@ -111,16 +121,18 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
   }
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (start + step) % cl.cores;
-    if (std::find(job.owner.begin(), job.owner.end(), c) == job.owner.end()) continue;
+    if (!job.core_has_keys[static_cast<std::size_t>(c)]) continue;
     co_await cl.mailbox.hop(at, c);
     at = c;
+    if (!job.valid(cl)) break;
     core_state& core = *cl.core[c];
     // Without room the directory still settles; only the record of a key leaving is
     // lost, and recovery derives the directory from the bindings anyway.
     const bool logged =
         core.log.enabled() && core.log.make_room(record_bytes(job.keys, kKeyRecordBytes));
+    const std::uint64_t now = cl.clock();
     for (std::size_t i = 0; i < job.keys.size(); ++i) {
-      if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i]))
+      if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i], now))
         continue;
       ++left;
       ++(evicting ? core.evicted_keys : core.deleted_keys);
@@ -132,13 +144,14 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
   co_return left;
 }
 
-// Rounds of gathering candidates one eviction may take: each asks for as many as all the
-// rounds before it together, so keys that hold no page on the rank (passed over and put
-// back) cost at most a doubling of the walk.
-constexpr int kGatherRounds = 16;
+// An eviction looks at no more than this many keys beyond the ones it needs: keys that
+// hold no page on the short rank (other engines' ranks, say) are passed over — put behind
+// the others, so that each is passed over once per round of the list — and beyond this
+// the allocation answers -1 rather than walk on.
+constexpr std::size_t kPassedOverMax = 4096;
 
 // Takes (begins the removal of) the `want` least recently used evictable keys over all
-// directory slices into `job`, from core `at`, on which it ends.
+// directory slices into `job`, from core `at`, on which it ends. Returns how many.
 subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::size_t want,
                                  removal_job& job) {
   const std::size_t before = job.ends.size();
@@ -148,19 +161,20 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
   } else {
     // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
-    co_await on_cores(cl, at, every_core, [&](int c) {
+    const bool valid = co_await on_cores(cl, at, job, every_core, [&](int c) {
       job.times.clear();
       cl.core[c]->directory.oldest_used(now, want, job.times);
       for (const std::uint64_t t : job.times)
         job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
     });
+    if (!valid) co_return 0;
     const std::size_t n = std::min(want, job.oldest.size());
     std::nth_element(job.oldest.begin(), job.oldest.begin() + static_cast<std::ptrdiff_t>(n),
                      job.oldest.end());
     for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
   }
   co_await on_cores(
-      cl, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
+      cl, at, job, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
       [&](int c) {
         cl.core[c]->directory.take_least_recent(
             now, job.quota[static_cast<std::size_t>(c)],
@@ -169,31 +183,61 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
   co_return job.ends.size() - before;
 }
 
-// Calls off the removal of the candidates that are not members (or of all of them):
-// back in front of their slices, in their order. From core `at`, on which it ends.
-subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool all) {
-  return on_cores(cl, at, every_core, [&cl, &job, all](int c) {
+// Calls off the removal of the candidates not kept for eviction: the passed-over ones
+// (not members) behind the others, and — when the eviction is called off — the members
+// back in front, in their order. From core `at`, on which it ends.
+subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool members_too) {
+  return on_cores(cl, at, job, every_core, [&cl, &job, members_too](int c) {
+    shard::directory& dir = cl.core[c]->directory;
+    for (std::size_t i = 0; i < job.keys.size(); ++i)
+      if (job.owner[i] == c && !job.member[i]) dir.abort_removal(job.keys[i], job.used[i], false);
+    if (!members_too) return;
     for (std::size_t i = job.keys.size(); i-- > 0;)
-      if (job.owner[i] == c && (all || !job.member[i]))
-        cl.core[c]->directory.abort_removal(job.keys[i], job.used[i]);
+      if (job.owner[i] == c && job.member[i]) dir.abort_removal(job.keys[i], job.used[i], true);
   });
+}
+
+// Of the members, keeps the `need` least recently used (a last round may bring more).
+void keep_oldest_members(removal_job& job, std::size_t need) {
+  job.times.clear();
+  for (std::size_t i = 0; i < job.keys.size(); ++i)
+    if (job.member[i]) job.times.push_back(job.used[i]);
+  if (job.times.size() <= need) return;
+  std::nth_element(job.times.begin(), job.times.begin() + static_cast<std::ptrdiff_t>(need - 1),
+                   job.times.end());
+  const std::uint64_t cutoff = job.times[need - 1];
+  for (std::size_t i = 0, kept = 0; i < job.keys.size(); ++i) {
+    if (!job.member[i]) continue;
+    if (job.used[i] > cutoff || kept == need) {
+      job.member[i] = 0;
+    } else {
+      ++kept;
+    }
+  }
 }
 
 }  // namespace
 
 subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
                            removal_job& job, bool& stored) {
-  job.clear();
   const std::uint64_t now = cl.clock();
-  if (now < cl.removal_floor || need == 0) co_return 0;
+  if (need == 0 || now < cl.removal_floor || !job.begin(cl)) co_return 0;
+  job.bytes.reserve((need + 64) * 40);
+  job.ends.reserve(need + 64);
+  job.used.reserve(need + 64);
+  job.member.reserve(need + 64);
+  job.times.reserve(need + 64);
+  job.oldest.reserve(static_cast<std::size_t>(need) * static_cast<std::size_t>(cl.cores));
   // Gather the least recently used keys until `need` of them hold a page on this rank
-  // (`at` owns it): only those are evicted; the others are put back untouched.
+  // (`at` owns it): only those are evicted.
   std::size_t members = 0;
-  for (int round = 0; members < need && round < kGatherRounds; ++round) {
+  while (members < need && job.ends.size() < need + kPassedOverMax) {
     const std::size_t first = job.ends.size();
-    const std::size_t want = std::max<std::size_t>(need - members, first);
+    // Each round asks for as many as all before it together: log rounds.
+    const std::size_t want =
+        std::min(std::max<std::size_t>(need - members, first), need + kPassedOverMax - first);
     const std::size_t taken = co_await take_oldest(cl, at, now, want, job);
-    if (taken == 0) break;  // nothing evictable is left
+    if (taken == 0 || !job.valid(cl)) break;  // nothing evictable is left
     job.seal(cl.cores);
     job.pages.assign(taken, -1);
     cl.core[at]->ranks.confirmed_pages(
@@ -204,58 +248,73 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
     }
   }
   if (job.keys.empty()) co_return 0;
-  // Exactly the `need` least recently used members (a last round may bring more); not
-  // enough to serve the allocation: evict nothing (it answers -1).
+  // Not enough to serve the allocation: evict nothing (it answers -1).
   const bool enough = members >= need;
-  if (members > need) {
-    job.times.clear();
-    for (std::size_t i = 0; i < job.keys.size(); ++i)
-      if (job.member[i]) job.times.push_back(job.used[i]);
-    std::nth_element(job.times.begin(), job.times.begin() + (need - 1), job.times.end());
-    const std::uint64_t cutoff = job.times[need - 1];
-    for (std::size_t i = 0, kept = 0; i < job.keys.size(); ++i) {
-      if (!job.member[i]) continue;
-      if (job.used[i] > cutoff || kept == need) {
-        job.member[i] = 0;
-      } else {
-        ++kept;
-      }
-    }
-  }
-  co_await put_back(cl, at, job, !enough);
-  if (!enough) co_return 0;
+  if (enough) keep_oldest_members(job, need);
+  if (!co_await put_back(cl, at, job, !enough) || !enough) co_return 0;
   job.keep_members(cl.cores);
   const std::size_t left = co_await remove_everywhere(cl, at, job, true, stored);
   co_return left;
 }
+
+namespace {
+
+// A delete retries keys that another removal holds (an eviction's candidate may be put
+// back) this many times.
+constexpr int kDeletePasses = 4;
+
+constexpr std::string_view kDeleteStorageFailed =
+    "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
+    "the delete may be partly applied: retry it";
+constexpr std::string_view kRestarting =
+    "Deletes are refused for --read-lease-ms after a restart: readers' leases were not kept";
+
+}  // namespace
 
 request_task run_delete(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = s.remove.keys;
+  if (cl.clock() < cl.removal_floor) {
+    x.respond_error(503, kRestarting);
+    x.complete();
+    co_return;
+  }
   removal_job& job = s.removal;
-  job.clear();
-  job.bytes.reserve(keys.size() * 40);
-  job.ends.reserve(keys.size());
+  std::size_t key_bytes = 0;
+  for (const std::string_view k : keys.views()) key_bytes += k.size();
   plan_directory_walk(cl, keys.views(), nullptr, 0, s);
-  const std::uint64_t now = cl.clock();
-  if (now >= cl.removal_floor) {
+  // s.flags: 1 while a key is still to be tried (it was busy in another removal).
+  s.flags.assign(keys.size(), 1);
+  std::size_t deleted = 0;
+  bool stored = true;
+  for (int pass = 0; pass < kDeletePasses; ++pass) {
+    if (!job.begin(cl)) break;
+    job.bytes.reserve(key_bytes);
+    job.ends.reserve(keys.size());
+    job.used.reserve(keys.size());
+    job.member.reserve(keys.size());
+    bool busy = false;
+    const std::uint64_t now = cl.clock();
     co_await on_cores(
-        cl, home, [&s](int c) { return s.core_needed[static_cast<std::size_t>(c)] != 0; },
+        cl, home, job, [&s](int c) { return s.core_needed[static_cast<std::size_t>(c)] != 0; },
         [&](int c) {
           shard::directory& dir = cl.core[c]->directory;
-          for (std::size_t i = 0; i < keys.size(); ++i)
-            if (s.key_owner[i] == c &&
-                dir.begin_removal(keys[i], now) == shard::directory::removal::started)
-              job.add(keys[i]);
+          for (std::size_t i = 0; i < keys.size(); ++i) {
+            if (s.key_owner[i] != c || !s.flags[i]) continue;
+            const auto r = dir.begin_removal(keys[i], now);
+            if (r == shard::directory::removal::started) job.add(keys[i]);
+            s.flags[i] = r == shard::directory::removal::busy ? 1 : 0;
+            busy = busy || s.flags[i];
+          }
         });
+    job.seal(cl.cores);
+    deleted += co_await remove_everywhere(cl, home, job, false, stored);
+    if (!busy) break;
   }
-  job.seal(cl.cores);
-  bool stored = true;
-  const std::size_t deleted = co_await remove_everywhere(cl, home, job, false, stored);
   if (!stored) {
-    x.respond_error(503, kStorageFailed);
+    x.respond_error(503, kDeleteStorageFailed);
   } else {
     s.body.clear();
     api::encode_deleted(s.body, deleted);

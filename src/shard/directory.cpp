@@ -114,7 +114,7 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
   const impl::entry e = m.find(key, p);
   if (!e) {
     m.insert(key, p, tp_world_size, 1);
-    if (impl::is_complete({tp_world_size, 1})) m.life.touch(key, p, now);
+    if (m.life.lru() && impl::is_complete({tp_world_size, 1})) m.life.touch(key, p, now);
     return true;
   }
   const completion before = e.get();
@@ -123,7 +123,10 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
   } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
     ++e.slot->value.confirmed_count;
   }
-  if (!impl::is_complete(before) && impl::is_complete(e.get())) m.life.touch(key, p, now);
+  // A key being removed joins the recency list only if its removal leaves it complete.
+  if (m.life.lru() && !impl::is_complete(before) && impl::is_complete(e.get()) &&
+      !m.is_removing(key))
+    m.life.touch(key, p, now);
   return false;
 }
 
@@ -158,7 +161,7 @@ directory::removal directory::begin_removal(std::string_view key, std::uint64_t 
   return removal::started;
 }
 
-bool directory::finish_removal(std::string_view key, std::int32_t bindings) {
+bool directory::finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now) {
   impl& m = *impl_;
   if (m.removing.size() == 0) return false;
   auto* r = m.removing.find(key, table_hash(key));
@@ -173,6 +176,7 @@ bool directory::finish_removal(std::string_view key, std::int32_t bindings) {
   m.erase(e);
   if (left > 0) {  // confirmed again by ranks the removal had passed already
     m.insert(key, p, c.tp_world_size, left);
+    if (m.life.lru() && impl::is_complete({c.tp_world_size, left})) m.life.touch(key, p, now);
     return false;
   }
   if (left < 0) {
@@ -190,12 +194,16 @@ std::size_t directory::take_least_recent_impl(std::uint64_t now, std::size_t n, 
                                                            std::uint64_t)) {
   impl& m = *impl_;
   return m.life.take_oldest(now, n, [&](std::string_view key, std::uint64_t used) {
+    parsed_key p;
+    parse_key(key, p);
+    if (!m.complete(key, p)) return key_life::offer::discard;  // stale: not to be tracked
     m.removing.insert_new(key, table_hash(key), 1);
     call(take, key, used);
+    return key_life::offer::take;
   });
 }
 
-void directory::abort_removal(std::string_view key, std::uint64_t used) {
+void directory::abort_removal(std::string_view key, std::uint64_t used, bool in_front) {
   impl& m = *impl_;
   if (m.removing.size() == 0) return;
   auto* r = m.removing.find(key, table_hash(key));
@@ -203,7 +211,7 @@ void directory::abort_removal(std::string_view key, std::uint64_t used) {
   m.removing.erase(*r);
   parsed_key p;
   parse_key(key, p);
-  m.life.restore_first(key, p, used);
+  m.life.restore(key, p, used, in_front);
 }
 
 void directory::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out) {

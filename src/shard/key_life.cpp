@@ -39,6 +39,7 @@ std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
 
 void key_life::drop(std::uint32_t i) {
   node& n = nodes_[i];
+  if (n.lease_until != 0) --leased_;  // its lease ended, not yet swept
   unlink(i);
   if (n.blob == nullptr) {
     hex_.erase(hex_.find(n.packed, packed_hash(n.packed)));
@@ -55,6 +56,14 @@ void key_life::unlink(std::uint32_t i) {
   node& n = nodes_[i];
   nodes_[n.prev].next = n.next;
   nodes_[n.next].prev = n.prev;
+}
+
+void key_life::link_first(std::uint32_t i) {
+  const std::uint32_t first = nodes_[0].next;
+  nodes_[i].prev = 0;
+  nodes_[i].next = first;
+  nodes_[first].prev = i;
+  nodes_[0].next = i;
 }
 
 void key_life::link_last(std::uint32_t i) {
@@ -92,23 +101,30 @@ void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t no
   std::uint32_t i = find(key, p);
   if (i == 0) {
     i = insert(key, p);
-  } else {
+  } else if (lru_) {
     unlink(i);
     link_last(i);
   }
   node& n = nodes_[i];
   n.used = now;
-  if (until > n.lease_until) n.lease_until = until;
+  if (n.lease_until == 0) {  // a new lease: counted and queued
+    ++leased_;
+    leases_.push_back(lease_entry{until, i});
+    n.lease_until = until;
+  } else if (until > n.lease_until) {  // extended: re-queued when its entry comes due
+    n.lease_until = until;
+  }
 }
 
-void key_life::restore_first(std::string_view key, const parsed_key& p, std::uint64_t used) {
+void key_life::restore(std::string_view key, const parsed_key& p, std::uint64_t used, bool first) {
   std::uint32_t i = find(key, p);
   if (i == 0) i = insert(key, p);
   unlink(i);
-  nodes_[i].prev = 0;
-  nodes_[i].next = nodes_[0].next;
-  nodes_[nodes_[0].next].prev = i;
-  nodes_[0].next = i;
+  if (first) {
+    link_first(i);
+  } else {
+    link_last(i);
+  }
   nodes_[i].used = used;
 }
 
@@ -121,10 +137,12 @@ bool key_life::leased(std::string_view key, std::uint64_t now) const {
 }
 
 std::size_t key_life::leased_count(std::uint64_t now) const {
-  std::size_t n = 0;
-  for (std::uint32_t i = nodes_[0].next; i != 0; i = nodes_[i].next)
-    n += nodes_[i].lease_until > now ? 1 : 0;
-  return n;
+  std::size_t ended = 0;
+  for (std::size_t e = leases_head_; e < leases_.size() && leases_[e].until <= now; ++e) {
+    const std::uint64_t until = nodes_[leases_[e].node].lease_until;
+    if (until != 0 && until <= leases_[e].until) ++ended;  // not extended: ended
+  }
+  return leased_ - ended;
 }
 
 void key_life::forget(std::string_view key) {
@@ -150,9 +168,26 @@ void key_life::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::ui
 }
 
 void key_life::sweep(std::uint64_t now) {
-  if (lru_) return;
-  for (std::uint32_t i = nodes_[0].next; i != 0 && nodes_[i].lease_until <= now; i = nodes_[0].next)
-    drop(i);
+  while (leases_head_ < leases_.size() && leases_[leases_head_].until <= now) {
+    const lease_entry e = leases_[leases_head_++];
+    node& n = nodes_[e.node];
+    // An entry of a node dropped (and maybe reused) since is stale.
+    if (n.lease_until == 0) continue;
+    if (n.lease_until > e.until) {  // extended since: queued again with its new end
+      leases_.push_back(lease_entry{n.lease_until, e.node});
+      continue;
+    }
+    n.lease_until = 0;  // ended
+    --leased_;
+    if (!lru_) drop(e.node);
+  }
+  if (leases_head_ == leases_.size()) {
+    leases_.clear();
+    leases_head_ = 0;
+  } else if (leases_head_ > 64 && leases_head_ * 2 > leases_.size()) {
+    leases_.erase(leases_.begin(), leases_.begin() + static_cast<std::ptrdiff_t>(leases_head_));
+    leases_head_ = 0;
+  }
 }
 
 void key_life::clear() {
@@ -160,6 +195,9 @@ void key_life::clear() {
   others_.clear();
   nodes_.assign(1, node{});
   free_ = 0;
+  leases_.clear();
+  leases_head_ = 0;
+  leased_ = 0;
 }
 
 }  // namespace shard

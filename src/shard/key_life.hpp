@@ -1,9 +1,11 @@
 // key_life: what one directory slice knows of its keys' lives beyond completeness —
 // when each was last used (for least-recently-used eviction) and until when a reader
-// holds a lease on its pages (get_locations). Keys sit on one intrusive list, least
-// recently used first, so eviction takes from the front in O(1) per key. With LRU
-// tracking off (no eviction) only leased keys are kept, and the list is then in lease
-// order, so expired leases are dropped from the front too. Only the owning core calls it.
+// holds a lease on its pages (get_locations). With LRU tracking on (eviction), every
+// complete key sits on one intrusive list, least recently used first, so eviction takes
+// from the front in O(1) per key. Leases are also kept in the order they were granted
+// (a queue, like reservations: one entry per leased key, re-queued when extended), so
+// ended leases are found without a scan and counted exactly. With LRU tracking off only
+// leased keys are kept. Times are in the caller's unit. Only the owning core calls it.
 #pragma once
 
 #include <cstddef>
@@ -32,17 +34,18 @@ class key_life {
   // The complete key was used at now: it becomes the most recently used (inserted
   // when LRU tracking is on).
   void touch(std::string_view key, const parsed_key& p, std::uint64_t now);
-  // A reader got the key's pages at now: leased until until, and used.
+  // A reader got the key's pages at now: leased until `until`, and used.
   void lease(std::string_view key, const parsed_key& p, std::uint64_t now, std::uint64_t until);
   bool leased(std::string_view key, std::uint64_t now) const;
+  // Keys under a lease at now: O(leases ended since the last sweep).
   std::size_t leased_count(std::uint64_t now) const;
   // The key leaves (deleted, evicted).
   void forget(std::string_view key);
 
-  // Eviction: the least recently used keys without a lease at now, oldest first, up
-  // to n of them: calls take(key, used) for each and forgets it. A leased key met on the way
-  // moves to the recent end (its read is a use), so each node is passed over at most
-  // once per use.
+  // Eviction: the least recently used keys without a lease at now, oldest first: offers
+  // each to take(key, used) until n were taken. A leased key moves to the recent end (a
+  // lease is a use), so it is passed over at most once per use: O(1) amortised.
+  enum class offer : std::uint8_t { take, discard };  // discard: not a key any more
   template <typename Take>
   std::size_t take_oldest(std::uint64_t now, std::size_t n, Take&& take) {
     std::size_t taken = 0;
@@ -55,20 +58,19 @@ class key_life {
         continue;
       }
       key_text(i, text_);
-      take(std::string_view(text_), nodes_[i].used);
+      if (take(std::string_view(text_), nodes_[i].used) == offer::take) ++taken;
       drop(i);
-      ++taken;
     }
     return taken;
   }
-  // Appends the last-use times of the keys take_oldest(now, n) would take, oldest
-  // first (to merge the slices of several cores); moves leased keys as it does.
+  // Appends the last-use times of the first n keys without a lease at now, oldest first
+  // (to merge the slices of several cores); moves leased keys behind as take_oldest does.
   void oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out);
+  // Puts a key back: in front with its last use (an eviction called off), or behind (a
+  // key passed over: it holds no page on the rank that wanted pages).
+  void restore(std::string_view key, const parsed_key& p, std::uint64_t used, bool first);
 
-  // Puts a key take_oldest took back in front, as it was (an eviction called off).
-  void restore_first(std::string_view key, const parsed_key& p, std::uint64_t used);
-
-  // Without LRU tracking: drops the keys whose lease ended by now.
+  // Periodic: ends the leases due by now (without LRU tracking their keys are dropped).
   void sweep(std::uint64_t now);
   void clear();
 
@@ -78,7 +80,13 @@ class key_life {
     const char* blob = nullptr;  // others_' copy of a non-hex key
     std::uint32_t prev = 0, next = 0;
     std::uint64_t used = 0;
+    // The end of its lease; 0 once the sweep found it ended (or never leased). Nonzero:
+    // counted in leased_, with an entry in leases_.
     std::uint64_t lease_until = 0;
+  };
+  struct lease_entry {
+    std::uint64_t until;
+    std::uint32_t node;
   };
   // The node of `key`, or 0.
   std::uint32_t find(std::string_view key, const parsed_key& p) const;
@@ -86,6 +94,7 @@ class key_life {
   void drop(std::uint32_t i);
   void unlink(std::uint32_t i);
   void link_last(std::uint32_t i);
+  void link_first(std::uint32_t i);
   void key_text(std::uint32_t i, std::string& out) const;
 
   bool lru_ = false;
@@ -95,7 +104,12 @@ class key_life {
   std::uint32_t free_ = 0;
   packed_map hex_;                 // 32-lowercase-hex key → node index
   key_map<std::uint32_t> others_;  // any other key → node index
-  std::string text_;               // scratch for take_oldest
+  // Leased nodes in the order their current entries were queued, each with the lease
+  // end it had then (a later extension re-queues it when the entry comes due).
+  std::vector<lease_entry> leases_;
+  std::size_t leases_head_ = 0;
+  std::size_t leased_ = 0;  // nodes whose lease has not been found ended
+  std::string text_;        // scratch for take_oldest
 };
 
 }  // namespace shard

@@ -167,9 +167,10 @@ class directory {
   enum class removal : std::uint8_t { started, absent, busy, leased };
   removal begin_removal(std::string_view key, std::uint64_t now);
   // finish: `bindings` ranks dropped the key since begin. Confirmations that arrived
-  // meanwhile keep the key (with the count they make); else it leaves: returns true
-  // (for the log). Nothing happens if the directory was cleared in between.
-  bool finish_removal(std::string_view key, std::int32_t bindings);
+  // meanwhile keep the key (with the count they make; used at now if that leaves it
+  // complete); else it leaves: returns true (for the log). The caller makes sure the
+  // directory was not cleared in between (cluster::clears).
+  bool finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now);
   // Eviction: begins the removal of up to n least recently used complete keys that no
   // reader holds a lease on, oldest first, calling take(std::string_view key,
   // std::uint64_t used) for each.
@@ -180,10 +181,11 @@ class directory {
                                     (*static_cast<Take*>(t))(key, used);
                                   });
   }
-  // Calls off a removal take_least_recent began: the key is complete again, back in
-  // front with its last use. Keys called off in the reverse order they were taken
-  // regain their order. Nothing happens if the directory was cleared in between.
-  void abort_removal(std::string_view key, std::uint64_t used);
+  // Calls off a removal take_least_recent began: the key is complete again, with its
+  // last use, in front (keys called off in the reverse order they were taken regain
+  // their places) or behind the others (passed over). The caller makes sure the
+  // directory was not cleared in between.
+  void abort_removal(std::string_view key, std::uint64_t used, bool in_front);
   // The last-use times of the keys take_least_recent would take, oldest first (to merge
   // the slices of several cores).
   void oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out);

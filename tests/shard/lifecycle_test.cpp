@@ -154,7 +154,7 @@ TEST(DirectoryRemoval, BeginHidesTheKeyAndFinishDropsIt) {
   EXPECT_EQ(d.begin_removal(kA, 0), directory::removal::started);
   EXPECT_FALSE(d.complete(kA));
   EXPECT_EQ(d.begin_removal(kA, 0), directory::removal::busy);
-  EXPECT_TRUE(d.finish_removal(kA, 2));
+  EXPECT_TRUE(d.finish_removal(kA, 2, 0));
   EXPECT_EQ(d.size(), 0u);
   EXPECT_EQ(d.begin_removal(kA, 0), directory::removal::absent);
   // A fresh confirmation starts the key anew, with the tp of now.
@@ -166,9 +166,9 @@ TEST(DirectoryRemoval, ConfirmationsDuringARemovalKeepTheKey) {
   directory d;
   confirm_key(d, "k", 1, 2, 0);
   ASSERT_EQ(d.begin_removal("k", 0), directory::removal::started);
-  d.add_confirmation("k", 2, 0);           // a rank the removal had passed already
-  EXPECT_FALSE(d.complete("k"));           // still hidden until the removal settles
-  EXPECT_FALSE(d.finish_removal("k", 1));  // one binding dropped, one new one stays
+  d.add_confirmation("k", 2, 0);              // a rank the removal had passed already
+  EXPECT_FALSE(d.complete("k"));              // still hidden until the removal settles
+  EXPECT_FALSE(d.finish_removal("k", 1, 0));  // one binding dropped, one new one stays
   EXPECT_EQ(d.size(), 1u);
   EXPECT_FALSE(d.complete("k"));  // 1 of 2
   d.add_confirmation("k", 2, 0);
@@ -180,7 +180,7 @@ TEST(DirectoryRemoval, AConfirmationArrivingAfterItsBindingWasDroppedIsAbsorbed)
   confirm_key(d, "k", 1, 1, 0);
   ASSERT_EQ(d.begin_removal("k", 0), directory::removal::started);
   // Two ranks dropped the key, but only one confirmation had reached the directory.
-  EXPECT_TRUE(d.finish_removal("k", 2));
+  EXPECT_TRUE(d.finish_removal("k", 2, 0));
   EXPECT_FALSE(d.add_confirmation("k", 1, 0));  // the late one: owed, absorbed
   EXPECT_EQ(d.size(), 0u);
   EXPECT_FALSE(d.complete("k"));
@@ -193,9 +193,45 @@ TEST(DirectoryRemoval, AClearInBetweenLeavesNothingBehind) {
   confirm_key(d, "k", 1, 1, 0);
   ASSERT_EQ(d.begin_removal("k", 0), directory::removal::started);
   d.clear();
-  EXPECT_FALSE(d.finish_removal("k", 3));
+  EXPECT_FALSE(d.finish_removal("k", 3, 0));
   EXPECT_TRUE(d.add_confirmation("k", 1, 0));  // nothing owed
   EXPECT_TRUE(d.complete("k"));
+}
+
+TEST(DirectoryRemoval, AKeyCompletedDuringItsRemovalIsNotOfferedForEviction) {
+  directory d;
+  d.set_lru(true);
+  confirm_key(d, kA, 1, 2, 0);  // 1 of 2: a delete begins
+  ASSERT_EQ(d.begin_removal(kA, 0), directory::removal::started);
+  d.add_confirmation(kA, 2, 1);  // the second rank completes it meanwhile
+  EXPECT_TRUE(take(d, 2, 5).empty());
+  // The delete dropped one binding; the other stays: 1 of 2, incomplete.
+  EXPECT_FALSE(d.finish_removal(kA, 1, 3));
+  EXPECT_TRUE(take(d, 4, 5).empty());  // incomplete: not evictable
+  // A survivor that is complete is evictable again.
+  confirm_key(d, kB, 1, 1, 5);
+  ASSERT_EQ(d.begin_removal(kB, 5), directory::removal::started);
+  d.add_confirmation(kB, 1, 6);
+  EXPECT_FALSE(d.finish_removal(kB, 1, 7));
+  EXPECT_EQ(take(d, 8, 5), (std::vector<std::string>{kB}));
+}
+
+TEST(DirectoryRemoval, CalledOffKeysGoBackInFrontOrBehind) {
+  directory d;
+  d.set_lru(true);
+  confirm_key(d, kA, 1, 1, 1);
+  confirm_key(d, kB, 1, 1, 2);
+  confirm_key(d, kC, 1, 1, 3);
+  std::vector<std::pair<std::string, std::uint64_t>> got;
+  d.take_least_recent(4, 2, [&](std::string_view k, std::uint64_t used) {
+    got.emplace_back(std::string(k), used);
+  });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_FALSE(d.complete(kA));  // hidden while an eviction holds it
+  d.abort_removal(kB, got[1].second, true);
+  d.abort_removal(kA, got[0].second, false);  // passed over: behind the others
+  EXPECT_TRUE(d.complete(kA));
+  EXPECT_EQ(take(d, 5, 5), (std::vector<std::string>{kB, kC, kA}));
 }
 
 TEST(DirectoryLease, ALeasedKeyIsNeitherDeletedNorEvictedUntilTheLeaseEnds) {
@@ -209,7 +245,7 @@ TEST(DirectoryLease, ALeasedKeyIsNeitherDeletedNorEvictedUntilTheLeaseEnds) {
     EXPECT_EQ(d.begin_removal(kA, 10'099), directory::removal::leased);
     EXPECT_TRUE(take(d, 10'099, 5).empty());
     EXPECT_EQ(d.begin_removal(kA, 10'100), directory::removal::started);
-    EXPECT_TRUE(d.finish_removal(kA, 1));
+    EXPECT_TRUE(d.finish_removal(kA, 1, 0));
   }
 }
 
@@ -226,6 +262,29 @@ TEST(DirectoryLease, WithoutLruEndedLeasesAreSwept) {
   EXPECT_EQ(d.begin_removal(kA, 60), directory::removal::leased);
   d.sweep(70);
   EXPECT_EQ(d.leased_count(0), 0u);
+}
+
+TEST(DirectoryLease, LeasesAreCountedExactlyAsTheyAreExtendedAndEnd) {
+  for (bool lru : {false, true}) {
+    SCOPED_TRACE(lru ? "lru" : "no lru");
+    directory d;
+    d.set_lru(lru);
+    confirm_key(d, kA, 1, 1, 0);
+    confirm_key(d, kB, 1, 1, 0);
+    d.use(kA, 10, 100);
+    d.use(kB, 20, 110);
+    d.use(kA, 90, 190);  // extended
+    EXPECT_EQ(d.leased_count(99), 2u);
+    EXPECT_EQ(d.leased_count(105), 2u);  // a's first entry is due, but a was extended
+    EXPECT_EQ(d.leased_count(110), 1u);  // b ended, not swept yet
+    d.sweep(110);
+    EXPECT_EQ(d.leased_count(110), 1u);
+    d.use(kB, 120, 200);  // b leased anew
+    EXPECT_EQ(d.leased_count(150), 2u);
+    d.sweep(200);
+    EXPECT_EQ(d.leased_count(200), 0u);
+    EXPECT_EQ(d.begin_removal(kA, 200), directory::removal::started);
+  }
 }
 
 TEST(DirectoryLru, TakesTheLeastRecentlyUsedCompleteKeysFirst) {
@@ -280,7 +339,10 @@ TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
   EXPECT_TRUE(life.leased("plain key", 8));
   EXPECT_FALSE(life.leased(sha, 0));
   std::vector<std::string> got;
-  life.take_oldest(10, 10, [&](std::string_view k, std::uint64_t) { got.emplace_back(k); });
+  life.take_oldest(10, 10, [&](std::string_view k, std::uint64_t) {
+    got.emplace_back(k);
+    return key_life::offer::take;
+  });
   EXPECT_EQ(got, (std::vector<std::string>{sha, kA, "plain key"}));
   EXPECT_EQ(life.size(), 0u);
   life.touch("again", parsed("again"), 11);  // nodes are reused
