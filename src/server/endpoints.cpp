@@ -210,8 +210,11 @@ request_task run_lookup(exchange& x, bool with_rank) {
   const std::int64_t rank = s.locations.rank;
   s.flags.assign(keys.size(), 0);
   s.pages.assign(keys.size(), -1);
+  // Sized here: the directory walk is planned on the rank's core.
   s.indices.clear();
   s.indices.reserve(keys.size());
+  s.key_owner.reserve(keys.size());
+  s.core_needed.reserve(static_cast<std::size_t>(cl.cores));
   const std::uint64_t now = cl.clock();
   int at = home;
   bool found = true;
