@@ -1,7 +1,7 @@
 // Page lifecycle beyond the reference server: reservations that expire, keys deleted on
 // request, and least-recently-used eviction when a rank's pool runs out. Expiry is local
 // to a rank's core; delete and eviction walk the cores that own the keys' directory
-// slices and every core with ranks: begin at the directories (the key reads as absent
+// slices and every core with ranks: begin at the directories (the key reads as missing
 // from then on; leased keys are refused), drop the bindings on every rank, then settle
 // the directories. Every change is logged where it happens.
 #pragma once
