@@ -178,6 +178,22 @@ TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
   EXPECT_EQ(server::check_consistency(n.cluster()), "");
 }
 
+TEST_P(Lifecycle, AnAllocationHitLeasesItsKeyAgainstEviction) {
+  node n(config(metad::eviction::lru, 10'000), GetParam());
+  init(n, 1, 2);
+  save(n, 1, {key(1)});
+  n.now += 1;
+  save(n, 1, {key(2)});
+  n.now += 1;
+  // A writer re-saves key 1 (a hit: it may rewrite page 0), then the pool needs a page.
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + key(1) + "\"]}"),
+            "{\"rank\":0,\"results\":[[\"" + key(1) + "\",0]]}");
+  n.now += 1;
+  exists(n, {key(2)});   // key 2 is now the most recently used ...
+  save(n, 1, {key(3)});  // ... but key 1 is leased: key 2 goes
+  EXPECT_EQ(exists(n, {key(1), key(2), key(3)}), R"({"exists":[true,false,true]})");
+}
+
 TEST_P(Lifecycle, ABatchThatCanNeverFitEvictsNothing) {
   node n(config(metad::eviction::lru), GetParam());
   init(n, 1, 2);
