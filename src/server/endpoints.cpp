@@ -95,24 +95,22 @@ request_task run_allocate(exchange& x) {
   // Sized here so the owner core never grows (allocates) memory this core frees.
   s.indices.reserve(cmd.keys.size());
   s.pages.reserve(cmd.keys.size());
-  int at = home;
   if (cl.cfg.evict == metad::eviction::lru && cl.cfg.read_lease_ms > 0) {
     // A writer may rewrite the pages of keys this rank holds already (hits): lease the
     // complete keys first, so that no eviction frees such a page while it is written.
     plan_directory_walk(cl, cmd.keys.views(), nullptr, 0, s);
     const std::uint64_t now = cl.clock();
     const std::uint64_t lease_until = now + cl.cfg.read_lease_ms * kNsPerMs;
-    for (int step = 0; step < cl.cores; ++step) {
-      const int c = (home + step) % cl.cores;
-      if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
-      co_await cl.mailbox.hop(at, c);
-      at = c;
-      shard::directory& dir = cl.core[c]->directory;
-      for (std::size_t i = 0; i < cmd.keys.size(); ++i)
-        if (s.key_owner[i] == c) dir.use(cmd.keys[i], now, lease_until);
-    }
+    co_await on_cores(
+        cl, home, needed_by(s),
+        [&](int c) {
+          shard::directory& dir = cl.core[c]->directory;
+          for (std::size_t i = 0; i < cmd.keys.size(); ++i)
+            if (s.key_owner[i] == c) dir.use(cmd.keys[i], now, lease_until);
+        },
+        always);
   }
-  co_await cl.mailbox.hop(at, owner);
+  co_await cl.mailbox.hop(home, owner);
   core_state& core = *cl.core[owner];
   bool stored = true;
   shard::allocate_result r = try_allocate(cl, core, s, stored);

@@ -58,25 +58,11 @@ std::size_t expire_due(cluster& cl, core_state& core) {
 
 namespace {
 
-// Calls visit(c) on each core c for which wanted(c), in order from core `at`, on that
-// core's thread, then comes back to `at`. Stops (returns false) where a /clear has begun
-// since the job's walk began.
-template <typename Wanted, typename Visit>
-subtask<bool> on_cores(cluster& cl, int at, const removal_job& job, Wanted wanted, Visit visit) {
-  const int start = at;
-  bool valid = true;
-  for (int step = 0; step < cl.cores && valid; ++step) {
-    const int c = (start + step) % cl.cores;
-    if (!wanted(c)) continue;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    valid = job.valid(cl);
-    if (valid) visit(c);
-  }
-  co_await cl.mailbox.hop(at, start);
-  co_return valid;
-}
 bool every_core(int) { return true; }
+// on_cores' condition for a removal walk: no /clear has begun since it began.
+auto still_valid(const cluster& cl, const removal_job& job) {
+  return [&cl, &job] { return job.valid(cl); };
+}
 
 // Drops every binding of job.keys on each core's ranks, then settles the keys'
 // directory slices (whose removals were begun). From core `at`, on which it ends.
@@ -161,12 +147,15 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
   } else {
     // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
-    const bool valid = co_await on_cores(cl, at, job, every_core, [&](int c) {
-      job.times.clear();
-      cl.core[c]->directory.oldest_used(now, want, job.times);
-      for (const std::uint64_t t : job.times)
-        job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
-    });
+    const bool valid = co_await on_cores(
+        cl, at, every_core,
+        [&](int c) {
+          job.times.clear();
+          cl.core[c]->directory.oldest_used(now, want, job.times);
+          for (const std::uint64_t t : job.times)
+            job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
+        },
+        still_valid(cl, job));
     if (!valid) co_return 0;
     const std::size_t n = std::min(want, job.oldest.size());
     std::nth_element(job.oldest.begin(), job.oldest.begin() + static_cast<std::ptrdiff_t>(n),
@@ -174,12 +163,13 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
     for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
   }
   co_await on_cores(
-      cl, at, job, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
+      cl, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
       [&](int c) {
         cl.core[c]->directory.take_least_recent(
             now, job.quota[static_cast<std::size_t>(c)],
             [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
-      });
+      },
+      still_valid(cl, job));
   co_return job.ends.size() - before;
 }
 
@@ -187,14 +177,18 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
 // (not members) behind the others, and — when the eviction is called off — the members
 // back in front, in their order. From core `at`, on which it ends.
 subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool members_too) {
-  return on_cores(cl, at, job, every_core, [&cl, &job, members_too](int c) {
-    shard::directory& dir = cl.core[c]->directory;
-    for (std::size_t i = 0; i < job.keys.size(); ++i)
-      if (job.owner[i] == c && !job.member[i]) dir.abort_removal(job.keys[i], job.used[i], false);
-    if (!members_too) return;
-    for (std::size_t i = job.keys.size(); i-- > 0;)
-      if (job.owner[i] == c && job.member[i]) dir.abort_removal(job.keys[i], job.used[i], true);
-  });
+  return on_cores(
+      cl, at, every_core,
+      [&cl, &job, members_too](int c) {
+        shard::directory& dir = cl.core[c]->directory;
+        for (std::size_t i = 0; i < job.keys.size(); ++i)
+          if (job.owner[i] == c && !job.member[i])
+            dir.abort_removal(job.keys[i], job.used[i], false);
+        if (!members_too) return;
+        for (std::size_t i = job.keys.size(); i-- > 0;)
+          if (job.owner[i] == c && job.member[i]) dir.abort_removal(job.keys[i], job.used[i], true);
+      },
+      still_valid(cl, job));
 }
 
 // Of the members, keeps the `need` least recently used (a last round may bring more).
@@ -298,7 +292,7 @@ request_task run_delete(exchange& x) {
     bool busy = false;
     const std::uint64_t now = cl.clock();
     co_await on_cores(
-        cl, home, job, [&s](int c) { return s.core_needed[static_cast<std::size_t>(c)] != 0; },
+        cl, home, needed_by(s),
         [&](int c) {
           shard::directory& dir = cl.core[c]->directory;
           for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -308,7 +302,8 @@ request_task run_delete(exchange& x) {
             s.flags[i] = r == shard::directory::removal::busy ? 1 : 0;
             busy = busy || s.flags[i];
           }
-        });
+        },
+        still_valid(cl, job));
     job.seal(cl.cores);
     deleted += co_await remove_everywhere(cl, home, job, false, stored);
     if (!busy) break;
