@@ -8,13 +8,10 @@
 package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
 local common = require("common")
 
-local threads, next_id = {}, 0
-function setup(thread)
-  if next_id == 0 then common.init_rank(1, tonumber(os.getenv("POOL_PAGES") or "8192")) end
-  thread:set("id", next_id)
-  next_id = next_id + 1
-  threads[#threads + 1] = thread
-end
+local threads = {}
+setup = common.numbered_setup(threads, function()
+  common.init_rank(1, tonumber(os.getenv("POOL_PAGES") or "8192"))
+end)
 
 local confirm_req, phase, batch
 bad = 0

@@ -7,13 +7,8 @@
 package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
 local common = require("common")
 
-local threads, next_id = {}, 0
-function setup(thread)
-  if next_id == 0 then common.init_rank(1, 1048576) end
-  thread:set("id", next_id)
-  next_id = next_id + 1
-  threads[#threads + 1] = thread
-end
+local threads = {}
+setup = common.numbered_setup(threads, function() common.init_rank(1, 1048576) end)
 
 local allocate_req, release_req, phase
 bad = 0

@@ -131,6 +131,19 @@ function M.done(summary, latency, requests)
                          latency:percentile(99), bad))
 end
 
+-- setup() for the scripts that run one stream per thread: numbers the threads (the
+-- global `id` in each), keeps them in `threads` for done(), and calls first() once,
+-- before any request.
+function M.numbered_setup(threads, first)
+  local next_id = 0
+  return function(thread)
+    if next_id == 0 then first() end
+    thread:set("id", next_id)
+    next_id = next_id + 1
+    threads[#threads + 1] = thread
+  end
+end
+
 -- done() for the scripts whose threads count wrong answers in a global `bad`: adds
 -- them to the status errors, then prints as M.done does.
 function M.done_counting_bad(threads)
