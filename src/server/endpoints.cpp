@@ -335,14 +335,8 @@ namespace server {
 
 request_task visit_cores(cluster& cl, int home, std::function<void(const core_state&)> visit,
                          std::function<void()> done) {
-  int at = home;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (home + step) % cl.cores;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    visit(*cl.core[c]);
-  }
-  co_await cl.mailbox.hop(at, home);
+  co_await on_cores(
+      cl, home, [](int) { return true; }, [&](int c) { visit(*cl.core[c]); }, always);
   done();
 }
 

@@ -229,14 +229,11 @@ void directory::restore(std::string_view key, std::int32_t tp_world_size, std::i
   impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
-  // Drop any entry the key has, then store it in the form add_confirmation would use.
+  // Drop any entry the key has (it is in one map at most), then store it in the form
+  // add_confirmation would use.
   if (const impl::entry e = m.find(key, p)) m.erase(e);
-  if (p.hex) {
-    // A hex key with a large tp lives in `others`; a hex key in `packed` is found first.
-    if (auto* s = m.others.find(key, table_hash(key))) m.others.erase(*s);
-  }
   m.insert(key, p, tp_world_size, count);
-  if (impl::is_complete({tp_world_size, count})) m.life.touch(key, p, now);
+  if (m.life.lru() && impl::is_complete({tp_world_size, count})) m.life.touch(key, p, now);
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,

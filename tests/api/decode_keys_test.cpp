@@ -197,24 +197,27 @@ std::vector<keys_case> key_strings_refused() {
   };
 }
 
-TEST(DecodeExists, AcceptsKeyLists) {
+// batch_exists and /keys/delete take the same body: each decoder against both tables.
+template <typename Cmd, typename Decode>
+void expect_key_strings_decoded(Decode decode) {
   decoder d;
   for (const keys_case& c : key_strings_accepted()) {
-    exists_cmd cmd;
-    const error e = d.decode_exists(body(c.body), cmd);
+    Cmd cmd;
+    const error e = decode(d, body(c.body), cmd);
     EXPECT_FALSE(e) << c.what << ": " << e.detail;
     EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
   }
-}
-
-TEST(DecodeExists, RefusesMalformedRequests) {
-  decoder d;
   for (const keys_case& c : key_strings_refused()) {
-    exists_cmd cmd;
-    const error e = d.decode_exists(body(c.body), cmd);
+    Cmd cmd;
+    const error e = decode(d, body(c.body), cmd);
     EXPECT_EQ(e.status, 400) << c.what;
     EXPECT_EQ(e.detail, c.detail) << c.what;
   }
+}
+
+TEST(DecodeExists, AcceptsKeyListsAndRefusesMalformedRequests) {
+  expect_key_strings_decoded<exists_cmd>(
+      [](decoder& d, std::string_view b, exists_cmd& cmd) { return d.decode_exists(b, cmd); });
 }
 
 // The scheduler's hot path: all block keys of a 20k-token prompt.
@@ -257,24 +260,9 @@ TEST(DecodeExists, DecodesSmallBodiesAfterAHugeOne) {
   EXPECT_EQ(cmd.keys.size(), static_cast<std::size_t>(count));
 }
 
-TEST(DecodeDelete, AcceptsKeyLists) {
-  decoder d;
-  for (const keys_case& c : key_strings_accepted()) {
-    delete_cmd cmd;
-    const error e = d.decode_delete(body(c.body), cmd);
-    EXPECT_FALSE(e) << c.what << ": " << e.detail;
-    EXPECT_EQ(strings(cmd.keys), c.keys) << c.what;
-  }
-}
-
-TEST(DecodeDelete, RefusesMalformedRequests) {
-  decoder d;
-  for (const keys_case& c : key_strings_refused()) {
-    delete_cmd cmd;
-    const error e = d.decode_delete(body(c.body), cmd);
-    EXPECT_EQ(e.status, 400) << c.what;
-    EXPECT_EQ(e.detail, c.detail) << c.what;
-  }
+TEST(DecodeDelete, AcceptsKeyListsAndRefusesMalformedRequests) {
+  expect_key_strings_decoded<delete_cmd>(
+      [](decoder& d, std::string_view b, delete_cmd& cmd) { return d.decode_delete(b, cmd); });
 }
 
 // A refused body leaves the previous command as it was: the caller never runs it, but a
