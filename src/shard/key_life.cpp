@@ -4,7 +4,7 @@
 
 namespace shard {
 
-key_life::key_life() : nodes_(1) {}
+key_life::key_life() { nodes_.emplace_back(); }  // the sentinel
 
 std::uint32_t key_life::find(std::string_view key, const parsed_key& p) const {
   if (p.hex) {
@@ -98,6 +98,7 @@ void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t no
 
 void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t now,
                      std::uint64_t until) {
+  sweep(now, 2);
   std::uint32_t i = find(key, p);
   if (i == 0) {
     i = insert(key, p);
@@ -138,7 +139,7 @@ bool key_life::leased(std::string_view key, std::uint64_t now) const {
 
 std::size_t key_life::leased_count(std::uint64_t now) const {
   std::size_t ended = 0;
-  for (std::size_t e = leases_head_; e < leases_.size() && leases_[e].until <= now; ++e) {
+  for (std::size_t e = 0; e < leases_.size() && leases_[e].until <= now; ++e) {
     const std::uint64_t until = nodes_[leases_[e].node].lease_until;
     if (until != 0 && until <= leases_[e].until) ++ended;  // not extended: ended
   }
@@ -167,9 +168,11 @@ void key_life::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::ui
   }
 }
 
-void key_life::sweep(std::uint64_t now) {
-  while (leases_head_ < leases_.size() && leases_[leases_head_].until <= now) {
-    const lease_entry e = leases_[leases_head_++];
+void key_life::sweep(std::uint64_t now, std::size_t max) {
+  for (std::size_t done = 0; done < max && !leases_.empty() && leases_.front().until <= now;
+       ++done) {
+    const lease_entry e = leases_.front();
+    leases_.pop_front();
     node& n = nodes_[e.node];
     // An entry of a node dropped (and maybe reused) since is stale.
     if (n.lease_until == 0) continue;
@@ -181,22 +184,15 @@ void key_life::sweep(std::uint64_t now) {
     --leased_;
     if (!lru_) drop(e.node);
   }
-  if (leases_head_ == leases_.size()) {
-    leases_.clear();
-    leases_head_ = 0;
-  } else if (leases_head_ > 64 && leases_head_ * 2 > leases_.size()) {
-    leases_.erase(leases_.begin(), leases_.begin() + static_cast<std::ptrdiff_t>(leases_head_));
-    leases_head_ = 0;
-  }
 }
 
 void key_life::clear() {
   hex_.clear();
   others_.clear();
-  nodes_.assign(1, node{});
+  nodes_.clear();
+  nodes_.emplace_back();
   free_ = 0;
   leases_.clear();
-  leases_head_ = 0;
   leased_ = 0;
 }
 

@@ -10,10 +10,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "shard/chunked_vector.hpp"
 #include "shard/key_map.hpp"
 #include "shard/packed_map.hpp"
 #include "shard/rank_keys.hpp"
@@ -70,8 +72,12 @@ class key_life {
   // key passed over: it holds no page on the rank that wanted pages).
   void restore(std::string_view key, const parsed_key& p, std::uint64_t used, bool first);
 
-  // Periodic: ends the leases due by now (without LRU tracking their keys are dropped).
-  void sweep(std::uint64_t now);
+  // Ends up to `max` of the leases due by now, oldest first (without LRU tracking their
+  // keys are dropped). Bounded so that no call stops the core: the periodic tick ends
+  // sweep_batch, and every new lease ends two, so the due backlog cannot grow faster
+  // than leases are granted.
+  static constexpr std::size_t sweep_batch = 4096;
+  void sweep(std::uint64_t now, std::size_t max = sweep_batch);
   void clear();
 
  private:
@@ -99,15 +105,16 @@ class key_life {
 
   bool lru_ = false;
   // nodes_[0] is the list's sentinel: its next is the least recently used key, its prev
-  // the most recent. Free nodes are chained through `next` from free_.
-  std::vector<node> nodes_;
+  // the most recent. Free nodes are chained through `next` from free_. In blocks that
+  // never move: a core that grows this to millions of nodes does not stop for a copy.
+  chunked_vector<node> nodes_;
   std::uint32_t free_ = 0;
   packed_map hex_;                 // 32-lowercase-hex key → node index
   key_map<std::uint32_t> others_;  // any other key → node index
   // Leased nodes in the order their current entries were queued, each with the lease
-  // end it had then (a later extension re-queues it when the entry comes due).
-  std::vector<lease_entry> leases_;
-  std::size_t leases_head_ = 0;
+  // end it had then (a later extension re-queues it when the entry comes due). A deque:
+  // entries leave from the front, and growing it never copies the queue.
+  std::deque<lease_entry> leases_;
   std::size_t leased_ = 0;  // nodes whose lease has not been found ended
   std::string text_;        // scratch for take_oldest
 };

@@ -16,9 +16,9 @@ constexpr std::size_t grow_on_failure_load_pct = 80;
 
 bool packed_map::put(std::size_t b, const packed_key& k, std::uint32_t value) {
   for (std::size_t j = 0; j < ways; ++j) {
-    std::uint32_t& v = values_[b * ways + j];
+    std::uint32_t& v = cur_.values[b * ways + j];
     if (v == 0) {
-      keys_[b].k[j] = k;
+      cur_.keys[b].k[j] = k;
       v = value;
       return true;
     }
@@ -35,7 +35,7 @@ const std::uint32_t* packed_map::find_in_stash(const packed_key& k) const {
 
 std::size_t packed_map::free_slots(std::size_t b) const {
   std::size_t n = 0;
-  for (std::size_t j = 0; j < ways; ++j) n += values_[b * ways + j] == 0;
+  for (std::size_t j = 0; j < ways; ++j) n += cur_.values[b * ways + j] == 0;
   return n;
 }
 
@@ -56,18 +56,18 @@ bool packed_map::move_one_aside(std::size_t b1, std::size_t b2, const packed_key
   std::size_t others[2 * ways];
   for (std::size_t h = 0; h < 2; ++h) {
     for (std::size_t j = 0; j < ways; ++j) {
-      const auto [c1, c2] = buckets_of(hash_(keys_[homes[h]].k[j]));
+      const auto [c1, c2] = cur_.buckets_of(hash_(cur_.keys[homes[h]].k[j]));
       others[h * ways + j] = c1 == homes[h] ? c2 : c1;
-      __builtin_prefetch(&values_[others[h * ways + j] * ways]);
+      __builtin_prefetch(&cur_.values[others[h * ways + j] * ways]);
     }
   }
   for (std::size_t h = 0; h < 2; ++h) {
     const std::size_t b = homes[h];
     for (std::size_t j = 0; j < ways; ++j) {
       const std::size_t other = others[h * ways + j];
-      if (other != b && put(other, keys_[b].k[j], values_[b * ways + j])) {
-        keys_[b].k[j] = k;
-        values_[b * ways + j] = value;
+      if (other != b && put(other, cur_.keys[b].k[j], cur_.values[b * ways + j])) {
+        cur_.keys[b].k[j] = k;
+        cur_.values[b * ways + j] = value;
         return true;
       }
     }
@@ -77,16 +77,20 @@ bool packed_map::move_one_aside(std::size_t b1, std::size_t b2, const packed_key
 
 void packed_map::insert_new(const packed_key& k, std::uint64_t h, std::uint32_t value) {
   SHARD_CHECK(value != 0);
+  if (growing())
+    migrate(migrate_per_insert);
+  else
+    prepare_growth();
   if (size_ + 1 > max_size()) grow();
   ++size_;
-  const auto [b1, b2] = buckets_of(h);
+  const auto [b1, b2] = cur_.buckets_of(h);
   if (put_balanced(b1, b2, k, value)) return;
   place(k, value, true);
 }
 
 void packed_map::place(packed_key k, std::uint32_t value, bool may_grow) {
   for (;;) {
-    const auto [b1, b2] = buckets_of(hash_(k));
+    const auto [b1, b2] = cur_.buckets_of(hash_(k));
     if (put_balanced(b1, b2, k, value) || move_one_aside(b1, b2, k, value)) return;
     // Random walk: evict a random occupant into its other bucket, and so on.
     rng_ ^= rng_ << 13;
@@ -98,9 +102,9 @@ void packed_map::place(packed_key k, std::uint32_t value, bool may_grow) {
       rng_ ^= rng_ >> 7;
       rng_ ^= rng_ << 17;
       const std::size_t j = (rng_ >> 32) % ways;
-      std::swap(k, keys_[b].k[j]);
-      std::swap(value, values_[b * ways + j]);
-      const auto [c1, c2] = buckets_of(hash_(k));
+      std::swap(k, cur_.keys[b].k[j]);
+      std::swap(value, cur_.values[b * ways + j]);
+      const auto [c1, c2] = cur_.buckets_of(hash_(k));
       b = c1 == b ? c2 : c1;
       if (put(b, k, value)) return;
     }
@@ -113,49 +117,90 @@ void packed_map::place(packed_key k, std::uint32_t value, bool may_grow) {
   }
 }
 
-void packed_map::grow() {
-  // Doubling while small (cheap), then +25%: the load after growth stays >= 0.9 / 1.25
-  // = 0.72, so a key never costs more than ~28 bytes once the table is large.
-  const std::size_t next =
-      buckets_ < 1024 ? std::max<std::size_t>(4, buckets_ * 2) : buckets_ + buckets_ / 4;
+namespace {
+
+// Buckets of the table after one of `n` buckets: doubling while small (cheap), then
+// +25%: the load after growth stays >= 0.9 / 1.25 = 0.72, so a key never costs more
+// than ~28 bytes once the table is large.
+std::size_t grown_buckets(std::size_t n) {
+  const std::size_t next = n < 1024 ? std::max<std::size_t>(4, n * 2) : n + n / 4;
   SHARD_CHECK(next < (std::size_t{1} << 32));  // buckets_of maps 32-bit halves
-  // The new arrays are swapped in; old_* then hold the old table.
-  std::vector<bucket> old_keys(next);
-  std::vector<std::uint32_t> old_values(next * ways, 0);
-  std::vector<std::pair<packed_key, std::uint32_t>> old_stash;
-  old_keys.swap(keys_);
-  old_values.swap(values_);
-  old_stash.swap(stash_);
-  const std::size_t old_buckets = buckets_;
-  buckets_ = next;
+  return next;
+}
+
+}  // namespace
+
+void packed_map::prepare_growth() {
+  const std::size_t from = capacity() * prepare_load_pct / 100;
+  if (cur_.buckets <= incremental_buckets || size_ < from) return;
+  if (next_.buckets == 0) {
+    table(grown_buckets(cur_.buckets)).swap(next_);
+    next_pages_ = next_.pages_left();
+  }
+  // Pages faulted in keep pace with the load: all of them once the table is full.
+  const std::size_t span = std::max<std::size_t>(1, max_size() - from);
+  const std::size_t due = next_pages_ * std::min(size_ - from + 1, span) / span;
+  const std::size_t done = next_pages_ - next_.pages_left();
+  if (due > done) next_.prefault(due - done);
+}
+
+void packed_map::grow() {
+  // A growth still under way finishes first (only a homeless entry can ask that early).
+  if (growing()) migrate(old_.buckets);
+  if (next_.buckets == 0) table(grown_buckets(cur_.buckets)).swap(next_);
+  old_.swap(cur_);
+  cur_.swap(next_);  // next_ is now the empty table cur_ was
+  migrated_ = 0;
+  // Stashed entries may fit now; they are few (none in practice).
+  std::vector<std::pair<packed_key, std::uint32_t>> stashed;
+  stashed.swap(stash_);
+  for (const auto& e : stashed) place(e.first, e.second, false);
+  if (old_.buckets <= incremental_buckets) migrate(old_.buckets);
+}
+
+void packed_map::migrate(std::size_t n) {
+  const std::size_t end = std::min(old_.buckets, migrated_ + n);
   // Buckets map monotonically onto the hash halves, so an entry that sat in bucket b as
-  // its first (second) choice belongs near b * next / old_buckets as its first (second)
-  // choice again: trying that bucket first turns the rebuild into a near-sequential
-  // sweep instead of two cache misses per entry.
-  for (std::size_t b = 0; b < old_buckets; ++b) {
+  // its first (second) choice belongs near b * next / old as its first (second) choice
+  // again: trying that bucket first makes the move a near-sequential sweep instead of
+  // two cache misses per entry.
+  for (std::size_t b = migrated_; b < end; ++b) {
     for (std::size_t j = 0; j < ways; ++j) {
-      const std::uint32_t value = old_values[b * ways + j];
+      std::uint32_t& value = old_.values[b * ways + j];
       if (value == 0) continue;
-      const packed_key& k = old_keys[b].k[j];
+      const packed_key& k = old_.keys[b].k[j];
       const std::uint64_t h = hash_(k);
-      const bool first_choice = ((h & 0xFFFFFFFFu) * old_buckets) >> 32 == b;
+      const bool first_choice = ((h & 0xFFFFFFFFu) * old_.buckets) >> 32 == b;
       const std::uint64_t half = first_choice ? h & 0xFFFFFFFFu : h >> 32;
-      if (!put(static_cast<std::size_t>((half * next) >> 32), k, value)) place(k, value, false);
+      if (!put(static_cast<std::size_t>((half * cur_.buckets) >> 32), k, value))
+        place(k, value, false);
+      value = 0;
     }
   }
-  for (const auto& e : old_stash) place(e.first, e.second, false);
+  migrated_ = end;
+  old_.keys.drop_prefix(end);
+  old_.values.drop_prefix(end * ways);
+  if (migrated_ == old_.buckets) {
+    table().swap(old_);
+    migrated_ = 0;
+  }
 }
 
 void packed_map::erase(std::uint32_t* value) {
   SHARD_CHECK(value != nullptr && *value != 0);
-  if (!values_.empty() && value >= values_.data() && value < values_.data() + values_.size()) {
-    const auto i = static_cast<std::size_t>(value - values_.data());
+  if (old_.holds(value)) {
     *value = 0;
-    keys_[i / ways].k[i % ways] = packed_key{};
+    --size_;
+    return;
+  }
+  if (cur_.holds(value)) {
+    const auto i = static_cast<std::size_t>(value - cur_.values.data());
+    *value = 0;
+    cur_.keys[i / ways].k[i % ways] = packed_key{};
     --size_;
     // A freed slot may take back a stashed key.
     for (std::size_t s = 0; s < stash_.size(); ++s) {
-      const auto [b1, b2] = buckets_of(hash_(stash_[s].first));
+      const auto [b1, b2] = cur_.buckets_of(hash_(stash_[s].first));
       if (put(b1, stash_[s].first, stash_[s].second) ||
           put(b2, stash_[s].first, stash_[s].second)) {
         stash_[s] = stash_.back();
@@ -177,16 +222,18 @@ void packed_map::erase(std::uint32_t* value) {
 }
 
 void packed_map::clear() noexcept {
-  std::vector<bucket>().swap(keys_);
-  std::vector<std::uint32_t>().swap(values_);
+  table().swap(cur_);
+  table().swap(old_);
+  table().swap(next_);
+  migrated_ = 0;
   std::vector<std::pair<packed_key, std::uint32_t>>().swap(stash_);
-  buckets_ = 0;
   size_ = 0;
 }
 
 std::size_t packed_map::memory_bytes() const {
-  return keys_.capacity() * sizeof(bucket) + values_.capacity() * sizeof(std::uint32_t) +
-         stash_.capacity() * sizeof(stash_[0]);
+  std::size_t bytes = stash_.capacity() * sizeof(stash_[0]);
+  for (const table* t : {&cur_, &old_, &next_}) bytes += t->keys.bytes() + t->values.bytes();
+  return bytes;
 }
 
 }  // namespace shard

@@ -190,7 +190,7 @@ class directory {
   // the slices of several cores).
   void oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out);
   std::size_t leased_count(std::uint64_t now) const;
-  // Periodic: forgets leases that ended (without LRU tracking).
+  // Periodic: ends up to key_life::sweep_batch due leases (see key_life::sweep).
   void sweep(std::uint64_t now);
 
   std::size_t size() const;

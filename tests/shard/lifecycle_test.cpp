@@ -264,6 +264,31 @@ TEST(DirectoryLease, WithoutLruEndedLeasesAreSwept) {
   EXPECT_EQ(d.leased_count(0), 0u);
 }
 
+// Ending leases is bounded work: a sweep ends at most sweep_batch of them, and each new
+// lease ends two that are due, so no call stops the core however many come due at once.
+TEST(KeyLife, SweepsEndBoundedNumbersOfLeases) {
+  key_life life;
+  const std::size_t many = 3 * key_life::sweep_batch;
+  std::string key(32, '0');
+  auto key_of = [&](std::size_t i) {
+    for (int c = 0; c < 8; ++c) key[static_cast<std::size_t>(c)] = "0123456789abcdef"[(i >> (4 * c)) & 15];
+    parsed_key p;
+    parse_key(key, p);
+    return p;
+  };
+  for (std::size_t i = 0; i < many; ++i) life.lease(key, key_of(i), 0, 100);
+  EXPECT_EQ(life.size(), many);
+  EXPECT_EQ(life.leased_count(100), 0u);  // counted exactly, swept or not
+  life.sweep(100);
+  EXPECT_EQ(life.size(), many - key_life::sweep_batch);
+  life.lease(key, key_of(many), 100, 200);  // ends two more, then adds its own
+  EXPECT_EQ(life.size(), many - key_life::sweep_batch - 2 + 1);
+  life.sweep(100);
+  life.sweep(100);
+  EXPECT_EQ(life.size(), 1u);
+  EXPECT_EQ(life.leased_count(100), 1u);
+}
+
 TEST(DirectoryLease, LeasesAreCountedExactlyAsTheyAreExtendedAndEnd) {
   for (bool lru : {false, true}) {
     SCOPED_TRACE(lru ? "lru" : "no lru");

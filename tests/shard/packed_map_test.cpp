@@ -7,8 +7,10 @@
 #include <string>
 #include <utility>
 
+#include "shard/chunked_vector.hpp"
 #include "shard/packed_key.hpp"
 #include "shard/rank_keys.hpp"
+#include "shard/zeroed_array.hpp"
 
 namespace shard {
 namespace {
@@ -168,6 +170,132 @@ TEST(PackedMap, ClearAndMoveKeepOrDropEverything) {
   EXPECT_EQ(moved.size(), 0u);
   EXPECT_EQ(moved.memory_bytes(), 0u);
   EXPECT_EQ(moved.find(key_n(5), packed_hash(key_n(5))), nullptr);
+}
+
+// A large table grows in steps: the grown table takes inserts at once and the old one
+// is moved over a few buckets per insert. Mid-growth every key must still be found
+// (wherever it sits), erased and visited exactly once, and the move must end well
+// before the grown table fills up.
+TEST(PackedMap, GrowsIncrementallyAndStaysWholeMidGrowth) {
+  packed_map map;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint32_t> model;
+  std::uint64_t n = 0;
+  auto insert = [&] {
+    const packed_key k = key_n(++n);
+    map.insert_new(k, packed_hash(k), static_cast<std::uint32_t>(n));
+    model[{k.lo, k.hi}] = static_cast<std::uint32_t>(n);
+  };
+  auto check_all = [&] {
+    for (const auto& [mk, v] : model) {
+      const std::uint32_t* got = map.find(packed_key{mk.first, mk.second},
+                                          packed_hash(packed_key{mk.first, mk.second}));
+      ASSERT_NE(got, nullptr);
+      ASSERT_EQ(*got, v);
+    }
+    std::size_t seen = 0;
+    map.for_each([&](const packed_key& k, const std::uint32_t& v) {
+      ++seen;
+      ASSERT_EQ(model.at({k.lo, k.hi}), v);
+    });
+    ASSERT_EQ(seen, model.size());
+    ASSERT_EQ(map.size(), model.size());
+  };
+  int growths = 0;
+  while (growths < 3) {
+    // Fill until a growth of a table past the incremental threshold begins.
+    std::size_t before = map.capacity();
+    while (!map.growing()) {
+      before = map.capacity();
+      insert();
+    }
+    ASSERT_GT(before, packed_map::incremental_buckets * packed_map::ways);
+    ++growths;
+    const std::size_t old_buckets = before / packed_map::ways;
+    check_all();
+    // Erase every third key, wherever it lives now (old table or grown one).
+    std::size_t i = 0;
+    for (auto it = model.begin(); it != model.end();) {
+      if (i++ % 3 == 0) {
+        const packed_key k{it->first.first, it->first.second};
+        map.erase(map.find(k, packed_hash(k)));
+        it = model.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    check_all();
+    // The move ends after at most old_buckets / migrate_per_insert more inserts.
+    std::size_t inserts = 0;
+    while (map.growing()) {
+      insert();
+      ++inserts;
+    }
+    EXPECT_LE(inserts, old_buckets / packed_map::migrate_per_insert + 1);
+    EXPECT_LE(map.size(), map.max_size());
+    check_all();
+  }
+  EXPECT_EQ(map.stash_size(), 0u);
+}
+
+TEST(PackedMap, MovesAndClearsMidGrowth) {
+  packed_map map;
+  std::uint32_t n = 0;
+  while (!map.growing() || map.capacity() < 8192) {
+    ++n;
+    map.insert_new(key_n(n), packed_hash(key_n(n)), n);
+  }
+  packed_map moved(std::move(map));
+  EXPECT_FALSE(map.growing());
+  EXPECT_TRUE(moved.growing());
+  for (std::uint32_t i = 1; i <= n; ++i) ASSERT_EQ(*moved.find(key_n(i), packed_hash(key_n(i))), i);
+  moved.clear();
+  EXPECT_FALSE(moved.growing());
+  EXPECT_EQ(moved.memory_bytes(), 0u);
+  EXPECT_EQ(moved.find(key_n(1), packed_hash(key_n(1))), nullptr);
+  moved.insert_new(key_n(1), packed_hash(key_n(1)), 7);
+  EXPECT_EQ(*moved.find(key_n(1), packed_hash(key_n(1))), 7u);
+}
+
+// Small arrays come from calloc (aligned to a cache line here), large ones are their own
+// mapping; both read as zero, prefault faults in every page exactly once, and dropping a
+// moved-out prefix keeps the rest intact.
+TEST(ZeroedArray, IsZeroAlignedAndKeepsWhatIsNotDropped) {
+  for (const std::size_t n : {std::size_t{100}, std::size_t{1} << 20}) {
+    SCOPED_TRACE(n);
+    zeroed_array<std::uint64_t> a(n);
+    ASSERT_EQ(a.size(), n);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % 64, 0u);
+    for (std::size_t i = 0; i < n; i += 97) ASSERT_EQ(a[i], 0u);
+    const std::size_t pages = a.pages_left();
+    EXPECT_GE(pages * zeroed_array<std::uint64_t>::page_bytes, n * sizeof(std::uint64_t));
+    a.prefault(1);
+    EXPECT_EQ(a.pages_left(), pages - 1);
+    a.prefault(pages);
+    EXPECT_EQ(a.pages_left(), 0u);
+    for (std::size_t i = 0; i < n; ++i) a[i] = i + 1;
+    a.drop_prefix(n / 2);
+    for (std::size_t i = n / 2; i < n; ++i) ASSERT_EQ(a[i], i + 1);
+    zeroed_array<std::uint64_t> b(std::move(a));
+    EXPECT_EQ(a.size(), 0u);
+    EXPECT_EQ(b[n - 1], n);
+  }
+}
+
+TEST(ChunkedVector, ElementsNeverMoveAsItGrows) {
+  chunked_vector<std::uint64_t, 4> v;  // blocks of 16
+  std::vector<const std::uint64_t*> where;
+  for (std::uint64_t i = 0; i < 1000; ++i) {
+    v.emplace_back() = i;
+    where.push_back(&v[i]);
+  }
+  ASSERT_EQ(v.size(), 1000u);
+  for (std::uint64_t i = 0; i < 1000; ++i) {
+    ASSERT_EQ(&v[i], where[i]);
+    ASSERT_EQ(v[i], i);
+  }
+  v.clear();
+  EXPECT_EQ(v.size(), 0u);
+  EXPECT_EQ(v.emplace_back(), 0u);  // value-initialised
 }
 
 TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
