@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "load/workload.hpp"
@@ -30,6 +29,8 @@ constexpr std::string_view kUsage = R"(Usage: metad-load [flags]
   --no-clear          do not POST /clear before the run
   --saves-only        only the save streams (e.g. with --fail-fraction 1: fresh
                       allocate → release pairs, back to back)
+  --spin              poll the sockets instead of sleeping (latency runs with a
+                      core of its own: a sleeping generator is slow to wake in a VM)
 Engines share ranks 0..TP-1 (one model, one 3FS file per rank), so a key is complete
 once all TP ranks of its engine confirmed it. Exit status 1 if any call failed.
 )";
@@ -56,6 +57,10 @@ bench::load_options parse_flags(int argc, char** argv) {
     }
     if (flag == "--saves-only") {
       o.saves_only = true;
+      continue;
+    }
+    if (flag == "--spin") {
+      o.spin = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + ": missing value");
@@ -96,8 +101,8 @@ double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 void print_report(const bench::load_options& o, const bench::stream_stats& all) {
   char rate[64] = "back to back";
   if (o.rate > 0) std::snprintf(rate, sizeof rate, "%g calls/s per stream", o.rate);
-  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s\n\n", o.engines, o.tp,
-              o.engines * (1 + 2 * o.tp), o.seconds, rate);
+  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s%s\n\n", o.engines,
+              o.tp, o.engines * (1 + 2 * o.tp), o.seconds, rate, o.spin ? ", spinning" : "");
   std::printf("| endpoint | requests | req/s | errors | p50 us | p99 us | p99.9 us | max us |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::uint64_t total = 0, errors = 0;
@@ -149,23 +154,18 @@ int main(int argc, char** argv) {
   const int streams = opt.engines * (1 + 2 * opt.tp);
   std::vector<std::unique_ptr<bench::stream_stats>> stats;
   for (int i = 0; i < streams; ++i) stats.push_back(std::make_unique<bench::stream_stats>());
-  // All threads start at the same instant, after they have all been created.
+  // Every stream starts at the same instant, after all have connected.
   const auto start = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  std::vector<std::thread> threads;
+  bench::event_loop loop(opt.spin);
   int s = 0;
   for (int e = 0; e < opt.engines; ++e) {
-    if (!opt.saves_only)
-      threads.emplace_back(
-          [&w, e, start, out = stats[s++].get()] { w.run_scheduler(e, start, *out); });
+    if (!opt.saves_only) loop.spawn(w.run_scheduler(loop, e, start, *stats[s++]));
     for (int r = 0; r < opt.tp; ++r) {
-      threads.emplace_back(
-          [&w, e, r, start, out = stats[s++].get()] { w.run_saver(e, r, start, *out); });
-      if (!opt.saves_only)
-        threads.emplace_back(
-            [&w, e, r, start, out = stats[s++].get()] { w.run_loader(e, r, start, *out); });
+      loop.spawn(w.run_saver(loop, e, r, start, *stats[s++]));
+      if (!opt.saves_only) loop.spawn(w.run_loader(loop, e, r, start, *stats[s++]));
     }
   }
-  for (std::thread& t : threads) t.join();
+  loop.run();
   auto all = std::make_unique<bench::stream_stats>();
   for (const auto& st : stats) all->merge(*st);
   print_report(opt, *all);

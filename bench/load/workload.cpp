@@ -3,15 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <string_view>
-#include <thread>
 
 #include "common/keys.hpp"
 #include "load/http_client.hpp"
 
 namespace bench {
 namespace {
-
-using clock_type = std::chrono::steady_clock;
 
 std::uint64_t key_id(int engine, int prompt, int block) {
   return (static_cast<std::uint64_t>(engine) << 48) | (static_cast<std::uint64_t>(prompt) << 24) |
@@ -43,8 +40,8 @@ struct rng {
 };
 
 // Paces a stream at `rate` calls per second from a random phase, so streams do not
-// fire in lockstep. The first call of each task is timed from its intended start, so a
-// stalled server shows up in the latency (no coordinated omission).
+// fire in lockstep. Each task is timed from its intended start, so a stalled server
+// shows up in the latency (no coordinated omission).
 class pacer {
  public:
   pacer(double rate, clock_type::time_point start, rng& r) : next_(start) {
@@ -53,15 +50,13 @@ class pacer {
       next_ += std::chrono::nanoseconds(static_cast<std::int64_t>(r.unit() * 1e9 / rate));
     }
   }
-  clock_type::time_point wait(std::uint64_t& late_calls) {
-    if (period_.count() == 0) return clock_type::now();
+  // When the next call is due: now when back to back. `co_await` the loop until then.
+  clock_type::time_point next(std::uint64_t& late_calls) {
+    const clock_type::time_point now = clock_type::now();
+    if (period_.count() == 0) return now;
     const clock_type::time_point intended = next_;
     next_ += period_;
-    if (clock_type::now() < intended) {
-      std::this_thread::sleep_until(intended);
-    } else {
-      ++late_calls;
-    }
+    late_calls += now >= intended;
     return intended;
   }
 
@@ -138,25 +133,27 @@ std::string workload::setup() {
   return "";
 }
 
-void workload::run_scheduler(int engine, clock_type::time_point start, stream_stats& out) {
-  http_client c(opt_.host, opt_.port);
+stream_task workload::run_scheduler(event_loop& loop, int engine, clock_type::time_point start,
+                                    stream_stats& out) {
+  async_connection c(loop, opt_.host, opt_.port);
   rng r{key_id(engine, 0, 0) * 2 + 1};
   pacer pace(opt_.rate, start, r);
   const clock_type::time_point end = start + std::chrono::duration_cast<clock_type::duration>(
                                                  std::chrono::duration<double>(opt_.seconds));
   std::string body;
   body.reserve(static_cast<std::size_t>(opt_.prompt_blocks) * 36 + 64);
-  std::this_thread::sleep_until(start);
+  co_await loop.sleep_until(start);
   while (clock_type::now() < end) {
     // A new request's prompt: one the engine saved (a hit) or the next one (a miss).
     int newest = 0;
-    for (int k = 0; k < opt_.tp; ++k) newest = std::max(newest, saved(engine, k).load());
+    for (int k = 0; k < opt_.tp; ++k) newest = std::max(newest, saved(engine, k));
     const int prompt = r.below(std::min(newest + 1, opt_.prompts));
     body.assign("{\"keys\":");
     append_keys(body, engine, prompt, 0, opt_.prompt_blocks, false);
     body.push_back('}');
-    const clock_type::time_point t = pace.wait(out.late_calls);
-    const int status = c.post("/keys/batch_exists", body);
+    const clock_type::time_point t = pace.next(out.late_calls);
+    co_await loop.sleep_until(t);
+    const int status = co_await c.post("/keys/batch_exists", body);
     out.latency[ep_exists].record(elapsed_ns(t));
     if (status != 200) {
       ++out.errors[ep_exists];
@@ -167,8 +164,9 @@ void workload::run_scheduler(int engine, clock_type::time_point start, stream_st
   }
 }
 
-void workload::run_saver(int engine, int rank, clock_type::time_point start, stream_stats& out) {
-  http_client c(opt_.host, opt_.port);
+stream_task workload::run_saver(event_loop& loop, int engine, int rank,
+                                clock_type::time_point start, stream_stats& out) {
+  async_connection c(loop, opt_.host, opt_.port);
   rng r{key_id(engine, rank + 1, 7) * 2 + 1};
   pacer pace(opt_.rate, start, r);
   const clock_type::time_point end = start + std::chrono::duration_cast<clock_type::duration>(
@@ -180,14 +178,15 @@ void workload::run_saver(int engine, int rank, clock_type::time_point start, str
   pages.reserve(static_cast<std::size_t>(opt_.task_keys));
   int prompt = 0;
   int first = 0;
-  std::this_thread::sleep_until(start);
+  co_await loop.sleep_until(start);
   while (clock_type::now() < end) {
     const int count = std::min(opt_.task_keys, opt_.prompt_blocks - first);
     body.assign("{\"rank\":").append(rank_text).append(",\"keys\":");
     append_keys(body, engine, prompt, first, count, true);
     body.push_back('}');
-    const clock_type::time_point t = pace.wait(out.late_calls);
-    int status = c.post("/keys/batch_allocate", body);
+    const clock_type::time_point t = pace.next(out.late_calls);
+    co_await loop.sleep_until(t);
+    int status = co_await c.post("/keys/batch_allocate", body);
     out.latency[ep_allocate].record(elapsed_ns(t));
     if (status != 200 || !parse_results(c.body(), static_cast<std::size_t>(count), pages)) {
       ++out.errors[ep_allocate];
@@ -225,21 +224,21 @@ void workload::run_saver(int engine, int rank, clock_type::time_point start, str
     }
     body.append("]}");
     const clock_type::time_point t2 = clock_type::now();
-    status = c.post("/keys/confirm_write", body);
+    status = co_await c.post("/keys/confirm_write", body);
     out.latency[ep_confirm].record(elapsed_ns(t2));
     if (status != 204) ++out.errors[ep_confirm];
     first += count;
     if (first >= opt_.prompt_blocks) {
       first = 0;
-      std::atomic<int>& done = saved(engine, rank);
-      done.store(std::max(done.load(), prompt + 1));
+      saved(engine, rank) = std::max(saved(engine, rank), prompt + 1);
       prompt = (prompt + 1) % opt_.prompts;
     }
   }
 }
 
-void workload::run_loader(int engine, int rank, clock_type::time_point start, stream_stats& out) {
-  http_client c(opt_.host, opt_.port);
+stream_task workload::run_loader(event_loop& loop, int engine, int rank,
+                                 clock_type::time_point start, stream_stats& out) {
+  async_connection c(loop, opt_.host, opt_.port);
   rng r{key_id(engine, rank + 1, 9) * 2 + 1};
   pacer pace(opt_.rate, start, r);
   const clock_type::time_point end = start + std::chrono::duration_cast<clock_type::duration>(
@@ -248,17 +247,18 @@ void workload::run_loader(int engine, int rank, clock_type::time_point start, st
   const int tasks_per_prompt = (opt_.prompt_blocks + opt_.task_keys - 1) / opt_.task_keys;
   std::string body;
   body.reserve(static_cast<std::size_t>(opt_.task_keys) * 36 + 128);
-  std::this_thread::sleep_until(start);
+  co_await loop.sleep_until(start);
   while (clock_type::now() < end) {
     // Load a task's worth of blocks of a prompt this rank saved (a prefix-cache hit).
-    const int prompt = r.below(std::max(1, saved(engine, rank).load()));
+    const int prompt = r.below(std::max(1, saved(engine, rank)));
     const int first = r.below(tasks_per_prompt) * opt_.task_keys;
     const int count = std::min(opt_.task_keys, opt_.prompt_blocks - first);
     body.assign("{\"rank\":").append(rank_text).append(",\"keys\":");
     append_keys(body, engine, prompt, first, count, false);
     body.push_back('}');
-    const clock_type::time_point t = pace.wait(out.late_calls);
-    const int status = c.post("/keys/get_locations", body);
+    const clock_type::time_point t = pace.next(out.late_calls);
+    co_await loop.sleep_until(t);
+    const int status = co_await c.post("/keys/get_locations", body);
     out.latency[ep_locations].record(elapsed_ns(t));
     if (status != 200) {
       ++out.errors[ep_locations];

@@ -1,15 +1,16 @@
 // The vLLM HF3FS connector's traffic, replayed: per engine one scheduler stream
 // (batch_exists over a prompt's blocks), per TP rank one save stream (batch_allocate →
 // confirm_write, 1% write failures) and one load stream (get_locations). Each stream is
-// one thread with its own keep-alive connection, strictly sequential like the client.
+// a coroutine on the generator's event loop with its own keep-alive connection,
+// strictly sequential like the client.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "load/event_loop.hpp"
 #include "load/histogram.hpp"
 
 namespace bench {
@@ -28,6 +29,7 @@ struct load_options {
   double rate = 0;               // calls (tasks) per second per stream; 0 = back to back
   bool clear = true;             // POST /clear before the run
   bool saves_only = false;       // no scheduler or load streams
+  bool spin = false;             // the event loop polls instead of sleeping
 };
 
 enum endpoint : int { ep_exists, ep_allocate, ep_confirm, ep_locations, ep_count };
@@ -57,17 +59,19 @@ class workload {
   // an error message, or "" on success.
   std::string setup();
 
-  void run_scheduler(int engine, std::chrono::steady_clock::time_point start, stream_stats& out);
-  void run_saver(int engine, int rank, std::chrono::steady_clock::time_point start,
-                 stream_stats& out);
-  void run_loader(int engine, int rank, std::chrono::steady_clock::time_point start,
-                  stream_stats& out);
+  // The streams, as coroutines for `loop`, measuring from `start` for opt.seconds.
+  stream_task run_scheduler(event_loop& loop, int engine, clock_type::time_point start,
+                            stream_stats& out);
+  stream_task run_saver(event_loop& loop, int engine, int rank, clock_type::time_point start,
+                        stream_stats& out);
+  stream_task run_loader(event_loop& loop, int engine, int rank, clock_type::time_point start,
+                         stream_stats& out);
 
  private:
-  std::atomic<int>& saved(int engine, int rank) { return saved_[engine * opt_.tp + rank]; }
+  int& saved(int engine, int rank) { return saved_[engine * opt_.tp + rank]; }
 
   load_options opt_;
-  std::vector<std::atomic<int>> saved_;  // prompts fully saved, per (engine, rank)
+  std::vector<int> saved_;  // prompts fully saved, per (engine, rank)
 };
 
 }  // namespace bench
