@@ -132,8 +132,12 @@ void log_summary(core_runner& self) {
 }
 
 void core_runner::tick() {
-  snapshot_tick(cluster_, *cluster_.core[index_]);
-  expire_due(cluster_, *cluster_.core[index_]);
+  core_state& core = *cluster_.core[index_];
+  snapshot_tick(cluster_, core);
+  expire_due(cluster_, core);
+  // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
+  core.directory.advance_growth();
+  core.ranks.advance_growth();
   const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
   if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;

@@ -224,6 +224,11 @@ std::size_t directory::leased_count(std::uint64_t now) const {
 
 void directory::sweep(std::uint64_t now) { impl_->life.sweep(now); }
 
+void directory::advance_growth() {
+  impl_->packed.advance_growth();
+  impl_->life.advance_growth();
+}
+
 void directory::restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
                         std::uint64_t now) {
   impl& m = *impl_;

@@ -78,6 +78,8 @@ class key_life {
   // than leases are granted.
   static constexpr std::size_t sweep_batch = 4096;
   void sweep(std::uint64_t now, std::size_t max = sweep_batch);
+  // Periodic: see packed_map::advance_growth.
+  void advance_growth() { hex_.advance_growth(); }
   void clear();
 
  private:

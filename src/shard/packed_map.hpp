@@ -97,6 +97,13 @@ class packed_map {
 
   // Inserts `k`, which must be absent, with value != 0.
   void insert_new(const packed_key& k, std::uint64_t h, std::uint32_t value);
+  // Moves a growth under way along by up to tick_buckets old buckets (~30 µs): the
+  // core's periodic tick calls it, so that a table which stops taking inserts mid-growth
+  // still finishes and lets the old table go.
+  static constexpr std::size_t tick_buckets = 512;
+  void advance_growth() {
+    if (growing()) migrate(tick_buckets);
+  }
   // Erases the entry whose value `find` returned.
   void erase(std::uint32_t* value);
 

@@ -373,6 +373,10 @@ std::size_t rank_table::reserved_pages() const {
 }
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }
 std::uint64_t rank_table::expired_reservations() const { return impl_->expired; }
+void rank_table::advance_growth() {
+  for (auto& entry : impl_->ranks) entry.second.keys.packed.advance_growth();
+}
+
 void rank_table::clear() { impl_->ranks.clear(); }
 
 std::string rank_table::check_invariants() const {

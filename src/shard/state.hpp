@@ -123,6 +123,8 @@ class rank_table {
   std::uint64_t refused_releases() const;
   // Reservations that expired (a metric).
   std::uint64_t expired_reservations() const;
+  // Periodic: moves the ranks' key table growths along (see packed_map::advance_growth).
+  void advance_growth();
   void clear();
 
   // Full consistency check (tests, fuzzers): every page of every rank is exactly one of
@@ -192,6 +194,8 @@ class directory {
   std::size_t leased_count(std::uint64_t now) const;
   // Periodic: ends up to key_life::sweep_batch due leases (see key_life::sweep).
   void sweep(std::uint64_t now);
+  // Periodic: moves table growths along (see packed_map::advance_growth).
+  void advance_growth();
 
   std::size_t size() const;
   // Calls visit(key, tp_world_size, count) for every key (snapshots).

@@ -237,6 +237,25 @@ TEST(PackedMap, GrowsIncrementallyAndStaysWholeMidGrowth) {
   EXPECT_EQ(map.stash_size(), 0u);
 }
 
+TEST(PackedMap, AGrowthLeftBehindByInsertsFinishesOnTicks) {
+  packed_map map;
+  std::uint32_t n = 0;
+  while (!map.growing() || map.capacity() < 8192) {
+    ++n;
+    map.insert_new(key_n(n), packed_hash(key_n(n)), n);
+  }
+  const std::size_t bytes_growing = map.memory_bytes();
+  std::size_t ticks = 0;
+  while (map.growing() && ticks < 1000) {
+    map.advance_growth();
+    ++ticks;
+  }
+  EXPECT_FALSE(map.growing());
+  EXPECT_LE(ticks, map.capacity() / packed_map::ways / packed_map::tick_buckets + 1);
+  EXPECT_LT(map.memory_bytes(), bytes_growing);  // the old table is gone
+  for (std::uint32_t i = 1; i <= n; ++i) ASSERT_EQ(*map.find(key_n(i), packed_hash(key_n(i))), i);
+}
+
 TEST(PackedMap, MovesAndClearsMidGrowth) {
   packed_map map;
   std::uint32_t n = 0;
