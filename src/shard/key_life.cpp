@@ -98,7 +98,7 @@ void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t no
 
 void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t now,
                      std::uint64_t until) {
-  sweep(now, 2);
+  if (!leases_.empty() && leases_.front().until <= now) sweep(now, 2);
   std::uint32_t i = find(key, p);
   if (i == 0) {
     i = insert(key, p);

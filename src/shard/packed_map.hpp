@@ -170,8 +170,11 @@ class packed_map {
       return mask;
 #endif
     }
-    // Buckets below `from` are empty (moved out during a growth) and not read.
-    const std::uint32_t* find(const packed_key& k, std::uint64_t h, std::size_t from) const {
+    // Buckets below `from` are empty (moved out during a growth) and not read. Inlined:
+    // callers batch their lookups (hash, prefetch, probe) and a call per probe costs them
+    // ~8% of a get_locations.
+    [[gnu::always_inline]] const std::uint32_t* find(const packed_key& k, std::uint64_t h,
+                                                     std::size_t from) const {
       if (buckets == 0) return nullptr;
       const auto [b1, b2] = buckets_of(h);
       // Both buckets are compared, then one is picked without a branch: which bucket
