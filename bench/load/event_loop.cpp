@@ -100,8 +100,9 @@ void event_loop::run() {
       const auto ns = timers_.empty() ? std::chrono::nanoseconds(100'000'000)
                                       : std::chrono::duration_cast<std::chrono::nanoseconds>(
                                             timers_.top().at - clock_type::now());
-      if (ns.count() > 0) wait = {static_cast<time_t>(ns.count() / 1'000'000'000),
-                                  static_cast<long>(ns.count() % 1'000'000'000)};
+      if (ns.count() > 0)
+        wait = {static_cast<time_t>(ns.count() / 1'000'000'000),
+                static_cast<long>(ns.count() % 1'000'000'000)};
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 256, &wait, nullptr);
     if (n < 0 && errno != EINTR)

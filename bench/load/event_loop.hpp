@@ -67,8 +67,8 @@ class async_connection {
 
  private:
   friend class event_loop;
-  void on_ready();                // the socket became readable or writable
-  void finish(int status);        // resumes the waiting stream with `status`
+  void on_ready();                          // the socket became readable or writable
+  void finish(int status);                  // resumes the waiting stream with `status`
   void expire(clock_type::time_point now);  // fails a request waiting past the timeout
 
   event_loop& loop_;

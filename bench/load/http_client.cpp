@@ -1,6 +1,7 @@
 #include "load/http_client.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -10,7 +11,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fcntl.h>
 
 namespace bench {
 namespace {
@@ -58,8 +58,7 @@ bool http_connection::connect() {
   return true;
 }
 
-void http_connection::begin(std::string_view method, std::string_view path,
-                            std::string_view body) {
+void http_connection::begin(std::string_view method, std::string_view path, std::string_view body) {
   out_.clear();
   out_.append(method).append(" ").append(path).append(" HTTP/1.1\r\nHost: ").append(host_);
   out_.append("\r\nContent-Type: application/json\r\nContent-Length: ");
@@ -144,8 +143,7 @@ http_connection::progress http_connection::parse() {
 http_client::http_client(std::string host, std::uint16_t port, int timeout_ms)
     : conn_(std::move(host), port), timeout_ms_(timeout_ms) {}
 
-int http_client::request(std::string_view method, std::string_view path,
-                         std::string_view body) {
+int http_client::request(std::string_view method, std::string_view path, std::string_view body) {
   // No retry: a failed call is an error the caller reports, and the next call reconnects.
   if (!conn_.connect()) return -1;
   conn_.begin(method, path, body);

@@ -48,7 +48,7 @@ class http_connection {
   std::string out_;
   std::size_t sent_ = 0;  // bytes of out_ already sent
   std::string in_;
-  std::size_t in_size_ = 0;  // valid bytes in in_
+  std::size_t in_size_ = 0;   // valid bytes in in_
   std::size_t consumed_ = 0;  // bytes of in_ belonging to the last response
   int status_ = -1;
   std::size_t body_begin_ = 0;

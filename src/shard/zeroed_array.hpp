@@ -34,7 +34,8 @@ class zeroed_array {
   explicit zeroed_array(std::size_t n) : size_(n) {
     if (n == 0) return;
     if (bytes() >= mapped_from) {
-      void* at = ::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* at =
+          ::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (at == MAP_FAILED) throw std::bad_alloc();
       raw_ = at;
       data_ = static_cast<T*>(at);  // page-aligned

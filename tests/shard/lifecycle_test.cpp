@@ -271,7 +271,8 @@ TEST(KeyLife, SweepsEndBoundedNumbersOfLeases) {
   const std::size_t many = 3 * key_life::sweep_batch;
   std::string key(32, '0');
   auto key_of = [&](std::size_t i) {
-    for (int c = 0; c < 8; ++c) key[static_cast<std::size_t>(c)] = "0123456789abcdef"[(i >> (4 * c)) & 15];
+    for (int c = 0; c < 8; ++c)
+      key[static_cast<std::size_t>(c)] = "0123456789abcdef"[(i >> (4 * c)) & 15];
     parsed_key p;
     parse_key(key, p);
     return p;

@@ -129,9 +129,10 @@ TEST(ShardMemory, BindingsOfHexKeysCostAtMost32BytesAndPagesAtMost1Byte) {
       static_cast<double>(after_keys - before_keys) / (double{ranks} * static_cast<double>(keys));
   std::printf("  %d ranks x %lld pages: %.3f bytes/page\n", ranks, static_cast<long long>(pages),
               per_page);
-  std::printf("  %llu keys x %d ranks + directory: %.2f bytes/binding (worst point while "
-              "loading: %.2f)\n",
-              static_cast<unsigned long long>(keys), ranks, per_binding, worst_per_binding);
+  std::printf(
+      "  %llu keys x %d ranks + directory: %.2f bytes/binding (worst point while "
+      "loading: %.2f)\n",
+      static_cast<unsigned long long>(keys), ranks, per_binding, worst_per_binding);
   RecordProperty("bytes_per_page", std::to_string(per_page));
   RecordProperty("bytes_per_binding", std::to_string(per_binding));
   RecordProperty("worst_bytes_per_binding_while_loading", std::to_string(worst_per_binding));

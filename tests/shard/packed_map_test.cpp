@@ -187,8 +187,8 @@ TEST(PackedMap, GrowsIncrementallyAndStaysWholeMidGrowth) {
   };
   auto check_all = [&] {
     for (const auto& [mk, v] : model) {
-      const std::uint32_t* got = map.find(packed_key{mk.first, mk.second},
-                                          packed_hash(packed_key{mk.first, mk.second}));
+      const std::uint32_t* got =
+          map.find(packed_key{mk.first, mk.second}, packed_hash(packed_key{mk.first, mk.second}));
       ASSERT_NE(got, nullptr);
       ASSERT_EQ(*got, v);
     }
