@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace shard {
@@ -14,6 +15,15 @@ template <class T, unsigned block_bits = 10>
 class chunked_vector {
  public:
   static constexpr std::size_t block_size = std::size_t{1} << block_bits;
+
+  chunked_vector() = default;
+  chunked_vector(chunked_vector&& o) noexcept
+      : blocks_(std::move(o.blocks_)), size_(std::exchange(o.size_, 0)) {}
+  chunked_vector& operator=(chunked_vector&& o) noexcept {
+    blocks_ = std::move(o.blocks_);
+    size_ = std::exchange(o.size_, 0);
+    return *this;
+  }
 
   std::size_t size() const { return size_; }
   T& operator[](std::size_t i) { return blocks_[i >> block_bits][i & (block_size - 1)]; }

@@ -75,8 +75,8 @@ class packed_map {
   bool growing() const { return old_.buckets != 0; }
 
   // The value stored for `k` (h = packed_hash(k), the map's one hash), or nullptr. The value may be
-  // changed in place (to another nonzero value); the pointer is valid until the next insert or
-  // erase.
+  // changed in place (to another nonzero value); the pointer is valid until the next insert,
+  // erase or advance_growth (which moves entries too).
   std::uint32_t* find(const packed_key& k, std::uint64_t h) {
     return const_cast<std::uint32_t*>(std::as_const(*this).find(k, h));
   }

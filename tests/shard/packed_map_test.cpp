@@ -312,9 +312,12 @@ TEST(ChunkedVector, ElementsNeverMoveAsItGrows) {
     ASSERT_EQ(&v[i], where[i]);
     ASSERT_EQ(v[i], i);
   }
-  v.clear();
-  EXPECT_EQ(v.size(), 0u);
-  EXPECT_EQ(v.emplace_back(), 0u);  // value-initialised
+  chunked_vector<std::uint64_t, 4> moved(std::move(v));
+  EXPECT_EQ(v.size(), 0u);  // NOLINT(bugprone-use-after-move): moved-from is empty
+  EXPECT_EQ(moved[999], 999u);
+  moved.clear();
+  EXPECT_EQ(moved.size(), 0u);
+  EXPECT_EQ(moved.emplace_back(), 0u);  // value-initialised
 }
 
 TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
