@@ -133,14 +133,12 @@ std::size_t grown_buckets(std::size_t n) {
 void packed_map::prepare_growth() {
   const std::size_t from = capacity() * prepare_load_pct / 100;
   if (cur_.buckets <= incremental_buckets || size_ < from) return;
-  if (next_.buckets == 0) {
-    table(grown_buckets(cur_.buckets)).swap(next_);
-    next_pages_ = next_.pages_left();
-  }
+  if (next_.buckets == 0) table(grown_buckets(cur_.buckets)).swap(next_);
   // Pages faulted in keep pace with the load: all of them once the table is full.
+  const std::size_t pages = next_.pages();
   const std::size_t span = std::max<std::size_t>(1, max_size() - from);
-  const std::size_t due = next_pages_ * std::min(size_ - from + 1, span) / span;
-  const std::size_t done = next_pages_ - next_.pages_left();
+  const std::size_t due = pages * std::min(size_ - from + 1, span) / span;
+  const std::size_t done = pages - next_.pages_left();
   if (due > done) next_.prefault(due - done);
 }
 
@@ -170,10 +168,8 @@ void packed_map::migrate(std::size_t n) {
       if (value == 0) continue;
       const packed_key& k = old_.keys[b].k[j];
       const std::uint64_t h = hash_(k);
-      const bool first_choice = ((h & 0xFFFFFFFFu) * old_.buckets) >> 32 == b;
-      const std::uint64_t half = first_choice ? h & 0xFFFFFFFFu : h >> 32;
-      if (!put(static_cast<std::size_t>((half * cur_.buckets) >> 32), k, value))
-        place(k, value, false);
+      const auto [c1, c2] = cur_.buckets_of(h);
+      if (!put(old_.buckets_of(h).first == b ? c1 : c2, k, value)) place(k, value, false);
       value = 0;
     }
   }

@@ -55,7 +55,6 @@ class packed_map {
     cur_.swap(other.cur_);
     old_.swap(other.old_);
     next_.swap(other.next_);
-    std::swap(next_pages_, other.next_pages_);
     stash_.swap(other.stash_);
     std::swap(migrated_, other.migrated_);
     std::swap(size_, other.size_);
@@ -139,6 +138,7 @@ class packed_map {
       values.swap(o.values);
       std::swap(buckets, o.buckets);
     }
+    std::size_t pages() const { return keys.pages() + values.pages(); }
     std::size_t pages_left() const { return keys.pages_left() + values.pages_left(); }
     void prefault(std::size_t pages) {
       const std::size_t k = std::min(pages, keys.pages_left());
@@ -236,7 +236,6 @@ class packed_map {
   table cur_;   // where inserts go
   table old_;   // the table before the last growth, buckets [migrated_, buckets) still full
   table next_;  // the table the next growth moves to, while it is being faulted in
-  std::size_t next_pages_ = 0;  // pages of next_ when it was allocated
   std::size_t migrated_ = 0;
   std::vector<std::pair<packed_key, std::uint32_t>> stash_;
   std::size_t size_ = 0;

@@ -78,7 +78,8 @@ class zeroed_array {
   // Bytes held, with 64 bytes of room to align a calloc'd block to a cache line.
   std::size_t bytes() const { return size_ == 0 ? 0 : size_ * sizeof(T) + 64; }
 
-  // Pages not yet faulted in by prefault().
+  // Pages the array spans, and those not yet faulted in by prefault().
+  std::size_t pages() const { return (bytes() + page_bytes - 1) / page_bytes; }
   std::size_t pages_left() const { return (bytes() - faulted_ + page_bytes - 1) / page_bytes; }
   // Faults in the next `pages` pages (writable, zero): one madvise where the kernel has
   // MADV_POPULATE_WRITE (5.14), else one write per page.
