@@ -1,5 +1,7 @@
 #include "shard/key_life.hpp"
 
+#include <algorithm>
+
 #include "shard/check.hpp"
 
 namespace shard {
@@ -39,7 +41,6 @@ std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
 
 void key_life::drop(std::uint32_t i) {
   node& n = nodes_[i];
-  if (n.lease_until != 0) --leased_;  // its lease ended, not yet swept
   unlink(i);
   if (n.blob == nullptr) {
     hex_.erase(hex_.find(n.packed, packed_hash(n.packed)));
@@ -47,6 +48,17 @@ void key_life::drop(std::uint32_t i) {
     const std::string_view key = key_blob::view(n.blob);
     others_.erase(*others_.find(key, table_hash(key)));  // frees n.blob
   }
+  if (n.lease_until != 0) {  // its lease ended, not yet swept: freed when its entry is
+    --leased_;
+    n.blob = nullptr;
+    n.prev = dead;
+    return;
+  }
+  free_node(i);
+}
+
+void key_life::free_node(std::uint32_t i) {
+  node& n = nodes_[i];
   n = node{};
   n.next = free_;
   free_ = i;
@@ -98,7 +110,7 @@ void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t no
 
 void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t now,
                      std::uint64_t until) {
-  if (!leases_.empty() && leases_.front().until <= now) sweep(now, 2);
+  if (due(now)) sweep(now, 2);
   std::uint32_t i = find(key, p);
   if (i == 0) {
     i = insert(key, p);
@@ -110,8 +122,13 @@ void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t no
   n.used = now;
   if (n.lease_until == 0) {  // a new lease: counted and queued
     ++leased_;
-    leases_.push_back(lease_entry{until, i});
     n.lease_until = until;
+    if (leases_.empty() || leases_.back().until <= until) {
+      leases_.push_back(lease_entry{until, i});
+    } else {  // shorter than the last one granted: the queue would lose its order
+      extended_.push_back(lease_entry{until, i});
+      std::push_heap(extended_.begin(), extended_.end(), later{});
+    }
   } else if (until > n.lease_until) {  // extended: re-queued when its entry comes due
     n.lease_until = until;
   }
@@ -137,11 +154,26 @@ bool key_life::leased(std::string_view key, std::uint64_t now) const {
   return i != 0 && nodes_[i].lease_until > now;
 }
 
+bool key_life::ended_unswept(const lease_entry& e, std::uint64_t now) const {
+  const node& n = nodes_[e.node];
+  return n.prev != dead && n.lease_until <= now;
+}
+
 std::size_t key_life::leased_count(std::uint64_t now) const {
+  // A lease ended by now has its entry due by now: among the queue's due front, or the
+  // heap's due top (a subtree whose root is not due holds none).
   std::size_t ended = 0;
-  for (std::size_t e = 0; e < leases_.size() && leases_[e].until <= now; ++e) {
-    const std::uint64_t until = nodes_[leases_[e].node].lease_until;
-    if (until != 0 && until <= leases_[e].until) ++ended;  // not extended: ended
+  for (std::size_t e = 0; e < leases_.size() && leases_[e].until <= now; ++e)
+    ended += ended_unswept(leases_[e], now) ? 1 : 0;
+  std::vector<std::size_t> due;
+  if (!extended_.empty()) due.push_back(0);
+  while (!due.empty()) {
+    const std::size_t e = due.back();
+    due.pop_back();
+    if (e >= extended_.size() || extended_[e].until > now) continue;
+    ended += ended_unswept(extended_[e], now) ? 1 : 0;
+    due.push_back(2 * e + 1);
+    due.push_back(2 * e + 2);
   }
   return leased_ - ended;
 }
@@ -168,16 +200,32 @@ void key_life::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::ui
   }
 }
 
-void key_life::sweep(std::uint64_t now, std::size_t max) {
-  for (std::size_t done = 0; done < max && !leases_.empty() && leases_.front().until <= now;
-       ++done) {
-    const lease_entry e = leases_.front();
+bool key_life::pop_due(std::uint64_t now, lease_entry& out) {
+  const bool queued = !leases_.empty() && leases_.front().until <= now;
+  const bool heaped = !extended_.empty() && extended_.front().until <= now;  // the heap's top
+  if (queued && (!heaped || leases_.front().until <= extended_.front().until)) {
+    out = leases_.front();
     leases_.pop_front();
+    return true;
+  }
+  if (!heaped) return false;
+  std::pop_heap(extended_.begin(), extended_.end(), later{});
+  out = extended_.back();
+  extended_.pop_back();
+  return true;
+}
+
+void key_life::sweep(std::uint64_t now, std::size_t max) {
+  lease_entry e{};
+  for (std::size_t done = 0; done < max && pop_due(now, e); ++done) {
     node& n = nodes_[e.node];
-    // An entry of a node dropped (and maybe reused) since is stale.
-    if (n.lease_until == 0) continue;
-    if (n.lease_until > e.until) {  // extended since: queued again with its new end
-      leases_.push_back(lease_entry{n.lease_until, e.node});
+    if (n.prev == dead) {  // the key left before its lease was found ended
+      free_node(e.node);
+      continue;
+    }
+    if (n.lease_until > now) {  // extended since: queued again by its new end
+      extended_.push_back(lease_entry{n.lease_until, e.node});
+      std::push_heap(extended_.begin(), extended_.end(), later{});
       continue;
     }
     n.lease_until = 0;  // ended
@@ -193,6 +241,7 @@ void key_life::clear() {
   nodes_.emplace_back();
   free_ = 0;
   leases_.clear();
+  extended_.clear();
   leased_ = 0;
 }
 

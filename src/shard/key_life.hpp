@@ -2,10 +2,12 @@
 // when each was last used (for least-recently-used eviction) and until when a reader
 // holds a lease on its pages (get_locations). With LRU tracking on (eviction), every
 // complete key sits on one intrusive list, least recently used first, so eviction takes
-// from the front in O(1) per key. Leases are also kept in the order they were granted
-// (a queue, like reservations: one entry per leased key, re-queued when extended), so
-// ended leases are found without a scan and counted exactly. With LRU tracking off only
-// leased keys are kept. Times are in the caller's unit. Only the owning core calls it.
+// from the front in O(1) per key. Each leased key has one entry that comes due no later
+// than its lease ends: new leases in a queue in the order they were granted (one lease
+// length, so in order of their ends), and leases found extended when their entry came
+// due in a min-heap by their new end. Ended leases are thus found without a scan, and
+// counted exactly. With LRU tracking off only leased keys are kept. Times are in the
+// caller's unit. Only the owning core calls it.
 #pragma once
 
 #include <cstddef>
@@ -86,20 +88,36 @@ class key_life {
   struct node {
     packed_key packed{};
     const char* blob = nullptr;  // others_' copy of a non-hex key
+    // List links; prev == dead: the key left while its entry was queued (the node is
+    // freed when the entry comes due, so no entry ever names a reused node).
     std::uint32_t prev = 0, next = 0;
     std::uint64_t used = 0;
     // The end of its lease; 0 once the sweep found it ended (or never leased). Nonzero:
-    // counted in leased_, with an entry in leases_.
+    // one entry in leases_ or extended_ names this node, due no later than this, and
+    // (unless dead) the node is counted in leased_.
     std::uint64_t lease_until = 0;
   };
+  static constexpr std::uint32_t dead = UINT32_MAX;
   struct lease_entry {
     std::uint64_t until;
     std::uint32_t node;
+  };
+  struct later {  // orders extended_ as a min-heap
+    bool operator()(const lease_entry& a, const lease_entry& b) const { return a.until > b.until; }
   };
   // The node of `key`, or 0.
   std::uint32_t find(std::string_view key, const parsed_key& p) const;
   std::uint32_t insert(std::string_view key, const parsed_key& p);
   void drop(std::uint32_t i);
+  void free_node(std::uint32_t i);
+  bool due(std::uint64_t now) const {
+    return (!leases_.empty() && leases_.front().until <= now) ||
+           (!extended_.empty() && extended_.front().until <= now);
+  }
+  // Takes the earliest due entry of leases_ and extended_, if one is due by now.
+  bool pop_due(std::uint64_t now, lease_entry& out);
+  // Whether the entry's node is counted in leased_ but its lease has ended by now.
+  bool ended_unswept(const lease_entry& e, std::uint64_t now) const;
   void unlink(std::uint32_t i);
   void link_last(std::uint32_t i);
   void link_first(std::uint32_t i);
@@ -113,10 +131,12 @@ class key_life {
   std::uint32_t free_ = 0;
   packed_map hex_;                 // 32-lowercase-hex key → node index
   key_map<std::uint32_t> others_;  // any other key → node index
-  // Leased nodes in the order their current entries were queued, each with the lease
-  // end it had then (a later extension re-queues it when the entry comes due). A deque:
-  // entries leave from the front, and growing it never copies the queue.
+  // New leases, in order of their ends (a lease granted out of order goes to extended_),
+  // each with the end it had then. A deque: entries leave from the front, and growing it
+  // never copies the queue.
   std::deque<lease_entry> leases_;
+  // Entries that came due on a lease extended since, re-queued by its new end.
+  std::deque<lease_entry> extended_;
   std::size_t leased_ = 0;  // nodes whose lease has not been found ended
   std::string text_;        // scratch for take_oldest
 };

@@ -3,6 +3,8 @@
 // is an argument, so nothing here sleeps.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -288,6 +290,90 @@ TEST(KeyLife, SweepsEndBoundedNumbersOfLeases) {
   life.sweep(100);
   EXPECT_EQ(life.size(), 1u);
   EXPECT_EQ(life.leased_count(100), 1u);
+}
+
+parsed_key parsed(std::string_view key) {
+  parsed_key p;
+  parse_key(key, p);
+  return p;
+}
+
+TEST(KeyLife, AnExtendedLeaseRequeuedBehindLaterOnesIsCountedWhenItEnds) {
+  key_life life;
+  life.lease(kA, parsed(kA), 0, 100);
+  life.lease(kA, parsed(kA), 50, 150);  // extended
+  life.lease(kB, parsed(kB), 60, 160);
+  life.sweep(100);  // a's entry came due: a is queued again by its new end, 150
+  EXPECT_EQ(life.leased_count(149), 2u);
+  EXPECT_EQ(life.leased_count(155), 1u);  // a ended, though b's later entry is queued first
+  life.sweep(155);
+  EXPECT_FALSE(life.leased(kA, 155));
+  EXPECT_EQ(life.size(), 1u);  // without LRU tracking, a's node left on time
+  EXPECT_EQ(life.leased_count(155), 1u);
+}
+
+TEST(KeyLife, AKeyThatLeavesBeforeItsLeaseIsSweptLeavesNothingCounted) {
+  key_life life;
+  life.set_lru(true);
+  const std::string others[] = {std::string(32, '1'), std::string(32, '2'), std::string(32, '3'),
+                                std::string(32, '4')};
+  for (const std::string& k : others) life.lease(k, parsed(k), 0, 100);
+  life.lease(kA, parsed(kA), 0, 100);
+  life.forget(kA);  // its lease ended at 100, not swept yet (behind four others)
+  EXPECT_EQ(life.leased_count(105), 0u);
+  life.lease(kB, parsed(kB), 105, 205);  // ends two; must not take a's node yet
+  EXPECT_EQ(life.leased_count(105), 1u);
+  life.sweep(106);
+  EXPECT_EQ(life.leased_count(106), 1u);
+  EXPECT_EQ(life.leased_count(210), 0u);  // b ended, counted once
+  life.sweep(210);
+  EXPECT_EQ(life.leased_count(210), 0u);
+  EXPECT_EQ(life.size(), 5u);  // LRU tracking keeps the keys still there
+}
+
+TEST(KeyLife, LeasesCountedExactlyAgainstAModel) {
+  // Random leases (mostly one length, some shorter: out of order), extensions, keys
+  // leaving, sweeps of any size: leased() and leased_count() agree with a plain map.
+  for (bool lru : {false, true}) {
+    SCOPED_TRACE(lru ? "lru" : "no lru");
+    std::mt19937_64 rng(lru ? 7 : 11);
+    key_life life;
+    life.set_lru(lru);
+    std::vector<std::string> keys;
+    for (int i = 0; i < 64; ++i) {  // hex keys, and some others (a separate map)
+      std::string k = i % 16 == 15 ? "key-" + std::to_string(i) : std::string(32, '0');
+      if (i % 16 != 15) k[0] = "0123456789abcdef"[i % 16], k[1] = "0123456789abcdef"[i / 16];
+      keys.push_back(std::move(k));
+    }
+    std::map<std::string, std::uint64_t> until;  // the model: key → end of its lease
+    std::uint64_t now = 0;
+    constexpr std::uint64_t kLength = 1000;
+    for (int step = 0; step < 20000; ++step) {
+      now += rng() % 40;
+      const std::string& k = keys[rng() % keys.size()];
+      switch (rng() % 8) {
+        case 0:
+          if (!life.leased(k, now)) {
+            life.forget(k);
+            until.erase(k);
+          }
+          break;
+        case 1:
+          life.sweep(now, rng() % 4);
+          break;
+        default: {
+          const std::uint64_t end = now + (rng() % 10 == 0 ? rng() % kLength : kLength);
+          life.lease(k, parsed(k), now, end);
+          until[k] = std::max(until[k], end);
+        }
+      }
+      const std::uint64_t at = now + rng() % (2 * kLength);
+      std::size_t expected = 0;
+      for (const auto& [key, end] : until) expected += end > at ? 1 : 0;
+      ASSERT_EQ(life.leased_count(at), expected) << "step " << step;
+      ASSERT_EQ(life.leased(k, now), until.count(k) != 0 && until[k] > now);
+    }
+  }
 }
 
 TEST(DirectoryLease, LeasesAreCountedExactlyAsTheyAreExtendedAndEnd) {
