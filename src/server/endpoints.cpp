@@ -99,14 +99,14 @@ request_task run_allocate(exchange& x) {
     // A writer may rewrite the pages of keys this rank holds already (hits): lease the
     // complete keys first, so that no eviction frees such a page while it is written.
     plan_directory_walk(cl, cmd.keys.views(), nullptr, 0, s);
+    s.flags.assign(cmd.keys.size(), 0);  // not read: only the leases matter
     const std::uint64_t now = cl.clock();
     const std::uint64_t lease_until = now + cl.cfg.read_lease_ms * kNsPerMs;
     co_await on_cores(
         cl, home, needed_by(s),
         [&](int c) {
-          shard::directory& dir = cl.core[c]->directory;
-          for (std::size_t i = 0; i < cmd.keys.size(); ++i)
-            if (s.key_owner[i] == c) dir.use(cmd.keys[i], now, lease_until);
+          cl.core[c]->directory.use_each(cmd.keys.views(), walk_of(s, c), now, lease_until,
+                                         s.flags);
         },
         always);
   }
@@ -148,8 +148,7 @@ request_task run_confirm(exchange& x) {
   int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   s.indices.clear();
   s.indices.reserve(cmd.keys.size());
-  s.key_owner.reserve(cmd.keys.size());
-  s.core_needed.reserve(static_cast<std::size_t>(cl.cores));
+  reserve_walk(cl, cmd.keys.size(), s);
   s.detail.reserve(256);
   co_await cl.mailbox.hop(home, owner);
   shard::confirm_outcome outcome = shard::confirm_outcome::ok;
@@ -177,7 +176,7 @@ request_task run_confirm(exchange& x) {
     plan_directory_walk(cl, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
     for (int step = 0; step < cl.cores && stored; ++step) {
       const int c = (owner + step) % cl.cores;
-      if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
+      if (walk_of(s, c).empty()) continue;
       co_await cl.mailbox.hop(at, c);
       at = c;
       core_state& dir_core = *cl.core[c];
@@ -187,8 +186,7 @@ request_task run_confirm(exchange& x) {
         break;
       }
       const std::uint64_t now = cl.clock();
-      for (std::uint32_t i : s.indices) {
-        if (s.key_owner[i] != c) continue;
+      for (const std::uint32_t i : walk_of(s, c)) {
         if (dir_core.directory.add_confirmation(cmd.keys[i], tp_world_size, now) &&
             dir_core.log.enabled())
           store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
@@ -228,8 +226,7 @@ request_task run_lookup(exchange& x, bool with_rank) {
   // Sized here: the directory walk is planned on the rank's core.
   s.indices.clear();
   s.indices.reserve(keys.size());
-  s.key_owner.reserve(keys.size());
-  s.core_needed.reserve(static_cast<std::size_t>(cl.cores));
+  reserve_walk(cl, keys.size(), s);
   const std::uint64_t now = cl.clock();
   int at = home;
   bool found = true;
@@ -253,18 +250,10 @@ request_task run_lookup(exchange& x, bool with_rank) {
                         s);
     for (int step = 0; step < cl.cores; ++step) {
       const int c = (home + step) % cl.cores;
-      if (!s.core_needed[static_cast<std::size_t>(c)]) continue;
+      if (walk_of(s, c).empty()) continue;
       co_await cl.mailbox.hop(at, c);
       at = c;
-      shard::directory& dir = cl.core[c]->directory;
-      auto look = [&](std::size_t i) {
-        if (s.key_owner[i] == c) s.flags[i] = dir.use(keys[i], now, lease_until) ? 1 : 0;
-      };
-      if (with_rank) {
-        for (const std::uint32_t i : s.indices) look(i);
-      } else {
-        for (std::size_t i = 0; i < keys.size(); ++i) look(i);
-      }
+      cl.core[c]->directory.use_each(keys.views(), walk_of(s, c), now, lease_until, s.flags);
     }
   }
   co_await cl.mailbox.hop(at, home);

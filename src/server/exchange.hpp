@@ -76,8 +76,11 @@ struct scratch {
   std::vector<std::uint32_t> indices;
   std::vector<std::int64_t> pages;
   std::vector<std::uint8_t> flags;
+  // The directory walk (plan_directory_walk): key indices grouped by core, where each
+  // core's group begins, and each walked key's core.
+  std::vector<std::uint32_t> walk;
+  std::vector<std::uint32_t> walk_begin;
   std::vector<std::uint16_t> key_owner;
-  std::vector<std::uint8_t> core_needed;
   std::vector<std::string_view> selected;
   std::string detail;
   std::string body;

@@ -295,8 +295,8 @@ request_task run_delete(exchange& x) {
         cl, home, needed_by(s),
         [&](int c) {
           shard::directory& dir = cl.core[c]->directory;
-          for (std::size_t i = 0; i < keys.size(); ++i) {
-            if (s.key_owner[i] != c || !s.flags[i]) continue;
+          for (const std::uint32_t i : walk_of(s, c)) {
+            if (!s.flags[i]) continue;
             const auto r = dir.begin_removal(keys[i], now);
             if (r == shard::directory::removal::started) job.add(keys[i]);
             s.flags[i] = r == shard::directory::removal::busy ? 1 : 0;

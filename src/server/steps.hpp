@@ -10,27 +10,44 @@
 
 namespace server {
 
-// Marks, for each core, whether one of `keys` has its directory slice there, and
-// remembers each key's owner.
+// Groups the keys (all of them, or those at only[0..only_count)) by the core that holds
+// their directory slice: walk_of(s, c) lists the indices of core c's keys, in order.
 inline void plan_directory_walk(const cluster& cl, std::span<const std::string_view> keys,
                                 const std::uint32_t* only, std::size_t only_count, scratch& s) {
-  s.core_needed.assign(static_cast<std::size_t>(cl.cores), 0);
-  if (cl.cores == 1) {  // everything is here: no hashing
-    s.key_owner.assign(keys.size(), 0);
-    s.core_needed[0] = 1;
+  const auto cores = static_cast<std::size_t>(cl.cores);
+  const std::size_t n = only == nullptr ? keys.size() : only_count;
+  auto index = [&](std::size_t j) {
+    return only == nullptr ? static_cast<std::uint32_t>(j) : only[j];
+  };
+  s.walk.resize(n);
+  s.walk_begin.assign(cores + 1, 0);
+  s.walk_begin[cores] = static_cast<std::uint32_t>(n);
+  if (cores == 1) {  // everything is here: no hashing
+    for (std::size_t j = 0; j < n; ++j) s.walk[j] = index(j);
     return;
   }
-  s.key_owner.resize(keys.size());
-  auto mark = [&](std::size_t i) {
-    const int owner = shard::owner_of_key(keys[i], cl.cores);
-    s.key_owner[i] = static_cast<std::uint16_t>(owner);
-    s.core_needed[static_cast<std::size_t>(owner)] = 1;
-  };
-  if (only == nullptr) {
-    for (std::size_t i = 0; i < keys.size(); ++i) mark(i);
-  } else {
-    for (std::size_t j = 0; j < only_count; ++j) mark(only[j]);
+  // A counting sort by owner: count, sum up to each core's end, fill backwards.
+  s.key_owner.resize(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    const auto owner = static_cast<std::uint16_t>(shard::owner_of_key(keys[index(j)], cl.cores));
+    s.key_owner[j] = owner;
+    ++s.walk_begin[owner];
   }
+  for (std::size_t c = 1; c < cores; ++c) s.walk_begin[c] += s.walk_begin[c - 1];
+  for (std::size_t j = n; j-- > 0;) s.walk[--s.walk_begin[s.key_owner[j]]] = index(j);
+}
+
+// The indices plan_directory_walk gave core c.
+inline std::span<const std::uint32_t> walk_of(const scratch& s, int c) {
+  const auto at = static_cast<std::size_t>(c);
+  return {s.walk.data() + s.walk_begin[at], s.walk_begin[at + 1] - s.walk_begin[at]};
+}
+
+// Sizes the walk for up to n keys (on the core that owns the scratch, before hopping).
+inline void reserve_walk(const cluster& cl, std::size_t n, scratch& s) {
+  s.walk.reserve(n);
+  s.key_owner.reserve(n);
+  s.walk_begin.reserve(static_cast<std::size_t>(cl.cores) + 1);
 }
 
 constexpr std::string_view kStorageFailed =
@@ -74,9 +91,9 @@ subtask<bool> on_cores(cluster& cl, int at, Wanted wanted, Visit visit, Valid va
   co_await cl.mailbox.hop(at, start);
   co_return ok;
 }
-// on_cores' `wanted`: the cores plan_directory_walk marked.
+// on_cores' `wanted`: the cores plan_directory_walk gave keys.
 inline auto needed_by(const scratch& s) {
-  return [&s](int c) { return s.core_needed[static_cast<std::size_t>(c)] != 0; };
+  return [&s](int c) { return !walk_of(s, c).empty(); };
 }
 inline bool always() { return true; }
 

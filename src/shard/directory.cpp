@@ -91,6 +91,16 @@ struct directory::impl {
     const entry e = find(key, p);
     return e && is_complete(e.get()) && !is_removing(key);
   }
+  bool use(std::string_view key, const parsed_key& p, std::uint64_t now,
+           std::uint64_t lease_until) {
+    if (!complete(key, p)) return false;
+    if (lease_until != 0) {
+      life.lease(key, p, now, lease_until);
+    } else if (life.lru()) {
+      life.touch(key, p, now);
+    }
+    return true;
+  }
 };
 
 directory::directory() : impl_(std::make_unique<impl>()) {}
@@ -137,16 +147,33 @@ bool directory::complete(std::string_view key) const {
 }
 
 bool directory::use(std::string_view key, std::uint64_t now, std::uint64_t lease_until) {
-  impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
-  if (!m.complete(key, p)) return false;
-  if (lease_until != 0) {
-    m.life.lease(key, p, now, lease_until);
-  } else if (m.life.lru()) {
-    m.life.touch(key, p, now);
+  return impl_->use(key, p, now, lease_until);
+}
+
+void directory::use_each(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
+                         std::uint64_t now, std::uint64_t lease_until,
+                         std::span<std::uint8_t> used) {
+  impl& m = *impl_;
+  const bool tracked = lease_until != 0 || m.life.lru();
+  // In groups: parse a group's keys and prefetch what their lookups read, then look
+  // them up (as rank_table::confirmed_pages does).
+  constexpr std::size_t group = 16;
+  parsed_key parsed[group];
+  for (std::size_t first = 0; first < at.size(); first += group) {
+    const std::size_t n = std::min(group, at.size() - first);
+    for (std::size_t g = 0; g < n; ++g) {
+      parse_key(keys[at[first + g]], parsed[g]);
+      if (!parsed[g].hex) continue;
+      m.packed.prefetch(parsed[g].hash);
+      if (tracked) m.life.prefetch(parsed[g]);
+    }
+    for (std::size_t g = 0; g < n; ++g) {
+      const std::uint32_t i = at[first + g];
+      used[i] = m.use(keys[i], parsed[g], now, lease_until) ? 1 : 0;
+    }
   }
-  return true;
 }
 
 directory::removal directory::begin_removal(std::string_view key, std::uint64_t now) {

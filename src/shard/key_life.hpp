@@ -41,6 +41,10 @@ class key_life {
   // A reader got the key's pages at now: leased until `until`, and used.
   void lease(std::string_view key, const parsed_key& p, std::uint64_t now, std::uint64_t until);
   bool leased(std::string_view key, std::uint64_t now) const;
+  // Starts loading what touch() or lease() of the key will read first.
+  void prefetch(const parsed_key& p) const {
+    if (p.hex && hex_.size() != 0) hex_.prefetch(p.hash);
+  }
   // Keys under a lease at now: O(leases ended since the last sweep).
   std::size_t leased_count(std::uint64_t now) const;
   // The key leaves (deleted, evicted).

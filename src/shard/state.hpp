@@ -162,6 +162,10 @@ class directory {
   // A lookup at now: whether the key is complete; if so it counts as used, and with
   // lease_until != 0 a reader holds a lease on its pages until then.
   bool use(std::string_view key, std::uint64_t now, std::uint64_t lease_until);
+  // use() for keys[i] of each i in `at`, in that order: used[i] = whether it is complete.
+  // The lookups of a group of keys are started together, so their cache misses overlap.
+  void use_each(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
+                std::uint64_t now, std::uint64_t lease_until, std::span<std::uint8_t> used);
 
   // Removal (delete, eviction) in two steps around the ranks dropping their bindings.
   // begin: the key reads as incomplete from now on, unless it is absent, already being
