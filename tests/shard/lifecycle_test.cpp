@@ -399,6 +399,40 @@ TEST(DirectoryLease, LeasesAreCountedExactlyAsTheyAreExtendedAndEnd) {
   }
 }
 
+TEST(DirectoryLease, UseEachAnswersAndLeasesAsUseDoesKeyByKey) {
+  // More keys than a prefetch group, hex and not, complete, incomplete and absent; only
+  // the indices asked are looked up and written.
+  directory grouped, single;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) {
+    std::string k = i % 7 == 3 ? "other-" + std::to_string(i) : std::string(32, 'a');
+    if (i % 7 != 3) k[0] = "0123456789abcdef"[i % 16], k[1] = "0123456789abcdef"[i / 16];
+    keys.push_back(k);
+    if (i % 5 == 4) continue;              // absent
+    const int ranks = i % 3 == 2 ? 1 : 2;  // else incomplete: confirmed by 1 of 2
+    for (directory* d : {&grouped, &single}) confirm_key(*d, k, ranks, 2, 0);
+  }
+  const std::vector<std::string_view> views(keys.begin(), keys.end());
+  std::vector<std::uint32_t> at;
+  for (std::uint32_t i = 1; i < keys.size(); i += 2) at.push_back(i);
+  std::vector<std::uint8_t> used(keys.size(), 9);
+  grouped.use_each(views, at, 10, 100, used);
+  std::size_t complete = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    SCOPED_TRACE(keys[i]);
+    if (i % 2 == 0) {
+      EXPECT_EQ(used[i], 9) << "not asked, not written";
+      continue;
+    }
+    const bool expected = single.use(keys[i], 10, 100);
+    EXPECT_EQ(used[i], expected ? 1 : 0);
+    complete += expected ? 1 : 0;
+  }
+  EXPECT_GT(complete, 0u);
+  EXPECT_EQ(grouped.leased_count(50), complete);
+  EXPECT_EQ(grouped.leased_count(50), single.leased_count(50));
+}
+
 TEST(DirectoryLru, TakesTheLeastRecentlyUsedCompleteKeysFirst) {
   directory d;
   d.set_lru(true);
