@@ -20,34 +20,6 @@ void check(bool invariant) {
   if (!invariant) std::abort();
 }
 
-// Writes an array's elements through a pointer into room made up front, then trims the
-// string to what was written: an append per element costs a capacity check and a call
-// to memcpy each, a third of encoding 1,250 booleans.
-class array_writer {
- public:
-  array_writer(std::string& out, std::size_t most) : out_(out), start_(out.size()) {
-    out_.resize(start_ + most);
-    at_ = out_.data() + start_;
-  }
-  array_writer(const array_writer&) = delete;
-  array_writer& operator=(const array_writer&) = delete;
-  ~array_writer() { out_.resize(static_cast<std::size_t>(at_ - out_.data())); }
-
-  void put(char c) { *at_++ = c; }
-  template <std::size_t N>
-  void put(const char (&text)[N]) {  // a literal: a fixed-size copy
-    std::memcpy(at_, text, N - 1);
-    at_ += N - 1;
-  }
-  static constexpr std::size_t int_chars_max = 20;  // "-9223372036854775808"
-  void put_int(std::int64_t value) { at_ = std::to_chars(at_, at_ + int_chars_max, value).ptr; }
-
- private:
-  std::string& out_;
-  std::size_t start_;
-  char* at_;
-};
-
 void append_int(std::string& out, std::int64_t value) {
   const fmt::format_int text(value);
   out.append(text.data(), text.size());
@@ -115,6 +87,52 @@ void append_string(std::string& out, std::string_view text) {
   out.push_back('"');
 }
 
+// Writes an array's elements through a pointer into room made up front, then trims the
+// string to what was written: an append per element costs a capacity check and a call
+// to memcpy each, a third of encoding 1,250 booleans.
+class array_writer {
+ public:
+  array_writer(std::string& out, std::size_t most) : out_(out) { make_room(out.size(), most); }
+  array_writer(const array_writer&) = delete;
+  array_writer& operator=(const array_writer&) = delete;
+  ~array_writer() { out_.resize(static_cast<std::size_t>(at_ - out_.data())); }
+
+  void put(char c) { *at_++ = c; }
+  template <std::size_t N>
+  void put(const char (&text)[N]) {  // a literal: a fixed-size copy
+    std::memcpy(at_, text, N - 1);
+    at_ += N - 1;
+  }
+  static constexpr std::size_t int_chars_max = 20;  // "-9223372036854775808"
+  void put_int(std::int64_t value) { at_ = std::to_chars(at_, at_ + int_chars_max, value).ptr; }
+  // A JSON string; the room made counts text.size() + 2 bytes for it (what it takes
+  // unescaped: keys are hex). One that needs escapes goes through append_string.
+  void put_string(std::string_view text) {
+    if (clean_prefix(text) == text.size()) {
+      put('"');
+      std::memcpy(at_, text.data(), text.size());
+      at_ += text.size();
+      put('"');
+      return;
+    }
+    const std::size_t left = static_cast<std::size_t>(end_ - at_) - (text.size() + 2);
+    out_.resize(static_cast<std::size_t>(at_ - out_.data()));
+    append_string(out_, text);
+    make_room(out_.size(), left);
+  }
+
+ private:
+  void make_room(std::size_t at, std::size_t bytes) {
+    out_.resize(at + bytes);
+    at_ = out_.data() + at;
+    end_ = at_ + bytes;
+  }
+
+  std::string& out_;
+  char* at_ = nullptr;
+  char* end_ = nullptr;
+};
+
 }  // namespace
 
 void append_escaped(std::string& out, std::string_view text) {
@@ -150,19 +168,19 @@ void encode_allocation(std::string& out, std::int64_t rank, std::span<const std:
   std::size_t key_bytes = 0;
   for (std::string_view key : keys) key_bytes += key.size();
   // ["key",page], : 6 bytes of punctuation and up to 20 digits per entry.
-  out.reserve(out.size() + 48 + key_bytes + keys.size() * 26);
-  out.append(R"({"rank":)");
-  append_int(out, rank);
-  out.append(R"(,"results":[)");
+  array_writer w(out, 48 + key_bytes + keys.size() * (6 + array_writer::int_chars_max));
+  w.put(R"({"rank":)");
+  w.put_int(rank);
+  w.put(R"(,"results":[)");
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i != 0) out.push_back(',');
-    out.push_back('[');
-    append_string(out, keys[i]);
-    out.push_back(',');
-    append_int(out, pages[i]);
-    out.push_back(']');
+    if (i != 0) w.put(',');
+    w.put('[');
+    w.put_string(keys[i]);
+    w.put(',');
+    w.put_int(pages[i]);
+    w.put(']');
   }
-  out.append("]}");
+  w.put("]}");
 }
 
 void encode_exists(std::string& out, std::span<const std::uint8_t> exists) {

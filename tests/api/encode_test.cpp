@@ -59,6 +59,27 @@ TEST(EncodeAllocation, EscapesKeys) {
             "[\"caf\xc3\xa9\",0],[\"\\n\",7]]}");
 }
 
+TEST(EncodeAllocation, AppendsAndEscapesKeysThatGrowPastTheirRoom) {
+  // Each key escapes to twice its size or more, between clean ones; what was in the
+  // buffer stays.
+  std::vector<std::string> owned;
+  std::string expected = "prefix{\"rank\":3,\"results\":[";
+  for (int i = 0; i < 50; ++i) {
+    owned.push_back(i % 2 == 0 ? std::string(20, '"') : std::string(32, 'f'));
+    if (i != 0) expected += ',';
+    expected += "[\"";
+    append_escaped(expected, owned.back());
+    expected += "\"," + std::to_string(i) + "]";
+  }
+  expected += "]}";
+  const std::vector<std::string_view> keys(owned.begin(), owned.end());
+  std::vector<std::int64_t> pages;
+  for (int i = 0; i < 50; ++i) pages.push_back(i);
+  std::string out = "prefix";
+  encode_allocation(out, 3, keys, pages);
+  EXPECT_EQ(out, expected);
+}
+
 TEST(EncodeAllocation, WritesAFullSaveTask) {
   const std::string key(64, 'e');
   std::vector<std::string_view> keys(128, key);
