@@ -180,6 +180,55 @@ void BM_directory_complete_1M(benchmark::State& state) {
 }
 BENCHMARK(BM_directory_complete_1M)->Unit(benchmark::kMicrosecond);
 
+// batch_exists' directory half as the connector replay sees it: every request asks
+// other keys of a directory of 4M, so its lookups miss the cache. Arg 0: one use() per
+// key; 1: use_each, which prefetches 16 keys' lines at a time.
+void BM_directory_use_cold_4M(benchmark::State& state) {
+  constexpr std::size_t keys = 4'000'000, asked = 1250, requests = 256;
+  shard::directory d;
+  {
+    const key_set all(0, keys);
+    for (std::string_view k : all.views) d.add_confirmation(k, 1, 0);
+  }
+  for (int tick = 0; tick < 10'000; ++tick) d.advance_growth();  // finish a growth under way
+  // 256 requests of 1,250 keys each, spread over the whole directory: request r asks
+  // keys r, r + 256, r + 512, ... (neighbours in no cache line). Each request's keys lie
+  // side by side, as in a request body.
+  const key_set ask(0, asked * requests, keys / (asked * requests));
+  std::vector<std::string> texts(requests);
+  std::vector<std::vector<std::string_view>> bodies(requests);
+  for (std::size_t r = 0; r < requests; ++r) {
+    for (std::size_t i = 0; i < asked; ++i) texts[r] += ask.views[i * requests + r];
+    const std::size_t size = ask.views[r].size();
+    for (std::size_t i = 0; i < asked; ++i)
+      bodies[r].push_back(std::string_view(texts[r]).substr(i * size, size));
+  }
+  std::vector<std::uint32_t> at(asked);
+  for (std::uint32_t i = 0; i < asked; ++i) at[i] = i;
+  std::vector<std::uint8_t> used(asked);
+  const bool grouped = state.range(0) != 0;
+  std::size_t request = 0, found = 0;
+  for (auto _ : state) {
+    const std::vector<std::string_view>& body = bodies[request];
+    request = (request + 1) % requests;
+    found = 0;
+    if (grouped) {
+      d.use_each(body, at, 1, 0, used);
+      for (const std::uint8_t u : used) found += u;
+    } else {
+      for (std::string_view k : body) found += d.use(k, 1, 0);
+    }
+    benchmark::DoNotOptimize(found);
+  }
+  if (found != asked) state.SkipWithError("keys missing");
+  state.SetItemsProcessed(state.iterations() * asked);
+}
+BENCHMARK(BM_directory_use_cold_4M)
+    ->ArgName("grouped")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMicrosecond);
+
 // Building the directory: 1M new keys confirmed (insert, rehash growth included).
 void BM_directory_insert_1M(benchmark::State& state) {
   const key_set all(0, 1'000'000);

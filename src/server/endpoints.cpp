@@ -148,6 +148,7 @@ request_task run_confirm(exchange& x) {
   int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   s.indices.clear();
   s.indices.reserve(cmd.keys.size());
+  s.flags.reserve(cmd.keys.size());
   reserve_walk(cl, cmd.keys.size(), s);
   s.detail.reserve(256);
   co_await cl.mailbox.hop(home, owner);
@@ -174,6 +175,7 @@ request_task run_confirm(exchange& x) {
     // the 204 goes out (read-your-writes for batch_exists/get_locations). A key new to
     // the directory logs its tp_world_size there; its count is derived on recovery.
     plan_directory_walk(cl, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
+    s.flags.assign(cmd.keys.size(), 0);  // which keys entered the directory
     for (int step = 0; step < cl.cores && stored; ++step) {
       const int c = (owner + step) % cl.cores;
       if (walk_of(s, c).empty()) continue;
@@ -185,11 +187,12 @@ request_task run_confirm(exchange& x) {
         stored = false;  // the rank's pages are bound, but this is not acknowledged
         break;
       }
-      const std::uint64_t now = cl.clock();
-      for (const std::uint32_t i : walk_of(s, c)) {
-        if (dir_core.directory.add_confirmation(cmd.keys[i], tp_world_size, now) &&
-            dir_core.log.enabled())
-          store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
+      dir_core.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size,
+                                           cl.clock(), s.flags);
+      if (dir_core.log.enabled()) {
+        for (const std::uint32_t i : walk_of(s, c))
+          if (s.flags[i])
+            store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
       }
       stored = co_await persisted(cl, dir_core);
     }

@@ -91,6 +91,31 @@ struct directory::impl {
     const entry e = find(key, p);
     return e && is_complete(e.get()) && !is_removing(key);
   }
+  bool add_confirmation(std::string_view key, const parsed_key& p, std::int32_t tp_world_size,
+                        std::uint64_t now) {
+    if (owed.size() != 0) {
+      if (auto* s = owed.find(key, table_hash(key))) {
+        if (--s->value == 0) owed.erase(*s);
+        return false;
+      }
+    }
+    const entry e = find(key, p);
+    if (!e) {
+      insert(key, p, tp_world_size, 1);
+      if (life.lru() && is_complete({tp_world_size, 1})) life.touch(key, p, now);
+      return true;
+    }
+    const completion before = e.get();
+    if (e.word != nullptr) {
+      if ((*e.word & packed_count_max) < packed_count_max) ++*e.word;
+    } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
+      ++e.slot->value.confirmed_count;
+    }
+    // A key being removed joins the recency list only if its removal leaves it complete.
+    if (life.lru() && !is_complete(before) && is_complete(e.get()) && !is_removing(key))
+      life.touch(key, p, now);
+    return false;
+  }
   bool use(std::string_view key, const parsed_key& p, std::uint64_t now,
            std::uint64_t lease_until) {
     if (!complete(key, p)) return false;
@@ -100,6 +125,26 @@ struct directory::impl {
       life.touch(key, p, now);
     }
     return true;
+  }
+  // Calls visit(i, parsed key) for keys[i] of each i in `at`, in order, 16 at a time: a
+  // group's keys are parsed and the lines their lookups read (with `life_too`, also the
+  // lease table's) are prefetched before the first is visited, so their cache misses
+  // overlap instead of queueing one after another (as in rank_table::confirmed_pages).
+  template <class Visit>
+  void grouped(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
+               bool life_too, Visit&& visit) {
+    constexpr std::size_t group = 16;
+    parsed_key parsed[group];
+    for (std::size_t first = 0; first < at.size(); first += group) {
+      const std::size_t n = std::min(group, at.size() - first);
+      for (std::size_t g = 0; g < n; ++g) {
+        parse_key(keys[at[first + g]], parsed[g]);
+        if (!parsed[g].hex) continue;
+        packed.prefetch(parsed[g].hash);
+        if (life_too) life.prefetch(parsed[g]);
+      }
+      for (std::size_t g = 0; g < n; ++g) visit(at[first + g], parsed[g]);
+    }
   }
 };
 
@@ -112,32 +157,18 @@ void directory::set_lru(bool on) { impl_->life.set_lru(on); }
 
 bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_size,
                                  std::uint64_t now) {
-  impl& m = *impl_;
-  if (m.owed.size() != 0) {
-    if (auto* s = m.owed.find(key, table_hash(key))) {
-      if (--s->value == 0) m.owed.erase(*s);
-      return false;
-    }
-  }
   parsed_key p;
   parse_key(key, p);
-  const impl::entry e = m.find(key, p);
-  if (!e) {
-    m.insert(key, p, tp_world_size, 1);
-    if (m.life.lru() && impl::is_complete({tp_world_size, 1})) m.life.touch(key, p, now);
-    return true;
-  }
-  const completion before = e.get();
-  if (e.word != nullptr) {
-    if ((*e.word & packed_count_max) < packed_count_max) ++*e.word;
-  } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
-    ++e.slot->value.confirmed_count;
-  }
-  // A key being removed joins the recency list only if its removal leaves it complete.
-  if (m.life.lru() && !impl::is_complete(before) && impl::is_complete(e.get()) &&
-      !m.is_removing(key))
-    m.life.touch(key, p, now);
-  return false;
+  return impl_->add_confirmation(key, p, tp_world_size, now);
+}
+
+void directory::add_confirmations(std::span<const std::string_view> keys,
+                                  std::span<const std::uint32_t> at, std::int32_t tp_world_size,
+                                  std::uint64_t now, std::span<std::uint8_t> entered) {
+  impl& m = *impl_;
+  m.grouped(keys, at, m.life.lru(), [&](std::uint32_t i, const parsed_key& p) {
+    entered[i] = m.add_confirmation(keys[i], p, tp_world_size, now) ? 1 : 0;
+  });
 }
 
 bool directory::complete(std::string_view key) const {
@@ -156,24 +187,9 @@ void directory::use_each(std::span<const std::string_view> keys, std::span<const
                          std::uint64_t now, std::uint64_t lease_until,
                          std::span<std::uint8_t> used) {
   impl& m = *impl_;
-  const bool tracked = lease_until != 0 || m.life.lru();
-  // In groups: parse a group's keys and prefetch what their lookups read, then look
-  // them up (as rank_table::confirmed_pages does).
-  constexpr std::size_t group = 16;
-  parsed_key parsed[group];
-  for (std::size_t first = 0; first < at.size(); first += group) {
-    const std::size_t n = std::min(group, at.size() - first);
-    for (std::size_t g = 0; g < n; ++g) {
-      parse_key(keys[at[first + g]], parsed[g]);
-      if (!parsed[g].hex) continue;
-      m.packed.prefetch(parsed[g].hash);
-      if (tracked) m.life.prefetch(parsed[g]);
-    }
-    for (std::size_t g = 0; g < n; ++g) {
-      const std::uint32_t i = at[first + g];
-      used[i] = m.use(keys[i], parsed[g], now, lease_until) ? 1 : 0;
-    }
-  }
+  m.grouped(keys, at, lease_until != 0 || m.life.lru(), [&](std::uint32_t i, const parsed_key& p) {
+    used[i] = m.use(keys[i], p, now, lease_until) ? 1 : 0;
+  });
 }
 
 directory::removal directory::begin_removal(std::string_view key, std::uint64_t now) {

@@ -157,6 +157,11 @@ class directory {
   // One more rank confirmed `key` at now. A new key records tp_world_size; returns
   // true when the key entered the directory (for the log).
   bool add_confirmation(std::string_view key, std::int32_t tp_world_size, std::uint64_t now);
+  // add_confirmation() for keys[i] of each i in `at`, in that order: entered[i] = what it
+  // returned. Grouped like use_each.
+  void add_confirmations(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
+                         std::int32_t tp_world_size, std::uint64_t now,
+                         std::span<std::uint8_t> entered);
   // Confirmed by >= tp_world_size ranks, and not being removed.
   bool complete(std::string_view key) const;
   // A lookup at now: whether the key is complete; if so it counts as used, and with

@@ -433,6 +433,39 @@ TEST(DirectoryLease, UseEachAnswersAndLeasesAsUseDoesKeyByKey) {
   EXPECT_EQ(grouped.leased_count(50), single.leased_count(50));
 }
 
+TEST(DirectoryLease, AddConfirmationsCountsAsAddConfirmationDoesKeyByKey) {
+  // Repeated keys (the second counts again), non-hex keys, keys already there, and
+  // keys outside `at`; with LRU tracking, recency follows the same order.
+  for (bool lru : {false, true}) {
+    SCOPED_TRACE(lru ? "lru" : "no lru");
+    directory grouped, single;
+    grouped.set_lru(lru);
+    single.set_lru(lru);
+    std::vector<std::string> keys;
+    for (int i = 0; i < 40; ++i) {
+      std::string k = i % 9 == 4 ? "other-" + std::to_string(i % 20) : std::string(32, 'c');
+      if (i % 9 != 4)
+        k[0] = "0123456789abcdef"[i % 20 % 16], k[1] = "0123456789abcdef"[i % 20 / 16];
+      keys.push_back(k);
+    }
+    for (directory* d : {&grouped, &single}) confirm_key(*d, keys[3], 1, 2, 0);
+    const std::vector<std::string_view> views(keys.begin(), keys.end());
+    std::vector<std::uint32_t> at;
+    for (std::uint32_t i = 0; i < keys.size(); ++i)
+      if (i % 7 != 6) at.push_back(i);
+    std::vector<std::uint8_t> entered(keys.size(), 9);
+    grouped.add_confirmations(views, at, 2, 5, entered);
+    std::vector<std::uint8_t> expected(keys.size(), 9);
+    for (const std::uint32_t i : at) expected[i] = single.add_confirmation(keys[i], 2, 5) ? 1 : 0;
+    EXPECT_EQ(entered, expected);
+    for (const std::string& k : keys) EXPECT_EQ(grouped.complete(k), single.complete(k)) << k;
+    std::vector<std::uint64_t> a, b;
+    grouped.oldest_used(6, 100, a);
+    single.oldest_used(6, 100, b);
+    EXPECT_EQ(a, b);
+  }
+}
+
 TEST(DirectoryLru, TakesTheLeastRecentlyUsedCompleteKeysFirst) {
   directory d;
   d.set_lru(true);
