@@ -117,6 +117,7 @@ class array_writer {
     }
     const std::size_t left = static_cast<std::size_t>(end_ - at_) - (text.size() + 2);
     out_.resize(static_cast<std::size_t>(at_ - out_.data()));
+    at_ = end_ = out_.data() + out_.size();  // consistent if the append throws
     append_string(out_, text);
     make_room(out_.size(), left);
   }
