@@ -126,8 +126,7 @@ void key_life::lease(std::string_view key, const parsed_key& p, std::uint64_t no
     if (leases_.empty() || leases_.back().until <= until) {
       leases_.push_back(lease_entry{until, i});
     } else {  // shorter than the last one granted: the queue would lose its order
-      extended_.push_back(lease_entry{until, i});
-      std::push_heap(extended_.begin(), extended_.end(), later{});
+      push_extended(lease_entry{until, i});
     }
   } else if (until > n.lease_until) {  // extended: re-queued when its entry comes due
     n.lease_until = until;
@@ -200,6 +199,11 @@ void key_life::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::ui
   }
 }
 
+void key_life::push_extended(const lease_entry& e) {
+  extended_.push_back(e);
+  std::push_heap(extended_.begin(), extended_.end(), later{});
+}
+
 bool key_life::pop_due(std::uint64_t now, lease_entry& out) {
   const bool queued = !leases_.empty() && leases_.front().until <= now;
   const bool heaped = !extended_.empty() && extended_.front().until <= now;  // the heap's top
@@ -224,8 +228,7 @@ void key_life::sweep(std::uint64_t now, std::size_t max) {
       continue;
     }
     if (n.lease_until > now) {  // extended since: queued again by its new end
-      extended_.push_back(lease_entry{n.lease_until, e.node});
-      std::push_heap(extended_.begin(), extended_.end(), later{});
+      push_extended(lease_entry{n.lease_until, e.node});
       continue;
     }
     n.lease_until = 0;  // ended

@@ -118,6 +118,7 @@ class key_life {
     return (!leases_.empty() && leases_.front().until <= now) ||
            (!extended_.empty() && extended_.front().until <= now);
   }
+  void push_extended(const lease_entry& e);  // into the heap, by its end
   // Takes the earliest due entry of leases_ and extended_, if one is due by now.
   bool pop_due(std::uint64_t now, lease_entry& out);
   // Whether the entry's node is counted in leased_ but its lease has ended by now.

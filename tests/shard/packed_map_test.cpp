@@ -237,13 +237,20 @@ TEST(PackedMap, GrowsIncrementallyAndStaysWholeMidGrowth) {
   EXPECT_EQ(map.stash_size(), 0u);
 }
 
-TEST(PackedMap, AGrowthLeftBehindByInsertsFinishesOnTicks) {
-  packed_map map;
+// Inserts key_n(1), key_n(2), ... until a growth of a table of 8192 slots or more is
+// under way; returns how many keys were inserted.
+std::uint32_t fill_until_growing(packed_map& map) {
   std::uint32_t n = 0;
   while (!map.growing() || map.capacity() < 8192) {
     ++n;
     map.insert_new(key_n(n), packed_hash(key_n(n)), n);
   }
+  return n;
+}
+
+TEST(PackedMap, AGrowthLeftBehindByInsertsFinishesOnTicks) {
+  packed_map map;
+  const std::uint32_t n = fill_until_growing(map);
   const std::size_t bytes_growing = map.memory_bytes();
   std::size_t ticks = 0;
   while (map.growing() && ticks < 1000) {
@@ -258,11 +265,7 @@ TEST(PackedMap, AGrowthLeftBehindByInsertsFinishesOnTicks) {
 
 TEST(PackedMap, MovesAndClearsMidGrowth) {
   packed_map map;
-  std::uint32_t n = 0;
-  while (!map.growing() || map.capacity() < 8192) {
-    ++n;
-    map.insert_new(key_n(n), packed_hash(key_n(n)), n);
-  }
+  const std::uint32_t n = fill_until_growing(map);
   packed_map moved(std::move(map));
   EXPECT_FALSE(map.growing());
   EXPECT_TRUE(moved.growing());
