@@ -91,6 +91,39 @@ void key_list::assign(std::span<const std::string_view> keys) {
   }
 }
 
+void key_list::assign_within_one_buffer(std::span<const std::string_view> keys) {
+  if (keys.empty()) {
+    clear();
+    return;
+  }
+  // One copy of the range the keys span, gaps included, when they are in order and
+  // close together (a parsed body's strings lie in document order, 5 bytes apart).
+  constexpr std::size_t gap_max = 16;  // per key, on average
+  const char* first = keys.front().data();
+  const char* end = first;
+  std::size_t total = 0;
+  bool in_order = true;
+  for (std::string_view k : keys) {
+    total += k.size();
+    in_order = in_order && k.data() >= end;
+    end = k.data() + k.size();
+  }
+  const auto span = static_cast<std::size_t>(end - first);
+  const bool aliased =
+      points_into(first, bytes_.data(), bytes_.capacity() + 1) ||
+      points_into(keys.data(), views_.data(), views_.capacity() * sizeof(std::string_view));
+  if (!in_order || aliased || span > total + gap_max * keys.size()) {
+    assign(keys);
+    return;
+  }
+  bytes_.assign(first, span);
+  views_.clear();
+  views_.reserve(keys.size());
+  for (std::string_view k : keys) {
+    views_.emplace_back(bytes_.data() + (k.data() - first), k.size());
+  }
+}
+
 bool parse_rank(std::string_view text, std::int64_t& rank) {
   std::size_t i = 0;
   bool negative = false;

@@ -37,6 +37,10 @@ class key_list {
   // Replaces the contents with copies of `keys` (which may alias this list): the
   // storage is sized once, so the views never move.
   void assign(std::span<const std::string_view> keys);
+  // The same, for keys that all point into one buffer (a parsed body's strings, as the
+  // decoder's are): the range they span is copied at once when they are in order and
+  // close together, else key by key.
+  void assign_within_one_buffer(std::span<const std::string_view> keys);
   std::span<const std::string_view> views() const { return views_; }
   std::size_t size() const { return views_.size(); }
   std::string_view operator[](std::size_t i) const { return views_[i]; }

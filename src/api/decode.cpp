@@ -198,7 +198,10 @@ bool get_int64(element value, std::int64_t& out) {
   return value.get_int64().get(out) == simdjson::SUCCESS;
 }
 
-bool get_string(element value, std::string_view& out) {
+// Always inlined: called out of line it returns the view through memory, and reading
+// those two stores back as one 16-byte value stalls on store forwarding, once per key
+// (10% of a 1,250-key batch_exists, measured).
+[[gnu::always_inline]] inline bool get_string(element value, std::string_view& out) {
   return value.get_string().get(out) == simdjson::SUCCESS;
 }
 
@@ -304,7 +307,7 @@ error decoder::decode_allocate(std::string_view body, allocate_cmd& out) {
     }
   }
   out.rank = rank;
-  out.keys.assign(scratch_);
+  out.keys.assign_within_one_buffer(scratch_);
   return {};
 }
 
@@ -360,7 +363,7 @@ error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
     }
   }
   out.rank = rank;
-  out.keys.assign(scratch_);
+  out.keys.assign_within_one_buffer(scratch_);
   return {};
 }
 
@@ -376,7 +379,7 @@ error decoder::decode_key_strings(std::string_view body, key_list& out) {
     }
     if (error e = collect_string_keys(list, scratch_)) return e;
   }
-  out.assign(scratch_);
+  out.assign_within_one_buffer(scratch_);
   return {};
 }
 
@@ -403,7 +406,7 @@ error decoder::decode_locations(std::string_view body, locations_cmd& out) {
     if (error e = collect_string_keys(list, scratch_)) return e;
   }
   out.rank = rank;
-  out.keys.assign(scratch_);
+  out.keys.assign_within_one_buffer(scratch_);
   return {};
 }
 

@@ -1,5 +1,7 @@
 // key_list ownership and the {rank} path segment parser.
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -114,6 +116,63 @@ TEST(KeyList, VectorOfListsSurvivesReallocation) {
   std::vector<key_list> lists;
   for (int i = 0; i < 50; ++i) lists.push_back(make_list({std::to_string(i), "k"}));
   for (int i = 0; i < 50; ++i) expect_owned(lists[i], {std::to_string(i), "k"});
+}
+
+// Views of `buffer` at (offset, size) pairs.
+std::vector<std::string_view> views_into(
+    const std::string& buffer, std::initializer_list<std::pair<std::size_t, std::size_t>> at) {
+  std::vector<std::string_view> views;
+  for (auto [offset, size] : at) views.emplace_back(buffer.data() + offset, size);
+  return views;
+}
+
+bool inside(std::string_view view, const std::string& buffer) {
+  std::less<const char*> lt;
+  return !lt(view.data(), buffer.data()) && lt(view.data(), buffer.data() + buffer.size());
+}
+
+TEST(KeyList, AssignWithinOneBufferCopiesKeysSpreadThroughIt) {
+  // As simdjson lays strings out: a length prefix before each, a NUL after.
+  std::string buffer = "....alpha.....beta.........gamma.";
+  const auto views = views_into(buffer, {{4, 5}, {14, 4}, {18, 0}, {27, 5}});
+  key_list list = make_list({"old", "contents"});
+  list.assign_within_one_buffer(views);
+  for (std::string_view v : list.views()) EXPECT_FALSE(inside(v, buffer));
+  buffer.assign(buffer.size(), 'X');  // the parser reuses its buffer
+  expect_owned(list, {"alpha", "beta", "", "gamma"});
+  key_list copy(list);
+  list.clear();
+  expect_owned(copy, {"alpha", "beta", "", "gamma"});
+}
+
+TEST(KeyList, AssignWithinOneBufferTakesKeysOutOfOrderOrFarApartOneByOne) {
+  std::string buffer(4096, '.');
+  buffer.replace(0, 3, "one");
+  buffer.replace(10, 3, "two");
+  buffer.replace(4000, 5, "three");
+  const std::vector<std::vector<std::string_view>> cases = {
+      views_into(buffer, {{10, 3}, {0, 3}}),             // out of order
+      views_into(buffer, {{0, 3}, {0, 3}}),              // the same key twice
+      views_into(buffer, {{0, 3}, {10, 3}, {4000, 5}}),  // far apart
+      views_into(buffer, {{0, 3}, {1, 2}}),              // overlapping
+  };
+  const std::vector<strs> expected = {
+      {"two", "one"}, {"one", "one"}, {"one", "two", "three"}, {"one", "ne"}};
+  std::vector<key_list> lists(cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) lists[i].assign_within_one_buffer(cases[i]);
+  buffer.assign(buffer.size(), 'X');
+  for (std::size_t i = 0; i < cases.size(); ++i) expect_owned(lists[i], expected[i]);
+}
+
+TEST(KeyList, AssignWithinOneBufferFromItsOwnViewsOrNothing) {
+  key_list list = make_list({"alpha", "beta", "gamma"});
+  list.assign_within_one_buffer(list.views());
+  expect_owned(list, {"alpha", "beta", "gamma"});
+  std::vector<std::string_view> tail = {list[1], list[2]};
+  list.assign_within_one_buffer(tail);
+  expect_owned(list, {"beta", "gamma"});
+  list.assign_within_one_buffer({});
+  EXPECT_EQ(list.size(), 0u);
 }
 
 struct rank_case {
