@@ -97,19 +97,38 @@ function M.populate(rank, count, batch)
   end
 end
 
--- A static POST: wrk builds the request once and replays it (no per-request Lua).
--- A wrk setup() that gives rank 1 (1M pages) `count` confirmed keys, once per run. It
--- is the only worker rank, so every key is complete.
-function M.populated_rank_setup(count)
-  local ready = false
-  return function(thread)
-    if ready then return end
-    ready = true
-    M.init_rank(1, 1048576)
-    M.populate(1, count, 16384)
-  end
+-- The ranks the load is spread over: RANKS=n in the environment (the multi-core runs of
+-- scripts/bench.sh --scaling), else 1. Rank r belongs to core r mod N, so one rank would
+-- send every request to one core.
+M.ranks = math.max(tonumber(os.getenv("RANKS") or "1"), 1)
+
+-- Gives ranks first .. first + ranks - 1 (1M pages each) `count` confirmed keys each,
+-- the same keys on every rank; skipped once they hold them. They are the only worker
+-- ranks and all are initialised before any confirm, so every key is complete.
+function M.populate_ranks(count, first, ranks)
+  for r = first, first + ranks - 1 do M.init_rank(r, 1048576) end
+  for r = first, first + ranks - 1 do M.populate(r, count, 16384) end
 end
 
+-- Gives each wrk thread a rank of its own (first + thread number mod M.ranks) in the
+-- global `rank` of its Lua state. Returns a setup() that does that and calls `once()`
+-- before the first thread, and an init() that sets the thread's path and body from
+-- `post_for(rank)` (wrk's own init calls it, then formats the request once: it stays
+-- static).
+function M.per_thread_rank(first, post_for, once)
+  local next_id = 0
+  local function setup(thread)
+    if next_id == 0 and once then once() end
+    thread:set("rank", first + next_id % M.ranks)
+    next_id = next_id + 1
+  end
+  local function init(args)
+    wrk.path, wrk.body = post_for(rank)
+  end
+  return setup, init
+end
+
+-- A static POST: wrk builds the request once and replays it (no per-request Lua).
 function M.static_post(path, body)
   wrk.method = "POST"
   wrk.path = path

@@ -3,10 +3,18 @@
 package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
 local common = require("common")
 
-local keys_total = 1000000
-common.static_post("/keys/get_locations",
-                   '{"rank":1,"keys":' .. common.keys_json(common.ids(0, 128, 7919, keys_total), false) .. '}')
+-- KEYS overrides the keys per rank (the multi-core runs use fewer: they populate one
+-- rank per core).
+local keys_total = tonumber(os.getenv("KEYS") or "1000000")
+local ids_json = common.keys_json(common.ids(0, 128, 7919, keys_total), false)
+local function post_for(rank)
+  return "/keys/get_locations", '{"rank":' .. rank .. ',"keys":' .. ids_json .. '}'
+end
+common.static_post(post_for(1))
 
-setup = common.populated_rank_setup(keys_total)
+-- Ranks 1 .. RANKS, one per wrk thread, each holding the same keys.
+setup, init = common.per_thread_rank(1, post_for, function()
+  common.populate_ranks(keys_total, 1, common.ranks)
+end)
 
 done = common.done

@@ -3,13 +3,15 @@
 package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
 local common = require("common")
 
-common.static_post("/rank/0/initialize", '{"num_pages":1024,"role":"worker"}')
-
-local ready = false
-function setup(thread)
-  -- nginx (the yardstick) answers this too, so the same script drives both.
-  if not ready then common.post("/rank/0/initialize", wrk.body) end
-  ready = true
+local function post_for(rank)
+  return "/rank/" .. rank .. "/initialize", '{"num_pages":1024,"role":"worker"}'
 end
+common.static_post(post_for(0))
+
+-- Ranks 0 .. RANKS-1, one per wrk thread. nginx (the yardstick) answers this too, so the
+-- same script drives both.
+setup, init = common.per_thread_rank(0, post_for, function()
+  for r = 0, common.ranks - 1 do common.post(post_for(r)) end
+end)
 
 done = common.done
