@@ -45,7 +45,7 @@ wrk_dir="$root/bench/wrk"
 
 case $mode in
   quick) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
-  scaling) seconds=3; warmup=2; runs=3 ;;  # 12 server starts: ~3 minutes on 16 CPUs
+  scaling) seconds=3; warmup=2; runs=3; replay_seconds=5 ;;  # ~4 minutes on 16 CPUs
   *) seconds=10; warmup=2; runs=3; replay_seconds=10; replay_runs=3 ;;
 esac
 server_port=18310
@@ -275,41 +275,68 @@ cpu_jiffies() {
   END { print busy, total }' /proc/stat
 }
 
+# One row of the scaling table: name cores req/s p99 cpu_us base_req/s jiffies0 jiffies1.
+scaling_row() {
+  awk -v name="$1" -v n="$2" -v r="$3" -v p="$4" -v c="$5" -v b="$6" -v j0="$7" -v j1="$8" \
+    'BEGIN {split(j0, a, " "); split(j1, z, " ")
+      printf "| %s | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.0f%% |\n", name, n, r, p, c, r / b, r / (b * n),
+        100 * (z[1] - a[1]) / (z[2] - a[2])}'
+}
+
 # 1, 2, 4, 8 server cores on CPUs 0..n-1, as many of them as fit in half the machine;
-# wrk on the other half (the same load capacity for every n). Efficiency = req/s(n) /
-# (n x req/s(1)); the target is >= 0.8 with 8 cores (16+ CPUs). The load is spread over
-# 8 ranks (one per wrk thread, rank r on core r mod n), as TP 8 spreads it; one rank
-# would put every rank-bound request on one core. "load busy" is how much of its CPUs
-# wrk used (warm-up and runs): near 100%, the load generator limits the row.
+# the load on the other half (the same load capacity for every n). Efficiency = req/s(n)
+# / (n x req/s(1)); the target is >= 0.8 with 8 cores (16+ CPUs). The wrk load is
+# spread over 8 ranks (one per wrk thread, rank r on core r mod n), as TP 8 spreads it;
+# one rank would put every rank-bound request on one core. The connector replay runs
+# back to back with one metad-load loop per load CPU and 2 engines per loop (at least
+# 4). "load busy" is how much of its CPUs the load used (warm-up included): near 100%,
+# the load generator, not the server, limits the row.
 run_scaling() {
   local cpus_total half
   cpus_total=$(nproc)
   half=$((cpus_total / 2))
   ((half >= 1)) || { echo "bench.sh: --scaling needs >= 2 CPUs" >&2; exit 1; }
-  local load="$half-$((cpus_total - 1))" wrk_threads=$((cpus_total - half)) n c name script j0 j1
+  local load="$half-$((cpus_total - 1))" load_threads=$((cpus_total - half)) n c name script j0 j1
   local -a counts=()
   for n in 1 2 4 8; do ((n <= half)) && counts+=("$n"); done
   ((half >= 8)) || echo "bench.sh: $cpus_total CPUs: server cores ${counts[*]} only (8 needs 16 CPUs)" >&2
   echo "| case | server cores | req/s | p99 µs | CPU µs/req | speedup | efficiency | load busy |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+  local base rps p99 cpu
   for c in "initialize, 8 ranks:initialize.lua" "get_locations 128 keys, 8 ranks of 128k keys:get_locations.lua" \
     "batch_exists 1250 keys, 1M dir:batch_exists.lua"; do
     IFS=: read -r name script <<<"$c"
-    local base=""
+    base=""
     for n in "${counts[@]}"; do
       : >"$rows"
       start_server uring "0-$((n - 1))"
       j0=$(cpu_jiffies "$load")
-      RANKS=8 KEYS=131072 wrk_case "$name" uring "$server_port" "$script" "$wrk_threads" 256 "$load" "$server_pid"
+      RANKS=8 KEYS=131072 wrk_case "$name" uring "$server_port" "$script" "$load_threads" 256 "$load" "$server_pid"
       j1=$(cpu_jiffies "$load")
       stop_server
       IFS='|' read -r _ _ rps _ p99 cpu _ <"$rows"
       base=${base:-$rps}
-      awk -v name="$name" -v n="$n" -v r="$rps" -v p="$p99" -v c="$cpu" -v b="$base" -v j0="$j0" -v j1="$j1" \
-        'BEGIN {split(j0, a, " "); split(j1, z, " ")
-          printf "| %s | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.0f%% |\n", name, n, r, p, c, r / b, r / (b * n),
-            100 * (z[1] - a[1]) / (z[2] - a[2])}'
+      scaling_row "$name" "$n" "$rps" "$p99" "$cpu" "$base" "$j0" "$j1"
     done
+  done
+  local engines=$((load_threads * 2 > 4 ? load_threads * 2 : 4)) t0 t1 total
+  name="replay ${engines}x8 back to back (p99: worst endpoint)"
+  base=""
+  for n in "${counts[@]}"; do
+    start_server uring "0-$((n - 1))"
+    j0=$(cpu_jiffies "$load")
+    t0=$(cpu_ticks "$server_pid")
+    taskset -c "$load" "$load_bin" --port "$server_port" --engines "$engines" --tp 8 \
+      --threads "$load_threads" --seconds "$replay_seconds" >"$tmp/replay.log" || echo "bench.sh: metad-load reported errors" >&2
+    t1=$(cpu_ticks "$server_pid")
+    j1=$(cpu_jiffies "$load")
+    stop_server
+    total=$(field total_requests <<<"$(grep total_requests "$tmp/replay.log")")
+    rps=$(awk -v t="$total" -v s="$replay_seconds" 'BEGIN {print t / s}')
+    p99=$(awk -F'|' '/^\| (batch|confirm|get)/ {if ($7 + 0 > m) m = $7 + 0} END {print m}' "$tmp/replay.log")
+    cpu=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$total" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')
+    base=${base:-$rps}
+    scaling_row "$name" "$n" "$rps" "$p99" "$cpu" "$base" "$j0" "$j1"
   done
 }
 

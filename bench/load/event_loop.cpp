@@ -55,9 +55,6 @@ void async_connection::expire(clock_type::time_point now) {
 
 event_loop::event_loop(bool spin) : spin_(spin), epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
   if (epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
-  // Paced calls sleep until their start; the default 50 µs of timer slack would be
-  // counted in every latency.
-  ::prctl(PR_SET_TIMERSLACK, 1UL);
 }
 
 event_loop::~event_loop() { ::close(epoll_fd_); }
@@ -76,6 +73,9 @@ void event_loop::spawn(stream_task t) {
 }
 
 void event_loop::run() {
+  // Paced calls sleep until their start; the default 50 µs of timer slack (a per-thread
+  // setting) would be counted in every latency.
+  ::prctl(PR_SET_TIMERSLACK, 1UL);
   for (std::coroutine_handle<> h : std::exchange(starting_, {})) h.resume();
   epoll_event events[256];
   clock_type::time_point next_check = clock_type::now();

@@ -1,7 +1,8 @@
-// The load generator's one thread: every stream is a coroutine, every connection is
-// watched by one epoll set, and paced calls wait on a timer heap. One thread instead of
-// one per stream, so on a small machine the streams do not queue behind each other in
-// the scheduler and the latency measured is the server's, not the generator's.
+// One of the load generator's event loops (one per thread, `--threads`; one by
+// default): every stream is a coroutine, every connection is watched by one epoll set,
+// and paced calls wait on a timer heap. A loop instead of a thread per stream, so on a
+// small machine the streams do not queue behind each other in the scheduler and the
+// latency measured is the server's, not the generator's.
 //
 // `spin` polls (epoll_wait with no timeout) instead of sleeping: the load core then
 // never has to be woken, which takes tens of microseconds in a VM. For latency runs on

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "load/workload.hpp"
@@ -31,6 +32,8 @@ constexpr std::string_view kUsage = R"(Usage: metad-load [flags]
                       allocate → release pairs, back to back)
   --spin              poll the sockets instead of sleeping (latency runs with a
                       core of its own: a sleeping generator is slow to wake in a VM)
+  --threads T         event loops, one thread each (default 1); engine e's streams
+                      all run on loop e mod T, so T > engines leaves loops idle
 Engines share ranks 0..TP-1 (one model, one 3FS file per rank), so a key is complete
 once all TP ranks of its engine confirmed it. Exit status 1 if any call failed.
 )";
@@ -87,11 +90,14 @@ bench::load_options parse_flags(int argc, char** argv) {
       o.pages = static_cast<std::int64_t>(parse_number(flag, v));
     else if (flag == "--fail-fraction")
       o.fail_fraction = parse_number(flag, v);
+    else if (flag == "--threads")
+      o.threads = static_cast<int>(parse_number(flag, v));
     else
       throw std::invalid_argument("unknown flag " + std::string(flag));
   }
-  if (o.engines < 1 || o.tp < 1 || o.task_keys < 1 || o.prompt_blocks < 1 || o.prompts < 1 ||
-      o.prompts >= (1 << 24) || o.prompt_blocks >= (1 << 24) || o.seconds <= 0 || o.seconds > 3600)
+  if (o.engines < 1 || o.tp < 1 || o.threads < 1 || o.threads > 256 || o.task_keys < 1 ||
+      o.prompt_blocks < 1 || o.prompts < 1 || o.prompts >= (1 << 24) ||
+      o.prompt_blocks >= (1 << 24) || o.seconds <= 0 || o.seconds > 3600)
     throw std::invalid_argument("flag out of range (see --help)");
   return o;
 }
@@ -101,8 +107,9 @@ double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 void print_report(const bench::load_options& o, const bench::stream_stats& all) {
   char rate[64] = "back to back";
   if (o.rate > 0) std::snprintf(rate, sizeof rate, "%g calls/s per stream", o.rate);
-  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s%s\n\n", o.engines,
-              o.tp, o.engines * (1 + 2 * o.tp), o.seconds, rate, o.spin ? ", spinning" : "");
+  std::printf("connector replay: %d engines x TP %d (%d streams), %.1f s, %s%s, %d thread%s\n\n",
+              o.engines, o.tp, o.engines * (1 + 2 * o.tp), o.seconds, rate,
+              o.spin ? ", spinning" : "", o.threads, o.threads == 1 ? "" : "s");
   std::printf("| endpoint | requests | req/s | errors | p50 us | p99 us | p99.9 us | max us |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::uint64_t total = 0, errors = 0;
@@ -154,18 +161,27 @@ int main(int argc, char** argv) {
   const int streams = opt.engines * (1 + 2 * opt.tp);
   std::vector<std::unique_ptr<bench::stream_stats>> stats;
   for (int i = 0; i < streams; ++i) stats.push_back(std::make_unique<bench::stream_stats>());
-  // Every stream starts at the same instant, after all have connected.
+  // Every stream starts at the same instant, after all have connected. An engine's
+  // streams share its save progress (workload::saved), so they all run on one loop.
   const auto start = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  bench::event_loop loop(opt.spin);
+  std::vector<std::unique_ptr<bench::event_loop>> loops;
+  for (int t = 0; t < opt.threads; ++t)
+    loops.push_back(std::make_unique<bench::event_loop>(opt.spin));
   int s = 0;
   for (int e = 0; e < opt.engines; ++e) {
+    bench::event_loop& loop = *loops[static_cast<std::size_t>(e % opt.threads)];
     if (!opt.saves_only) loop.spawn(w.run_scheduler(loop, e, start, *stats[s++]));
     for (int r = 0; r < opt.tp; ++r) {
       loop.spawn(w.run_saver(loop, e, r, start, *stats[s++]));
       if (!opt.saves_only) loop.spawn(w.run_loader(loop, e, r, start, *stats[s++]));
     }
   }
-  loop.run();
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t t = 1; t < loops.size(); ++t)
+      threads.emplace_back([&loop = *loops[t]] { loop.run(); });
+    loops[0]->run();
+  }  // joins the other loops
   auto all = std::make_unique<bench::stream_stats>();
   for (const auto& st : stats) all->merge(*st);
   print_report(opt, *all);

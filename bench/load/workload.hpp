@@ -30,6 +30,7 @@ struct load_options {
   bool clear = true;             // POST /clear before the run
   bool saves_only = false;       // no scheduler or load streams
   bool spin = false;             // the event loop polls instead of sleeping
+  int threads = 1;               // event loops, one thread each
 };
 
 enum endpoint : int { ep_exists, ep_allocate, ep_confirm, ep_locations, ep_count };
