@@ -31,7 +31,12 @@ while (($#)); do
   shift
 done
 
-for tool in wrk nginx curl taskset; do
+tools="taskset"
+case $mode in
+  quick | full) tools+=" wrk nginx curl" ;;
+  scaling) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
+esac
+for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool missing: run scripts/setup.sh --bench" >&2; exit 1; }
 done
 if ((do_build)); then
