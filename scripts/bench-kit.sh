@@ -34,9 +34,11 @@ pack() {
     [[ -e "$kit/lib/$(basename "$lib")" ]] || cp -L "$lib" "$kit/lib/"
   done < <(ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
   # The wrapper finds the kit from its own path, so the kit can be moved.
+  local up
+  up=$(realpath --relative-to="$(dirname "$wrapper")" "$kit")
   cat >"$wrapper" <<EOF
 #!/bin/sh
-kit=\$(cd "\$(dirname "\$0")/$(realpath --relative-to="$(dirname "$wrapper")" "$kit")" && pwd)
+kit=\$(cd "\$(dirname "\$0")/$up" && pwd)
 exec "\$kit/lib/$(basename "$loader")" --inhibit-cache --library-path "\$kit/lib" "\$kit/real/$name" "\$@"
 EOF
   chmod +x "$wrapper"
