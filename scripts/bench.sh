@@ -35,6 +35,7 @@ tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
   scaling) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
+  memory) tools+=" curl" ;;       # waits for the server's port with it
 esac
 for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool missing: run scripts/setup.sh --bench" >&2; exit 1; }
@@ -316,7 +317,7 @@ run_scaling() {
       : >"$rows"
       start_server uring "0-$((n - 1))"
       j0=$(cpu_jiffies "$load")
-      RANKS=8 KEYS=131072 wrk_case "$name" uring "$server_port" "$script" "$load_threads" 256 "$load" "$server_pid"
+      METAD_BENCH_RANKS=8 METAD_BENCH_KEYS=131072 wrk_case "$name" uring "$server_port" "$script" "$load_threads" 256 "$load" "$server_pid"
       j1=$(cpu_jiffies "$load")
       stop_server
       IFS='|' read -r _ _ rps _ p99 cpu _ <"$rows"

@@ -97,10 +97,10 @@ function M.populate(rank, count, batch)
   end
 end
 
--- The ranks the load is spread over: RANKS=n in the environment (the multi-core runs of
--- scripts/bench.sh --scaling), else 1. Rank r belongs to core r mod N, so one rank would
--- send every request to one core.
-M.ranks = math.max(tonumber(os.getenv("RANKS") or "1"), 1)
+-- The ranks the load is spread over: METAD_BENCH_RANKS=n in the environment (the
+-- multi-core runs of scripts/bench.sh --scaling), else 1. Rank r belongs to core r mod
+-- N, so one rank would send every request to one core.
+M.ranks = math.max(math.floor(tonumber(os.getenv("METAD_BENCH_RANKS") or "") or 1), 1)
 
 -- Gives ranks first .. first + ranks - 1 (1M pages each) `count` confirmed keys each,
 -- the same keys on every rank; skipped once they hold them. They are the only worker

@@ -8,7 +8,7 @@ local function post_for(rank)
 end
 common.static_post(post_for(0))
 
--- Ranks 0 .. RANKS-1, one per wrk thread. nginx (the yardstick) answers this too, so the
+-- Ranks 0 .. METAD_BENCH_RANKS-1, one per wrk thread. nginx (the yardstick) answers this too, so the
 -- same script drives both.
 setup, init = common.per_thread_rank(0, post_for, function()
   for r = 0, common.ranks - 1 do common.post(post_for(r)) end

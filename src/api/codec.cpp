@@ -97,31 +97,33 @@ void key_list::assign_within_one_buffer(std::span<const std::string_view> keys) 
     return;
   }
   // One copy of the range the keys span, gaps included, when they are in order and
-  // close together (a parsed body's strings lie in document order, 5 bytes apart).
+  // close together: a parsed body's strings lie in document order, 5 bytes apart (10
+  // between the keys of [key, ""] pairs). Addresses are compared as integers, so keys
+  // from other buffers (a caller's mistake) only fail these tests.
   constexpr std::size_t gap_max = 16;  // per key, on average
-  const char* first = keys.front().data();
-  const char* end = first;
+  auto address = [](std::string_view k) { return reinterpret_cast<std::uintptr_t>(k.data()); };
+  const std::uintptr_t first = address(keys.front());
+  std::uintptr_t end = first;
   std::size_t total = 0;
   bool in_order = true;
   for (std::string_view k : keys) {
     total += k.size();
-    in_order = in_order && k.data() >= end;
-    end = k.data() + k.size();
+    in_order = in_order && address(k) >= end;
+    end = address(k) + k.size();
   }
-  const auto span = static_cast<std::size_t>(end - first);
+  const std::size_t span = end - first;
   const bool aliased =
-      points_into(first, bytes_.data(), bytes_.capacity() + 1) ||
+      points_into(keys.front().data(), bytes_.data(), bytes_.capacity() + 1) ||
       points_into(keys.data(), views_.data(), views_.capacity() * sizeof(std::string_view));
   if (!in_order || aliased || span > total + gap_max * keys.size()) {
     assign(keys);
     return;
   }
-  bytes_.assign(first, span);
+  bytes_.assign(keys.front().data(), span);
   views_.clear();
   views_.reserve(keys.size());
-  for (std::string_view k : keys) {
-    views_.emplace_back(bytes_.data() + (k.data() - first), k.size());
-  }
+  for (std::string_view k : keys)
+    views_.emplace_back(bytes_.data() + (address(k) - first), k.size());
 }
 
 bool parse_rank(std::string_view text, std::int64_t& rank) {

@@ -150,6 +150,8 @@ TEST(KeyList, AssignWithinOneBufferCopiesKeysSpreadThroughIt) {
   key_list list = make_list({"old", "contents"});
   list.assign_within_one_buffer(views);
   for (std::string_view v : list.views()) EXPECT_FALSE(inside(v, buffer));
+  // Copied as one range: the keys keep their distances (one by one they would not).
+  EXPECT_EQ(list[3].data() - list[0].data(), 27 - 4);
   buffer.assign(buffer.size(), 'X');  // the parser reuses its buffer
   expect_owned(list, {"alpha", "beta", "", "gamma"});
   key_list copy(list);
@@ -161,15 +163,20 @@ TEST(KeyList, AssignWithinOneBufferTakesKeysOutOfOrderOrFarApartOneByOne) {
   std::string buffer(4096, '.');
   buffer.replace(0, 3, "one");
   buffer.replace(10, 3, "two");
+  buffer.replace(20, 3, "six");
   buffer.replace(4000, 5, "three");
   const std::vector<std::vector<std::string_view>> cases = {
       views_into(buffer, {{10, 3}, {0, 3}}),             // out of order
+      views_into(buffer, {{10, 3}, {0, 3}, {20, 3}}),    // one key out of order
       views_into(buffer, {{0, 3}, {0, 3}}),              // the same key twice
       views_into(buffer, {{0, 3}, {10, 3}, {4000, 5}}),  // far apart
       views_into(buffer, {{0, 3}, {1, 2}}),              // overlapping
   };
-  const std::vector<strs> expected = {
-      {"two", "one"}, {"one", "one"}, {"one", "two", "three"}, {"one", "ne"}};
+  const std::vector<strs> expected = {{"two", "one"},
+                                      {"two", "one", "six"},
+                                      {"one", "one"},
+                                      {"one", "two", "three"},
+                                      {"one", "ne"}};
   std::vector<key_list> lists(cases.size());
   for (std::size_t i = 0; i < cases.size(); ++i) lists[i].assign_within_one_buffer(cases[i]);
   buffer.assign(buffer.size(), 'X');
