@@ -1,6 +1,7 @@
 // Native liburing transport: one ring per core, created on that core's thread. Each
 // connection is a coroutine that awaits single-shot recv/send completions; accepts are
-// multishot; all submissions of an iteration go out in one io_uring_enter.
+// multishot; all submissions of an iteration go out in one io_uring_enter, or earlier
+// when an answer among them has waited kSendHoldNs.
 #include <liburing.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,6 +32,25 @@ std::uint64_t now_ms() {
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
 }
+
+std::uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000 +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// An answer queued for sending waits for the end of the loop iteration, when all of the
+// iteration's submissions go out in one io_uring_enter (one wake-up of a client that
+// multiplexes its connections, where an answer each would wake it each time). Without
+// a bound, the requests handled after it in the same iteration held it for their whole
+// run: in the connector replay at 100 calls/s per stream, 2.1% of answers waited over
+// 256 µs and some for milliseconds. So the queue is submitted as soon as its oldest
+// answer has waited kSendHoldNs (checked after each completion): 0.04% then wait over
+// 256 µs. Measured cost with clients that multiplex (wrk, metad-load): ~3% of CPU on
+// get_locations, ~1 µs per fresh save pair, ~15% on batch_exists (each answer then
+// wakes the client). Submitting before every request instead cost 20–35%.
+constexpr std::uint64_t kSendHoldNs = 50'000;
 
 // Every SQE's user_data points at one of these.
 struct completion {
@@ -123,6 +143,9 @@ class uring_loop {
  private:
   detached serve(connection* c);
   void send_output(connection* c);
+  // Submits the queued SQEs now if an answer among them has waited kSendHoldNs (or at
+  // all, with `now`), instead of at the end of the iteration.
+  void submit_held_sends(bool now = false);
   void on_send(connection* c, int result);
   void arm_accept(listener& l);
   void arm_wake();
@@ -156,6 +179,7 @@ class uring_loop {
   std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   __kernel_timespec tick_{};
   bool stopping_ = false;
+  std::uint64_t oldest_send_ns_ = 0;  // when the oldest unsubmitted send was queued; 0: none
   std::uint64_t stop_deadline_ms_ = 0;
   std::uint64_t now_ms_ = now_ms();
 };
@@ -282,6 +306,13 @@ void uring_loop::send_output(connection* c) {
   io_uring_prep_send(sqe(&c->send_done), c->fd, c->sending.data() + c->sent,
                      c->sending.size() - c->sent, MSG_NOSIGNAL);
   c->send_in_flight = true;
+  if (oldest_send_ns_ == 0) oldest_send_ns_ = now_ns();
+}
+
+void uring_loop::submit_held_sends(bool now) {
+  if (oldest_send_ns_ == 0 || (!now && now_ns() - oldest_send_ns_ < kSendHoldNs)) return;
+  oldest_send_ns_ = 0;
+  io_uring_submit(&ring_);
 }
 
 void uring_loop::on_send(connection* c, int result) {
@@ -359,6 +390,7 @@ void uring_loop::sweep() {
 void uring_loop::on_wake(const io_uring_cqe&) { arm_wake(); }
 
 void uring_loop::on_tick(const io_uring_cqe&) {
+  submit_held_sends(true);  // the tick's lease and growth work may run for a while
   now_ms_ = now_ms();
   sweep();
   retry_flush_ = true;
@@ -416,12 +448,14 @@ void uring_loop::run() {
       for (connection* c : batch) {
         std::coroutine_handle<> h = std::exchange(c->parked, {});
         if (h) h.resume();
+        submit_held_sends();
       }
     }
     maybe_flush();
     if (!stopping_ && hooks_.stopping()) begin_stop();
     if (stopping_ && connections_.empty() && !flush_in_flight_ && hooks_.may_exit()) break;
 
+    oldest_send_ns_ = 0;  // everything queued goes out now
     if (hooks_.prepare_sleep()) {
       io_uring_submit_and_wait(&ring_, 1);
       hooks_.woke();
@@ -435,6 +469,7 @@ void uring_loop::run() {
       ++seen;
       auto* c = static_cast<completion*>(io_uring_cqe_get_data(cqe));
       if (c) c->on_cqe(c, *cqe);
+      submit_held_sends();
     }
     io_uring_cq_advance(&ring_, seen);
   }
