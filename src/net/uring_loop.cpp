@@ -44,12 +44,14 @@ std::uint64_t now_ns() {
 // iteration's submissions go out in one io_uring_enter (one wake-up of a client that
 // multiplexes its connections, where an answer each would wake it each time). Without
 // a bound, the requests handled after it in the same iteration held it for their whole
-// run: in the connector replay at 100 calls/s per stream, 2.1% of answers waited over
-// 256 µs and some for milliseconds. So the queue is submitted as soon as its oldest
-// answer has waited kSendHoldNs (checked after each completion): 0.04% then wait over
-// 256 µs. Measured cost with clients that multiplex (wrk, metad-load): ~3% of CPU on
-// get_locations, ~1 µs per fresh save pair, ~15% on batch_exists (each answer then
-// wakes the client). Submitting before every request instead cost 20–35%.
+// run: in the connector replay at 100 calls/s per stream, 1.7–8.3% of answers waited
+// over 256 µs, and after a stall of the host up to 4% over 1 ms (the whole backlog was
+// handled before anything was sent). So the queue is submitted as soon as its oldest
+// answer has waited kSendHoldNs (checked after each completion): 0.08–0.16% then wait
+// over 256 µs, none over 1 ms. Measured cost with clients that multiplex (wrk,
+// metad-load): ~3% of CPU on get_locations, ~1 µs per fresh save pair, ~15% on
+// batch_exists (each answer then wakes the client). Submitting before every request
+// instead cost 20–35%.
 constexpr std::uint64_t kSendHoldNs = 50'000;
 
 // Every SQE's user_data points at one of these.
