@@ -142,6 +142,9 @@ EOF
   nginx_pids+=("${workers[@]}")
 }
 
+# Server CPU µs per request: clock ticks used, requests served.
+us_per_request() { awk -v d="$1" -v hz="$hz" -v n="$2" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}'; }
+
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
@@ -163,7 +166,7 @@ wrk_case() {  # name transport port script threads connections cpus pids...
     rps+=("$(field rps <<<"$out")")
     p50+=("$(field p50_us <<<"$out")")
     p99+=("$(field p99_us <<<"$out")")
-    cpu+=("$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$req" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')")
+    cpu+=("$(us_per_request $((t1 - t0)) "$req")")
     bad=$((bad + $(field bad <<<"$out")))
   done
   echo "$name|$io|$(printf '%s\n' "${rps[@]}" | median)|$(printf '%s\n' "${p50[@]}" | median)|$(printf '%s\n' "${p99[@]}" | median)|$(printf '%s\n' "${cpu[@]}" | median)|$bad" >>"$rows"
@@ -171,23 +174,35 @@ wrk_case() {  # name transport port script threads connections cpus pids...
 
 # Connector replay, 4 engines x TP 8 (68 streams), one fresh server per run; one row
 # per endpoint (CPU per request is over all endpoints: they share the server).
+# One connector replay against a fresh server: replay_run transport server_cpus
+# load_cpus [metad-load flags]. Leaves metad-load's report in $tmp/replay.log, its total
+# in $replay_total and the server's CPU per request in $replay_cpu.
+replay_total=0
+replay_cpu=0
+replay_run() {
+  local io=$1 cpus=$2 on=$3 t0 t1
+  shift 3
+  start_server "$io" "$cpus"
+  t0=$(cpu_ticks "$server_pid")
+  taskset -c "$on" "$load_bin" --port "$server_port" --tp 8 --seconds "$replay_seconds" "$@" \
+    >"$tmp/replay.log" || echo "bench.sh: metad-load reported errors" >&2
+  t1=$(cpu_ticks "$server_pid")
+  stop_server
+  replay_total=$(field total_requests <<<"$(grep total_requests "$tmp/replay.log")")
+  replay_cpu=$(us_per_request $((t1 - t0)) "$replay_total")
+}
+
 replay_case() {  # transport rate
-  local io=$1 rate=$2 label="replay 4x8" run t0 t1 total spin=()
+  local io=$1 rate=$2 label="replay 4x8" run spin=()
   # Paced runs measure latency: the generator polls on its core, so that waking it (tens
   # of µs in a VM) is not counted as the server's. Back-to-back runs measure CPU per
   # request with a generator that sleeps, as a real client does.
   [[ $rate != 0 ]] && label="replay 4x8 @${rate}/s" && spin=(--spin)
   : >"$tmp/replay.rows"
   for run in $(seq "$replay_runs"); do
-    start_server "$io" "$server_cpus"
-    t0=$(cpu_ticks "$server_pid")
-    taskset -c "$load_cpus" "$load_bin" --port "$server_port" --engines 4 --tp 8 \
-      --seconds "$replay_seconds" --rate "$rate" "${spin[@]}" >"$tmp/replay.log" || echo "bench.sh: metad-load reported errors" >&2
-    t1=$(cpu_ticks "$server_pid")
-    stop_server
+    replay_run "$io" "$server_cpus" "$load_cpus" --engines 4 --rate "$rate" "${spin[@]}"
     cp "$tmp/replay.log" "$tmp/replay-$io-$rate-$run.log"
-    total=$(field total_requests <<<"$(grep total_requests "$tmp/replay.log")")
-    awk -F'|' -v run="$run" -v cpu="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$total" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')" \
+    awk -F'|' -v cpu="$replay_cpu" \
       '/^\| (batch|confirm|get)/ {gsub(/ /, ""); print $2, $4, $6, $7, $5, cpu}' "$tmp/replay.log" >>"$tmp/replay.rows"
   done
   local ep sel
@@ -325,24 +340,17 @@ run_scaling() {
       scaling_row "$name" "$n" "$rps" "$p99" "$cpu" "$base" "$j0" "$j1"
     done
   done
-  local engines=$((load_threads * 2 > 4 ? load_threads * 2 : 4)) t0 t1 total
+  local engines=$((load_threads * 2 > 4 ? load_threads * 2 : 4))
   name="replay ${engines}x8 back to back (p99: worst endpoint)"
   base=""
   for n in "${counts[@]}"; do
-    start_server uring "0-$((n - 1))"
     j0=$(cpu_jiffies "$load")
-    t0=$(cpu_ticks "$server_pid")
-    taskset -c "$load" "$load_bin" --port "$server_port" --engines "$engines" --tp 8 \
-      --threads "$load_threads" --seconds "$replay_seconds" >"$tmp/replay.log" || echo "bench.sh: metad-load reported errors" >&2
-    t1=$(cpu_ticks "$server_pid")
+    replay_run uring "0-$((n - 1))" "$load" --engines "$engines" --threads "$load_threads"
     j1=$(cpu_jiffies "$load")
-    stop_server
-    total=$(field total_requests <<<"$(grep total_requests "$tmp/replay.log")")
-    rps=$(awk -v t="$total" -v s="$replay_seconds" 'BEGIN {print t / s}')
+    rps=$(awk -v t="$replay_total" -v s="$replay_seconds" 'BEGIN {print t / s}')
     p99=$(awk -F'|' '/^\| (batch|confirm|get)/ {if ($7 + 0 > m) m = $7 + 0} END {print m}' "$tmp/replay.log")
-    cpu=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$total" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')
     base=${base:-$rps}
-    scaling_row "$name" "$n" "$rps" "$p99" "$cpu" "$base" "$j0" "$j1"
+    scaling_row "$name" "$n" "$rps" "$p99" "$replay_cpu" "$base" "$j0" "$j1"
   done
 }
 
