@@ -55,6 +55,10 @@ metadata server; same HTTP API, default port 18000).
                             (on every rank) to serve an allocation (default none: -1)
   --read-lease-ms N         keys whose pages get_locations returned are not evicted or
                             deleted for N ms (default 10000)
+  --incomplete-grace-ms N   a key confirmed on some ranks but not all, with no reservation
+                            left, is removed on every rank N ms after its last
+                            confirmation: no writer will complete it (default 30000; 0:
+                            never)
   --log-level LEVEL         error|warn|info|debug (default info)
   --help                    this text
   --version                 print the version
@@ -186,6 +190,8 @@ metad::config parse_flags(int argc, char** argv) {
         throw usage_error("--eviction: expected none or lru");
     } else if (flag == "--read-lease-ms") {
       cfg.read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag == "--incomplete-grace-ms") {
+      cfg.incomplete_grace_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--log-level") {
       if (value == "error")
         cfg.log = metad::log_level::error;

@@ -61,6 +61,10 @@ struct config {
   // A key whose pages get_locations returned is neither evicted nor deleted for this
   // long (its reader may still be reading the file).
   std::uint32_t read_lease_ms = 10'000;
+  // A key confirmed on some ranks but not on all of its tp_world_size, for which no rank
+  // holds a reservation, is stale this long after its last confirmation: no writer will
+  // complete it, no reader can use it, so it is removed on every rank (0: never).
+  std::uint32_t incomplete_grace_ms = 30'000;
 };
 
 }  // namespace metad

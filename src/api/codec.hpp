@@ -126,7 +126,8 @@ struct rank_info_row {
 // Server-wide counters in a /stats answer.
 struct stats_totals {
   std::uint64_t keys = 0, leased_keys = 0, evicted_keys = 0, expired_reservations = 0,
-                deleted_keys = 0, refused_releases = 0;
+                deleted_keys = 0, refused_releases = 0, incomplete_keys = 0, incomplete_pages = 0,
+                stale_keys = 0;
 };
 // Ranks in the order given: the caller sorts them.
 void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const stats_totals& t);

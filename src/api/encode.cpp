@@ -245,6 +245,9 @@ void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const 
       {R"(,"expired_reservations":)", t.expired_reservations},
       {R"(,"deleted_keys":)", t.deleted_keys},
       {R"(,"refused_releases":)", t.refused_releases},
+      {R"(,"incomplete_keys":)", t.incomplete_keys},
+      {R"(,"incomplete_pages":)", t.incomplete_pages},
+      {R"(,"stale_keys":)", t.stale_keys},
   };
   for (const auto& [name, value] : totals) {
     out.append(name);

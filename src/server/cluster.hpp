@@ -30,8 +30,16 @@ struct core_state {
   request_metrics metrics;
   flush_metrics flushes;
   net::loop_stats connections;
-  // Keys that left the directory slice here: by /keys/delete, by eviction (metrics).
-  std::uint64_t deleted_keys = 0, evicted_keys = 0;
+  // Keys that left the directory slice here: by /keys/delete, by eviction, as stale
+  // incomplete keys (metrics).
+  std::uint64_t deleted_keys = 0, evicted_keys = 0, stale_keys = 0;
+  // directory.oldest_incomplete(), published for the other cores: an allocation short of
+  // pages looks for stale keys only when some core has one. Refreshed by this core on
+  // its tick and after each confirmation or removal it settles.
+  std::atomic<std::uint64_t> oldest_incomplete{UINT64_MAX};
+  void publish_incomplete() {
+    oldest_incomplete.store(directory.oldest_incomplete(), std::memory_order_relaxed);
+  }
   // Durability (inactive without --data-dir): this core's log and its snapshots.
   store::log_writer log;
   std::uint64_t log_segment = 0;

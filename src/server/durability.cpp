@@ -264,7 +264,10 @@ void recover(cluster& cl) {
   dir.commit_generation();
   std::uint64_t records = 0, keys = 0;
   for (auto& out : outputs) records += out.records;
-  for (auto& core : cl.core) keys += core->directory.size();
+  for (auto& core : cl.core) {
+    keys += core->directory.size();
+    core->publish_incomplete();  // incomplete keys restart their grace now
+  }
   if (keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "

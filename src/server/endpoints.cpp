@@ -83,6 +83,9 @@ shard::allocate_result try_allocate(cluster& cl, core_state& core, scratch& s, b
 // Evictions one allocation may start before it answers -1: each frees as many pages as
 // were missing, so another is needed only when concurrent allocations took them first.
 constexpr int kEvictionRounds = 8;
+// Stale keys hold pages on ranks other than the short one too: a reclamation for an
+// allocation takes this many beyond the pages it misses (all of them are dead).
+constexpr std::size_t kStaleExtra = 256;
 
 }  // namespace
 
@@ -114,8 +117,17 @@ request_task run_allocate(exchange& x) {
   core_state& core = *cl.core[owner];
   bool stored = true;
   shard::allocate_result r = try_allocate(cl, core, s, stored);
-  // Short of pages: first reservations past their deadline, then eviction.
+  // Short of pages: first reservations past their deadline, then stale incomplete keys
+  // (in every eviction mode: they are dead), then the least recently used complete keys.
   if (stored && r.short_by > 0 && expire_due(cl, core) > 0) r = try_allocate(cl, core, s, stored);
+  for (int round = 0;
+       stored && r.short_by > 0 && r.evictable && round < kEvictionRounds && stale_keys_likely(cl);
+       ++round) {
+    const std::size_t reclaimed = co_await reclaim_stale(
+        cl, owner, -1, std::size_t{r.short_by} + kStaleExtra, s.removal, stored);
+    if (reclaimed == 0 || !stored) break;
+    r = try_allocate(cl, core, s, stored);
+  }
   for (int round = 0; stored && r.short_by > 0 && r.evictable &&
                       cl.cfg.evict == metad::eviction::lru && round < kEvictionRounds;
        ++round) {
@@ -189,6 +201,7 @@ request_task run_confirm(exchange& x) {
       }
       dir_core.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size,
                                            cl.clock(), s.flags);
+      dir_core.publish_incomplete();
       if (dir_core.log.enabled()) {
         for (const std::uint32_t i : walk_of(s, c))
           if (s.flags[i])
@@ -350,6 +363,9 @@ request_task run_metrics(exchange& x) {
     snap.expired_reservations += core.ranks.expired_reservations();
     snap.evicted_keys += core.evicted_keys;
     snap.deleted_keys += core.deleted_keys;
+    snap.stale_keys += core.stale_keys;
+    snap.incomplete_keys += core.directory.incomplete_count();
+    snap.incomplete_pages += core.directory.incomplete_bindings();
     snap.hops += cl.mailbox.posted(core.index);
     snap.ranks += core.ranks.rank_count();
     const net::loop_stats& conn = core.connections;

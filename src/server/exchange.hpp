@@ -16,8 +16,11 @@
 
 namespace server {
 
-// The keys a removal (delete, eviction) takes off every rank, gathered on the cores
-// that own them; home-owned, reserved before the walk starts.
+// Why keys leave every rank, for the counters.
+enum class removal_kind : std::uint8_t { deleted, evicted, stale };
+
+// The keys a removal (delete, eviction, stale reclamation) takes off every rank,
+// gathered on the cores that own them; home-owned, reserved before the walk starts.
 struct removal_job {
   std::string bytes;                   // the keys back to back
   std::vector<std::uint32_t> ends;     // key i ends at bytes[ends[i]]

@@ -66,7 +66,7 @@ auto still_valid(const cluster& cl, const removal_job& job) {
 
 // Drops every binding of job.keys on each core's ranks, then settles the keys'
 // directory slices (whose removals were begun). From core `at`, on which it ends.
-subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bool evicting,
+subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, removal_kind kind,
                                        bool& stored) {
   const int start = at;
   std::size_t left = 0;
@@ -121,9 +121,12 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, bo
       if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i], now))
         continue;
       ++left;
-      ++(evicting ? core.evicted_keys : core.deleted_keys);
+      ++(kind == removal_kind::evicted ? core.evicted_keys
+         : kind == removal_kind::stale ? core.stale_keys
+                                       : core.deleted_keys);
       if (logged) store::append_directory_remove(core.log.pending(), job.keys[i]);
     }
+    core.publish_incomplete();  // a key confirmed again meanwhile stays, incomplete
     if (!co_await persisted(cl, core)) stored = false;
   }
   co_await cl.mailbox.hop(at, start);
@@ -247,8 +250,86 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
   if (enough) keep_oldest_members(job, need);
   if (!co_await put_back(cl, at, job, !enough) || !enough) co_return 0;
   job.keep_members(cl.cores);
-  const std::size_t left = co_await remove_everywhere(cl, at, job, true, stored);
+  const std::size_t left = co_await remove_everywhere(cl, at, job, removal_kind::evicted, stored);
   co_return left;
+}
+
+bool stale_keys_likely(const cluster& cl) {
+  const std::uint64_t grace = std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+  const std::uint64_t now = cl.clock();
+  if (grace == 0 || now < grace) return false;
+  for (const auto& core : cl.core)
+    if (core->oldest_incomplete.load(std::memory_order_relaxed) <= now - grace) return true;
+  return false;
+}
+
+subtask<std::size_t> reclaim_stale(cluster& cl, int at, int from, std::size_t want,
+                                   removal_job& job, bool& stored) {
+  const std::uint64_t grace = std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+  const std::uint64_t now = cl.clock();
+  if (grace == 0 || now < grace || want == 0 || !job.begin(cl)) co_return 0;
+  const std::uint64_t cutoff = now - grace;
+  job.bytes.reserve(want * 40);
+  job.ends.reserve(want);
+  job.used.reserve(want);
+  job.member.reserve(want);
+  auto slices = [from](int c) { return from < 0 || c == from; };
+  co_await on_cores(
+      cl, at, slices,
+      [&](int c) {
+        core_state& core = *cl.core[c];
+        core.directory.take_stale(
+            cutoff, want - job.ends.size(),
+            [&job](std::string_view key, std::uint64_t confirmed) { job.add(key, confirmed); });
+        core.publish_incomplete();
+      },
+      still_valid(cl, job));
+  if (job.ends.empty()) co_return 0;
+  job.seal(cl.cores);
+  // A key that some rank still holds a reservation for has a writer at work (a lagging
+  // rank): not stale. `member` marks them here, to be put back.
+  co_await on_cores(
+      cl, at, every_core, [&](int c) { cl.core[c]->ranks.mark_reserved(job.keys, job.member); },
+      still_valid(cl, job));
+  co_await on_cores(
+      cl, at, slices,
+      [&](int c) {
+        core_state& core = *cl.core[c];
+        const std::uint64_t now_here = cl.clock();
+        for (std::size_t i = 0; i < job.keys.size(); ++i)
+          if (job.owner[i] == c && job.member[i]) core.directory.abort_stale(job.keys[i], now_here);
+        core.publish_incomplete();
+      },
+      still_valid(cl, job));
+  if (!job.valid(cl)) co_return 0;
+  for (std::uint8_t& m : job.member) m = m == 0 ? 1 : 0;  // the members: no writer at work
+  job.keep_members(cl.cores);
+  co_return co_await remove_everywhere(cl, at, job, removal_kind::stale, stored);
+}
+
+namespace {
+
+// The most stale keys one background walk reclaims: bounded work per tick, as the
+// other sweeps (a walk's log record and removal lists stay small).
+constexpr std::size_t kStaleBatch = 1024;
+
+request_task stale_walk(cluster& cl, int c, stale_sweeper& sweeper) {
+  bool stored = true;
+  co_await reclaim_stale(cl, c, c, kStaleBatch, sweeper.job, stored);
+  sweeper.running = false;
+}
+
+}  // namespace
+
+void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper) {
+  core.publish_incomplete();
+  const std::uint64_t grace = std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+  const std::uint64_t now = cl.clock();
+  if (sweeper.running || grace == 0 || now < grace || cl.stopping.load() ||
+      core.directory.oldest_incomplete() > now - grace)
+    return;
+  sweeper.running = true;
+  stale_walk(cl, core.index, sweeper);
 }
 
 namespace {
@@ -305,7 +386,7 @@ request_task run_delete(exchange& x) {
         },
         still_valid(cl, job));
     job.seal(cl.cores);
-    deleted += co_await remove_everywhere(cl, home, job, false, stored);
+    deleted += co_await remove_everywhere(cl, home, job, removal_kind::deleted, stored);
     if (!busy) break;
   }
   if (!stored) {
@@ -330,13 +411,24 @@ std::string check_consistency(const cluster& cl) {
   std::string error;
   std::size_t counted = 0;
   for (const auto& core : cl.core) {
-    core->directory.for_each_key([&](std::string_view key, std::int32_t, std::int32_t count) {
+    std::size_t incomplete = 0;
+    std::uint64_t incomplete_pages = 0;
+    core->directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
       ++counted;
       const auto it = bound.find(std::string(key));
       const std::int32_t ranks = it == bound.end() ? 0 : it->second;
       if (error.empty() && ranks != count)
         error = fmt::format("key {} counts {} confirmations, {} ranks hold it", key, count, ranks);
+      if (count < tp) {
+        ++incomplete;
+        incomplete_pages += static_cast<std::uint64_t>(count);
+      }
     });
+    if (error.empty() && (incomplete != core->directory.incomplete_count() ||
+                          incomplete_pages != core->directory.incomplete_bindings()))
+      error = fmt::format("core {} tracks {} incomplete keys holding {} pages, it has {} ({})",
+                          core->index, core->directory.incomplete_count(),
+                          core->directory.incomplete_bindings(), incomplete, incomplete_pages);
   }
   if (error.empty() && counted != bound.size())
     error = fmt::format("{} keys are bound on ranks, {} in the directory", bound.size(), counted);
@@ -356,6 +448,9 @@ request_task run_stats(exchange& x) {
     t.leased_keys += core.directory.leased_count(now);
     t.evicted_keys += core.evicted_keys;
     t.deleted_keys += core.deleted_keys;
+    t.stale_keys += core.stale_keys;
+    t.incomplete_keys += core.directory.incomplete_count();
+    t.incomplete_pages += core.directory.incomplete_bindings();
     t.expired_reservations += core.ranks.expired_reservations();
     t.refused_releases += core.ranks.refused_releases();
     core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {

@@ -1,9 +1,10 @@
 // Page lifecycle beyond the reference server: reservations that expire, keys deleted on
-// request, and least-recently-used eviction when a rank's pool runs out. Expiry is local
-// to a rank's core; delete and eviction walk the cores that own the keys' directory
-// slices and every core with ranks: begin at the directories (the key reads as missing
-// from then on; leased keys are refused), drop the bindings on every rank, then settle
-// the directories. Every change is logged where it happens.
+// request, stale incomplete keys reclaimed, and least-recently-used eviction when a
+// rank's pool runs out. Expiry is local to a rank's core; delete, reclamation and
+// eviction walk the cores that own the keys' directory slices and every core with
+// ranks: begin at the directories (the key reads as missing from then on; leased keys
+// are refused), drop the bindings on every rank, then settle the directories. Every
+// change is logged where it happens.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,30 @@ std::size_t expire_due(cluster& cl, core_state& core);
 // turns false if a core's log could not take the change.
 subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
                            removal_job& job, bool& stored);
+
+// Whether some core's directory slice may hold a stale key (an incomplete key last
+// confirmed --incomplete-grace-ms ago or earlier), as the cores last published it.
+bool stale_keys_likely(const cluster& cl);
+
+// From core `at`, on which it ends: reclaims up to `want` stale keys of the directory
+// slice of core `from` (-1: of every core), least recently confirmed first. A stale key
+// is incomplete, was last confirmed --incomplete-grace-ms ago or earlier, and no rank
+// holds a reservation for it (a writer at work keeps it, and it is looked at again a
+// grace later): no writer will complete it and no reader can use it, so its pages are
+// freed on every rank, as a delete would. Returns how many keys left; `stored` turns
+// false if a core's log could not take the change.
+subtask<std::size_t> reclaim_stale(cluster& cl, int at, int from, std::size_t want,
+                                   removal_job& job, bool& stored);
+
+// One core's background reclamation: at most one walk at a time.
+struct stale_sweeper {
+  removal_job job;
+  bool running = false;  // a walk is under way (the loop must not exit before it ends)
+};
+// On core `core`'s thread, every loop tick: publishes the core's oldest incomplete key
+// and, if its slice holds stale keys, starts a walk that reclaims a bounded batch of
+// them (it runs on while the loop serves; `sweeper.running` until it ends).
+void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper);
 
 // Whole-cluster consistency (tests, fuzzers; every core idle): each rank's pages agree
 // with its keys (rank_table::check_invariants), and each directory count is the number

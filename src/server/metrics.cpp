@@ -134,6 +134,14 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   line(out, "# HELP hf3fs_metad_keys Keys in the completion directory (complete or not).");
   line(out, "# TYPE hf3fs_metad_keys gauge");
   line(out, "hf3fs_metad_keys {}", snap.keys);
+  line(out,
+       "# HELP hf3fs_metad_incomplete_keys Keys confirmed by fewer ranks than their "
+       "tp_world_size (not readable yet).");
+  line(out, "# TYPE hf3fs_metad_incomplete_keys gauge");
+  line(out, "hf3fs_metad_incomplete_keys {}", snap.incomplete_keys);
+  line(out, "# HELP hf3fs_metad_incomplete_pages Bound pages (all ranks) held by incomplete keys.");
+  line(out, "# TYPE hf3fs_metad_incomplete_pages gauge");
+  line(out, "hf3fs_metad_incomplete_pages {}", snap.incomplete_pages);
   line(out, "# HELP hf3fs_metad_ranks Initialised worker ranks.");
   line(out, "# TYPE hf3fs_metad_ranks gauge");
   line(out, "hf3fs_metad_ranks {}", snap.ranks);
@@ -149,6 +157,10 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
       {"hf3fs_metad_evicted_keys_total", "Complete keys evicted (on every rank) to make room.",
        snap.evicted_keys},
       {"hf3fs_metad_deleted_keys_total", "Keys removed by /keys/delete.", snap.deleted_keys},
+      {"hf3fs_metad_stale_keys_total",
+       "Incomplete keys removed (on every rank) --incomplete-grace-ms after their last "
+       "confirmation, with no reservation left.",
+       snap.stale_keys},
   };
   for (const counter& c : counters) {
     line(out, "# HELP {} {}", c.name, c.help);

@@ -72,7 +72,8 @@ struct metrics_snapshot {
   flush_metrics flushes;
   std::uint64_t keys = 0;  // directory entries (complete or not)
   std::uint64_t refused_releases = 0;
-  std::uint64_t expired_reservations = 0, evicted_keys = 0, deleted_keys = 0;
+  std::uint64_t expired_reservations = 0, evicted_keys = 0, deleted_keys = 0, stale_keys = 0;
+  std::uint64_t incomplete_keys = 0, incomplete_pages = 0;
   std::uint64_t hops = 0;  // cross-core hand-offs posted
   std::uint64_t ranks = 0;
 };

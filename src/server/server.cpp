@@ -79,6 +79,7 @@ class core_runner final : public net::core_hooks {
     // Records of answered requests (none mode) go out before the core stops.
     const store::log_writer& log = cluster_.core[index_]->log;
     if (!log.idle() && !log.failing()) return false;
+    if (stale_.running) return false;  // its walk may be waiting on another core
     if (!drained_) {
       drained_ = true;
       // The last core to drain wakes the others, which may be asleep waiting for it.
@@ -93,6 +94,7 @@ class core_runner final : public net::core_hooks {
   int index_;
   bool drained_ = false;
   std::uint64_t flush_started_ns_ = 0;
+  stale_sweeper stale_;  // this core's background reclamation of stale keys
   // The periodic summary (core 0 only).
   std::uint64_t next_summary_ms_ = 0;
   std::uint64_t last_summary_ms_ = 0;
@@ -135,6 +137,7 @@ void core_runner::tick() {
   core_state& core = *cluster_.core[index_];
   snapshot_tick(cluster_, core);
   expire_due(cluster_, core);
+  reclaim_stale_due(cluster_, core, stale_);
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
   core.directory.advance_growth();
   core.ranks.advance_growth();

@@ -11,7 +11,8 @@
 // A 32-lowercase-hex key whose tp_world_size fits 16 bits (all of them in practice) is
 // one packed_map slot, {tp, count} packed into its 4-byte word; any other key, or a
 // larger tp, goes to a key_map with heap key bytes and full int32 counts. Beside it:
-// key_life (recency and read leases) and the bookkeeping of removals in progress.
+// key_life (recency and read leases), the incomplete keys by their last confirmation
+// (for stale-key reclamation) and the bookkeeping of removals in progress.
 namespace shard {
 namespace {
 
@@ -39,11 +40,18 @@ struct directory::impl {
   packed_map packed;           // hex keys with tp <= packed_tp_max
   key_map<completion> others;  // every other key
   key_life life;
+  // The incomplete keys (fewer confirmations than their tp_world_size, not being
+  // removed), least recently confirmed first: a key_life with recency on and no leases.
+  // A key confirmed on some ranks and then never on the others is found at the front.
+  key_life incomplete;
+  std::uint64_t incomplete_bindings = 0;  // their confirmations summed: the pages they hold
   // Removals in progress: begun (the key reads as incomplete), not yet finished.
   key_map<std::uint32_t> removing;
   // Confirmations still in flight for bindings a finished removal already dropped
   // (their count went below zero): each absorbs one add_confirmation of its key.
   key_map<std::int32_t> owed;
+
+  impl() { incomplete.set_lru(true); }
 
   // The key's entry in whichever map holds it.
   struct entry {
@@ -84,6 +92,16 @@ struct directory::impl {
   static bool is_complete(const completion& c) {
     return c.confirmed_count >= 1 && c.confirmed_count >= c.tp_world_size;
   }
+  // An incomplete key with `count` confirmations, last confirmed at now.
+  void track(std::string_view key, const parsed_key& p, std::int32_t count, std::uint64_t now) {
+    incomplete.touch(key, p, now);
+    incomplete_bindings += static_cast<std::uint64_t>(count);
+  }
+  void untrack(std::string_view key, const parsed_key& p, std::int32_t count) {
+    incomplete.forget(key, p);
+    SHARD_CHECK(incomplete_bindings >= static_cast<std::uint64_t>(count));
+    incomplete_bindings -= static_cast<std::uint64_t>(count);
+  }
   bool is_removing(std::string_view key) const {
     return removing.size() != 0 && removing.find(key, table_hash(key)) != nullptr;
   }
@@ -102,7 +120,11 @@ struct directory::impl {
     const entry e = find(key, p);
     if (!e) {
       insert(key, p, tp_world_size, 1);
-      if (life.lru() && is_complete({tp_world_size, 1})) life.touch(key, p, now);
+      if (!is_complete({tp_world_size, 1})) {
+        track(key, p, 1, now);
+      } else if (life.lru()) {
+        life.touch(key, p, now);
+      }
       return true;
     }
     const completion before = e.get();
@@ -111,9 +133,15 @@ struct directory::impl {
     } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
       ++e.slot->value.confirmed_count;
     }
-    // A key being removed joins the recency list only if its removal leaves it complete.
-    if (life.lru() && !is_complete(before) && is_complete(e.get()) && !is_removing(key))
-      life.touch(key, p, now);
+    const completion after = e.get();
+    // A key being removed is in neither list: its removal's end decides where it goes.
+    if (is_complete(before) || is_removing(key)) return false;
+    if (is_complete(after)) {
+      untrack(key, p, before.confirmed_count);
+      if (life.lru()) life.touch(key, p, now);
+    } else {
+      track(key, p, after.confirmed_count - before.confirmed_count, now);
+    }
     return false;
   }
   bool use(std::string_view key, const parsed_key& p, std::uint64_t now,
@@ -199,7 +227,9 @@ directory::removal directory::begin_removal(std::string_view key, std::uint64_t 
   if (!m.find(key, p)) return removal::absent;
   if (m.is_removing(key)) return removal::busy;
   if (m.life.leased(key, now)) return removal::leased;
-  m.life.forget(key);
+  m.life.forget(key, p);
+  if (const completion c = m.find(key, p).get(); !impl::is_complete(c))
+    m.untrack(key, p, c.confirmed_count);
   m.removing.insert_new(key, table_hash(key), 1);
   return removal::started;
 }
@@ -219,7 +249,11 @@ bool directory::finish_removal(std::string_view key, std::int32_t bindings, std:
   m.erase(e);
   if (left > 0) {  // confirmed again by ranks the removal had passed already
     m.insert(key, p, c.tp_world_size, left);
-    if (m.life.lru() && impl::is_complete({c.tp_world_size, left})) m.life.touch(key, p, now);
+    if (!impl::is_complete({c.tp_world_size, left})) {
+      m.track(key, p, left, now);
+    } else if (m.life.lru()) {
+      m.life.touch(key, p, now);
+    }
     return false;
   }
   if (left < 0) {
@@ -257,6 +291,50 @@ void directory::abort_removal(std::string_view key, std::uint64_t used, bool in_
   m.life.restore(key, p, used, in_front);
 }
 
+std::size_t directory::take_stale_impl(std::uint64_t cutoff, std::size_t n, void* take,
+                                       void (*call)(void*, std::string_view, std::uint64_t)) {
+  impl& m = *impl_;
+  std::size_t taken = 0;
+  // Without leases the list is in order of last confirmation: its front is the stalest.
+  while (taken < n && m.incomplete.oldest_time() <= cutoff) {
+    m.incomplete.take_oldest(0, 1, [&](std::string_view key, std::uint64_t confirmed) {
+      parsed_key p;
+      parse_key(key, p);
+      const impl::entry e = m.find(key, p);
+      SHARD_CHECK(e && !impl::is_complete(e.get()) && !m.is_removing(key));
+      SHARD_CHECK(m.incomplete_bindings >= static_cast<std::uint64_t>(e.get().confirmed_count));
+      m.incomplete_bindings -= static_cast<std::uint64_t>(e.get().confirmed_count);
+      m.removing.insert_new(key, table_hash(key), 1);
+      call(take, key, confirmed);
+      return key_life::offer::take;
+    });
+    ++taken;
+  }
+  return taken;
+}
+
+void directory::abort_stale(std::string_view key, std::uint64_t now) {
+  impl& m = *impl_;
+  if (m.removing.size() == 0) return;
+  auto* r = m.removing.find(key, table_hash(key));
+  if (r == nullptr) return;  // cleared meanwhile
+  m.removing.erase(*r);
+  parsed_key p;
+  parse_key(key, p);
+  const impl::entry e = m.find(key, p);
+  SHARD_CHECK(e);  // only a clear drops a key being removed
+  const completion c = e.get();
+  if (!impl::is_complete(c)) {
+    m.track(key, p, c.confirmed_count, now);
+  } else if (m.life.lru()) {  // the last confirmations came while it was taken
+    m.life.touch(key, p, now);
+  }
+}
+
+std::size_t directory::incomplete_count() const { return impl_->incomplete.size(); }
+std::uint64_t directory::incomplete_bindings() const { return impl_->incomplete_bindings; }
+std::uint64_t directory::oldest_incomplete() const { return impl_->incomplete.oldest_time(); }
+
 void directory::oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out) {
   impl_->life.oldest_used(now, n, out);
 }
@@ -279,9 +357,17 @@ void directory::restore(std::string_view key, std::int32_t tp_world_size, std::i
   parse_key(key, p);
   // Drop any entry the key has (it is in one map at most), then store it in the form
   // add_confirmation would use.
-  if (const impl::entry e = m.find(key, p)) m.erase(e);
+  if (const impl::entry e = m.find(key, p)) {
+    if (const completion c = e.get(); !impl::is_complete(c) && !m.is_removing(key))
+      m.untrack(key, p, c.confirmed_count);
+    m.erase(e);
+  }
   m.insert(key, p, tp_world_size, count);
-  if (m.life.lru() && impl::is_complete({tp_world_size, count})) m.life.touch(key, p, now);
+  if (!impl::is_complete({tp_world_size, count})) {
+    m.track(key, p, count, now);
+  } else if (m.life.lru()) {
+    m.life.touch(key, p, now);
+  }
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,
@@ -303,6 +389,8 @@ void directory::clear() {
   m.packed.clear();
   m.others.clear();
   m.life.clear();
+  m.incomplete.clear();
+  m.incomplete_bindings = 0;
   m.removing.clear();
   m.owed.clear();
 }

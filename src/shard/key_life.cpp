@@ -181,6 +181,11 @@ void key_life::forget(std::string_view key) {
   if (size() == 0) return;
   parsed_key p;
   parse_key(key, p);
+  forget(key, p);
+}
+
+void key_life::forget(std::string_view key, const parsed_key& p) {
+  if (size() == 0) return;
   if (const std::uint32_t i = find(key, p); i != 0) drop(i);
 }
 

@@ -49,6 +49,7 @@ class key_life {
   std::size_t leased_count(std::uint64_t now) const;
   // The key leaves (deleted, evicted).
   void forget(std::string_view key);
+  void forget(std::string_view key, const parsed_key& p);
 
   // Eviction: the least recently used keys without a lease at now, oldest first: offers
   // each to take(key, used) until n were taken. A leased key moves to the recent end (a
@@ -70,6 +71,11 @@ class key_life {
       drop(i);
     }
     return taken;
+  }
+  // The last use of the least recently used key (leased or not); UINT64_MAX when empty.
+  std::uint64_t oldest_time() const {
+    const std::uint32_t i = nodes_[0].next;
+    return i == 0 ? UINT64_MAX : nodes_[i].used;
   }
   // Appends the last-use times of the first n keys without a lease at now, oldest first
   // (to merge the slices of several cores); moves leased keys behind as take_oldest does.

@@ -329,6 +329,21 @@ bool rank_table::confirmed_pages(std::int64_t rank, std::span<const std::string_
   return true;
 }
 
+void rank_table::mark_reserved(std::span<const std::string_view> keys,
+                               std::span<std::uint8_t> reserved) const {
+  SHARD_CHECK(keys.size() == reserved.size());
+  if (impl_->ranks.empty() || keys.empty()) return;
+  std::vector<parsed_key> parsed(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) parse_key(keys[i], parsed[i]);
+  for (const auto& [rank, rs] : impl_->ranks) {
+    if (rs.pool.reserved_count() == 0) continue;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::uint32_t* word = rs.keys.find(keys[i], parsed[i]);
+      if (word != nullptr && !entry_word::confirmed(*word)) reserved[i] = 1;
+    }
+  }
+}
+
 std::optional<rank_stats> rank_table::stats(std::int64_t rank) const {
   const rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return std::nullopt;

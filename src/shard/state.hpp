@@ -95,6 +95,11 @@ class rank_table {
   bool confirmed_pages(std::int64_t rank, std::span<const std::string_view> keys,
                        std::span<std::int64_t> pages_out) const;
 
+  // Sets reserved[i] for each key that some rank here holds a reservation for (a writer
+  // is at work on it). Leaves the other flags as they are.
+  void mark_reserved(std::span<const std::string_view> keys,
+                     std::span<std::uint8_t> reserved) const;
+
   std::optional<rank_stats> stats(std::int64_t rank) const;
   // Calls visit(rank, stats) for every rank, in no particular order (metrics).
   template <typename Visit>
@@ -192,6 +197,27 @@ class directory {
                                     (*static_cast<Take*>(t))(key, used);
                                   });
   }
+  // Stale-key reclamation: begins the removal of up to n incomplete keys last confirmed
+  // at or before `cutoff`, least recently confirmed first, calling take(std::string_view
+  // key, std::uint64_t confirmed) for each. O(1) per key: no scan.
+  template <typename Take>
+  std::size_t take_stale(std::uint64_t cutoff, std::size_t n, Take&& take) {
+    return take_stale_impl(cutoff, n, &take,
+                           [](void* t, std::string_view key, std::uint64_t confirmed) {
+                             (*static_cast<Take*>(t))(key, confirmed);
+                           });
+  }
+  // Calls off a removal take_stale began (a rank still holds a reservation for the key: a
+  // writer is at work): tracked again as last confirmed at now, or, if confirmations made
+  // it complete meanwhile, a complete key used at now. The caller makes sure the
+  // directory was not cleared in between.
+  void abort_stale(std::string_view key, std::uint64_t now);
+  // Incomplete keys: confirmed by fewer ranks than their tp_world_size, not being removed.
+  std::size_t incomplete_count() const;
+  // The pages they hold on the ranks: their confirmations summed.
+  std::uint64_t incomplete_bindings() const;
+  // When the least recently confirmed incomplete key was last confirmed; UINT64_MAX: none.
+  std::uint64_t oldest_incomplete() const;
   // Calls off a removal take_least_recent began: the key is complete again, with its
   // last use, in front (keys called off in the reverse order they were taken regain
   // their places) or behind the others (passed over). The caller makes sure the
@@ -225,6 +251,8 @@ class directory {
                          void (*call)(void*, std::string_view, std::int32_t, std::int32_t)) const;
   std::size_t take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
                                      void (*call)(void*, std::string_view, std::uint64_t));
+  std::size_t take_stale_impl(std::uint64_t cutoff, std::size_t n, void* take,
+                              void (*call)(void*, std::string_view, std::uint64_t));
 
   struct impl;
   std::unique_ptr<impl> impl_;

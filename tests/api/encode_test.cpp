@@ -145,33 +145,41 @@ TEST(EncodeStats, WritesRanksInTheGivenOrderThenTotals) {
                                .evicted_keys = 5,
                                .expired_reservations = 6,
                                .deleted_keys = 7,
-                               .refused_releases = 8};
+                               .refused_releases = 8,
+                               .incomplete_keys = 9,
+                               .incomplete_pages = 10,
+                               .stale_keys = 11};
   std::string out;
   encode_stats(out, ranks, totals);
   EXPECT_EQ(out, R"({"ranks":[{"rank":0,"num_pages":8,"free":5,"reserved":1,"bound":2},)"
                  R"({"rank":-3,"num_pages":1,"free":0,"reserved":0,"bound":1},)"
                  R"({"rank":2,"num_pages":4,"free":4,"reserved":0,"bound":0}],)"
                  R"("keys":3,"leased_keys":4,"evicted_keys":5,"expired_reservations":6,)"
-                 R"("deleted_keys":7,"refused_releases":8})");
+                 R"("deleted_keys":7,"refused_releases":8,"incomplete_keys":9,)"
+                 R"("incomplete_pages":10,"stale_keys":11})");
 }
 
 TEST(EncodeStats, WritesAnEmptyRankList) {
   std::string out = "<";
   encode_stats(out, {}, stats_totals{});
   EXPECT_EQ(out, R"(<{"ranks":[],"keys":0,"leased_keys":0,"evicted_keys":0,)"
-                 R"("expired_reservations":0,"deleted_keys":0,"refused_releases":0})");
+                 R"("expired_reservations":0,"deleted_keys":0,"refused_releases":0,)"
+                 R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":0})");
 }
 
 TEST(EncodeStats, WritesExtremeValues) {
   const rank_info_row ranks[] = {{INT64_MIN, INT64_MAX, -1, 0, INT64_MIN}};
-  const stats_totals totals = {UINT64_MAX, 0, UINT64_MAX, 0, UINT64_MAX, 0};
+  const stats_totals totals = {UINT64_MAX, 0,          UINT64_MAX, 0,         UINT64_MAX,
+                               0,          UINT64_MAX, 0,          UINT64_MAX};
   std::string out;
   encode_stats(out, ranks, totals);
-  EXPECT_EQ(
-      out, R"({"ranks":[{"rank":-9223372036854775808,"num_pages":9223372036854775807,)"
-           R"("free":-1,"reserved":0,"bound":-9223372036854775808}],)"
-           R"("keys":18446744073709551615,"leased_keys":0,"evicted_keys":18446744073709551615,)"
-           R"("expired_reservations":0,"deleted_keys":18446744073709551615,"refused_releases":0})");
+  EXPECT_EQ(out,
+            R"({"ranks":[{"rank":-9223372036854775808,"num_pages":9223372036854775807,)"
+            R"("free":-1,"reserved":0,"bound":-9223372036854775808}],)"
+            R"("keys":18446744073709551615,"leased_keys":0,"evicted_keys":18446744073709551615,)"
+            R"("expired_reservations":0,"deleted_keys":18446744073709551615,"refused_releases":0,)"
+            R"("incomplete_keys":18446744073709551615,"incomplete_pages":0,)"
+            R"("stale_keys":18446744073709551615})");
 }
 
 // A /stats row and GET /rank/{rank} write the same counters the same way.

@@ -206,10 +206,14 @@ class LifecycleModel(Model):
 
     def stats(self):
         ranks = [{"rank": r, **self.ranks[r].stats()} for r in sorted(self.ranks)]
+        incomplete = [k for k in self.directory if not self.complete(k)]
         return Answer(200, {"ranks": ranks, "keys": len(self.directory),
                             "leased_keys": len(self.leased), "evicted_keys": self.evicted_keys,
                             "expired_reservations": 0, "deleted_keys": self.deleted_keys,
-                            "refused_releases": self.refused_releases})
+                            "refused_releases": self.refused_releases,
+                            "incomplete_keys": len(incomplete),
+                            "incomplete_pages": sum(len(self.directory[k][1]) for k in incomplete),
+                            "stale_keys": 0})
 
 
 class LifecycleMirror(Mirror):
@@ -848,7 +852,8 @@ class StatsMetricsTest(LifecycleCase):
         r = c.request("GET", "/stats")
         self.assertEqual((r.status_code, r.content),
                          (200, b'{"ranks":[],"keys":0,"leased_keys":0,"evicted_keys":0,'
-                               b'"expired_reservations":0,"deleted_keys":0,"refused_releases":0}'))
+                               b'"expired_reservations":0,"deleted_keys":0,"refused_releases":0,'
+                               b'"incomplete_keys":0,"incomplete_pages":0,"stale_keys":0}'))
         self.assertEqual(r.headers.get("Content-Type"), "application/json")
         big = 2**40
         ranks = (5, -3, big, 0)
@@ -881,7 +886,8 @@ class StatsMetricsTest(LifecycleCase):
                 {"rank": 5, "num_pages": 6, "free": 3, "reserved": 1, "bound": 2},
                 {"rank": big, "num_pages": 4, "free": 0, "reserved": 2, "bound": 2}],
             "keys": 2, "leased_keys": 1, "evicted_keys": 1, "expired_reservations": 0,
-            "deleted_keys": 1, "refused_releases": 1}))
+            "deleted_keys": 1, "refused_releases": 1, "incomplete_keys": 0, "incomplete_pages": 0,
+            "stale_keys": 0}))
         m.stats()  # and the model agrees
         for rank in ranks:
             info = m.rank_info(rank)[1]

@@ -4,8 +4,9 @@
 // work drained on this thread. After each input: every response is a well-formed
 // HTTP/1.1 answer with an expected status and a JSON body, nothing follows a
 // "connection: close", and the cluster is consistent (every page of every rank exactly
-// one of free/reserved/bound, directory counts equal to the ranks' bindings). Eviction,
-// reservation expiry and read leases are on, on a clock that moves 100 ms per input.
+// one of free/reserved/bound, directory counts equal to the ranks' bindings, incomplete keys
+// counted). Eviction, reservation expiry, stale-key reclamation and read leases are on, on a clock
+// that moves 100 ms per input.
 //
 // Input: byte 0 = home core (mod 3) and options, bytes 1-2 = split seed, the rest = the
 // bytes of one connection.
@@ -43,6 +44,7 @@ metad::config make_config() {
   cfg.evict = metad::eviction::lru;
   cfg.reservation_ttl_ms = 2'000;
   cfg.read_lease_ms = 300;
+  cfg.incomplete_grace_ms = 1'000;
   return cfg;
 }
 
@@ -53,6 +55,7 @@ struct world {
   metad::config cfg = make_config();
   server::cluster cl{cfg, kCores};
   counting_waker waker;
+  server::stale_sweeper sweepers[kCores];
   std::uint64_t inputs = 0;
   std::uint64_t now_ms = 1'000'000;
 };
@@ -213,8 +216,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool said_close = check_answers(out);
   fuzz::require(said_close == closed, "connection: close is said iff the connection closes");
   check_state(w);
-  // The loops' tick: expiry and lease sweeps, then the clock moves on.
-  for (auto& core : w.cl.core) server::expire_due(w.cl, *core);
+  // The loops' tick: expiry and lease sweeps, stale-key walks run to their end, then the
+  // clock moves on.
+  for (auto& core : w.cl.core) {
+    server::expire_due(w.cl, *core);
+    server::reclaim_stale_due(w.cl, *core, w.sweepers[core->index]);
+  }
+  for (int spin = 0; spin < 1000; ++spin) {
+    bool running = false;
+    for (const auto& s : w.sweepers) running = running || s.running;
+    if (!running) break;
+    for (int c = 0; c < kCores; ++c) w.cl.mailbox.drain(c);
+  }
+  for (const auto& s : w.sweepers) fuzz::require(!s.running, "stale-key walks end");
   check_state(w);
   w.now_ms += 100;
   ++w.inputs;

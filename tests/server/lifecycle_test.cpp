@@ -332,7 +332,8 @@ TEST_P(Lifecycle, StatsListEveryRankInOrderWithTheCounters) {
             R"({"rank":1,"num_pages":2,"free":1,"reserved":0,"bound":1},)"
             R"({"rank":2,"num_pages":2,"free":1,"reserved":0,"bound":1}],)"
             R"("keys":1,"leased_keys":1,"evicted_keys":0,"expired_reservations":0,)"
-            R"("deleted_keys":0,"refused_releases":0})");
+            R"("deleted_keys":0,"refused_releases":0,"incomplete_keys":0,"incomplete_pages":0,)"
+            R"("stale_keys":0})");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cores, Lifecycle, ::testing::Values(1, 3),

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/cluster.hpp"
 #include "server/durability.hpp"
@@ -66,12 +67,22 @@ class node {
     const std::string response = send("GET " + path + " HTTP/1.1\r\n\r\n");
     return response.substr(response.find("\r\n\r\n") + 4);
   }
-  // What each core's loop does every tick, at the fake clock's time.
+  // What each core's loop does every tick, at the fake clock's time; the background
+  // walks a tick starts are run to their end.
   void tick() {
+    sweepers_.resize(cluster_->core.size());
     for (auto& core : cluster_->core) {
       server::expire_due(*cluster_, *core);
+      server::reclaim_stale_due(*cluster_, *core, sweepers_[static_cast<std::size_t>(core->index)]);
       flush(*core);
     }
+    for (int spin = 0; spin < 1000 && walking(); ++spin) {
+      for (auto& core : cluster_->core) {
+        cluster_->mailbox.drain(core->index);
+        flush(*core);
+      }
+    }
+    EXPECT_FALSE(walking());
   }
   server::cluster& cluster() { return *cluster_; }
 
@@ -93,8 +104,15 @@ class node {
     server::flush_done(*cluster_, core, written, ::fdatasync(job.fd));
   }
 
+  bool walking() const {
+    for (const auto& s : sweepers_)
+      if (s.running) return true;
+    return false;
+  }
+
   metad::config cfg_;
   std::unique_ptr<server::cluster> cluster_;
+  std::vector<server::stale_sweeper> sweepers_;
   counting_waker waker_;
   std::unique_ptr<server::exchange> x_;
 };

@@ -1,0 +1,238 @@
+// Stale incomplete keys through the whole server on a fake clock, on 1 and 3 simulated
+// cores, with and without eviction: a save whose write failed on one rank leaves keys
+// confirmed on the others that no one will complete; once --incomplete-grace-ms has
+// passed since their last confirmation they are removed on every rank (by the tick, or
+// at once by an allocation that comes up short), unless a writer still holds a
+// reservation for them. Counted in /stats and /metrics, and durable.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "node.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using server_test::node;
+
+constexpr std::uint32_t kGraceMs = 30'000;
+
+std::string key(int i) { return fmt::format("{:032x}", 0x57a1e000u + static_cast<unsigned>(i)); }
+std::vector<std::string> keys(int first, int n) {
+  std::vector<std::string> out;
+  for (int i = first; i < first + n; ++i) out.push_back(key(i));
+  return out;
+}
+std::string list(const std::vector<std::string>& ks) {
+  std::string out;
+  for (const auto& k : ks) out += (out.empty() ? "\"" : ",\"") + k + "\"";
+  return out;
+}
+
+// The pages of a batch_allocate answer, in order.
+std::vector<long> pages_of(const std::string& answer) {
+  std::vector<long> out;
+  for (std::size_t at = answer.find("\","); at != std::string::npos;
+       at = answer.find("\",", at + 2))
+    out.push_back(std::stol(answer.substr(at + 2)));
+  return out;
+}
+
+class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> {
+ protected:
+  int cores() const { return std::get<0>(GetParam()); }
+  metad::config config() const {
+    metad::config cfg;
+    cfg.evict = std::get<1>(GetParam());
+    cfg.incomplete_grace_ms = kGraceMs;
+    return cfg;
+  }
+
+  static void init(node& n, int ranks, int pages) {
+    for (int r = 0; r < ranks; ++r)
+      n.post("/rank/" + std::to_string(r) + "/initialize",
+             "{\"num_pages\":" + std::to_string(pages) + "}");
+  }
+  static std::vector<long> allocate(node& n, int rank, const std::vector<std::string>& ks) {
+    return pages_of(n.post("/keys/batch_allocate",
+                           fmt::format("{{\"rank\":{},\"keys\":[{}]}}", rank, list(ks))));
+  }
+  static std::string confirm(node& n, int rank, const std::vector<std::string>& ks,
+                             const std::vector<long>& pages) {
+    std::string confirmations;
+    for (std::size_t i = 0; i < ks.size(); ++i)
+      confirmations += fmt::format("{}[\"{}\",{}]", i == 0 ? "" : ",", ks[i], pages[i]);
+    return n.post("/keys/confirm_write",
+                  fmt::format("{{\"rank\":{},\"confirmations\":[{}]}}", rank, confirmations));
+  }
+  static std::string release(node& n, int rank, const std::vector<long>& pages) {
+    return n.post("/keys/confirm_write",
+                  fmt::format("{{\"rank\":{},\"confirmations\":[],\"pages_to_release\":[{}]}}",
+                              rank, fmt::join(pages, ",")));
+  }
+  // One rank's side of a save: allocate, then confirm. Returns the pages (-1s: failed).
+  static std::vector<long> save_on(node& n, int rank, const std::vector<std::string>& ks) {
+    const std::vector<long> pages = allocate(n, rank, ks);
+    if (pages.empty() || pages[0] < 0) return pages;
+    EXPECT_EQ(confirm(n, rank, ks, pages), "");
+    return pages;
+  }
+  // vLLM's write-failure path on a TP-2 save: rank 0 writes and confirms, rank 1's
+  // write fails and it releases its pages.
+  static void half_save(node& n, const std::vector<std::string>& ks) {
+    ASSERT_EQ(save_on(n, 0, ks).size(), ks.size());
+    const std::vector<long> pages = allocate(n, 1, ks);
+    ASSERT_TRUE(!pages.empty() && pages[0] >= 0);
+    EXPECT_EQ(release(n, 1, pages), "");
+  }
+  static std::string exists(node& n, const std::vector<std::string>& ks) {
+    return n.post("/keys/batch_exists", "{\"keys\":[" + list(ks) + "]}");
+  }
+  static std::string stats_tail(node& n) {
+    const std::string s = n.get("/stats");
+    return s.substr(s.find("\"incomplete_keys\""));
+  }
+};
+
+TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
+  node n(config(), cores());
+  init(n, 2, 4);
+  half_save(n, keys(0, 4));  // rank 0 is full of keys that can never complete
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":4,"incomplete_pages":4,"stale_keys":0})");
+  EXPECT_EQ(allocate(n, 0, keys(10, 2)), (std::vector<long>{-1, -1}));
+  n.now += kGraceMs - 1;
+  n.tick();
+  EXPECT_EQ(allocate(n, 0, keys(10, 2)), (std::vector<long>{-1, -1}));  // not yet
+  n.now += 2;
+  // Past the grace: the allocation that comes up short reclaims them at once.
+  EXPECT_EQ(save_on(n, 0, keys(10, 2)), (std::vector<long>{0, 1}));
+  EXPECT_EQ(save_on(n, 1, keys(10, 2)), (std::vector<long>{0, 1}));
+  EXPECT_EQ(exists(n, keys(10, 2)), R"({"exists":[true,true]})");
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":4})");
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2})");
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
+TEST_P(Stale, TheTickReclaimsStaleKeysOnEveryRank) {
+  node n(config(), cores());
+  init(n, 3, 4);
+  // Keys confirmed on ranks 0 and 1 of a TP-3 group; rank 2 never wrote them.
+  ASSERT_EQ(save_on(n, 0, keys(0, 3)).size(), 3u);
+  ASSERT_EQ(save_on(n, 1, keys(0, 3)).size(), 3u);
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":3,"incomplete_pages":6,"stale_keys":0})");
+  n.now += kGraceMs;
+  n.tick();
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":3})");
+  for (const char* rank : {"/rank/0", "/rank/1", "/rank/2"})
+    EXPECT_EQ(n.get(rank), R"({"num_pages":4,"free":4,"reserved":0,"bound":0})") << rank;
+  const std::string metrics = n.get("/metrics");
+  EXPECT_NE(metrics.find("\nhf3fs_metad_stale_keys_total 3\n"), std::string::npos);
+  EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_keys 0\n"), std::string::npos);
+  EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_pages 0\n"), std::string::npos);
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
+TEST_P(Stale, ALaggingWriterThatCompletesJustBeforeTheGraceKeepsTheKey) {
+  node n(config(), cores());
+  init(n, 2, 4);
+  ASSERT_EQ(save_on(n, 0, keys(0, 2)).size(), 2u);
+  n.now += kGraceMs - 1;
+  ASSERT_EQ(save_on(n, 1, keys(0, 2)).size(), 2u);  // the lagging rank completes them
+  n.now += kGraceMs;
+  n.tick();
+  EXPECT_EQ(exists(n, keys(0, 2)), R"({"exists":[true,true]})");
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":0})");
+}
+
+TEST_P(Stale, AKeyARankStillReservesIsKeptUntilAGraceAfterTheWriterGaveUp) {
+  node n(config(), cores());
+  init(n, 2, 4);
+  ASSERT_EQ(save_on(n, 0, keys(0, 1)).size(), 1u);
+  const std::vector<long> slow = allocate(n, 1, keys(0, 1));  // rank 1 is still writing
+  n.now += kGraceMs + 1;
+  n.tick();
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})");
+  // Its write fails after all: the key is stale a grace after it was looked at.
+  EXPECT_EQ(release(n, 1, slow), "");
+  n.now += kGraceMs - 1;
+  n.tick();
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})");
+  n.now += 1;
+  n.tick();
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":1})");
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
+TEST_P(Stale, AWriterThatFinishesAfterBeingLookedAtCompletesTheKey) {
+  node n(config(), cores());
+  init(n, 2, 4);
+  ASSERT_EQ(save_on(n, 0, keys(0, 1)).size(), 1u);
+  const std::vector<long> slow = allocate(n, 1, keys(0, 1));
+  n.now += kGraceMs + 1;
+  n.tick();  // kept: rank 1 reserves it
+  EXPECT_EQ(confirm(n, 1, keys(0, 1), slow), "");
+  EXPECT_EQ(exists(n, keys(0, 1)), R"({"exists":[true]})");
+  n.now += 10 * kGraceMs;
+  n.tick();
+  EXPECT_EQ(exists(n, keys(0, 1)), R"({"exists":[true]})");
+}
+
+TEST_P(Stale, ZeroGraceNeverReclaims) {
+  metad::config cfg = config();
+  cfg.incomplete_grace_ms = 0;
+  node n(cfg, cores());
+  init(n, 2, 2);
+  half_save(n, keys(0, 2));
+  n.now += 100 * kGraceMs;
+  n.tick();
+  EXPECT_EQ(allocate(n, 0, keys(10, 1)), (std::vector<long>{-1}));
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
+}
+
+TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) {
+  const std::string dir =
+      (fs::temp_directory_path() / fmt::format("metad-stale-{}-{}-{}", ::getpid(), cores(),
+                                               static_cast<int>(std::get<1>(GetParam()))))
+          .string();
+  fs::remove_all(dir);
+  metad::config cfg = config();
+  cfg.data_dir = dir;
+  {
+    node n(cfg, cores());
+    init(n, 2, 4);
+    half_save(n, keys(0, 2));
+    n.now += kGraceMs;
+    half_save(n, keys(2, 2));  // confirmed a grace later: not yet stale at the tick
+    n.tick();
+    EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":2})");
+  }
+  {
+    node n(cfg, 4 - cores());
+    EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2})");
+    EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
+    n.now += kGraceMs - 1;  // the recovered keys' grace starts at recovery
+    n.tick();
+    EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
+    n.now += 1;
+    n.tick();
+    EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0})");
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Stale,
+                         ::testing::Combine(::testing::Values(1, 3),
+                                            ::testing::Values(metad::eviction::none,
+                                                              metad::eviction::lru)),
+                         [](const auto& info) {
+                           return fmt::format(
+                               "{}cores_{}", std::get<0>(info.param),
+                               std::get<1>(info.param) == metad::eviction::lru ? "lru" : "none");
+                         });
+
+}  // namespace
