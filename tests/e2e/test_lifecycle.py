@@ -842,6 +842,104 @@ class VllmFlowTest(LifecycleCase):
         self.assertEqual((st["keys"], st["evicted_keys"]), (self.PAGES, 0))
 
 
+class StaleKeyTest(LifecycleCase):
+    """Keys confirmed on some ranks but never on all (a save whose write failed on one
+    rank: vLLM releases that rank's pages, the others stay confirmed) are removed on every
+    rank once --incomplete-grace-ms has passed since their last confirmation. Real time,
+    so no model mirror: the answers are checked directly."""
+
+    GRACE_MS = 800
+
+    def client(self, *args):
+        server = self.start(None, 2, "--incomplete-grace-ms", str(self.GRACE_MS), *args)
+        c = Client(server.base_url)
+        self.addCleanup(c.close)
+        return server, c
+
+    def save_on(self, c, rank, ks):
+        r = c.batch_allocate(rank, ks)
+        self.assertEqual(r.status_code, 200, r.content)
+        pages = [p for _, p in r.json()["results"]]
+        if -1 not in pages:
+            self.assertEqual(c.confirm_write(rank, zip(ks, pages)).status_code, 204)
+        return pages
+
+    def half_save(self, c, ks):
+        """Rank 0 writes and confirms; rank 1's write fails: it releases its pages."""
+        self.assertNotIn(-1, self.save_on(c, 0, ks))
+        r = c.batch_allocate(1, ks)
+        pages = [p for _, p in r.json()["results"]]
+        self.assertNotIn(-1, pages)
+        self.assertEqual(c.confirm_write(1, [], pages).status_code, 204)
+
+    def stats(self, c):
+        r = c.request("GET", "/stats")
+        self.assertEqual(r.status_code, 200)
+        return r.json()
+
+    def test_half_failed_saves_stop_blocking_the_rank_after_the_grace(self):
+        for mode in ("lru", "none"):
+            with self.subTest(eviction=mode):
+                server, c = self.client("--eviction", mode)
+                for r in (0, 1):
+                    self.assertEqual(c.initialize(r, 256).status_code, 200)
+                # The issue's reproduction: two save tasks of 128 keys whose rank-1 write
+                # failed fill rank 0 with keys that can never complete.
+                self.half_save(c, keys(128, f"{mode}/a"))
+                self.half_save(c, keys(128, f"{mode}/b"))
+                st = self.stats(c)
+                self.assertEqual((st["incomplete_keys"], st["incomplete_pages"]), (256, 256))
+                fresh = keys(128, f"{mode}/c")
+                self.assertEqual(self.save_on(c, 0, fresh), [-1] * 128)
+                time.sleep(self.GRACE_MS / 1000 + 0.3)
+                pages = self.save_on(c, 0, fresh)
+                self.assertNotIn(-1, pages)
+                self.assertNotIn(-1, self.save_on(c, 1, fresh))
+                self.assertEqual(c.batch_exists(fresh).json()["exists"], [True] * 128)
+                st = self.stats(c)
+                self.assertEqual((st["stale_keys"], st["incomplete_keys"], st["keys"]),
+                                 (256, 0, 128))
+                metrics = self.scrape(server)
+                self.assertEqual(metrics.types.get("hf3fs_metad_stale_keys_total"), "counter")
+                self.assertEqual(metrics.get("hf3fs_metad_stale_keys_total"), 256)
+                self.assertEqual(metrics.get("hf3fs_metad_incomplete_keys"), 0)
+                self.assertEqual(metrics.get("hf3fs_metad_incomplete_pages"), 0)
+
+    def test_the_tick_reclaims_without_any_allocation(self):
+        _, c = self.client()
+        for r in (0, 1, 2):
+            self.assertEqual(c.initialize(r, 8).status_code, 200)
+        ks = keys(4, "tick")
+        self.save_on(c, 0, ks)
+        self.save_on(c, 2, ks)  # rank 1 never writes them: 2 of 3
+        self.assertEqual(self.stats(c)["incomplete_pages"], 8)
+        deadline = time.monotonic() + self.GRACE_MS / 1000 + 5
+        while self.stats(c)["stale_keys"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = self.stats(c)
+        self.assertEqual((st["stale_keys"], st["keys"], st["incomplete_pages"]), (4, 0, 0))
+        for r in (0, 1, 2):
+            self.assertEqual(c.rank_info(r).json(),
+                             {"num_pages": 8, "free": 8, "reserved": 0, "bound": 0})
+
+    def test_a_lagging_writer_that_completes_within_the_grace_keeps_its_keys(self):
+        _, c = self.client("--eviction", "lru")
+        for r in (0, 1):
+            self.assertEqual(c.initialize(r, 8).status_code, 200)
+        ks = keys(4, "lag")
+        self.save_on(c, 0, ks)
+        slow = [p for _, p in c.batch_allocate(1, ks).json()["results"]]
+        # Past the grace, but rank 1 holds reservations for them: a writer at work.
+        time.sleep(self.GRACE_MS / 1000 + 0.6)
+        self.assertEqual(self.stats(c)["stale_keys"], 0)
+        self.assertEqual(c.confirm_write(1, zip(ks, slow)).status_code, 204)
+        self.assertEqual(c.batch_exists(ks).json()["exists"], [True] * 4)
+        time.sleep(self.GRACE_MS / 1000 + 0.6)
+        st = self.stats(c)
+        self.assertEqual((st["stale_keys"], st["keys"]), (0, 4))
+        self.assertEqual(c.batch_exists(ks).json()["exists"], [True] * 4)
+
+
 # --- 5. /stats and /metrics ------------------------------------------------------------
 
 class StatsMetricsTest(LifecycleCase):
