@@ -22,7 +22,9 @@ bool spsc_ring::push(std::coroutine_handle<> h) {
     if (tail - head_cache_ == slots_.size()) return false;
   }
   slots_[tail & mask_] = h;
-  tail_.store(tail + 1, std::memory_order_release);
+  // seq_cst, not just release: the store is one half of the sleep handshake (see
+  // mailbox::notify). On x86 it is one xchg, the full barrier a fence would cost.
+  tail_.store(tail + 1, std::memory_order_seq_cst);
   return true;
 }
 
@@ -38,7 +40,8 @@ std::coroutine_handle<> spsc_ring::pop() {
 }
 
 bool spsc_ring::empty() const {
-  return head_.load(std::memory_order_relaxed) == tail_.load(std::memory_order_acquire);
+  // seq_cst: the sleeper's half of the handshake (see mailbox::notify).
+  return head_.load(std::memory_order_relaxed) == tail_.load(std::memory_order_seq_cst);
 }
 
 // Per-core wake-up state and the overflow lists this core (as producer) owns.
@@ -81,10 +84,13 @@ void mailbox::post(int from, int to, std::coroutine_handle<> h) {
 }
 
 void mailbox::notify(int to) {
-  // Pairs with the fence in prepare_sleep: either the sleeper sees our push, or we see
-  // its sleeping flag and wake it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (slots_[to].sleeping.load(std::memory_order_relaxed)) wake(to);
+  // The sleep handshake (Dekker's): the producer stores the ring's tail, then loads the
+  // target's sleeping flag; the sleeper stores its flag, then loads the rings' tails
+  // (prepare_sleep). All four are seq_cst, so in their single total order one side's
+  // store comes first and the other side's load sees it: either the sleeper sees our
+  // push, or we see its flag and wake it. Atomic operations rather than fences, so
+  // that ThreadSanitizer checks the ordering too (it does not model fences).
+  if (slots_[to].sleeping.load(std::memory_order_seq_cst)) wake(to);
 }
 
 void mailbox::wake(int core) {
@@ -123,8 +129,7 @@ std::size_t mailbox::drain(int self) {
 bool mailbox::prepare_sleep(int self) {
   core_slot& me = slots_[self];
   if (me.has_overflow) return false;
-  me.sleeping.store(true, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  me.sleeping.store(true, std::memory_order_seq_cst);  // see notify
   for (int from = 0; from < cores_; ++from) {
     if (!ring(from, self).empty()) {
       me.sleeping.store(false, std::memory_order_relaxed);

@@ -175,27 +175,39 @@ class Client:
     """The request shapes of vLLM's Hf3fsGlobalMetadataClient (one keep-alive session).
 
     Every method returns the requests.Response; tests check status and body themselves.
+
+    fresh_connections: every request opens a new connection instead of reusing the
+    session's idle one. Needed against a server with a short --idle-timeout-ms: the
+    server may close a pooled connection just as the client sends on it, and `requests`
+    does not retry a POST, so the request would fail with RemoteDisconnected (a race of
+    the test, not a server fault).
     """
 
-    def __init__(self, base_url):
+    def __init__(self, base_url, fresh_connections=False):
         self.base_url = base_url
         self.session = requests.Session()
+        self.fresh_connections = fresh_connections
 
     def close(self):
         self.session.close()
 
+    def _session(self):
+        if self.fresh_connections:
+            self.session.close()  # drops pooled connections; the session stays usable
+        return self.session
+
     def post_raw(self, path, data, headers=None):
         hdrs = {"Content-Type": "application/json"}
         hdrs.update(headers or {})
-        return self.session.post(self.base_url + path, data=data, headers=hdrs,
-                                 timeout=SOCKET_TIMEOUT_S)
+        return self._session().post(self.base_url + path, data=data, headers=hdrs,
+                                    timeout=SOCKET_TIMEOUT_S)
 
     def post(self, path, obj):
         return self.post_raw(path, compact(obj))
 
     def request(self, method, path, **kwargs):
-        return self.session.request(method, self.base_url + path,
-                                    timeout=SOCKET_TIMEOUT_S, **kwargs)
+        return self._session().request(method, self.base_url + path,
+                                       timeout=SOCKET_TIMEOUT_S, **kwargs)
 
     def initialize(self, rank, num_pages, role="worker"):
         return self.post(f"/rank/{rank}/initialize", {"num_pages": num_pages, "role": role})
@@ -323,13 +335,15 @@ class MetadTestCase(unittest.TestCase):
     """One server per test class; state cleared before every test."""
 
     extra_args = ()
+    # A class whose server closes idle connections quickly sets this (see Client).
+    fresh_connections = False
     server = None
     client = None
 
     @classmethod
     def setUpClass(cls):
         cls.server = MetadServer(cls.extra_args)
-        cls.client = Client(cls.server.base_url)
+        cls.client = Client(cls.server.base_url, cls.fresh_connections)
 
     @classmethod
     def tearDownClass(cls):
@@ -354,7 +368,7 @@ class MetadTestCase(unittest.TestCase):
         code = dead.stop()
         cls.client.close()
         cls.server = MetadServer(cls.extra_args)
-        cls.client = Client(cls.server.base_url)
+        cls.client = Client(cls.server.base_url, cls.fresh_connections)
         self.fail(f"server died during this test (exit code {code}); stderr tail:\n"
                   f"{dead.log()[-4000:]}")
 

@@ -596,6 +596,9 @@ class SlowClientTest(MetadTestCase):
     """Idle and slow clients time out; busy keep-alive clients do not."""
 
     extra_args = ("--idle-timeout-ms", "1000", "--header-timeout-ms", "1000")
+    # The harness's own requests must not reuse a connection the idle timeout may be
+    # closing at that very moment (the cause of a rare RemoteDisconnected in setUp).
+    fresh_connections = True
 
     def test_idle_keep_alive_connection_is_closed(self):
         with self.raw() as conn:

@@ -110,6 +110,27 @@ TEST_F(Durability, ClearIsDurableToo) {
   EXPECT_EQ(n.get("/rank/9"), R"({"num_pages":3,"free":3,"reserved":0,"bound":0})");
 }
 
+// A log write that reached the file but whose fdatasync failed is not durable: the
+// request is not acknowledged, and the records are written again once syncs succeed.
+TEST_F(Durability, AFailedSyncIsNeverAcknowledged) {
+  {
+    node n(dir_, 2);
+    n.post("/rank/1/initialize", R"({"num_pages":4})");
+    n.fail_sync = true;
+    const std::string kStorage = "Storage unavailable";
+    EXPECT_NE(n.post("/rank/2/initialize", R"({"num_pages":4})").find(kStorage),
+              std::string::npos);
+    EXPECT_NE(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["a"]})").find(kStorage),
+              std::string::npos);
+    n.fail_sync = false;
+    n.tick();  // the failed bytes are retried at the tick's pace
+    EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["b"]})"),
+              R"({"rank":1,"results":[["b",1]]})");
+  }
+  node n(dir_, 2);
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0})");
+}
+
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
   {
     node n(dir_, 1);

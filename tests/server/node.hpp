@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +87,8 @@ class node {
     EXPECT_FALSE(walking());
   }
   server::cluster& cluster() { return *cluster_; }
+  // While set, every group commit's fdatasync fails with EIO (its write succeeds).
+  bool fail_sync = false;
 
   std::uint64_t now = 1'000'000;  // the cluster's clock, in ms
 
@@ -101,7 +105,7 @@ class node {
     store::log_writer::flush_job job;
     if (!server::take_flush(*cluster_, core, true, job)) return;
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-    server::flush_done(*cluster_, core, written, ::fdatasync(job.fd));
+    server::flush_done(*cluster_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
   }
 
   bool walking() const {

@@ -494,6 +494,25 @@ TEST(DirectoryLru, LeasedKeysAreSkippedAndMovedBehind) {
   EXPECT_EQ(take(d, 100, 2), (std::vector<std::string>{kA}));
 }
 
+// On several cores an eviction first asks each core for the last uses of its oldest keys
+// (oldest_used), then, after hopping, takes its quota (take_least_recent). A reader may
+// lease a key in between: the take must still pass it over.
+TEST(DirectoryLru, AKeyLeasedBetweenTheCountAndTheTakeIsPassedOver) {
+  directory d;
+  d.set_lru(true);
+  confirm_key(d, kA, 1, 1, 1);
+  confirm_key(d, kB, 1, 1, 2);
+  confirm_key(d, kC, 1, 1, 3);
+  std::vector<std::uint64_t> times;
+  d.oldest_used(4, 3, times);
+  ASSERT_EQ(times, (std::vector<std::uint64_t>{1, 2, 3}));  // the quota: all three
+  ASSERT_TRUE(d.use(kA, 5, 100));                            // leased meanwhile
+  ASSERT_TRUE(d.use(kB, 5, 100));
+  EXPECT_EQ(take(d, 6, 3), (std::vector<std::string>{kC}));
+  EXPECT_TRUE(d.complete(kA));
+  EXPECT_TRUE(d.complete(kB));
+}
+
 TEST(DirectoryLru, RecoveredKeysAreTracked) {
   directory d;
   d.set_lru(true);

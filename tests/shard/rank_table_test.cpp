@@ -86,6 +86,38 @@ TEST(RankTable, DuplicatesDoNotCountAgainstThePool) {
   EXPECT_EQ(a.pages, (V{0}));
 }
 
+// Two keys are the smallest batch with a duplicate: a dedupe skipped for small batches
+// would give the key two pages.
+TEST(RankTable, ADuplicateInABatchOfTwoTakesOnePage) {
+  rank_table t;
+  t.initialize(0, 1);
+  auto a = allocate(t, 0, {"k", "k"});
+  EXPECT_EQ(a.distinct, (U{0}));
+  EXPECT_EQ(a.pages, (V{0}));
+  EXPECT_EQ(stats_tuple(*t.stats(0)), stats_tuple({1, 0, 1, 0}));
+  EXPECT_EQ(t.check_invariants(), "");
+}
+
+// evictable: freeing every bound page would serve the batch. Exactly at the boundary
+// (pages still missing == bound pages) it would; one more and it would not.
+TEST(RankTable, AShortBatchIsEvictableExactlyUpToTheBoundPages) {
+  rank_table t;
+  t.initialize(0, 4);
+  const keys_t held = {"a", "b"};
+  const allocation h = allocate(t, 0, held);
+  ASSERT_EQ(confirm(t, 0, held, h.pages, {}).outcome, confirm_outcome::ok);
+  allocate(t, 0, {"r"});  // 2 bound, 1 reserved, 1 free
+  allocation a;
+  shard::allocate_result r = t.allocate(0, keys_t{"x", "y", "z"}, 0, a.distinct, a.pages);
+  EXPECT_EQ(r.short_by, 2u);  // 3 new keys, 1 free page
+  EXPECT_TRUE(r.evictable);   // missing 2 == bound 2
+  a = {};
+  r = t.allocate(0, keys_t{"v", "w", "x", "y"}, 0, a.distinct, a.pages);
+  EXPECT_EQ(r.short_by, 3u);
+  EXPECT_FALSE(r.evictable);  // missing 3 > bound 2: eviction cannot serve it
+  EXPECT_EQ(a.pages, (V{-1, -1, -1, -1}));
+}
+
 TEST(RankTable, AllocateAppendsToTheOutputVectors) {
   rank_table t;
   t.initialize(0, 4);

@@ -76,6 +76,24 @@ TEST(LogWriter, FailedFlushAnswersWaitersAndKeepsTheBytesForTheRetry) {
   EXPECT_EQ(log.durable(), 16u);
 }
 
+// The write went through but fdatasync failed (EIO: the data may not be on the disk):
+// nothing of the batch is durable, exactly as if the write had failed.
+TEST(LogWriter, AFullWriteWhoseSyncFailedIsNotDurable) {
+  store::log_writer log(temp_fd(), 10);
+  log.pending() += "abcd";
+  int result = -1;
+  wait_for(log, log.end(), result);
+  store::log_writer::flush_job job = log.begin_flush();
+  log.end_flush(static_cast<long>(job.bytes), -5 /* EIO */);
+  EXPECT_EQ(result, 0) << "the waiter is told its bytes are not durable";
+  EXPECT_TRUE(log.failing());
+  EXPECT_EQ(log.durable(), 10u);
+  ASSERT_TRUE(log.flush_due(true));
+  job = log.begin_flush();
+  EXPECT_EQ(std::string(job.data, job.bytes), "abcd") << "the bytes stay queued";
+  EXPECT_EQ(job.offset, 10u) << "at the same offset";
+}
+
 TEST(LogWriter, WithoutAFileEverythingIsDurableAtOnce) {
   store::log_writer log;
   int result = -1;
