@@ -295,15 +295,39 @@ parse_error parser::parse_request_line(std::string_view line) {
   } else {
     return is_http_version(version) ? parse_error::bad_version : parse_error::bad_request_line;
   }
-  if (target.empty() || target.front() != '/') return parse_error::bad_request_line;
+  if (target.empty()) return parse_error::bad_request_line;
   for (char c : target) {
     const auto u = static_cast<unsigned char>(c);
     if (u <= 0x20 || u == 0x7f) return parse_error::bad_request_line;
   }
+  const std::string_view path = target.front() == '/' ? target : absolute_form_path(target);
+  if (path.data() == nullptr) return parse_error::bad_request_line;
   verb_ = method_of(name);
-  target_offset_ = static_cast<std::size_t>(target.data() - input());
-  target_size_ = std::min(target.find('?'), target.size());
+  // An empty path (absolute-form "http://host") means "/" (see make_ready).
+  root_target_ = path.empty();
+  target_offset_ = root_target_ ? 0 : static_cast<std::size_t>(path.data() - input());
+  target_size_ = root_target_ ? 1 : std::min(path.find('?'), path.size());
   return parse_error::none;
+}
+
+std::string_view parser::absolute_form_path(std::string_view target) {
+  // absolute-form (RFC 9112 3.2.2), which a server must accept: http[s]://authority,
+  // then the path (possibly empty) and query. Any other form is not ours to serve.
+  const std::size_t sep = target.find("://");
+  if (sep == std::string_view::npos) return {};
+  const std::string_view scheme = target.substr(0, sep);
+  auto is = [scheme](std::string_view name) {
+    if (scheme.size() != name.size()) return false;
+    for (std::size_t i = 0; i < name.size(); ++i)
+      if ((scheme[i] | 0x20) != name[i]) return false;
+    return true;
+  };
+  if (!is("http") && !is("https")) return {};
+  const std::string_view rest = target.substr(sep + 3);
+  const std::size_t end = rest.find_first_of("/?#");
+  if (end == 0) return {};  // no authority
+  if (end == std::string_view::npos || rest[end] != '/') return rest.substr(rest.size());
+  return rest.substr(end);
 }
 
 parse_error parser::parse_header_line(std::string_view line) {
@@ -506,7 +530,8 @@ void parser::append_decoded(const char* data, std::size_t size) {
 
 void parser::make_ready(std::string_view body, std::size_t request_bytes) {
   request_.verb = verb_;
-  request_.target = std::string_view(input() + target_offset_, target_size_);
+  request_.target = root_target_ ? std::string_view("/")
+                                 : std::string_view(input() + target_offset_, target_size_);
   request_.authorization = std::string_view(input() + authorization_offset_, authorization_size_);
   request_.http_1_0 = http_1_0_;
   request_.keep_alive =
@@ -541,6 +566,7 @@ void parser::reset_request() {
   stage_ = stage::start;
   line_start_ = scan_from_ = head_bytes_ = 0;
   target_offset_ = target_size_ = request_bytes_ = 0;
+  root_target_ = false;
   authorization_offset_ = authorization_size_ = 0;
   verb_ = method::other;
   http_1_0_ = false;

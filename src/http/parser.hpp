@@ -93,6 +93,9 @@ class parser {
   parse_status fail(parse_error err);
   parse_status parse_head();
   parse_error parse_request_line(std::string_view line);
+  // The path (and query) of an absolute-form target; empty for "http://host"; a null
+  // view when the target is not one.
+  static std::string_view absolute_form_path(std::string_view target);
   parse_error parse_header_line(std::string_view line);
   parse_error finish_head();
   parse_status parse_chunked();
@@ -122,6 +125,7 @@ class parser {
   std::size_t head_bytes_ = 0;  // request line + headers + blank line
   std::size_t target_offset_ = 0;
   std::size_t target_size_ = 0;
+  bool root_target_ = false;  // the target is "/" (an absolute-form without a path)
   std::size_t authorization_offset_ = 0;
   std::size_t authorization_size_ = 0;
   std::size_t request_bytes_ = 0;  // size of the ready request in the input

@@ -19,7 +19,7 @@ enum class canned : std::uint8_t {
   invalid_rank_in_path,    // 400 {"detail":"Invalid rank in path"}
   not_found,               // 404 {"detail":"Not Found"}
   method_not_allowed,      // 405 {"detail":"Method Not Allowed"} + allow: POST
-  method_not_allowed_get,  // 405 {"detail":"Method Not Allowed"} + allow: GET
+  method_not_allowed_get,  // 405 {"detail":"Method Not Allowed"} + allow: GET, HEAD
   health_ok,               // 200 {"status":"ok"}
   ready_ok,                // 200 {"status":"ready"}
   not_ready,               // 503 {"detail":"Not ready: recovering or stopping"}

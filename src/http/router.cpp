@@ -7,8 +7,10 @@ route post_only(method verb, endpoint target) {
   return {verb == method::post ? target : endpoint::method_not_allowed, {}};
 }
 
+// HEAD is GET without the body (RFC 9110 9.3.2): the pipeline drops the body.
 route get_only(method verb, endpoint target) {
-  return {verb == method::get ? target : endpoint::method_not_allowed_get, {}};
+  const bool get = verb == method::get || verb == method::head;
+  return {get ? target : endpoint::method_not_allowed_get, {}};
 }
 
 // "/rank/{rank}" and "/rank/{rank}/initialize"; `rest` follows "/rank/".
@@ -17,8 +19,7 @@ route match_rank(method verb, std::string_view rest) {
   const std::string_view rank = rest.substr(0, slash);
   if (rank.empty()) return {};
   if (slash == std::string_view::npos) {
-    if (verb != method::get) return {endpoint::method_not_allowed_get, {}};
-    return {endpoint::rank_info, rank};
+    return {get_only(verb, endpoint::rank_info).target, rank};
   }
   if (rest.substr(slash) != "/initialize") return {};
   if (verb != method::post) return {endpoint::method_not_allowed, {}};

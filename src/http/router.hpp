@@ -15,7 +15,7 @@ enum class endpoint : std::uint8_t {
   batch_exists,    // POST /keys/batch_exists
   get_locations,   // POST /keys/get_locations
   clear,           // POST /clear
-  rank_info,       // GET  /rank/{rank}
+  rank_info,       // GET  /rank/{rank} (and HEAD, as for every GET endpoint)
   health,          // GET  /health
   ready,           // GET  /ready
   metrics,         // GET  /metrics
@@ -23,7 +23,7 @@ enum class endpoint : std::uint8_t {
   stats,           // GET  /stats
   not_found,
   method_not_allowed,      // POST-only path, wrong method (answer carries allow: POST)
-  method_not_allowed_get,  // GET-only path, wrong method (answer carries allow: GET)
+  method_not_allowed_get,  // GET-only path (HEAD too), wrong method (allow: GET, HEAD)
 };
 
 struct route {

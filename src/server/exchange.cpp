@@ -79,6 +79,7 @@ net::flow exchange::advance() {
           out_.append(http::canned_bytes(http::canned::continue_100, true));
         return net::flow::read;
       case http::parse_status::error:
+        head_ = false;
         start(route_label::invalid_http);
         out_.append(http::parse_error_bytes(parser_.error()));
         status_ = http::status_of(http::parse_error_bytes(parser_.error()));
@@ -89,6 +90,7 @@ net::flow exchange::advance() {
     }
     const http::request& request = parser_.current();
     keep_alive_ = request.keep_alive && !request.http_1_0;  // spec: 1.0 is answered, then closed
+    head_ = request.verb == http::method::head;
     in_flight_ = true;
     dispatch(request);
     if (in_flight_) {  // the endpoint is running on other cores
@@ -124,11 +126,13 @@ void exchange::complete() {
 void exchange::respond_json(int status, std::string_view body) {
   status_ = status;
   http::append_json(out_, status, body, keep_alive_);
+  drop_body_of_head(body.size());
 }
 
 void exchange::respond_metrics(std::string_view text) {
   status_ = 200;
   http::append_body(out_, 200, "text/plain; version=0.0.4; charset=utf-8", text, keep_alive_);
+  drop_body_of_head(text.size());
 }
 
 void exchange::respond_error(int status, std::string_view detail) {
@@ -136,12 +140,20 @@ void exchange::respond_error(int status, std::string_view detail) {
   scratch_.body.clear();
   api::encode_error(scratch_.body, detail);
   http::append_json(out_, status, scratch_.body, keep_alive_);
+  drop_body_of_head(scratch_.body.size());
 }
 
 void exchange::respond_canned(http::canned what) {
   const std::string_view bytes = http::canned_bytes(what, keep_alive_);
   status_ = http::status_of(bytes);
   out_.append(bytes);
+  drop_body_of_head(bytes.size() - (bytes.find("\r\n\r\n") + 4));
+}
+
+void exchange::drop_body_of_head(std::size_t body_bytes) {
+  // The answer to HEAD has the headers GET's would have (content-length included) and
+  // no content (RFC 9110 9.3.2): a body would be read as the start of the next answer.
+  if (head_) out_.resize(out_.size() - body_bytes);
 }
 
 bool exchange::authorized(const http::request& request, http::endpoint target) {

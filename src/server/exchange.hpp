@@ -117,6 +117,8 @@ class exchange final : public net::connection_handler {
   // False (and the 401 written) when the request lacks the token its endpoint needs.
   bool authorized(const http::request& request, http::endpoint target);
   void start(route_label route);
+  // Drops the body of the answer just written (its last body_bytes) if it answers HEAD.
+  void drop_body_of_head(std::size_t body_bytes);
 
   cluster& cluster_;
   core_state& home_;
@@ -125,6 +127,7 @@ class exchange final : public net::connection_handler {
   std::string out_;
   scratch scratch_;
   bool keep_alive_ = true;
+  bool head_ = false;  // the request is HEAD: answers carry no body
   route_label route_ = route_label::not_found;
   int status_ = 0;
   std::uint64_t started_ns_ = 0;

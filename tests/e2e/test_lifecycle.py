@@ -995,7 +995,7 @@ class StatsMetricsTest(LifecycleCase):
             with self.subTest(method=method):
                 resp = c.request(method, "/stats")
                 self.assert_json_error(resp, 405, "Method Not Allowed")
-                self.assertEqual(resp.headers.get("Allow"), "GET")
+                self.assertEqual(resp.headers.get("Allow"), "GET, HEAD")
         # /clear drops the ranks, the keys and their leases.
         self.assertEqual(c.clear().status_code, 204)
         st = c.request("GET", "/stats").json()

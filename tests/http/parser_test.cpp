@@ -197,6 +197,15 @@ INSTANTIATE_TEST_SUITE_P(
                    "GET /keys/batch_exists?x=1&y=%20 HTTP/1.1\r\n\r\n",
                    {get("/keys/batch_exists")}},
         parse_case{"EmptyQueryIsStripped", "GET /? HTTP/1.1\r\n\r\n", {get("/")}},
+        // RFC 9112 3.2.2: a server must accept the absolute-form (what proxies get).
+        parse_case{
+            "AbsoluteFormTarget", "GET http://h:18000/rank/3?x HTTP/1.1\r\n\r\n", {get("/rank/3")}},
+        parse_case{
+            "AbsoluteFormSchemeIsCaseInsensitive", "GET HTTPS://h/x HTTP/1.1\r\n\r\n", {get("/x")}},
+        parse_case{"AbsoluteFormWithoutPathIsTheRoot", "GET http://h HTTP/1.1\r\n\r\n", {get("/")}},
+        parse_case{"AbsoluteFormWithOnlyAQueryIsTheRoot",
+                   "GET http://h?a=/b HTTP/1.1\r\n\r\n",
+                   {get("/")}},
         parse_case{"HeaderNamesAreCaseInsensitive",
                    "POST /x HTTP/1.1\r\nCONTENT-length: 3\r\n\r\nabc",
                    {post("/x", "abc")}},
@@ -292,7 +301,11 @@ INSTANTIATE_TEST_SUITE_P(
         bad("LeadingSpace", " GET / HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
         bad("MethodNotAToken", "G(T / HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
         bad("TargetWithoutSlash", "GET x HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
-        bad("AbsoluteFormTarget", "GET http://h/x HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
+        bad("AbsoluteFormOfAnotherScheme", "GET ftp://h/x HTTP/1.1\r\n\r\n",
+            parse_error::bad_request_line),
+        bad("AbsoluteFormWithoutAuthority", "GET http:///x HTTP/1.1\r\n\r\n",
+            parse_error::bad_request_line),
+        bad("AuthorityFormTarget", "GET h:80 HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
         bad("AsteriskTarget", "OPTIONS * HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
         bad("ControlInTarget", "GET /a\x01 HTTP/1.1\r\n\r\n", parse_error::bad_request_line),
         bad("NotHttp", "GET / FTP/1.1\r\n\r\n", parse_error::bad_request_line),

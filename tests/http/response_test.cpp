@@ -45,7 +45,7 @@ TEST(Response, CannedJsonAnswersAreExact) {
       {canned::method_not_allowed, "HTTP/1.1 405 Method Not Allowed",
        R"({"detail":"Method Not Allowed"})", "allow: POST\r\n"},
       {canned::method_not_allowed_get, "HTTP/1.1 405 Method Not Allowed",
-       R"({"detail":"Method Not Allowed"})", "allow: GET\r\n"},
+       R"({"detail":"Method Not Allowed"})", "allow: GET, HEAD\r\n"},
   };
   for (const row& r : rows) {
     for (bool keep_alive : {true, false}) {

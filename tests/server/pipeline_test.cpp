@@ -99,6 +99,27 @@ TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_EQ(last_flow_, net::flow::read);
 }
 
+// HEAD: GET's status and headers, content-length included, and no body (a body would be
+// read as the start of the next answer); then the pipelined GET is answered in full.
+TEST_P(Pipeline, HeadIsAnsweredWithoutABody) {
+  EXPECT_EQ(send(post("/rank/3/initialize", R"({"num_pages":4})")),
+            json_200(R"({"message":"Rank 3 initialized with 4 pages"})"));
+  const std::string info = R"({"num_pages":4,"free":4,"reserved":0,"bound":0})";
+  const std::string full = json_200(info);
+  const std::string head_only = full.substr(0, full.size() - info.size());
+  EXPECT_EQ(send("HEAD /rank/3 HTTP/1.1\r\n\r\nGET /rank/3 HTTP/1.1\r\n\r\n"), head_only + full);
+  const std::string missing = send("HEAD /rank/9 HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(missing.starts_with("HTTP/1.1 404 Not Found\r\n")) << missing;
+  EXPECT_TRUE(missing.ends_with("\r\n\r\n")) << missing;
+  const std::string not_allowed = send("HEAD /clear HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(not_allowed.starts_with("HTTP/1.1 405 ")) << not_allowed;
+  EXPECT_TRUE(not_allowed.ends_with("\r\n\r\n")) << not_allowed;
+  EXPECT_NE(not_allowed.find("content-length: 31\r\n"), std::string::npos) << not_allowed;
+  const std::string health = send("HEAD /health HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(health.starts_with("HTTP/1.1 200 OK\r\n")) << health;
+  EXPECT_TRUE(health.ends_with("\r\n\r\n")) << health;
+}
+
 TEST_P(Pipeline, InvalidRequestsChangeNothing) {
   send(post("/rank/3/initialize", R"({"num_pages":3})"));
   EXPECT_EQ(
