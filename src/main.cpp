@@ -39,7 +39,8 @@ metadata server; same HTTP API, default port 18000).
   --no-tcp                  listen only on --unix
   --auth-token-file F       require "Authorization: Bearer <token>" (the file's first line)
                             on every endpoint but /health
-  --admin-token-file F      require this token instead for /clear
+  --admin-token-file F      require this token (not the --auth-token-file one) for the
+                            destructive endpoints: POST /clear and POST /keys/delete
   --access-log              one log line per request
   --summary-interval-ms N   periodic one-line summary at info level (default 10000; 0: off)
   --data-dir DIR            keep state in DIR (per-core logs + snapshots) and recover it

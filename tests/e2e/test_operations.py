@@ -433,7 +433,9 @@ GUARDED = (
     ("POST", "/keys/batch_exists", {"keys": ["k"]}),
     ("POST", "/keys/get_locations", {"rank": 0, "keys": ["k"]}),
     ("POST", "/clear", None),
+    ("POST", "/keys/delete", {"keys": ["k"]}),
     ("GET", "/rank/0", None),
+    ("GET", "/stats", None),
     ("GET", "/ready", None),
     ("GET", "/metrics", None),
     ("POST", "/no/such/path", {}),
@@ -732,6 +734,35 @@ class NginxTest(OpsTestCase):
                 self.assertLessEqual(accepted, 3, f"{made} requests took {accepted} connections")
                 self.assertEqual(after.sum("hf3fs_metad_requests_total", status=401) -
                                  before.sum("hf3fs_metad_requests_total", status=401), 0)
+
+    def test_as_shipped_nginx_cannot_clear_or_delete(self):
+        """deploy/: the server has a user and an admin token, nginx adds the user one.
+        Through nginx everything but the destructive endpoints works, whatever
+        Authorization header the client sends; on the host, the admin token clears."""
+        d = self.tmpdir()
+        os.chmod(d, 0o755)
+        sock = os.path.join(d, "metad.sock")
+        server = self.start("--unix", sock,
+                            "--auth-token-file", self.write_file(d, "token", TOKEN + "\n"),
+                            "--admin-token-file", self.write_file(d, "admin", ADMIN_TOKEN))
+        nginx = self.start_nginx([
+            ("metad", f"unix:{sock}", [f'proxy_set_header Authorization "Bearer {TOKEN}";'])])
+        call = RequestsCaller(f"http://127.0.0.1:{nginx.ports['metad']}")
+        self.addCleanup(call.close)
+        self.assertEqual(call("POST", "/rank/0/initialize", {"num_pages": 4})[0], 200)
+        self.assertEqual(call("POST", "/keys/batch_allocate", {"rank": 0, "keys": ["k"]})[0], 200)
+        for client_header in ({}, {"Authorization": f"Bearer {ADMIN_TOKEN}"}):
+            for path, obj in (("/clear", None), ("/keys/delete", {"keys": ["k"]})):
+                with self.subTest(path=path, client_header=client_header):
+                    self.assertEqual(call("POST", path, obj, client_header)[::2],
+                                     (401, UNAUTHORIZED_BODY))
+        self.assertEqual(call("GET", "/rank/0")[::2],
+                         (200, b'{"num_pages":4,"free":3,"reserved":1,"bound":0}'))
+        admin = HttpCaller.unix(sock)
+        self.addCleanup(admin.close)
+        self.assertEqual(admin("POST", "/clear", None,
+                               {"Authorization": f"Bearer {ADMIN_TOKEN}"})[::2], (204, b""))
+        self.assertEqual(call("GET", "/rank/0")[0], 404)
 
     def test_deploy_example_parses(self):
         example = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "nginx",

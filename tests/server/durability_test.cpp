@@ -118,8 +118,7 @@ TEST_F(Durability, AFailedSyncIsNeverAcknowledged) {
     n.post("/rank/1/initialize", R"({"num_pages":4})");
     n.fail_sync = true;
     const std::string kStorage = "Storage unavailable";
-    EXPECT_NE(n.post("/rank/2/initialize", R"({"num_pages":4})").find(kStorage),
-              std::string::npos);
+    EXPECT_NE(n.post("/rank/2/initialize", R"({"num_pages":4})").find(kStorage), std::string::npos);
     EXPECT_NE(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["a"]})").find(kStorage),
               std::string::npos);
     n.fail_sync = false;

@@ -506,7 +506,7 @@ TEST(DirectoryLru, AKeyLeasedBetweenTheCountAndTheTakeIsPassedOver) {
   std::vector<std::uint64_t> times;
   d.oldest_used(4, 3, times);
   ASSERT_EQ(times, (std::vector<std::uint64_t>{1, 2, 3}));  // the quota: all three
-  ASSERT_TRUE(d.use(kA, 5, 100));                            // leased meanwhile
+  ASSERT_TRUE(d.use(kA, 5, 100));                           // leased meanwhile
   ASSERT_TRUE(d.use(kB, 5, 100));
   EXPECT_EQ(take(d, 6, 3), (std::vector<std::string>{kC}));
   EXPECT_TRUE(d.complete(kA));
