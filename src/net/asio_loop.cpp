@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "metad/log.hpp"
+#include "net/accept_backoff.hpp"
 #include "net/transport.hpp"
 
 namespace net {
@@ -94,6 +95,16 @@ class asio_loop {
       auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
       if (ec) {
         if (ec == asio::error::operation_aborted) break;
+        if (accept_backoff::out_of_descriptors(ec.value())) {
+          backoff_.failed(
+              static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             std::chrono::steady_clock::now().time_since_epoch())
+                                             .count()),
+              ec.value());
+          asio::steady_timer pause(ctx_, std::chrono::milliseconds(accept_backoff::pause_ms));
+          co_await pause.async_wait(use_tuple);
+          continue;
+        }
         metad::log::warn("accept failed: {}", ec.message());
         continue;
       }
@@ -248,6 +259,7 @@ class asio_loop {
   loop_stats* stats_;
   asio::io_context ctx_;
   std::vector<asio::basic_socket_acceptor<stream>> acceptors_;
+  accept_backoff backoff_;
   asio::posix::stream_descriptor wake_;
   asio::steady_timer tick_;
   std::vector<connection*> connections_;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "metad/log.hpp"
+#include "net/accept_backoff.hpp"
 #include "net/detached.hpp"
 #include "net/transport.hpp"
 
@@ -66,6 +67,7 @@ struct listener final : completion {
   uring_loop* loop = nullptr;
   int fd = -1;
   bool armed = false;
+  bool paused = false;  // out of descriptors: re-armed by the next tick
 };
 
 // A completion of the loop's own (accept, wake-up, tick) that calls back into it.
@@ -181,6 +183,7 @@ class uring_loop {
   std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   __kernel_timespec tick_{};
   bool stopping_ = false;
+  accept_backoff backoff_;
   std::uint64_t oldest_send_ns_ = 0;  // when the oldest unsubmitted send was queued; 0: none
   std::uint64_t stop_deadline_ms_ = 0;
   std::uint64_t now_ms_ = now_ms();
@@ -250,6 +253,11 @@ void uring_loop::on_accept(listener& l, const io_uring_cqe& cqe) {
   if (!(cqe.flags & IORING_CQE_F_MORE)) l.armed = false;
   if (cqe.res >= 0) {
     open(cqe.res);
+  } else if (accept_backoff::out_of_descriptors(-cqe.res)) {
+    backoff_.failed(now_ms(), -cqe.res);
+    // Until the tick (at most 250 ms; the multishot accept ends with its error).
+    l.paused = !l.armed;
+    return;
   } else if (cqe.res != -ECANCELED) {
     metad::log::warn("accept failed: {}", std::system_category().message(-cqe.res));
   }
@@ -395,6 +403,11 @@ void uring_loop::on_tick(const io_uring_cqe&) {
   submit_held_sends(true);  // the tick's lease and growth work may run for a while
   now_ms_ = now_ms();
   sweep();
+  for (listener& l : listeners_) {
+    if (!l.paused || stopping_) continue;
+    l.paused = false;
+    arm_accept(l);
+  }
   retry_flush_ = true;
   hooks_.tick();
   arm_tick();

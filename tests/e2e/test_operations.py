@@ -11,6 +11,7 @@ Standard library plus `requests`.
 import http.client
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -875,6 +876,49 @@ class TimeoutTest(OpsTestCase):
 
 
 # --- 6. connection limit ---------------------------------------------------------------------
+
+class DescriptorLimitTest(OpsTestCase):
+    """Out of file descriptors (EMFILE), the server pauses accepting instead of retrying
+    at once: it neither burns a core nor floods its log, and the connections waiting in
+    the listen backlog are served once descriptors free up."""
+
+    NOFILE = 64
+
+    def cpu_seconds(self, pid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def test_out_of_descriptors_pauses_accepting_then_recovers(self):
+        nofile = self.NOFILE
+        server = OpsServer(("--threads", "1"), preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_NOFILE, (nofile, nofile)))
+        self.addCleanup(self._stop, server)
+        conns = []
+        self.addCleanup(lambda: [c.close() for c in conns])
+        for _ in range(nofile + 40):  # more than the server can hold: the rest wait
+            conn = RawConnection(server.port)
+            conn.send(raw_request("GET", "/health"))
+            conns.append(conn)
+        time.sleep(0.5)
+        readable = set(select.select([c.sock for c in conns], [], [], 0)[0])
+        answered = [c for c in conns if c.sock in readable]
+        self.assertGreater(len(answered), 10)
+        self.assertLess(len(answered), len(conns))
+        before = self.cpu_seconds(server.proc.pid)
+        time.sleep(1.5)
+        used = self.cpu_seconds(server.proc.pid) - before
+        self.assertLess(used, 0.5, f"the server spent {used:.2f} s of CPU in 1.5 s while out of "
+                                   "descriptors")
+        self.assertLessEqual(server.log().count("accept failed"), 4, server.log()[-2000:])
+        for c in answered:
+            self.assertEqual(c.read_response()[0], 200)
+            c.close()
+            conns.remove(c)
+        # The waiting connections are accepted and answered now that descriptors are free.
+        for c in conns:
+            self.assertEqual(c.read_response()[0], 200)
+
 
 class ConnectionLimitTest(OpsTestCase):
 
