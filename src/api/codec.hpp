@@ -115,8 +115,10 @@ void encode_allocation(std::string& out, std::int64_t rank, std::span<const std:
 void encode_exists(std::string& out, std::span<const std::uint8_t> exists);
 // -1 → null
 void encode_locations(std::string& out, std::span<const std::int64_t> pages);
+// GET /rank/{rank}: the counters of a /stats row, then how many of the bound pages hold
+// incomplete keys.
 void encode_rank_info(std::string& out, std::int64_t num_pages, std::int64_t free,
-                      std::int64_t reserved, std::int64_t bound);
+                      std::int64_t reserved, std::int64_t bound, std::uint64_t incomplete);
 void encode_deleted(std::string& out, std::uint64_t deleted);
 
 // One rank's counters in a /stats answer.

@@ -213,9 +213,11 @@ void encode_locations(std::string& out, std::span<const std::int64_t> pages) {
 }
 
 void encode_rank_info(std::string& out, std::int64_t num_pages, std::int64_t free,
-                      std::int64_t reserved, std::int64_t bound) {
+                      std::int64_t reserved, std::int64_t bound, std::uint64_t incomplete) {
   out.push_back('{');
   append_rank_counters(out, num_pages, free, reserved, bound);
+  out.append(R"(,"incomplete":)");
+  append_uint(out, incomplete);
   out.push_back('}');
 }
 

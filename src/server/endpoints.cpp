@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "server/lifecycle.hpp"
 #include "server/steps.hpp"
 #include "store/record.hpp"
@@ -320,15 +322,49 @@ request_task run_rank_info(exchange& x) {
   scratch& s = x.work();
   const std::int64_t rank = s.init.rank;
   int owner = shard::owner_of_rank(rank, cl.cores);
+  // How many of the rank's bound pages hold incomplete keys: the incomplete keys of
+  // every directory slice (few in a healthy cluster: a key is incomplete between its
+  // first and its last rank's confirmation, or until it is reclaimed as stale), then
+  // those bound on the rank. Sized on this core first, so the walk allocates nowhere
+  // else; keys that turned incomplete in between are not counted (a snapshot).
+  removal_job& job = s.removal;
+  std::size_t incomplete = 0;
+  co_await on_cores(
+      cl, home, [](int) { return true; },
+      [&](int c) { incomplete += cl.core[c]->directory.incomplete_count(); }, always);
+  job.begin(cl);
+  job.bytes.reserve(incomplete * 40);
+  job.ends.reserve(incomplete);
+  job.used.reserve(incomplete);
+  job.member.reserve(incomplete);
+  s.pages.reserve(incomplete);
+  co_await on_cores(
+      cl, home, [](int) { return true; },
+      [&](int c) {
+        cl.core[c]->directory.for_each_incomplete([&job](std::string_view key) {
+          if (job.ends.size() == job.ends.capacity() ||
+              job.bytes.size() + key.size() > job.bytes.capacity())
+            return false;
+          job.add(key);
+          return true;
+        });
+      },
+      always);
+  job.seal(cl.cores);
+  s.pages.assign(job.keys.size(), -1);
   co_await cl.mailbox.hop(home, owner);
   const std::optional<shard::rank_stats> stats = cl.core[owner]->ranks.stats(rank);
+  if (stats) cl.core[owner]->ranks.confirmed_pages(rank, job.keys, s.pages);
   co_await cl.mailbox.hop(owner, home);
   s.body.clear();
   if (!stats) {
     s.detail = fmt::format("Rank {} not initialized", rank);
     x.respond_error(404, s.detail);
   } else {
-    api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound);
+    const auto held = static_cast<std::uint64_t>(
+        std::count_if(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }));
+    api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound,
+                          held);
     x.respond_json(200, s.body);
   }
   x.complete();

@@ -332,6 +332,10 @@ void directory::abort_stale(std::string_view key, std::uint64_t now) {
 }
 
 std::size_t directory::incomplete_count() const { return impl_->incomplete.size(); }
+
+void directory::for_each_incomplete_impl(void* visit, bool (*call)(void*, std::string_view)) const {
+  impl_->incomplete.for_each_key([&](std::string_view key) { return call(visit, key); });
+}
 std::uint64_t directory::incomplete_bindings() const { return impl_->incomplete_bindings; }
 std::uint64_t directory::oldest_incomplete() const { return impl_->incomplete.oldest_time(); }
 

@@ -72,6 +72,16 @@ class key_life {
     }
     return taken;
   }
+  // Calls fn(std::string_view key) for each key, least recently used first, until fn
+  // returns false.
+  template <typename Fn>
+  void for_each_key(Fn&& fn) const {
+    std::string text;
+    for (std::uint32_t i = nodes_[0].next; i != 0; i = nodes_[i].next) {
+      key_text(i, text);
+      if (!fn(std::string_view(text))) return;
+    }
+  }
   // The last use of the least recently used key (leased or not); UINT64_MAX when empty.
   std::uint64_t oldest_time() const {
     const std::uint32_t i = nodes_[0].next;

@@ -218,6 +218,12 @@ class directory {
   std::uint64_t incomplete_bindings() const;
   // When the least recently confirmed incomplete key was last confirmed; UINT64_MAX: none.
   std::uint64_t oldest_incomplete() const;
+  // Calls visit(std::string_view key) for each incomplete key until it returns false.
+  template <typename Visit>
+  void for_each_incomplete(Visit&& visit) const {
+    for_each_incomplete_impl(
+        &visit, [](void* v, std::string_view key) { return (*static_cast<Visit*>(v))(key); });
+  }
   // Calls off a removal take_least_recent began: the key is complete again, with its
   // last use, in front (keys called off in the reverse order they were taken regain
   // their places) or behind the others (passed over). The caller makes sure the
@@ -253,6 +259,7 @@ class directory {
                                      void (*call)(void*, std::string_view, std::uint64_t));
   std::size_t take_stale_impl(std::uint64_t cutoff, std::size_t n, void* take,
                               void (*call)(void*, std::string_view, std::uint64_t));
+  void for_each_incomplete_impl(void* visit, bool (*call)(void*, std::string_view)) const;
 
   struct impl;
   std::unique_ptr<impl> impl_;

@@ -117,8 +117,8 @@ TEST(EncodeLocations, WritesPagesAndNullForMissing) {
 
 TEST(EncodeRankInfo, WritesAllCounters) {
   std::string out;
-  encode_rank_info(out, 100, 90, 6, 4);
-  EXPECT_EQ(out, R"({"num_pages":100,"free":90,"reserved":6,"bound":4})");
+  encode_rank_info(out, 100, 90, 6, 4, 3);
+  EXPECT_EQ(out, R"({"num_pages":100,"free":90,"reserved":6,"bound":4,"incomplete":3})");
 }
 
 TEST(EncodeDeleted, WritesTheCount) {
@@ -182,14 +182,16 @@ TEST(EncodeStats, WritesExtremeValues) {
             R"("stale_keys":18446744073709551615})");
 }
 
-// A /stats row and GET /rank/{rank} write the same counters the same way.
+// A /stats row and GET /rank/{rank} write the same counters the same way (the rank's
+// answer then adds its incomplete pages).
 TEST(EncodeStats, RowMatchesTheRankInfoObject) {
   std::string info;
-  encode_rank_info(info, 100, 90, 6, 4);
+  encode_rank_info(info, 100, 90, 6, 4, 0);
+  info.resize(info.find(R"(,"incomplete")"));
   const rank_info_row row = {.rank = 7, .num_pages = 100, .free = 90, .reserved = 6, .bound = 4};
   std::string stats;
   encode_stats(stats, {&row, 1}, stats_totals{});
-  EXPECT_TRUE(stats.starts_with(R"({"ranks":[{"rank":7,)" + info.substr(1) + "]")) << stats;
+  EXPECT_TRUE(stats.starts_with(R"({"ranks":[{"rank":7,)" + info.substr(1) + "}]")) << stats;
 }
 
 // What we write, a JSON parser reads back as the same numbers.

@@ -442,10 +442,15 @@ class MetadTestCase(unittest.TestCase):
     def free_pages(self, rank):
         return self.rank_info(rank)["free"]
 
-    def assert_rank(self, rank, num_pages, free, reserved, bound):
+    def assert_rank(self, rank, num_pages, free, reserved, bound, incomplete=None):
+        """incomplete: the bound pages of incomplete keys; None checks only its range."""
         info = self.rank_info(rank)
+        self.assertIn("incomplete", info)
+        if incomplete is None:
+            self.assertTrue(0 <= info["incomplete"] <= bound, info)
+            incomplete = info["incomplete"]
         self.assertEqual(info, {"num_pages": num_pages, "free": free,
-                                "reserved": reserved, "bound": bound})
+                                "reserved": reserved, "bound": bound, "incomplete": incomplete})
         return info
 
     def init_worker(self, rank, num_pages):

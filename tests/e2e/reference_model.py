@@ -397,7 +397,8 @@ class Model:
         state = self.ranks.get(rank)
         if state is None:
             return _error(404, f"Rank {rank} not initialized")  # server wording
-        return Answer(200, state.stats())
+        incomplete = sum(1 for k in state.confirmed if not self.complete(k))
+        return Answer(200, {**state.stats(), "incomplete": incomplete})
 
     # --- whole-state check -----------------------------------------------------------
 

@@ -273,10 +273,15 @@ class LifecycleCase(DurabilityCase):
         self.addCleanup(m.close)
         return server, m
 
-    def assert_rank(self, m, rank, num_pages, free, reserved, bound):
+    def assert_rank(self, m, rank, num_pages, free, reserved, bound, incomplete=None):
+        """m.rank_info checks the answer against the model, incomplete pages included;
+        `incomplete` also states them."""
         status, body = m.rank_info(rank)
+        if incomplete is None:
+            incomplete = body.get("incomplete")
         self.assertEqual((status, body), (200, {"num_pages": num_pages, "free": free,
-                                                "reserved": reserved, "bound": bound}))
+                                                "reserved": reserved, "bound": bound,
+                                                "incomplete": incomplete}))
 
     def assert_json_error(self, r, status, detail=None):
         self.assertEqual(r.status_code, status, r.content)
@@ -920,7 +925,7 @@ class StaleKeyTest(LifecycleCase):
         self.assertEqual((st["stale_keys"], st["keys"], st["incomplete_pages"]), (4, 0, 0))
         for r in (0, 1, 2):
             self.assertEqual(c.rank_info(r).json(),
-                             {"num_pages": 8, "free": 8, "reserved": 0, "bound": 0})
+                             {"num_pages": 8, "free": 8, "reserved": 0, "bound": 0, "incomplete": 0})
 
     def test_a_lagging_writer_that_completes_within_the_grace_keeps_its_keys(self):
         _, c = self.client("--eviction", "lru")
@@ -990,6 +995,7 @@ class StatsMetricsTest(LifecycleCase):
         for rank in ranks:
             info = m.rank_info(rank)[1]
             row = next(x for x in r.json()["ranks"] if x["rank"] == rank)
+            info.pop("incomplete")  # GET /rank only
             self.assertEqual(row, {"rank": rank, **info})
         for method in ("POST", "PUT"):
             with self.subTest(method=method):
@@ -1126,8 +1132,8 @@ class ReservationTtlTest(LifecycleCase):
         self.assertEqual(c2.batch_allocate(1, [fresh]).json()["results"], [[fresh, 1]])
         self.assertEqual(cn.initialize(0, 4).status_code, 200)
         self.assertEqual(cn.batch_allocate(0, [fresh]).json()["results"], [[fresh, 0]])
-        self.assertEqual(c2.rank_info(0).json(), {"num_pages": 8, "free": 5, "reserved": 2, "bound": 1})
-        self.assertEqual(c2.rank_info(1).json(), {"num_pages": 8, "free": 6, "reserved": 1, "bound": 1})
+        self.assertEqual(c2.rank_info(0).json(), {"num_pages": 8, "free": 5, "reserved": 2, "bound": 1, "incomplete": 0})
+        self.assertEqual(c2.rank_info(1).json(), {"num_pages": 8, "free": 6, "reserved": 1, "bound": 1, "incomplete": 0})
         while True:
             infos = [c2.rank_info(r).json() for r in (0, 1)]
             elapsed = time.monotonic() - sent
@@ -1137,8 +1143,8 @@ class ReservationTtlTest(LifecycleCase):
                 break
             self.assertLess(elapsed, 4.0, f"reservations still there: {infos}")
             time.sleep(0.05)
-        self.assertEqual(infos, [{"num_pages": 8, "free": 7, "reserved": 0, "bound": 1},
-                                 {"num_pages": 8, "free": 7, "reserved": 0, "bound": 1}])
+        self.assertEqual(infos, [{"num_pages": 8, "free": 7, "reserved": 0, "bound": 1, "incomplete": 0},
+                                 {"num_pages": 8, "free": 7, "reserved": 0, "bound": 1, "incomplete": 0}])
         st = c2.request("GET", "/stats").json()
         self.assertEqual(st["expired_reservations"], 3)
         self.assertEqual(self.scrape(second).get("hf3fs_metad_expired_reservations_total"), 3)
@@ -1148,15 +1154,15 @@ class ReservationTtlTest(LifecycleCase):
         self.assertEqual(c2.get_locations(0, [done]).json(), {"locations": [2]})
         self.assertEqual(c2.batch_allocate(0, [reserved[1]]).json()["results"], [[reserved[1], 0]])
         # --reservation-ttl 0: nothing expired over the same wait.
-        self.assertEqual(cn.rank_info(0).json(), {"num_pages": 4, "free": 3, "reserved": 1, "bound": 0})
+        self.assertEqual(cn.rank_info(0).json(), {"num_pages": 4, "free": 3, "reserved": 1, "bound": 0, "incomplete": 0})
         self.assertEqual(cn.request("GET", "/stats").json()["expired_reservations"], 0)
         # The expiry was logged: after kill -9 the pages are still free.
         self.crash(second)
         third = self.start(data, 1)
         c3 = Client(third.base_url)
         self.addCleanup(c3.close)
-        self.assertEqual(c3.rank_info(0).json(), {"num_pages": 8, "free": 6, "reserved": 1, "bound": 1})
-        self.assertEqual(c3.rank_info(1).json(), {"num_pages": 8, "free": 7, "reserved": 0, "bound": 1})
+        self.assertEqual(c3.rank_info(0).json(), {"num_pages": 8, "free": 6, "reserved": 1, "bound": 1, "incomplete": 0})
+        self.assertEqual(c3.rank_info(1).json(), {"num_pages": 8, "free": 7, "reserved": 0, "bound": 1, "incomplete": 0})
         self.assertEqual(c3.batch_allocate(0, [reserved[1]]).json()["results"], [[reserved[1], 0]])
         self.assertEqual(c3.get_locations(1, [done]).json(), {"locations": [0]})
         self.stop(third)

@@ -241,7 +241,7 @@ def vllm_sequence(tc, call, tag, ranks=(0, 1), num_pages=64, n=8):
     expect("POST", "/keys/confirm_write",
            {"rank": r, "confirmations": [], "pages_to_release": [0, 1, n, n + 1]}, 204, b"")
     expect("GET", f"/rank/{r}", None, 200,
-           compact({"num_pages": num_pages, "free": num_pages - n, "reserved": 0, "bound": n}))
+           compact({"num_pages": num_pages, "free": num_pages - n, "reserved": 0, "bound": n, "incomplete": 0}))
     expect("POST", "/keys/get_locations", {"rank": r, "keys": task}, 200,
            compact({"locations": [0, 1, None, None]}))
     return made
@@ -391,7 +391,7 @@ class MetricsTest(OpsTestCase):
                 self.assertGreaterEqual(after.get(hist + "_sum", endpoint=endpoint), 0.0)
 
         # Pages of the rank, as GET /rank/{r} says.
-        self.assertEqual(info, {"num_pages": 100, "free": 97, "reserved": 1, "bound": 2})
+        self.assertEqual(info, {"num_pages": 100, "free": 97, "reserved": 1, "bound": 2, "incomplete": 0})
         for state, field in (("total", "num_pages"), ("free", "free"),
                              ("reserved", "reserved"), ("bound", "bound")):
             with self.subTest(pages=state):
@@ -507,7 +507,7 @@ class AuthTest(OpsTestCase):
             with self.subTest(clear_with=name):
                 self.assert_unauthorized(call, "POST", "/clear", None, headers)
                 self.assertEqual(call("GET", "/rank/7", None, user)[::2],
-                                 (200, b'{"num_pages":4,"free":4,"reserved":0,"bound":0}'))
+                                 (200, b'{"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0}'))
         self.assertEqual(call("POST", "/clear", None, admin)[::2], (204, b""))
         self.assertEqual(call("GET", "/rank/7", None, user)[0], 404)
 
@@ -566,7 +566,7 @@ class UnixSocketTest(OpsTestCase):
         self.assertEqual(tcp("POST", "/keys/confirm_write",
                              {"rank": 2, "confirmations": [[k, i] for i, k in enumerate(ks)]})[0],
                          204)
-        expect_info = compact({"num_pages": 8, "free": 5, "reserved": 0, "bound": 3})
+        expect_info = compact({"num_pages": 8, "free": 5, "reserved": 0, "bound": 3, "incomplete": 0})
         for name, call in (("tcp", tcp), ("unix", unix)):
             with self.subTest(via=name):
                 self.assertEqual(call("POST", "/keys/batch_exists", {"keys": ks})[::2],
@@ -758,7 +758,7 @@ class NginxTest(OpsTestCase):
                     self.assertEqual(call("POST", path, obj, client_header)[::2],
                                      (401, UNAUTHORIZED_BODY))
         self.assertEqual(call("GET", "/rank/0")[::2],
-                         (200, b'{"num_pages":4,"free":3,"reserved":1,"bound":0}'))
+                         (200, b'{"num_pages":4,"free":3,"reserved":1,"bound":0,"incomplete":0}'))
         admin = HttpCaller.unix(sock)
         self.addCleanup(admin.close)
         self.assertEqual(admin("POST", "/clear", None,

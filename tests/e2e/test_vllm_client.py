@@ -124,12 +124,14 @@ class SaveLoadFlowTest(MetadTestCase):
         self.assertEqual(self.locations(1, [k]), [None])
         # Confirmed but incomplete: the rank keeps the same page for the key.
         self.assertEqual(self.allocate(0, [k]), [0])
-        self.assert_rank(0, 8, 7, 0, 1)
+        self.assert_rank(0, 8, 7, 0, 1, incomplete=1)  # its page holds an incomplete key
         self.assertEqual(self.allocate(1, [k]), [0])
         self.confirm(1, [(k, 0)])
         self.assertEqual(self.exists([k, k]), [True, True])
         self.assertEqual(self.locations(0, [k]), [0])
         self.assertEqual(self.locations(1, [k]), [0])
+        self.assert_rank(0, 8, 7, 0, 1, incomplete=0)
+        self.assert_rank(1, 8, 7, 0, 1, incomplete=0)
 
     def test_tp_world_size_is_fixed_at_first_confirmation(self):
         self.init_worker(0, 8)
@@ -234,7 +236,7 @@ class SaveLoadFlowTest(MetadTestCase):
         r = self.client.get_locations(3, [k0, k1])
         self.assertEqual(r.content, b'{"locations":[0,null]}')
         r = self.client.rank_info(3)
-        self.assertEqual(r.content, b'{"num_pages":4,"free":3,"reserved":0,"bound":1}')
+        self.assertEqual(r.content, b'{"num_pages":4,"free":3,"reserved":0,"bound":1,"incomplete":0}')
 
     def test_batch_exists_needs_no_rank(self):
         self.assertEqual(self.exists(keys(5)), [False] * 5)
@@ -559,7 +561,7 @@ class WireTest(MetadTestCase):
             (200, compact({"rank": 7, "results": [[k, 0]]})),
             (204, b""),
             (200, b'{"exists":[true,false]}'),
-            (200, b'{"num_pages":4,"free":3,"reserved":0,"bound":1}'),
+            (200, b'{"num_pages":4,"free":3,"reserved":0,"bound":1,"incomplete":0}'),
         ]
         with self.raw() as conn:
             conn.send(b"".join(reqs))

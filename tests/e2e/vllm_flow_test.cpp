@@ -196,8 +196,8 @@ TEST_F(VllmFlow, PipelinedRequestsAreAnsweredInOrder) {
     script.push_back({format_post("/keys/batch_exists", body::batch_exists(make_keys(rank + 1, 3))),
                       200, uniform_exists_body(rank + 1, false)});
     script.push_back({format_request("GET", "/rank/" + std::to_string(rank), ""), 200,
-                      "{\"num_pages\":" + std::to_string(pages) +
-                          ",\"free\":" + std::to_string(pages) + ",\"reserved\":0,\"bound\":0}"});
+                      "{\"num_pages\":" + std::to_string(pages) + ",\"free\":" +
+                          std::to_string(pages) + ",\"reserved\":0,\"bound\":0,\"incomplete\":0}"});
   }
   script.push_back({format_post("/keys/no_such_endpoint", "{}"), 404, R"({"detail":"Not Found"})"});
   script.push_back(

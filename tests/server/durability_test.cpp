@@ -80,8 +80,10 @@ TEST_F(Durability, StateSurvivesARestartWithAnyCoreCount) {
     EXPECT_EQ(state_of(n, 20), expected);
   }
   node again(dir_, 1);
-  EXPECT_EQ(again.get("/rank/0"), R"({"num_pages":64,"free":44,"reserved":0,"bound":20})");
-  EXPECT_EQ(again.get("/rank/2"), R"({"num_pages":64,"free":61,"reserved":3,"bound":0})");
+  EXPECT_EQ(again.get("/rank/0"),
+            R"({"num_pages":64,"free":44,"reserved":0,"bound":20,"incomplete":20})");
+  EXPECT_EQ(again.get("/rank/2"),
+            R"({"num_pages":64,"free":61,"reserved":3,"bound":0,"incomplete":0})");
 }
 
 TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
@@ -94,8 +96,10 @@ TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
     if (e.path().filename().string().find(".snap-") != std::string::npos) ++snapshots;
   EXPECT_GE(snapshots, 2u);
   node n(dir_, 3);
-  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":64,"free":4,"reserved":0,"bound":60})");
-  EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":64,"free":62,"reserved":2,"bound":0})");
+  EXPECT_EQ(n.get("/rank/1"),
+            R"({"num_pages":64,"free":4,"reserved":0,"bound":60,"incomplete":60})");
+  EXPECT_EQ(n.get("/rank/2"),
+            R"({"num_pages":64,"free":62,"reserved":2,"bound":0,"incomplete":0})");
 }
 
 TEST_F(Durability, ClearIsDurableToo) {
@@ -107,7 +111,7 @@ TEST_F(Durability, ClearIsDurableToo) {
   }
   node n(dir_, 2);
   EXPECT_EQ(n.get("/rank/0"), R"({"detail":"Rank 0 not initialized"})");
-  EXPECT_EQ(n.get("/rank/9"), R"({"num_pages":3,"free":3,"reserved":0,"bound":0})");
+  EXPECT_EQ(n.get("/rank/9"), R"({"num_pages":3,"free":3,"reserved":0,"bound":0,"incomplete":0})");
 }
 
 // A log write that reached the file but whose fdatasync failed is not durable: the
@@ -127,7 +131,7 @@ TEST_F(Durability, AFailedSyncIsNeverAcknowledged) {
               R"({"rank":1,"results":[["b",1]]})");
   }
   node n(dir_, 2);
-  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0})");
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0,"incomplete":0})");
 }
 
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {

@@ -84,10 +84,10 @@ TEST_P(Lifecycle, AReservationPastItsTtlIsFreedOnTheTick) {
   n.post("/keys/batch_allocate", R"({"rank":1,"keys":["a","b"]})");
   n.now += 599'999;
   n.tick();
-  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0})");
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0,"incomplete":0})");
   n.now += 1;
   n.tick();
-  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0})");
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
   EXPECT_EQ(n.post("/keys/confirm_write", R"({"rank":1,"confirmations":[["a",0]]})"),
             R"({"detail":"Page 0 is not reserved for key a on rank 1"})");
   EXPECT_NE(n.get("/stats").find(R"("expired_reservations":2)"), std::string::npos);
@@ -114,8 +114,8 @@ TEST_P(Lifecycle, DeleteRemovesTheKeyOnEveryRank) {
   EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1), key(4), key(1), "nope"}) + "]}"),
             R"({"deleted":2})");
   EXPECT_EQ(exists(n, {key(1), key(2), key(4)}), R"({"exists":[false,true,false]})");
-  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":8,"free":6,"reserved":0,"bound":2})");
-  EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":8,"free":5,"reserved":1,"bound":2})");
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":8,"free":6,"reserved":0,"bound":2,"incomplete":0})");
+  EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":8,"free":5,"reserved":1,"bound":2,"incomplete":0})");
   // The writer of rank 2 can still confirm: its key starts over in the directory.
   EXPECT_EQ(
       n.post("/keys/confirm_write", "{\"rank\":2,\"confirmations\":[[\"" + key(4) + "\",3]]}"), "");
@@ -153,7 +153,7 @@ TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
             "{\"rank\":0,\"results\":[[\"" + key(10) + "\",1],[\"" + key(11) + "\",2]]}");
   EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(10), key(11)}),
             R"({"exists":[true,false,false,true,true,true]})");
-  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4})");
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":0})");
   EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2)"), std::string::npos);
   EXPECT_EQ(server::check_consistency(n.cluster()), "");
 }
@@ -174,7 +174,7 @@ TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
       n.post("/keys/batch_allocate", "{\"rank\":1,\"keys\":[" + list({key(7), key(8)}) + "]}"),
       "{\"rank\":1,\"results\":[[\"" + key(7) + "\",0],[\"" + key(8) + "\",2]]}");
   EXPECT_EQ(exists(n, {key(1), key(2), key(3)}), R"({"exists":[false,true,false]})");
-  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":3,"free":1,"reserved":0,"bound":2})");
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":3,"free":1,"reserved":0,"bound":2,"incomplete":1})");
   EXPECT_EQ(server::check_consistency(n.cluster()), "");
 }
 
@@ -310,7 +310,7 @@ TEST_P(Lifecycle, DeletesEvictionsAndExpiriesSurviveARestart) {
   node n(cfg, 4 - GetParam());  // another core count
   EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(4), key(5)}),
             R"({"exists":[false,false,false,true,true,true]})");
-  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":1,"reserved":0,"bound":3})");
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":1,"reserved":0,"bound":3,"incomplete":0})");
   EXPECT_EQ(server::check_consistency(n.cluster()), "");
   // The readers' leases were not kept: nothing is removed for one lease after start-up.
   EXPECT_EQ(

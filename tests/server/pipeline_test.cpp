@@ -84,7 +84,7 @@ TEST_P(Pipeline, VllmSaveThenLoadRoundTripsAcrossCores) {
   EXPECT_EQ(send(post("/keys/get_locations", R"({"rank":1,"keys":["k2","k3"]})")),
             json_200(R"({"locations":[1,null]})"));
   EXPECT_EQ(send("GET /rank/1 HTTP/1.1\r\n\r\n"),
-            json_200(R"({"num_pages":4,"free":2,"reserved":0,"bound":2})"));
+            json_200(R"({"num_pages":4,"free":2,"reserved":0,"bound":2,"incomplete":0})"));
 }
 
 TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
@@ -104,7 +104,7 @@ TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
 TEST_P(Pipeline, HeadIsAnsweredWithoutABody) {
   EXPECT_EQ(send(post("/rank/3/initialize", R"({"num_pages":4})")),
             json_200(R"({"message":"Rank 3 initialized with 4 pages"})"));
-  const std::string info = R"({"num_pages":4,"free":4,"reserved":0,"bound":0})";
+  const std::string info = R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})";
   const std::string full = json_200(info);
   const std::string head_only = full.substr(0, full.size() - info.size());
   EXPECT_EQ(send("HEAD /rank/3 HTTP/1.1\r\n\r\nGET /rank/3 HTTP/1.1\r\n\r\n"), head_only + full);

@@ -103,6 +103,8 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
   init(n, 2, 4);
   half_save(n, keys(0, 4));  // rank 0 is full of keys that can never complete
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":4,"incomplete_pages":4,"stale_keys":0})");
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":4})");
+  EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
   EXPECT_EQ(allocate(n, 0, keys(10, 2)), (std::vector<long>{-1, -1}));
   n.now += kGraceMs - 1;
   n.tick();
@@ -113,7 +115,7 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
   EXPECT_EQ(save_on(n, 1, keys(10, 2)), (std::vector<long>{0, 1}));
   EXPECT_EQ(exists(n, keys(10, 2)), R"({"exists":[true,true]})");
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":4})");
-  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2})");
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2,"incomplete":0})");
   EXPECT_EQ(server::check_consistency(n.cluster()), "");
 }
 
@@ -128,7 +130,8 @@ TEST_P(Stale, TheTickReclaimsStaleKeysOnEveryRank) {
   n.tick();
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":3})");
   for (const char* rank : {"/rank/0", "/rank/1", "/rank/2"})
-    EXPECT_EQ(n.get(rank), R"({"num_pages":4,"free":4,"reserved":0,"bound":0})") << rank;
+    EXPECT_EQ(n.get(rank), R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})")
+        << rank;
   const std::string metrics = n.get("/metrics");
   EXPECT_NE(metrics.find("\nhf3fs_metad_stale_keys_total 3\n"), std::string::npos);
   EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_keys 0\n"), std::string::npos);
@@ -212,14 +215,16 @@ TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) 
   }
   {
     node n(cfg, 4 - cores());
-    EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2})");
+    EXPECT_EQ(n.get("/rank/0"),
+              R"({"num_pages":4,"free":2,"reserved":0,"bound":2,"incomplete":2})");
     EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
     n.now += kGraceMs - 1;  // the recovered keys' grace starts at recovery
     n.tick();
     EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
     n.now += 1;
     n.tick();
-    EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0})");
+    EXPECT_EQ(n.get("/rank/0"),
+              R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
     EXPECT_EQ(server::check_consistency(n.cluster()), "");
   }
   fs::remove_all(dir);
