@@ -122,18 +122,29 @@ request_task run_allocate(exchange& x) {
   // Short of pages: first reservations past their deadline, then stale incomplete keys
   // (in every eviction mode: they are dead), then the least recently used complete keys.
   if (stored && r.short_by > 0 && expire_due(cl, core) > 0) r = try_allocate(cl, core, s, stored);
-  for (int round = 0;
-       stored && r.short_by > 0 && r.evictable && round < kEvictionRounds && stale_keys_likely(cl);
+  const bool lru = cl.cfg.evict == metad::eviction::lru;
+  const std::uint64_t grace = stale_grace_ns(cl);
+  for (int round = 0; stored && r.short_by > 0 && r.evictable && round < kEvictionRounds &&
+                      grace != 0 && incomplete_keys_older_than(cl, grace);
        ++round) {
-    const std::size_t reclaimed = co_await reclaim_stale(
-        cl, owner, -1, std::size_t{r.short_by} + kStaleExtra, s.removal, stored);
+    const std::size_t reclaimed =
+        co_await reclaim_incomplete(cl, owner, -1, std::size_t{r.short_by} + kStaleExtra, grace,
+                                    removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }
-  for (int round = 0; stored && r.short_by > 0 && r.evictable &&
-                      cl.cfg.evict == metad::eviction::lru && round < kEvictionRounds;
+  // Eviction. When the least recently used complete keys cannot serve the allocation
+  // and the pool holds incomplete keys still within their grace (when saves fail often,
+  // those of the last moments fill it), the ones no rank reserves go first, least
+  // recently confirmed first, and the complete keys are tried again: a -1 would lose
+  // this save for sure, an evicted incomplete key only the save of a rank that lags so
+  // far behind that it has not even allocated.
+  for (int round = 0; stored && r.short_by > 0 && r.evictable && lru && round < kEvictionRounds;
        ++round) {
-    const std::size_t evicted = co_await evict(cl, owner, cmd.rank, r.short_by, s.removal, stored);
+    std::size_t evicted = co_await evict(cl, owner, cmd.rank, r.short_by, s.removal, stored);
+    if (evicted == 0 && stored && incomplete_keys_older_than(cl, 0))
+      evicted = co_await reclaim_incomplete(cl, owner, -1, r.short_by, 0, removal_kind::evicted,
+                                            s.removal, stored, &cmd.rank);
     if (evicted == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }

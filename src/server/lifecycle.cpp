@@ -254,32 +254,38 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
   co_return left;
 }
 
-bool stale_keys_likely(const cluster& cl) {
-  const std::uint64_t grace = std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+std::uint64_t stale_grace_ns(const cluster& cl) {
+  return std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+}
+
+bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns) {
   const std::uint64_t now = cl.clock();
-  if (grace == 0 || now < grace) return false;
+  if (now < age_ns) return false;
   for (const auto& core : cl.core)
-    if (core->oldest_incomplete.load(std::memory_order_relaxed) <= now - grace) return true;
+    if (core->oldest_incomplete.load(std::memory_order_relaxed) <= now - age_ns) return true;
   return false;
 }
 
-subtask<std::size_t> reclaim_stale(cluster& cl, int at, int from, std::size_t want,
-                                   removal_job& job, bool& stored) {
-  const std::uint64_t grace = std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size_t want,
+                                        std::uint64_t age_ns, removal_kind kind, removal_job& job,
+                                        bool& stored, const std::int64_t* short_rank) {
   const std::uint64_t now = cl.clock();
-  if (grace == 0 || now < grace || want == 0 || !job.begin(cl)) co_return 0;
-  const std::uint64_t cutoff = now - grace;
-  job.bytes.reserve(want * 40);
-  job.ends.reserve(want);
-  job.used.reserve(want);
-  job.member.reserve(want);
+  if (now < age_ns || want == 0 || !job.begin(cl)) co_return 0;
+  const std::uint64_t cutoff = now - age_ns;
+  // For a short rank, look further than `want`: the oldest may hold no page on it.
+  const std::size_t look = short_rank == nullptr ? want : want + kPassedOverMax;
+  job.bytes.reserve(look * 40);
+  job.ends.reserve(look);
+  job.used.reserve(look);
+  job.member.reserve(look);
+  job.pages.reserve(look);
   auto slices = [from](int c) { return from < 0 || c == from; };
   co_await on_cores(
       cl, at, slices,
       [&](int c) {
         core_state& core = *cl.core[c];
         core.directory.take_stale(
-            cutoff, want - job.ends.size(),
+            cutoff, look - job.ends.size(),
             [&job](std::string_view key, std::uint64_t confirmed) { job.add(key, confirmed); });
         core.publish_incomplete();
       },
@@ -287,24 +293,43 @@ subtask<std::size_t> reclaim_stale(cluster& cl, int at, int from, std::size_t wa
   if (job.ends.empty()) co_return 0;
   job.seal(cl.cores);
   // A key that some rank still holds a reservation for has a writer at work (a lagging
-  // rank): not stale. `member` marks them here, to be put back.
+  // rank): it stays, and is looked at again age_ns later. `member` marks them here.
   co_await on_cores(
       cl, at, every_core, [&](int c) { cl.core[c]->ranks.mark_reserved(job.keys, job.member); },
       still_valid(cl, job));
+  if (!job.valid(cl)) co_return 0;
+  // For a short rank (`at` owns it), only the oldest `want` of those holding a page on
+  // it; the others go back where they were. pages[i] >= 0: key i is taken.
+  job.pages.assign(job.keys.size(), 0);
+  if (short_rank != nullptr) cl.core[at]->ranks.confirmed_pages(*short_rank, job.keys, job.pages);
+  for (std::size_t i = 0, taken = 0; i < job.keys.size(); ++i) {
+    if (job.member[i] || job.pages[i] < 0 || taken == want) {
+      job.pages[i] = -1;
+    } else {
+      ++taken;
+    }
+  }
   co_await on_cores(
       cl, at, slices,
       [&](int c) {
-        core_state& core = *cl.core[c];
+        shard::directory& dir = cl.core[c]->directory;
         const std::uint64_t now_here = cl.clock();
-        for (std::size_t i = 0; i < job.keys.size(); ++i)
-          if (job.owner[i] == c && job.member[i]) core.directory.abort_stale(job.keys[i], now_here);
-        core.publish_incomplete();
+        // In reverse, so that the keys put back in front regain their order.
+        for (std::size_t i = job.keys.size(); i-- > 0;) {
+          if (job.owner[i] != c || job.pages[i] >= 0) continue;
+          if (job.member[i]) {
+            dir.abort_stale(job.keys[i], now_here);
+          } else {
+            dir.put_back_incomplete(job.keys[i], job.used[i], now_here);
+          }
+        }
+        cl.core[c]->publish_incomplete();
       },
       still_valid(cl, job));
   if (!job.valid(cl)) co_return 0;
-  for (std::uint8_t& m : job.member) m = m == 0 ? 1 : 0;  // the members: no writer at work
+  for (std::size_t i = 0; i < job.keys.size(); ++i) job.member[i] = job.pages[i] >= 0 ? 1 : 0;
   job.keep_members(cl.cores);
-  co_return co_await remove_everywhere(cl, at, job, removal_kind::stale, stored);
+  co_return co_await remove_everywhere(cl, at, job, kind, stored);
 }
 
 namespace {
@@ -315,7 +340,8 @@ constexpr std::size_t kStaleBatch = 1024;
 
 request_task stale_walk(cluster& cl, int c, stale_sweeper& sweeper) {
   bool stored = true;
-  co_await reclaim_stale(cl, c, c, kStaleBatch, sweeper.job, stored);
+  co_await reclaim_incomplete(cl, c, c, kStaleBatch, stale_grace_ns(cl), removal_kind::stale,
+                              sweeper.job, stored);
   sweeper.running = false;
 }
 
@@ -323,7 +349,7 @@ request_task stale_walk(cluster& cl, int c, stale_sweeper& sweeper) {
 
 void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper) {
   core.publish_incomplete();
-  const std::uint64_t grace = std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+  const std::uint64_t grace = stale_grace_ns(cl);
   const std::uint64_t now = cl.clock();
   if (sweeper.running || grace == 0 || now < grace || cl.stopping.load() ||
       core.directory.oldest_incomplete() > now - grace)

@@ -28,19 +28,26 @@ std::size_t expire_due(cluster& cl, core_state& core);
 subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
                            removal_job& job, bool& stored);
 
-// Whether some core's directory slice may hold a stale key (an incomplete key last
-// confirmed --incomplete-grace-ms ago or earlier), as the cores last published it.
-bool stale_keys_likely(const cluster& cl);
+// --incomplete-grace-ms in the clock's unit (0: stale keys are never reclaimed).
+std::uint64_t stale_grace_ns(const cluster& cl);
+// Whether some core's directory slice may hold an incomplete key last confirmed age_ns
+// ago or earlier, as the cores last published it (a cheap check before a walk).
+bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns);
 
-// From core `at`, on which it ends: reclaims up to `want` stale keys of the directory
-// slice of core `from` (-1: of every core), least recently confirmed first. A stale key
-// is incomplete, was last confirmed --incomplete-grace-ms ago or earlier, and no rank
-// holds a reservation for it (a writer at work keeps it, and it is looked at again a
-// grace later): no writer will complete it and no reader can use it, so its pages are
-// freed on every rank, as a delete would. Returns how many keys left; `stored` turns
-// false if a core's log could not take the change.
-subtask<std::size_t> reclaim_stale(cluster& cl, int at, int from, std::size_t want,
-                                   removal_job& job, bool& stored);
+// From core `at`, on which it ends: removes up to `want` incomplete keys of the directory
+// slice of core `from` (-1: of every core, one slice after another) last confirmed
+// age_ns ago or earlier, each slice's least recently confirmed first, for which no rank
+// holds a reservation (a writer at work
+// keeps its key, which is looked at again age_ns later). With age_ns the grace they are
+// *stale*: no writer will complete them and no reader can use them, so their pages are
+// freed on every rank, as a delete would; eviction also takes younger ones when nothing
+// complete is left to evict. `kind` counts them. Returns how many keys left; `stored`
+// turns false if a core's log could not take the change.
+// With short_rank (owned by `at`), only keys holding a page on that rank are taken (an
+// eviction for it); the others keep their place.
+subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size_t want,
+                                        std::uint64_t age_ns, removal_kind kind, removal_job& job,
+                                        bool& stored, const std::int64_t* short_rank = nullptr);
 
 // One core's background reclamation: at most one walk at a time.
 struct stale_sweeper {

@@ -331,6 +331,26 @@ void directory::abort_stale(std::string_view key, std::uint64_t now) {
   }
 }
 
+void directory::put_back_incomplete(std::string_view key, std::uint64_t confirmed,
+                                    std::uint64_t now) {
+  impl& m = *impl_;
+  if (m.removing.size() == 0) return;
+  auto* r = m.removing.find(key, table_hash(key));
+  if (r == nullptr) return;  // cleared meanwhile
+  m.removing.erase(*r);
+  parsed_key p;
+  parse_key(key, p);
+  const impl::entry e = m.find(key, p);
+  SHARD_CHECK(e);  // only a clear drops a key being removed
+  const completion c = e.get();
+  if (impl::is_complete(c)) {  // the last confirmations came while it was taken
+    if (m.life.lru()) m.life.touch(key, p, now);
+    return;
+  }
+  m.incomplete.restore(key, p, confirmed, true);
+  m.incomplete_bindings += static_cast<std::uint64_t>(c.confirmed_count);
+}
+
 std::size_t directory::incomplete_count() const { return impl_->incomplete.size(); }
 
 void directory::for_each_incomplete_impl(void* visit, bool (*call)(void*, std::string_view)) const {

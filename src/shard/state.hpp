@@ -212,6 +212,11 @@ class directory {
   // it complete meanwhile, a complete key used at now. The caller makes sure the
   // directory was not cleared in between.
   void abort_stale(std::string_view key, std::uint64_t now);
+  // Calls off a removal take_stale began, leaving the key as it was: tracked again with
+  // its last confirmation, in front (keys put back in the reverse order they were taken
+  // regain their places). A key the last confirmations completed meanwhile is a complete
+  // key used at now.
+  void put_back_incomplete(std::string_view key, std::uint64_t confirmed, std::uint64_t now);
   // Incomplete keys: confirmed by fewer ranks than their tp_world_size, not being removed.
   std::size_t incomplete_count() const;
   // The pages they hold on the ranks: their confirmations summed.

@@ -241,7 +241,9 @@ TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
 TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
   node n(config(metad::eviction::lru), GetParam());
   init(n, 2, 8);
-  save(n, 1, {key(1), key(2)});  // rank 1 has not written them: incomplete, not evictable
+  save(n, 1, {key(1), key(2)});   // confirmed on rank 0, being written on rank 1:
+  n.post("/keys/batch_allocate",  // incomplete, reserved, not evictable
+         "{\"rank\":1,\"keys\":[" + list({key(1), key(2)}) + "]}");
   for (int i = 3; i < 9; ++i) save(n, 2, {key(i)});
   std::vector<std::string> fresh;
   for (int i = 20; i < 27; ++i) fresh.push_back(key(i));

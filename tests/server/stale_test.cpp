@@ -45,6 +45,7 @@ std::vector<long> pages_of(const std::string& answer) {
 class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> {
  protected:
   int cores() const { return std::get<0>(GetParam()); }
+  bool lru() const { return std::get<1>(GetParam()) == metad::eviction::lru; }
   metad::config config() const {
     metad::config cfg;
     cfg.evict = std::get<1>(GetParam());
@@ -105,6 +106,17 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":4,"incomplete_pages":4,"stale_keys":0})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":4})");
   EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
+  if (lru()) {
+    // With eviction, incomplete keys no rank reserves are evicted, even within their
+    // grace, rather than refuse the allocation (two of the four, confirmed together).
+    const std::vector<long> pages = allocate(n, 0, keys(10, 2));
+    ASSERT_EQ(pages.size(), 2u);
+    EXPECT_TRUE(pages[0] >= 0 && pages[0] < pages[1] && pages[1] < 4) << pages[0] << pages[1];
+    EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
+    EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2,)"), std::string::npos);
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    return;
+  }
   EXPECT_EQ(allocate(n, 0, keys(10, 2)), (std::vector<long>{-1, -1}));
   n.now += kGraceMs - 1;
   n.tick();
@@ -184,6 +196,33 @@ TEST_P(Stale, AWriterThatFinishesAfterBeingLookedAtCompletesTheKey) {
   EXPECT_EQ(exists(n, keys(0, 1)), R"({"exists":[true]})");
 }
 
+// Under pressure (eviction on), incomplete keys within their grace go before an
+// allocation is refused, but only those that hold a page on the short rank and that no
+// rank reserves; the others keep their place (and their grace).
+TEST_P(Stale, EvictionTakesIncompleteKeysOnTheShortRankOnly) {
+  if (!lru()) GTEST_SKIP() << "eviction only";
+  node n(config(), cores());
+  init(n, 3, 2);
+  // Rank 2 holds two incomplete keys; rank 0 two more, the older one being written on
+  // rank 1 (reserved there).
+  ASSERT_EQ(save_on(n, 2, keys(0, 2)).size(), 2u);
+  n.now += 1;
+  ASSERT_EQ(save_on(n, 0, keys(2, 2)).size(), 2u);
+  allocate(n, 1, keys(2, 1));
+  n.now += 1;
+  EXPECT_EQ(allocate(n, 0, keys(10, 1)), (std::vector<long>{1}));  // key 3's page
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":2,"free":0,"reserved":1,"bound":1,"incomplete":1})");
+  EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":2,"free":0,"reserved":0,"bound":2,"incomplete":2})");
+  EXPECT_EQ(allocate(n, 0, keys(11, 1)), (std::vector<long>{-1}));  // key 2 is being written
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":3,"incomplete_pages":3,"stale_keys":0})");
+  // The passed-over keys kept their grace: rank 2's are stale first.
+  n.now += kGraceMs - 1;
+  n.tick();
+  EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":2,"free":2,"reserved":0,"bound":0,"incomplete":0})");
+  EXPECT_EQ(stats_tail(n), R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":2})");
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
 TEST_P(Stale, ZeroGraceNeverReclaims) {
   metad::config cfg = config();
   cfg.incomplete_grace_ms = 0;
@@ -192,8 +231,11 @@ TEST_P(Stale, ZeroGraceNeverReclaims) {
   half_save(n, keys(0, 2));
   n.now += 100 * kGraceMs;
   n.tick();
-  EXPECT_EQ(allocate(n, 0, keys(10, 1)), (std::vector<long>{-1}));
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
+  // Only eviction, under pressure, takes them.
+  EXPECT_EQ(allocate(n, 0, keys(10, 1)), (std::vector<long>{lru() ? 0 : -1}));
+  EXPECT_EQ(stats_tail(n), lru() ? R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})"
+                                 : R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
 }
 
 TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) {
