@@ -317,11 +317,7 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
         // In reverse, so that the keys put back in front regain their order.
         for (std::size_t i = job.keys.size(); i-- > 0;) {
           if (job.owner[i] != c || job.pages[i] >= 0) continue;
-          if (job.member[i]) {
-            dir.abort_stale(job.keys[i], now_here);
-          } else {
-            dir.put_back_incomplete(job.keys[i], job.used[i], now_here);
-          }
+          dir.abort_stale(job.keys[i], job.used[i], !job.member[i], now_here);
         }
         cl.core[c]->publish_incomplete();
       },

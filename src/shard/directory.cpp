@@ -313,26 +313,8 @@ std::size_t directory::take_stale_impl(std::uint64_t cutoff, std::size_t n, void
   return taken;
 }
 
-void directory::abort_stale(std::string_view key, std::uint64_t now) {
-  impl& m = *impl_;
-  if (m.removing.size() == 0) return;
-  auto* r = m.removing.find(key, table_hash(key));
-  if (r == nullptr) return;  // cleared meanwhile
-  m.removing.erase(*r);
-  parsed_key p;
-  parse_key(key, p);
-  const impl::entry e = m.find(key, p);
-  SHARD_CHECK(e);  // only a clear drops a key being removed
-  const completion c = e.get();
-  if (!impl::is_complete(c)) {
-    m.track(key, p, c.confirmed_count, now);
-  } else if (m.life.lru()) {  // the last confirmations came while it was taken
-    m.life.touch(key, p, now);
-  }
-}
-
-void directory::put_back_incomplete(std::string_view key, std::uint64_t confirmed,
-                                    std::uint64_t now) {
+void directory::abort_stale(std::string_view key, std::uint64_t confirmed, bool in_place,
+                            std::uint64_t now) {
   impl& m = *impl_;
   if (m.removing.size() == 0) return;
   auto* r = m.removing.find(key, table_hash(key));
@@ -345,10 +327,12 @@ void directory::put_back_incomplete(std::string_view key, std::uint64_t confirme
   const completion c = e.get();
   if (impl::is_complete(c)) {  // the last confirmations came while it was taken
     if (m.life.lru()) m.life.touch(key, p, now);
-    return;
+  } else if (in_place) {
+    m.incomplete.restore(key, p, confirmed, true);
+    m.incomplete_bindings += static_cast<std::uint64_t>(c.confirmed_count);
+  } else {
+    m.track(key, p, c.confirmed_count, now);
   }
-  m.incomplete.restore(key, p, confirmed, true);
-  m.incomplete_bindings += static_cast<std::uint64_t>(c.confirmed_count);
 }
 
 std::size_t directory::incomplete_count() const { return impl_->incomplete.size(); }

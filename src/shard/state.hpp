@@ -207,16 +207,13 @@ class directory {
                              (*static_cast<Take*>(t))(key, confirmed);
                            });
   }
-  // Calls off a removal take_stale began (a rank still holds a reservation for the key: a
-  // writer is at work): tracked again as last confirmed at now, or, if confirmations made
-  // it complete meanwhile, a complete key used at now. The caller makes sure the
-  // directory was not cleared in between.
-  void abort_stale(std::string_view key, std::uint64_t now);
-  // Calls off a removal take_stale began, leaving the key as it was: tracked again with
-  // its last confirmation, in front (keys put back in the reverse order they were taken
-  // regain their places). A key the last confirmations completed meanwhile is a complete
-  // key used at now.
-  void put_back_incomplete(std::string_view key, std::uint64_t confirmed, std::uint64_t now);
+  // Calls off a removal take_stale began. in_place: the key goes back where it was, with
+  // its last confirmation `confirmed` (keys put back in the reverse order they were taken
+  // regain their places); else it is tracked as last confirmed at now (a rank still
+  // reserves it: a writer is at work, so it is looked at again a grace later). A key that
+  // confirmations completed meanwhile becomes a complete key used at now. The caller
+  // makes sure the directory was not cleared in between.
+  void abort_stale(std::string_view key, std::uint64_t confirmed, bool in_place, std::uint64_t now);
   // Incomplete keys: confirmed by fewer ranks than their tp_world_size, not being removed.
   std::size_t incomplete_count() const;
   // The pages they hold on the ranks: their confirmations summed.

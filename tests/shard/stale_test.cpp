@@ -85,16 +85,31 @@ TEST(DirectoryStale, AKeyPutBackIsTrackedAgainFromThen) {
   d.add_confirmation(kA, 2, 10);
   d.add_confirmation(kB, 2, 11);
   ASSERT_EQ(take_stale(d, 11, 10).size(), 2u);
-  d.abort_stale(kA, 50);  // a rank still held a reservation for it
+  d.abort_stale(kA, 10, false, 50);  // a rank still held a reservation for it
   EXPECT_EQ(d.incomplete_count(), 1u);
   EXPECT_EQ(d.incomplete_bindings(), 1u);
   EXPECT_TRUE(take_stale(d, 49, 10).empty());
   // A key completed while it was taken is put back as complete, not incomplete.
   d.add_confirmation(kB, 2, 60);
-  d.abort_stale(kB, 61);
+  d.abort_stale(kB, 11, false, 61);
   EXPECT_TRUE(d.complete(kB));
   EXPECT_EQ(d.incomplete_count(), 1u);
   EXPECT_EQ(take_stale(d, 100, 10), (std::vector<std::string>{kA}));
+}
+
+TEST(DirectoryStale, AKeyPassedOverGoesBackInItsPlaceWithItsTime) {
+  directory d;
+  d.add_confirmation(kA, 2, 10);
+  d.add_confirmation(kB, 2, 11);
+  d.add_confirmation(kC, 2, 12);
+  std::vector<std::pair<std::string, std::uint64_t>> got;
+  d.take_stale(11, 10, [&](std::string_view k, std::uint64_t t) { got.emplace_back(k, t); });
+  ASSERT_EQ(got.size(), 2u);
+  d.abort_stale(got[1].first, got[1].second, true, 99);  // in reverse order
+  d.abort_stale(got[0].first, got[0].second, true, 99);
+  EXPECT_EQ(d.oldest_incomplete(), 10u);
+  EXPECT_EQ(d.incomplete_bindings(), 3u);
+  EXPECT_EQ(take_stale(d, 12, 10), (std::vector<std::string>{kA, kB, kC}));
 }
 
 TEST(DirectoryStale, ADeleteOfAnIncompleteKeyStopsTrackingIt) {
@@ -194,15 +209,22 @@ TEST(DirectoryStale, AgreesWithAModelUnderRandomOperations) {
           // Keys last confirmed at the same time may come in any order among themselves.
           EXPECT_EQ(model[got[i]].confirmed, want[i].first) << got[i];
           model[got[i]].removing = true;
-          taken.push_back(got[i]);
         }
+        // A tail of them passed over at once (as an eviction does): back in their places,
+        // in reverse; the others stay taken, to be settled or called off later.
+        const std::size_t keep = rng() % (got.size() + 1);
+        for (std::size_t i = got.size(); i-- > keep;) {
+          d.abort_stale(got[i], model[got[i]].confirmed, true, now);
+          model[got[i]].removing = false;
+        }
+        taken.insert(taken.end(), got.begin(), got.begin() + static_cast<std::ptrdiff_t>(keep));
       } else if (op < 90 && !taken.empty()) {  // settle or call off a taken key
         const std::size_t at = rng() % taken.size();
         const std::string k = taken[at];
         taken.erase(taken.begin() + static_cast<std::ptrdiff_t>(at));
         entry& e = model[k];
         if (rng() % 2 == 0) {
-          d.abort_stale(k, now);
+          d.abort_stale(k, e.confirmed, false, now);
           e.removing = false;
           e.confirmed = now;
         } else {
