@@ -88,6 +88,10 @@ constexpr int kEvictionRounds = 8;
 // Stale keys hold pages on ranks other than the short one too: a reclamation for an
 // allocation takes this many beyond the pages it misses (all of them are dead).
 constexpr std::size_t kStaleExtra = 256;
+// Under eviction, incomplete keys nobody reserves that were last confirmed this long ago
+// (or --incomplete-grace-ms, if shorter) go before complete keys: the ranks of one save
+// confirm within moments of each other.
+constexpr std::uint64_t kSettleNs = 1'000 * kNsPerMs;
 
 }  // namespace
 
@@ -133,18 +137,25 @@ request_task run_allocate(exchange& x) {
     if (reclaimed == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }
-  // Eviction. When the least recently used complete keys cannot serve the allocation
-  // and the pool holds incomplete keys still within their grace (when saves fail often,
-  // those of the last moments fill it), the ones no rank reserves go first, least
-  // recently confirmed first, and the complete keys are tried again: a -1 would lose
-  // this save for sure, an evicted incomplete key only the save of a rank that lags so
-  // far behind that it has not even allocated.
+  // Eviction takes the dead before the living. Incomplete keys within their grace that
+  // no rank reserves and that hold a page here are unreadable, and once kSettleNs old
+  // almost surely dead (the ranks of one save write together): they go first. Then the
+  // least recently used complete keys. Then, rather than answer -1, younger incomplete
+  // keys nobody reserves: a -1 loses this save for sure, such an eviction only the save
+  // of a rank so far behind that it has not even allocated. Each core's least recently
+  // confirmed first. When saves fail often, the incomplete keys of the last moments
+  // would otherwise fill the pool (measured: bench.sh --stale).
+  const std::uint64_t settle = grace == 0 ? kSettleNs : std::min(grace, kSettleNs);
   for (int round = 0; stored && r.short_by > 0 && r.evictable && lru && round < kEvictionRounds;
        ++round) {
-    std::size_t evicted = co_await evict(cl, owner, cmd.rank, r.short_by, s.removal, stored);
-    if (evicted == 0 && stored && incomplete_keys_older_than(cl, 0))
-      evicted = co_await reclaim_incomplete(cl, owner, -1, r.short_by, 0, removal_kind::evicted,
-                                            s.removal, stored, &cmd.rank);
+    std::size_t evicted = 0;
+    for (const std::uint64_t age : {settle, std::uint64_t{0}}) {
+      if (evicted == 0 && stored && incomplete_keys_older_than(cl, age))
+        evicted = co_await reclaim_incomplete(cl, owner, -1, r.short_by, age, removal_kind::evicted,
+                                              s.removal, stored, &cmd.rank);
+      if (evicted == 0 && stored && age != 0)
+        evicted = co_await evict(cl, owner, cmd.rank, r.short_by, s.removal, stored);
+    }
     if (evicted == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }

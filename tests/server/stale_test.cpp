@@ -223,6 +223,30 @@ TEST_P(Stale, EvictionTakesIncompleteKeysOnTheShortRankOnly) {
   EXPECT_EQ(server::check_consistency(n.cluster()), "");
 }
 
+// Eviction takes the dead before the living: incomplete keys nobody reserves go before
+// complete ones once a second has passed since their last confirmation (the ranks of one
+// save confirm together), and before that only when no complete key can go.
+TEST_P(Stale, SettledIncompleteKeysAreEvictedBeforeCompleteOnes) {
+  if (!lru()) GTEST_SKIP() << "eviction only";
+  for (const std::uint64_t wait_ms : {10u, 1'000u}) {
+    SCOPED_TRACE(wait_ms);
+    node n(config(), cores());
+    init(n, 2, 4);
+    ASSERT_EQ(save_on(n, 0, keys(0, 1)).size(), 1u);  // complete
+    ASSERT_EQ(save_on(n, 1, keys(0, 1)).size(), 1u);
+    n.now += 1;
+    half_save(n, keys(1, 2));  // incomplete on rank 0, nobody reserves them
+    n.now += wait_ms;
+    ASSERT_EQ(allocate(n, 0, keys(10, 2)).size(), 2u);  // one page short
+    const bool settled = wait_ms >= 1'000;
+    EXPECT_EQ(exists(n, keys(0, 1)), settled ? R"({"exists":[true]})" : R"({"exists":[false]})");
+    EXPECT_EQ(stats_tail(n), settled
+                                 ? R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})"
+                                 : R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  }
+}
+
 TEST_P(Stale, ZeroGraceNeverReclaims) {
   metad::config cfg = config();
   cfg.incomplete_grace_ms = 0;
