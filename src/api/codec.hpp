@@ -43,6 +43,10 @@ class key_list {
   void assign_within_one_buffer(std::span<const std::string_view> keys);
   std::span<const std::string_view> views() const { return views_; }
   std::size_t size() const { return views_.size(); }
+  // Heap bytes it holds.
+  std::size_t capacity_bytes() const {
+    return bytes_.capacity() + views_.capacity() * sizeof(std::string_view);
+  }
   std::string_view operator[](std::size_t i) const { return views_[i]; }
 
  private:

@@ -16,7 +16,7 @@ constexpr std::size_t initial_buffer_bytes = 4 * 1024;
 constexpr std::size_t read_slack_bytes = 64 * 1024;
 // After a request, a buffer larger than this is freed rather than kept for the next one:
 // an idle connection should not pin the memory of its one big body.
-constexpr std::size_t retained_buffer_bytes = 1024 * 1024;
+constexpr std::size_t retained_buffer_bytes = 64 * 1024;
 // A chunk-size line (hex digits and extensions) longer than this is malformed.
 constexpr std::size_t chunk_line_bytes_max = 4 * 1024;
 static_assert(initial_buffer_bytes > body_padding_bytes);

@@ -74,6 +74,8 @@ class parser {
   // A request has started (bytes buffered) but is not complete: the header timeout,
   // not the idle timeout, applies.
   bool mid_request() const;
+  // Heap bytes of its buffers.
+  std::size_t buffer_bytes() const { return capacity_ + decoded_capacity_; }
 
  private:
   // implementation-defined state

@@ -156,7 +156,12 @@ class asio_loop {
         next = c->handler->on_resume();
         continue;
       }
+      if (next == flow::drain) {  // the output was written in full above
+        next = c->handler->on_drained();
+        continue;
+      }
       if (stopping_ && !c->handler->mid_request()) break;
+      if (!c->handler->mid_request()) c->handler->trim();
       std::span<char> space = c->handler->read_space();
       auto [ec, n] =
           co_await c->socket.async_read_some(asio::buffer(space.data(), space.size()), use_tuple);

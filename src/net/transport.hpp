@@ -16,6 +16,7 @@ namespace net {
 enum class flow : std::uint8_t {
   read,   // send any output, then read more input
   wait,   // work is pending elsewhere: don't read; wake() will follow
+  drain,  // the unsent output reached its bound: send all of it, then on_drained()
   close,  // send any output, then close
 };
 
@@ -38,6 +39,13 @@ class connection_handler {
   virtual flow on_bytes(std::size_t bytes) = 0;
   // Pending work finished (after waker::wake()).
   virtual flow on_resume() = 0;
+  // Every byte of the output was sent (after flow::drain): go on with buffered input.
+  // Reading stops meanwhile, so a client that sends requests without reading answers
+  // holds a bounded amount of the server's memory.
+  virtual flow on_drained() = 0;
+  // The connection is idle (no request in progress, its answers handed over): give back
+  // buffer memory above a small steady size, whatever the last request needed.
+  virtual void trim() = 0;
   // Bytes to send; the loop sends them all and then clears the string.
   virtual std::string& output() = 0;
   // A request is partly received: the header timeout applies instead of the idle one.

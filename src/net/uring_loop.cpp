@@ -55,6 +55,10 @@ std::uint64_t now_ns() {
 // instead cost 20–35%.
 constexpr std::uint64_t kSendHoldNs = 50'000;
 
+// An idle connection keeps at most this much of its send buffer (a big answer's is
+// given back once sent).
+constexpr std::size_t kIdleBufferBytes = 64 * 1024;
+
 // Every SQE's user_data points at one of these.
 struct completion {
   void (*on_cqe)(completion* self, const io_uring_cqe& cqe) = nullptr;
@@ -367,7 +371,18 @@ detached uring_loop::serve(connection* c) {
       next = c->handler->on_resume();
       continue;
     }
+    if (next == flow::drain) {
+      co_await drained{c};
+      if (c->send_failed) break;
+      next = c->handler->on_drained();
+      continue;
+    }
     if (stopping_ && !c->handler->mid_request()) break;
+    if (!c->handler->mid_request()) {
+      c->handler->trim();
+      if (!c->send_in_flight && c->sending.capacity() > kIdleBufferBytes)
+        std::string().swap(c->sending);
+    }
     std::span<char> space = c->handler->read_space();
     op o(*this);
     io_uring_prep_recv(sqe(&o), c->fd, space.data(), space.size(), 0);

@@ -71,8 +71,16 @@ net::flow exchange::on_resume() {
   return advance();
 }
 
+// Answers not yet handed to the transport: past this the connection stops reading and
+// sends them first (flow::drain), so a client that pipelines requests and never reads
+// holds at most this plus one answer here (and as much in the transport's send).
+constexpr std::size_t kUnsentBytesMax = 1 << 20;
+// A request or answer beyond this makes the next trim() give the buffers back.
+constexpr std::size_t kSteadyBytes = 64 * 1024;
+
 net::flow exchange::advance() {
   for (;;) {
+    if (out_.size() >= kUnsentBytesMax) return net::flow::drain;
     switch (parser_.next()) {
       case http::parse_status::need_more:
         if (parser_.take_continue_request())
@@ -102,6 +110,27 @@ net::flow exchange::advance() {
   }
 }
 
+void exchange::trim() {
+  if (!grew_ || in_flight_) return;
+  grew_ = false;
+  if (out_.empty() && out_.capacity() > kSteadyBytes) std::string().swap(out_);
+  // Every per-request buffer, sized by the requests that used it, goes with `old`. Not
+  // `scratch_ = scratch{}`: a string moved from a short one keeps its own allocation.
+  scratch old;
+  std::swap(scratch_, old);
+}
+
+std::size_t exchange::buffer_bytes() const {
+  const scratch& s = scratch_;
+  return parser_.buffer_bytes() + out_.capacity() + s.exists.keys.capacity_bytes() +
+         s.locations.keys.capacity_bytes() + s.allocate.keys.capacity_bytes() +
+         s.confirm.keys.capacity_bytes() + s.remove.keys.capacity_bytes() + s.body.capacity() +
+         s.flags.capacity() + s.pages.capacity() * sizeof(s.pages[0]) +
+         s.indices.capacity() * sizeof(s.indices[0]) + s.walk.capacity() * sizeof(s.walk[0]) +
+         s.key_owner.capacity() * sizeof(s.key_owner[0]) +
+         s.selected.capacity() * sizeof(s.selected[0]) + s.removal.bytes.capacity();
+}
+
 void exchange::start(route_label route) {
   route_ = route;
   status_ = 0;
@@ -110,6 +139,7 @@ void exchange::start(route_label route) {
 
 void exchange::complete() {
   const std::uint64_t elapsed_ns = monotonic_ns() - started_ns_;
+  if (out_.size() > kSteadyBytes || parser_.current().body.size() > kSteadyBytes / 8) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
   if (cluster_.cfg.access_log) {
     metad::log::info("access {} {} {} {} {}us", route_name(route_), status_,

@@ -97,8 +97,13 @@ class exchange final : public net::connection_handler {
   std::span<char> read_space() override { return parser_.read_space(); }
   net::flow on_bytes(std::size_t bytes) override;
   net::flow on_resume() override;
+  net::flow on_drained() override { return advance(); }
+  void trim() override;
   std::string& output() override { return out_; }
   bool mid_request() const override { return parser_.mid_request(); }
+
+  // Bytes of memory this connection's buffers hold (tests: they shrink when it idles).
+  std::size_t buffer_bytes() const;
 
   // For the endpoint coroutines (home core only).
   cluster& shared() { return cluster_; }
@@ -128,6 +133,7 @@ class exchange final : public net::connection_handler {
   scratch scratch_;
   bool keep_alive_ = true;
   bool head_ = false;  // the request is HEAD: answers carry no body
+  bool grew_ = false;  // a request since the last trim() was big: buffers may have grown
   route_label route_ = route_label::not_found;
   int status_ = 0;
   std::uint64_t started_ns_ = 0;

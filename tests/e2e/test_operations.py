@@ -877,6 +877,67 @@ class TimeoutTest(OpsTestCase):
 
 # --- 6. connection limit ---------------------------------------------------------------------
 
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class HostileClientMemoryTest(OpsTestCase):
+    """A client that pipelines requests and never reads its answers holds a bounded
+    amount of the server's memory: past 1 MiB of unsent answers the server stops reading
+    that connection until they drain (both transports)."""
+
+    def test_a_pipelining_client_that_never_reads_is_bounded(self):
+        server = self.start("--threads", "1")
+        request = raw_request("GET", "/metrics")
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        self.addCleanup(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        start_rss = rss_bytes(server.proc.pid)
+        chunk = request * 2000
+        sent, deadline = 0, time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            if not select.select([], [sock], [], 0.2)[1]:
+                continue  # the server stopped reading: its buffers are full
+            try:
+                sent += sock.send(chunk)
+            except BlockingIOError:
+                pass
+        grown = rss_bytes(server.proc.pid) - start_rss
+        self.assertGreater(sent, len(request) * 1000, "the test did not get to pipeline")
+        self.assertLess(grown, 64 << 20, f"RSS grew {grown >> 20} MiB after {sent} bytes of "
+                                          "pipelined requests that were never read")
+        # Other clients are served meanwhile.
+        self.assertTrue(request_ok(server.port))
+
+
+    def test_idle_connections_give_back_what_a_big_request_took(self):
+        server = self.start("--threads", "1")
+        with open(f"/proc/{server.proc.pid}/maps") as f:
+            maps = f.read()
+        if "libasan" in maps or "libtsan" in maps:
+            self.skipTest("RSS says nothing under a sanitizer's allocator")
+        body = compact({"keys": [f"{i:032x}" for i in range(600_000)]})  # ~21 MB
+        conns = [RawConnection(server.port, timeout=60) for _ in range(6)]
+        self.addCleanup(lambda: [c.close() for c in conns])
+        conns[0].send(raw_request("GET", "/health"))
+        conns[0].read_response()
+        before = rss_bytes(server.proc.pid)
+        for c in conns:
+            c.send(raw_request("POST", "/keys/batch_exists", body))
+            self.assertEqual(c.read_response()[0], 200)
+        # A small request on the core lets its JSON parser shrink back too.
+        self.assertTrue(request_ok(server.port))
+        time.sleep(2)
+        held = rss_bytes(server.proc.pid) - before
+        self.assertLess(held, 6 * (4 << 20),
+                        f"six idle connections hold {held >> 20} MiB after 21 MB requests")
+
+
 class DescriptorLimitTest(OpsTestCase):
     """Out of file descriptors (EMFILE), the server pauses accepting instead of retrying
     at once: it neither burns a core nor floods its log, and the connections waiting in

@@ -44,6 +44,8 @@ class node {
     std::span<char> space = x_->read_space();
     std::copy(bytes.begin(), bytes.end(), space.begin());
     net::flow f = x_->on_bytes(bytes.size());
+    std::string drained;  // answers a drain handed over (flow::drain: sent, then go on)
+    for (; f == net::flow::drain; f = x_->on_drained()) drained += std::exchange(x_->output(), {});
     while (f == net::flow::wait) {
       const int before = waker_.wakes;
       for (int spin = 0; spin < 1000 && waker_.wakes == before; ++spin) {
@@ -56,7 +58,7 @@ class node {
       f = x_->on_resume();
     }
     for (auto& core : cluster_->core) server::snapshot_tick(*cluster_, *core);
-    return std::exchange(x_->output(), {});
+    return drained + std::exchange(x_->output(), {});
   }
 
   std::string post(const std::string& path, const std::string& body) {

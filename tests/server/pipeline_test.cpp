@@ -1,8 +1,10 @@
 // The whole request pipeline byte-in/byte-out, without sockets: an exchange fed raw
 // HTTP, its endpoint coroutines hopping between simulated cores that this one thread
 // drains in turn.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -20,20 +22,39 @@ class Pipeline : public ::testing::TestWithParam<int> {
  protected:
   Pipeline() : cluster_(cfg_, GetParam()), x_(cluster_, *cluster_.core[0], waker_) {}
 
-  // Feeds `bytes` to the connection and returns everything it answers.
+  // Feeds `bytes` to the connection, as much as it has room for at a time, and returns
+  // everything it answers; does what a transport does on wait and drain.
   std::string send(std::string_view bytes) {
-    std::span<char> space = x_.read_space();
-    EXPECT_GE(space.size(), bytes.size()) << "tests send small requests";
-    std::copy(bytes.begin(), bytes.end(), space.begin());
-    last_flow_ = x_.on_bytes(bytes.size());
-    while (last_flow_ == net::flow::wait) {
-      const int before = waker_.wakes;
-      for (int spin = 0; spin < 100 && waker_.wakes == before; ++spin)
-        for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.drain(c);
-      EXPECT_EQ(waker_.wakes, before + 1) << "a parked request must wake its connection";
-      last_flow_ = x_.on_resume();
+    std::string answers;
+    drains_ = 0;
+    for (std::size_t at = 0; at < bytes.size();) {
+      std::span<char> space = x_.read_space();
+      const std::size_t n = std::min(space.size(), bytes.size() - at);
+      std::copy_n(bytes.data() + at, n, space.begin());
+      at += n;
+      last_flow_ = x_.on_bytes(n);
+      settle(answers);
     }
-    return std::exchange(x_.output(), {});
+    largest_unsent_ = std::max(largest_unsent_, x_.output().size());
+    return answers + std::exchange(x_.output(), {});
+  }
+  void settle(std::string& answers) {
+    for (;;) {
+      if (last_flow_ == net::flow::wait) {
+        const int before = waker_.wakes;
+        for (int spin = 0; spin < 100 && waker_.wakes == before; ++spin)
+          for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.drain(c);
+        EXPECT_EQ(waker_.wakes, before + 1) << "a parked request must wake its connection";
+        last_flow_ = x_.on_resume();
+      } else if (last_flow_ == net::flow::drain) {  // as a transport: send it all, go on
+        largest_unsent_ = std::max(largest_unsent_, x_.output().size());
+        answers += std::exchange(x_.output(), {});
+        ++drains_;
+        last_flow_ = x_.on_drained();
+      } else {
+        return;
+      }
+    }
   }
 
   static std::string post(std::string_view path, std::string_view body) {
@@ -57,6 +78,8 @@ class Pipeline : public ::testing::TestWithParam<int> {
   counting_waker waker_;
   server::exchange x_;
   net::flow last_flow_ = net::flow::read;
+  int drains_ = 0;                  // flow::drain answers in the last send()
+  std::size_t largest_unsent_ = 0;  // the most output held before it was taken
 };
 
 TEST_P(Pipeline, VllmSaveThenLoadRoundTripsAcrossCores) {
@@ -118,6 +141,35 @@ TEST_P(Pipeline, HeadIsAnsweredWithoutABody) {
   const std::string health = send("HEAD /health HTTP/1.1\r\n\r\n");
   EXPECT_TRUE(health.starts_with("HTTP/1.1 200 OK\r\n")) << health;
   EXPECT_TRUE(health.ends_with("\r\n\r\n")) << health;
+}
+
+// A client that pipelines requests without reading: the connection stops taking
+// requests once 1 MiB of answers is unsent (flow::drain), and goes on once they are sent.
+TEST_P(Pipeline, PipelinedAnswersPastTheirBoundAreSentBeforeMoreAreTaken) {
+  std::string pipelined;
+  const std::string exists = post("/keys/batch_exists", R"({"keys":[]})");
+  for (int i = 0; i < 60'000; ++i) pipelined += exists;  // ~1.9 MB of answers
+  const std::string answers = send(pipelined);
+  EXPECT_GT(drains_, 0);
+  EXPECT_LT(largest_unsent_, (std::size_t{1} << 20) + 1024);
+  const std::string one = json_200(R"({"exists":[]})");
+  ASSERT_EQ(answers.size(), 60'000 * one.size());
+  EXPECT_EQ(answers.substr(answers.size() - one.size()), one);
+}
+
+// After a big request, an idle connection gives its buffers back.
+TEST_P(Pipeline, AnIdleConnectionGivesBackWhatABigRequestTook) {
+  const std::size_t before = x_.buffer_bytes();
+  std::string keys;
+  for (int i = 0; i < 100'000; ++i) keys += fmt::format("{}\"{:032x}\"", i ? "," : "", i);
+  const std::string answer = send(post("/keys/batch_exists", "{\"keys\":[" + keys + "]}"));
+  ASSERT_TRUE(answer.starts_with("HTTP/1.1 200 OK")) << answer.substr(0, 200);
+  EXPECT_GT(x_.buffer_bytes(), std::size_t{4} << 20);  // the keys, their views, the flags...
+  x_.trim();
+  EXPECT_LE(x_.buffer_bytes(), std::max<std::size_t>(before, 64 * 1024));
+  // ... and it still serves.
+  EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["a"]})")),
+            json_200(R"({"exists":[false]})"));
 }
 
 TEST_P(Pipeline, InvalidRequestsChangeNothing) {
