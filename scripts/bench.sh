@@ -11,6 +11,8 @@
 #   scripts/bench.sh --micro    the Google Benchmark programs only
 #   scripts/bench.sh --scaling  1, 2, 4, 8 server cores (8 needs >= 16 CPUs; fewer run
 #                               the counts that fit in half the CPUs)
+#   scripts/bench.sh --stale    ~5 minutes: stale-key reclamation, 60 s connector replays
+#                               into pools 40x smaller than the working set, one row per 5 s
 # Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
@@ -22,10 +24,10 @@ mode=full
 do_build=1
 while (($#)); do
   case "$1" in
-    --quick | --memory | --micro | --scaling) mode=${1#--} ;;
+    --quick | --memory | --micro | --scaling | --stale) mode=${1#--} ;;
     --no-build) do_build=0 ;;
     --build-dir) build=$(realpath -m "$2"); shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -35,15 +37,16 @@ tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
   scaling) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
-  memory) tools+=" curl" ;;       # waits for the server's port with it
+  memory | stale) tools+=" curl" ;;  # waits for the server's port with it
 esac
 for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool missing: run scripts/setup.sh --bench" >&2; exit 1; }
 done
 if ((do_build)); then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMETAD_BENCH=ON -DMETAD_TESTS=OFF >/dev/null
-  cmake --build "$build" -j"$(nproc)" --target hf3fs-metad metad-load metad-memory \
-    bench_parser bench_decode bench_shard >/dev/null
+  targets=(hf3fs-metad metad-load)
+  [[ $mode == stale ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
+  cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
 fi
 server_bin="$build/hf3fs-metad"
 load_bin="$build/bench/metad-load"
@@ -354,10 +357,76 @@ run_scaling() {
   done
 }
 
+# Stale-key reclamation under a pool far smaller than the working set: 4 engines x TP 8
+# back to back, 50,000 pages per rank against 4 x 400 prompts x 1,250 keys = 2M keys
+# per rank (the pools fill in the first window), --eviction lru. A save task fails on
+# each rank independently (--fail-fraction), so a failure leaves its keys confirmed on
+# the other ranks only: incomplete, never evictable. One 60 s run per configuration on a
+# fresh server; metad-load prints its counters and the server's GET /stats every 5 s
+# (--report-every), and each row is one window: its allocation results and the share of
+# them that were -1, the batch_exists keys found, keys evicted and stale keys reclaimed
+# (differences of the /stats counters), then the keys, the read-leased keys, the
+# incomplete keys and the pages they hold at the window's end. --read-lease-ms 0 but in
+# the last configuration: the replay's load streams read most cached keys again within
+# seconds, so with the default 10 s lease a full pool stays leased and refuses
+# allocations whatever the grace (that run shows it).
+stale_grace_ms=3000
+stale_pages=50000
+stale_seconds=60
+stale_window=5
+stale_table() {  # log: the window lines of one run
+  echo "| t (s) | allocation results | -1 | batch_exists found | evicted | stale reclaimed | keys | leased keys | incomplete keys | incomplete pages |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  awk -v pool=$((stale_pages * 8)) '
+    function stat(name) {  # a counter of the /stats JSON
+      return match(s, "\"" name "\":[0-9]+") ? substr(s, RSTART + length(name) + 3, RLENGTH - length(name) - 3) : 0
+    }
+    function pct(a, b) { return b > 0 ? sprintf("%.1f%%", 100 * a / b) : "-" }
+    /^window=/ {
+      for (i = 1; i <= NF; i++) { eq = index($i, "="); v[substr($i, 1, eq - 1)] = substr($i, eq + 1) }
+      s = v["stats"]
+      if (s == "-") { print "bench.sh: GET /stats failed at t=" v["t"] > "/dev/stderr"; next }
+      res = v["alloc_results"] - p["res"]; ev = stat("evicted_keys"); st = stat("stale_keys")
+      printf "| %.0f | %d | %s | %s | %d | %d | %d | %d | %d | %d (%s) |\n", v["t"], res,
+        pct(v["alloc_refused"] - p["ref"], res), pct(v["exists_found"] - p["found"], v["exists_asked"] - p["asked"]),
+        ev - p["ev"], st - p["st"], stat("keys"), stat("leased_keys"), stat("incomplete_keys"),
+        stat("incomplete_pages"), pct(stat("incomplete_pages"), pool)
+      p["res"] = v["alloc_results"]; p["ref"] = v["alloc_refused"]; p["found"] = v["exists_found"]
+      p["asked"] = v["exists_asked"]; p["ev"] = ev; p["st"] = st
+    }' "$1"
+}
+
+run_stale() {
+  local c label grace fail lease
+  for c in "(a) --incomplete-grace-ms 0 (no stale-key reclamation), --fail-fraction 0.01|0|0.01|0" \
+    "(b) --incomplete-grace-ms $stale_grace_ms, --fail-fraction 0.01|$stale_grace_ms|0.01|0" \
+    "(c) --incomplete-grace-ms $stale_grace_ms, --fail-fraction 0.05|$stale_grace_ms|0.05|0" \
+    "(d) --incomplete-grace-ms $stale_grace_ms, --fail-fraction 0|$stale_grace_ms|0|0" \
+    "(e) as (b) with the default --read-lease-ms (10000)|$stale_grace_ms|0.01|10000"; do
+    IFS="|" read -r label grace fail lease <<<"$c"
+    start_server uring "$server_cpus" --threads 1 --eviction lru --incomplete-grace-ms "$grace" \
+      --read-lease-ms "$lease"
+    taskset -c "$load_cpus" "$load_bin" --port "$server_port" --engines 4 --tp 8 --pages "$stale_pages" \
+      --seconds "$stale_seconds" --report-every "$stale_window" --fail-fraction "$fail" \
+      >"$tmp/stale.log" 2>"$tmp/stale.err" || { echo "bench.sh: metad-load reported errors" >&2; cat "$tmp/stale.err" >&2; }
+    stop_server
+    echo "$label"
+    echo
+    stale_table "$tmp/stale.log"
+    echo
+    grep -E '^(total_requests|batch_exists keys)' "$tmp/stale.log"
+    echo
+  done
+  echo "4 engines x TP 8 back to back (metad-load on CPU $load_cpus), --pages $stale_pages per rank" \
+    "($((stale_pages * 8)) in all) against 2,000,000 keys per rank; server --eviction lru on CPU" \
+    "$server_cpus; ${stale_seconds} s per run, a row per ${stale_window} s; incomplete pages: % of all pages."
+}
+
 case $mode in
   quick) run_wrk_suite ;;
   memory) run_memory ;;
   micro) run_micro ;;
   scaling) run_scaling ;;
+  stale) run_stale ;;
   full) run_wrk_suite; echo; run_memory; echo; run_micro ;;
 esac

@@ -21,10 +21,11 @@ async_connection::~async_connection() {
   all.erase(std::find(all.begin(), all.end(), this));
 }
 
-async_connection::request_awaiter async_connection::post(std::string_view path,
-                                                         std::string_view body) {
+async_connection::request_awaiter async_connection::request(std::string_view method,
+                                                            std::string_view path,
+                                                            std::string_view body) {
   if (http_.fd() < 0 && http_.connect() && !loop_.watch(http_.fd(), this)) http_.close();
-  http_.begin("POST", path, body);
+  http_.begin(method, path, body);
   return {*this};
 }
 

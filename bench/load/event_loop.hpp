@@ -63,7 +63,10 @@ class async_connection {
   // `co_await c.post(path, body)` answers the status, or -1 on a connection error or
   // after event_loop::timeout without an answer (the next call reconnects). body() holds
   // the response body until the next call.
-  request_awaiter post(std::string_view path, std::string_view body);
+  request_awaiter request(std::string_view method, std::string_view path, std::string_view body);
+  request_awaiter post(std::string_view path, std::string_view body) {
+    return request("POST", path, body);
+  }
   std::string_view body() const { return http_.body(); }
 
  private:

@@ -2,6 +2,7 @@
 // engines × TP ranks, 1 + 2×TP sequential streams per engine) for --seconds and prints
 // per-endpoint throughput and latency percentiles as a Markdown table.
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "load/http_client.hpp"
 #include "load/workload.hpp"
 
 namespace {
@@ -34,6 +36,9 @@ constexpr std::string_view kUsage = R"(Usage: metad-load [flags]
                       core of its own: a sleeping generator is slow to wake in a VM)
   --threads T         event loops, one thread each (default 1); engine e's streams
                       all run on loop e mod T, so T > engines leaves loops idle
+  --report-every W    also print a `window=N` line every W seconds and at the end:
+                      this run's counters so far (key=value) and the server's
+                      GET /stats body (stats=...). Needs --threads 1
 Engines share ranks 0..TP-1 (one model, one 3FS file per rank), so a key is complete
 once all TP ranks of its engine confirmed it. Exit status 1 if any call failed.
 )";
@@ -92,17 +97,64 @@ bench::load_options parse_flags(int argc, char** argv) {
       o.fail_fraction = parse_number(flag, v);
     else if (flag == "--threads")
       o.threads = static_cast<int>(parse_number(flag, v));
+    else if (flag == "--report-every")
+      o.report_every = parse_number(flag, v);
     else
       throw std::invalid_argument("unknown flag " + std::string(flag));
   }
   if (o.engines < 1 || o.tp < 1 || o.threads < 1 || o.threads > 256 || o.task_keys < 1 ||
       o.prompt_blocks < 1 || o.prompts < 1 || o.prompts >= (1 << 24) ||
-      o.prompt_blocks >= (1 << 24) || o.seconds <= 0 || o.seconds > 3600)
+      o.prompt_blocks >= (1 << 24) || o.seconds <= 0 || o.seconds > 3600 ||
+      (o.report_every > 0 && (o.threads != 1 || o.report_every < 0.1)))
     throw std::invalid_argument("flag out of range (see --help)");
   return o;
 }
 
 double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+// One window line: the counters summed over the streams so far (cumulative; a script
+// takes differences) and the server's /stats body, or stats=- if it did not answer.
+void print_window(int window, double at,
+                  const std::vector<std::unique_ptr<bench::stream_stats>>& stats, int status,
+                  std::string_view server_stats) {
+  auto sum = std::make_unique<bench::stream_stats>();  // large: on the heap
+  bench::stream_stats& all = *sum;
+  for (const auto& st : stats) all.merge(*st);
+  std::uint64_t requests = 0, errors = 0;
+  for (int e = 0; e < bench::ep_count; ++e) {
+    requests += all.latency[e].count();
+    errors += all.errors[e];
+  }
+  std::printf(
+      "window=%d t=%.1f requests=%llu errors=%llu alloc_results=%llu alloc_refused=%llu "
+      "failed_tasks=%llu exists_asked=%llu exists_found=%llu locations_asked=%llu "
+      "locations_found=%llu stats=%.*s\n",
+      window, at, static_cast<unsigned long long>(requests),
+      static_cast<unsigned long long>(errors), static_cast<unsigned long long>(all.alloc_results),
+      static_cast<unsigned long long>(all.pages_refused),
+      static_cast<unsigned long long>(all.failed_tasks),
+      static_cast<unsigned long long>(all.keys_asked[bench::ep_exists]),
+      static_cast<unsigned long long>(all.keys_found[bench::ep_exists]),
+      static_cast<unsigned long long>(all.keys_asked[bench::ep_locations]),
+      static_cast<unsigned long long>(all.keys_found[bench::ep_locations]),
+      status == 200 ? static_cast<int>(server_stats.size()) : 1,
+      status == 200 ? server_stats.data() : "-");
+  std::fflush(stdout);
+}
+
+// The window lines due before the run ends, on the streams' loop (so the counters are
+// read between requests); the last one is printed after every stream has finished.
+bench::stream_task run_reporter(bench::event_loop& loop, const bench::load_options& o,
+                                bench::clock_type::time_point start,
+                                const std::vector<std::unique_ptr<bench::stream_stats>>& stats) {
+  bench::async_connection c(loop, o.host, o.port);
+  for (int w = 1; w * o.report_every < o.seconds - 1e-9; ++w) {
+    co_await loop.sleep_until(start + std::chrono::duration_cast<bench::clock_type::duration>(
+                                          std::chrono::duration<double>(w * o.report_every)));
+    const int status = co_await c.request("GET", "/stats", "");
+    print_window(w, w * o.report_every, stats, status, c.body());
+  }
+}
 
 void print_report(const bench::load_options& o, const bench::stream_stats& all) {
   char rate[64] = "back to back";
@@ -167,6 +219,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<bench::event_loop>> loops;
   for (int t = 0; t < opt.threads; ++t)
     loops.push_back(std::make_unique<bench::event_loop>(opt.spin));
+  if (opt.report_every > 0) loops[0]->spawn(run_reporter(*loops[0], opt, start, stats));
   int s = 0;
   for (int e = 0; e < opt.engines; ++e) {
     bench::event_loop& loop = *loops[static_cast<std::size_t>(e % opt.threads)];
@@ -182,6 +235,13 @@ int main(int argc, char** argv) {
       threads.emplace_back([&loop = *loops[t]] { loop.run(); });
     loops[0]->run();
   }  // joins the other loops
+  if (opt.report_every > 0) {
+    bench::http_client c(opt.host, opt.port);
+    const int status = c.request("GET", "/stats", "");
+    int last = 1;
+    while (last * opt.report_every < opt.seconds - 1e-9) ++last;
+    print_window(last, opt.seconds, stats, status, c.body());
+  }
   auto all = std::make_unique<bench::stream_stats>();
   for (const auto& st : stats) all->merge(*st);
   print_report(opt, *all);

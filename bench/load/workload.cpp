@@ -111,6 +111,7 @@ void stream_stats::merge(const stream_stats& other) {
     keys_asked[e] += other.keys_asked[e];
     keys_found[e] += other.keys_found[e];
   }
+  alloc_results += other.alloc_results;
   pages_refused += other.pages_refused;
   failed_tasks += other.failed_tasks;
   late_calls += other.late_calls;
@@ -194,6 +195,7 @@ stream_task workload::run_saver(event_loop& loop, int engine, int rank,
     }
     // Success: bind every page we got. Failure (the 3FS write failed): confirm nothing
     // and hand back all the task's pages, hits included, as the connector does.
+    out.alloc_results += static_cast<std::uint64_t>(count);
     const bool failed = r.unit() < opt_.fail_fraction;
     out.failed_tasks += failed;
     body.assign("{\"rank\":").append(rank_text).append(",\"confirmations\":[");

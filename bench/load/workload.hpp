@@ -30,6 +30,7 @@ struct load_options {
   bool clear = true;             // POST /clear before the run
   bool saves_only = false;       // no scheduler or load streams
   bool spin = false;             // the event loop polls instead of sleeping
+  double report_every = 0;       // > 0: a window line (counters + /stats) this often
   int threads = 1;               // event loops, one thread each
 };
 
@@ -43,7 +44,8 @@ struct stream_stats {
   std::uint64_t errors[ep_count] = {};
   std::uint64_t keys_asked[ep_count] = {};  // batch_exists / get_locations keys asked
   std::uint64_t keys_found[ep_count] = {};  // ... answered true / with a page
-  std::uint64_t pages_refused = 0;          // batch_allocate results of -1 (pool full)
+  std::uint64_t alloc_results = 0;          // batch_allocate results, all of them
+  std::uint64_t pages_refused = 0;          // ... of -1 (pool full)
   std::uint64_t failed_tasks = 0;           // save tasks that took the write-failure path
   std::uint64_t late_calls = 0;             // paced calls that started behind schedule
   void merge(const stream_stats& other);
