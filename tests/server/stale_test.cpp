@@ -247,6 +247,54 @@ TEST_P(Stale, SettledIncompleteKeysAreEvictedBeforeCompleteOnes) {
   }
 }
 
+// The connector's save path at small scale, as the replay runs it: TP 4, pools far
+// smaller than the working set, and save tasks whose write fails on one rank (that rank
+// releases, the others confirm). After the first fill no allocation answers -1 with
+// eviction on, and the pages held by incomplete keys stay bounded; without eviction the
+// reclamation alone keeps the incomplete keys from filling the pool for good.
+TEST_P(Stale, AReplayWithFailingRanksNeverSpiralsIntoRefusals) {
+  node n(config(), cores());
+  constexpr int kRanks = 4, kPages = 64, kTaskKeys = 8;
+  init(n, kRanks, kPages);
+  std::uint64_t seed = 12345;
+  auto next = [&seed] {
+    return (seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33;
+  };
+  int refused_late = 0, max_incomplete_pages = 0;
+  for (int task = 0; task < 400; ++task) {
+    const std::vector<std::string> ks = keys(1000 + task * kTaskKeys, kTaskKeys);
+    const int failing = next() % 5 == 0 ? static_cast<int>(next() % kRanks) : -1;  // 20%
+    for (int r = 0; r < kRanks; ++r) {
+      const std::vector<long> pages = allocate(n, r, ks);
+      const bool refused = pages.empty() || pages[0] < 0;
+      if (refused) {
+        refused_late += task >= 40;
+        continue;
+      }
+      if (r == failing) {
+        EXPECT_EQ(release(n, r, pages), "");
+      } else {
+        EXPECT_EQ(confirm(n, r, ks, pages), "");
+      }
+    }
+    n.now += 250;  // four tasks a second: the grace (30 s) spans 120 of them
+    if (task % 4 == 3) n.tick();
+    const std::string st = n.get("/stats");
+    const std::size_t at = st.find("\"incomplete_pages\":") + 19;
+    max_incomplete_pages = std::max(max_incomplete_pages, std::stoi(st.substr(at)));
+  }
+  if (lru()) {
+    EXPECT_EQ(refused_late, 0);
+    EXPECT_LT(max_incomplete_pages, kRanks * kPages / 2);  // 72 of 256 when written
+  }
+  // A grace later, nothing incomplete is left: every failed save's keys were reclaimed.
+  n.now += kGraceMs;
+  n.tick();
+  EXPECT_NE(n.get("/stats").find(R"("incomplete_keys":0,"incomplete_pages":0,)"),
+            std::string::npos);
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
 TEST_P(Stale, ZeroGraceNeverReclaims) {
   metad::config cfg = config();
   cfg.incomplete_grace_ms = 0;
