@@ -347,31 +347,42 @@ request_task run_rank_info(exchange& x) {
   // How many of the rank's bound pages hold incomplete keys: the incomplete keys of
   // every directory slice (few in a healthy cluster: a key is incomplete between its
   // first and its last rank's confirmation, or until it is reclaimed as stale), then
-  // those bound on the rank. Sized on this core first, so the walk allocates nowhere
-  // else; keys that turned incomplete in between are not counted (a snapshot).
+  // those bound on the rank. The copy is sized on this core first, so the walk allocates
+  // nowhere else: their count and bytes, then the copy into twice that room. If other
+  // requests made more keys incomplete meanwhile than the room holds, again, larger.
   removal_job& job = s.removal;
-  std::size_t incomplete = 0;
-  co_await on_cores(
-      cl, home, [](int) { return true; },
-      [&](int c) { incomplete += cl.core[c]->directory.incomplete_count(); }, always);
-  job.begin(cl);
-  job.bytes.reserve(incomplete * 40);
-  job.ends.reserve(incomplete);
-  job.used.reserve(incomplete);
-  job.member.reserve(incomplete);
-  s.pages.reserve(incomplete);
+  std::size_t count = 0, bytes = 0;
   co_await on_cores(
       cl, home, [](int) { return true; },
       [&](int c) {
-        cl.core[c]->directory.for_each_incomplete([&job](std::string_view key) {
-          if (job.ends.size() == job.ends.capacity() ||
-              job.bytes.size() + key.size() > job.bytes.capacity())
-            return false;
-          job.add(key);
+        cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+          ++count;
+          bytes += key.size();
           return true;
         });
       },
       always);
+  for (bool complete = false; !complete;) {
+    job.begin(cl);
+    job.bytes.reserve(2 * bytes + 4096);
+    job.ends.reserve(2 * count + 64);
+    job.used.reserve(2 * count + 64);
+    job.member.reserve(2 * count + 64);
+    complete = true;
+    co_await on_cores(
+        cl, home, [](int) { return true; },
+        [&](int c) {
+          cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+            complete = job.ends.size() < job.ends.capacity() &&
+                       job.bytes.size() + key.size() <= job.bytes.capacity();
+            if (complete) job.add(key);
+            return complete;
+          });
+        },
+        [&complete] { return complete; });
+    count = 2 * count + 64;
+    bytes = 2 * bytes + 4096;
+  }
   job.seal(cl.cores);
   s.pages.assign(job.keys.size(), -1);
   co_await cl.mailbox.hop(home, owner);
