@@ -54,7 +54,8 @@ std::string canned_answer(canned what, bool keep_alive) {
     case canned::method_not_allowed:
       return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: POST\r\n");
     case canned::method_not_allowed_get:
-      return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive, "allow: GET, HEAD\r\n");
+      return json_answer(405, R"({"detail":"Method Not Allowed"})", keep_alive,
+                         "allow: GET, HEAD\r\n");
     case canned::health_ok:
       return json_answer(200, R"({"status":"ok"})", keep_alive);
     case canned::ready_ok:

@@ -102,6 +102,14 @@ struct directory::impl {
     SHARD_CHECK(incomplete_bindings >= static_cast<std::uint64_t>(count));
     incomplete_bindings -= static_cast<std::uint64_t>(count);
   }
+  // Ends the key's removal in progress: false if there is none (a clear dropped it).
+  bool end_removal(std::string_view key) {
+    if (removing.size() == 0) return false;
+    auto* r = removing.find(key, table_hash(key));
+    if (r == nullptr) return false;
+    removing.erase(*r);
+    return true;
+  }
   bool is_removing(std::string_view key) const {
     return removing.size() != 0 && removing.find(key, table_hash(key)) != nullptr;
   }
@@ -236,10 +244,7 @@ directory::removal directory::begin_removal(std::string_view key, std::uint64_t 
 
 bool directory::finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now) {
   impl& m = *impl_;
-  if (m.removing.size() == 0) return false;
-  auto* r = m.removing.find(key, table_hash(key));
-  if (r == nullptr) return false;  // the directory was cleared meanwhile
-  m.removing.erase(*r);
+  if (!m.end_removal(key)) return false;  // the directory was cleared meanwhile
   parsed_key p;
   parse_key(key, p);
   const impl::entry e = m.find(key, p);
@@ -282,10 +287,7 @@ std::size_t directory::take_least_recent_impl(std::uint64_t now, std::size_t n, 
 
 void directory::abort_removal(std::string_view key, std::uint64_t used, bool in_front) {
   impl& m = *impl_;
-  if (m.removing.size() == 0) return;
-  auto* r = m.removing.find(key, table_hash(key));
-  if (r == nullptr) return;  // cleared meanwhile
-  m.removing.erase(*r);
+  if (!m.end_removal(key)) return;  // cleared meanwhile
   parsed_key p;
   parse_key(key, p);
   m.life.restore(key, p, used, in_front);
@@ -316,10 +318,7 @@ std::size_t directory::take_stale_impl(std::uint64_t cutoff, std::size_t n, void
 void directory::abort_stale(std::string_view key, std::uint64_t confirmed, bool in_place,
                             std::uint64_t now) {
   impl& m = *impl_;
-  if (m.removing.size() == 0) return;
-  auto* r = m.removing.find(key, table_hash(key));
-  if (r == nullptr) return;  // cleared meanwhile
-  m.removing.erase(*r);
+  if (!m.end_removal(key)) return;  // cleared meanwhile
   parsed_key p;
   parse_key(key, p);
   const impl::entry e = m.find(key, p);
