@@ -31,6 +31,13 @@ metadata server; same HTTP API, default port 18000).
   --header-bytes-max N      request line + headers limit, else 431 (default 65536)
   --body-bytes-max N        request body limit, else 413 (default 33554432)
   --pages-per-rank-max N    largest num_pages a rank may have (default 268435456)
+  --ranks-max N             worker ranks that may exist at once; one more gets a 400
+                            (default 4096)
+  --key-bytes-max N         longest key a request may carry, else 400 (default 4096)
+  --memory-max BYTES        memory clients may make the server hold, e.g. 8GiB: a rank
+                            created or grown past it gets a 507, a request body that
+                            does not fit a 503 before it is read (default: half of the
+                            physical memory, or of the cgroup's limit when lower)
   --idle-timeout-ms N       close keep-alive connections idle this long (default 60000)
   --header-timeout-ms N     a started request must arrive within this (default 10000)
   --drain-timeout-ms N      grace for in-flight requests on SIGINT/SIGTERM (default 5000)
@@ -96,6 +103,24 @@ std::vector<int> parse_cpus(std::string_view text) {
   return cpus;
 }
 
+// A byte count with an optional binary suffix: 512, 64KiB, 8GiB (K, M, G, T accepted).
+std::uint64_t parse_bytes(std::string_view flag, std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  std::string_view suffix = text.substr(digits);
+  if (suffix.ends_with("iB")) suffix.remove_suffix(2);
+  static constexpr std::string_view units = "KMGT";
+  unsigned shift = 0;
+  if (suffix.size() == 1 && units.find(suffix[0]) != std::string_view::npos)
+    shift = 10 * static_cast<unsigned>(units.find(suffix[0]) + 1);
+  else if (!suffix.empty())
+    throw usage_error(std::string(flag) + ": expected bytes like 1073741824 or 1GiB, got '" +
+                      std::string(text) + "'");
+  const auto value =
+      parse_int<std::uint64_t>(flag, text.substr(0, digits), 1, (std::uint64_t{1} << 50) >> shift);
+  return value << shift;
+}
+
 // A token file's first line, without surrounding whitespace; it must not be empty.
 std::string read_token(std::string_view flag, std::string_view path) {
   std::ifstream in{std::string(path)};
@@ -153,6 +178,12 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.body_bytes_max = parse_int<std::size_t>(flag, value, 0, std::size_t{1} << 32);
     } else if (flag == "--pages-per-rank-max") {
       cfg.pages_per_rank_max = parse_int<std::int64_t>(flag, value, 1, (std::int64_t{1} << 31) - 1);
+    } else if (flag == "--ranks-max") {
+      cfg.ranks_max = parse_int<std::int64_t>(flag, value, 1, std::int64_t{1} << 24);
+    } else if (flag == "--key-bytes-max") {
+      cfg.key_bytes_max = parse_int<std::size_t>(flag, value, 1, std::size_t{1} << 24);
+    } else if (flag == "--memory-max") {
+      cfg.memory_max = parse_bytes(flag, value);
     } else if (flag == "--idle-timeout-ms") {
       cfg.idle_timeout_ms = parse_int<std::uint32_t>(flag, value, 1, 86'400'000);
     } else if (flag == "--header-timeout-ms") {

@@ -32,6 +32,14 @@ struct config {
   std::size_t header_bytes_max = 64 * 1024;
   std::size_t body_bytes_max = 32 * 1024 * 1024;
   std::int64_t pages_per_rank_max = std::int64_t{1} << 28;
+  // Worker ranks that may exist at once; initializing one more gets a 400.
+  std::int64_t ranks_max = 4096;
+  // Longest key (bytes, as decoded from JSON) a request may carry; longer: 400.
+  std::size_t key_bytes_max = 4096;
+  // Memory clients may make the server hold (see server/memory_budget.hpp): ranks
+  // created or grown and request bodies past it are refused. 0: half of what this
+  // process may use (physical memory, or its cgroup's limit when lower).
+  std::uint64_t memory_max = 0;
 
   std::uint32_t idle_timeout_ms = 60'000;    // no request in progress
   std::uint32_t header_timeout_ms = 10'000;  // a request started but not complete

@@ -90,6 +90,9 @@ bool parse_rank(std::string_view text, std::int64_t& rank);
 
 class decoder {
  public:
+  // Keys longer than this (bytes, decoded) are refused with a 400.
+  void set_key_bytes_max(std::size_t bytes) { key_bytes_max_ = bytes; }
+
   // `body` must have SIMDJSON_PADDING readable bytes after its end.
   // initialize: a rank that does not parse → 400 "Invalid rank in path"; invalid
   // role/num_pages → kind == invalid_parameters (no error: the caller serves the
@@ -106,9 +109,15 @@ class decoder {
  private:
   // An object whose optional `keys` is a list of strings (batch_exists, keys/delete).
   error decode_key_strings(std::string_view body, key_list& out);
+  // Every element of `list` a string; collected into scratch_.
+  error collect_string_keys(simdjson::dom::array list);
+
+  // Appends a key to scratch_, or the 400 for one over key_bytes_max_.
+  error add_key(std::string_view key, std::size_t index);
 
   simdjson::dom::parser parser_;
   std::vector<std::string_view> scratch_;
+  std::size_t key_bytes_max_ = SIZE_MAX;
 };
 
 // Encoders append a compact JSON body to `out`.

@@ -231,21 +231,30 @@ error get_rank_and_list(const field& rank_field, const field& list_field,
   return {};
 }
 
-// Every element a string; collected into `keys`.
-error collect_string_keys(simdjson::dom::array list, std::vector<std::string_view>& keys) {
+}  // namespace
+
+error decoder::add_key(std::string_view key, std::size_t index) {
+  if (key.size() > key_bytes_max_) [[unlikely]] {
+    return bad_request(fmt::format("Key at index {} is {} bytes long; the limit is {}", index,
+                                   key.size(), key_bytes_max_));
+  }
+  scratch_.push_back(key);
+  return {};
+}
+
+// Every element a string; collected into scratch_.
+error decoder::collect_string_keys(simdjson::dom::array list) {
   std::size_t index = 0;
   for (element value : list) {
     std::string_view key;
     if (!get_string(value, key)) {
       return bad_request(fmt::format("Invalid key at index {}: expected a string", index));
     }
-    keys.push_back(key);
+    if (error e = add_key(key, index)) return e;
     ++index;
   }
   return {};
 }
-
-}  // namespace
 
 error decoder::decode_initialize(std::string_view rank_text, std::string_view body,
                                  std::int64_t pages_max, initialize_cmd& out) {
@@ -302,7 +311,7 @@ error decoder::decode_allocate(std::string_view body, allocate_cmd& out) {
             "Invalid key at index {}: expected a string or a [key, prefix_key] pair of strings",
             index));
       }
-      scratch_.push_back(key);
+      if (error e = add_key(key, index)) return e;
       ++index;
     }
   }
@@ -346,7 +355,7 @@ error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
             "a non-negative integer page",
             index));
       }
-      scratch_.push_back(key);
+      if (error e = add_key(key, index)) return e;
       out.pages.push_back(page);
       ++index;
     }
@@ -377,7 +386,7 @@ error decoder::decode_key_strings(std::string_view body, key_list& out) {
     if (keys_field.value.get_array().get(list) != simdjson::SUCCESS) {
       return bad_request(kInvalidKeysFormat);
     }
-    if (error e = collect_string_keys(list, scratch_)) return e;
+    if (error e = collect_string_keys(list)) return e;
   }
   out.assign_within_one_buffer(scratch_);
   return {};
@@ -403,7 +412,7 @@ error decoder::decode_locations(std::string_view body, locations_cmd& out) {
   }
   scratch_.clear();
   if (has_list) {
-    if (error e = collect_string_keys(list, scratch_)) return e;
+    if (error e = collect_string_keys(list)) return e;
   }
   out.rank = rank;
   out.keys.assign_within_one_buffer(scratch_);

@@ -158,6 +158,12 @@ std::span<char> parser::read_space(std::size_t min_bytes) {
   return {buffer_.get() + end_, capacity_ - end_ - body_padding_bytes};
 }
 
+std::size_t parser::body_bytes_announced() const {
+  if (stage_ == stage::body_length) return content_length_;
+  if (stage_ == stage::body_chunked) return decoded_size_ + chunk_left_;
+  return 0;
+}
+
 void parser::commit(std::size_t bytes_read) {
   require(bytes_read <= capacity_ - end_ - body_padding_bytes, "commit within read_space");
   end_ += bytes_read;

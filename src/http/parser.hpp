@@ -74,6 +74,10 @@ class parser {
   // A request has started (bytes buffered) but is not complete: the header timeout,
   // not the idle timeout, applies.
   bool mid_request() const;
+  // The body bytes the request being received will have once what its framing announced
+  // so far arrives (Content-Length, or the chunks decoded plus the one under way); 0
+  // before its headers are complete. Lets the caller refuse a body before it is read.
+  std::size_t body_bytes_announced() const;
   // Heap bytes of its buffers.
   std::size_t buffer_bytes() const { return capacity_ + decoded_capacity_; }
 

@@ -199,6 +199,8 @@ std::string_view reason_phrase(int status) {
       return "Gateway Timeout";
     case 505:
       return "HTTP Version Not Supported";
+    case 507:
+      return "Insufficient Storage";
   }
   // The reason phrase is optional (RFC 9112 4): an unknown status gets none.
   return {};

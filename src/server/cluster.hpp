@@ -14,6 +14,7 @@
 #include "metad/config.hpp"
 #include "net/transport.hpp"
 #include "server/clock.hpp"
+#include "server/memory_budget.hpp"
 #include "server/metrics.hpp"
 #include "shard/mailbox.hpp"
 #include "shard/state.hpp"
@@ -60,6 +61,8 @@ struct cluster {
   shard::mailbox mailbox;
   // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.
   std::atomic<std::int64_t> worker_ranks{0};
+  // --memory-max: what ranks and request bodies may still take.
+  memory_budget memory;
   std::atomic<bool> stopping{false};
   // Cores still serving connections after a stop; loops exit when it reaches 0.
   std::atomic<int> draining_cores;

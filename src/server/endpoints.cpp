@@ -28,6 +28,33 @@ bool same_stats(const std::optional<shard::rank_stats>& a,
 
 }  // namespace
 
+namespace {
+
+// Why an initialization that would create or grow a rank was not carried out.
+enum class init_refusal : std::uint8_t { none, too_many_ranks, over_budget };
+
+// On the rank's owner core: a new rank needs a place under --ranks-max, a created or
+// grown one the memory its pool will hold under --memory-max.
+init_refusal admit_initialize(cluster& cl, const core_state& core, const api::initialize_cmd& cmd,
+                              std::uint64_t& needed) {
+  const auto before = core.ranks.stats(cmd.rank);
+  const std::int64_t old_pages = before ? before->num_pages : 0;
+  if (cmd.num_pages <= old_pages) return init_refusal::none;  // unchanged or refused shrink
+  if (!before) {
+    std::int64_t ranks = cl.worker_ranks.load(std::memory_order_relaxed);
+    do {
+      if (ranks >= cl.cfg.ranks_max) return init_refusal::too_many_ranks;
+    } while (!cl.worker_ranks.compare_exchange_weak(ranks, ranks + 1, std::memory_order_relaxed));
+  }
+  needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(old_pages);
+  if (cl.memory.charge_kept(needed)) return init_refusal::none;
+  if (!before) cl.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
+  cl.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
+  return init_refusal::over_budget;
+}
+
+}  // namespace
+
 request_task run_initialize(exchange& x) {
   cluster& cl = x.shared();
   int home = x.home().index;
@@ -36,11 +63,12 @@ request_task run_initialize(exchange& x) {
   co_await cl.mailbox.hop(home, owner);
   core_state& core = *cl.core[owner];
   shard::init_result r{shard::init_outcome::unchanged, 0};
+  init_refusal refusal = init_refusal::none;
+  std::uint64_t needed = 0;
   bool stored = core.log.make_room(64);
-  if (stored) {
-    r = core.ranks.initialize(cmd.rank, cmd.num_pages);
-    if (r.outcome == shard::init_outcome::created)
-      cl.worker_ranks.fetch_add(1, std::memory_order_relaxed);
+  if (stored) refusal = admit_initialize(cl, core, cmd, needed);
+  if (stored && refusal == init_refusal::none) {
+    r = core.ranks.initialize(cmd.rank, cmd.num_pages);  // counted in worker_ranks if created
     if (core.log.enabled() &&
         (r.outcome == shard::init_outcome::created || r.outcome == shard::init_outcome::grown))
       store::append_initialize(core.log.pending(), cmd.rank, cmd.num_pages);
@@ -50,6 +78,17 @@ request_task run_initialize(exchange& x) {
   scratch& s = x.work();
   if (!stored) {
     x.respond_error(503, kStorageFailed);
+  } else if (refusal == init_refusal::too_many_ranks) {
+    s.detail =
+        fmt::format("Rank {} not initialized: {} ranks exist already, the limit set by --ranks-max",
+                    cmd.rank, cl.cfg.ranks_max);
+    x.respond_error(400, s.detail);
+  } else if (refusal == init_refusal::over_budget) {
+    s.detail = fmt::format(
+        "Rank {} not initialized: its {} pages need {} bytes more, over the memory budget "
+        "(--memory-max {} bytes, {} in use)",
+        cmd.rank, cmd.num_pages, needed, cl.memory.max(), cl.memory.used());
+    x.respond_error(507, s.detail);
   } else if (r.outcome == shard::init_outcome::shrink_refused) {
     s.detail = fmt::format("Rank {} already initialized with {} pages", cmd.rank, r.old_pages);
     x.respond_error(409, s.detail);
@@ -444,7 +483,11 @@ request_task run_metrics(exchange& x) {
       render_rank(s.detail, rank, st.num_pages, st.free, st.reserved, st.bound);
     });
   };
-  auto answer = [&x, &s, &snap] {
+  auto answer = [&x, &s, &snap, &cl] {
+    snap.memory_max = cl.memory.max();
+    snap.memory_used = cl.memory.used();
+    snap.refused_ranks = cl.memory.refused_ranks.load(std::memory_order_relaxed);
+    snap.refused_bodies = cl.memory.refused_bodies.load(std::memory_order_relaxed);
     s.body.clear();
     render_metrics(s.body, snap);
     render_rank_headers(s.body);

@@ -1,5 +1,9 @@
 #include "server/exchange.hpp"
 
+#include <fmt/format.h>
+
+#include <utility>
+
 #include "http/response.hpp"
 #include "metad/log.hpp"
 #include "server/clock.hpp"
@@ -83,6 +87,7 @@ net::flow exchange::advance() {
     if (out_.size() >= kUnsentBytesMax) return net::flow::drain;
     switch (parser_.next()) {
       case http::parse_status::need_more:
+        if (!charge_body()) return refuse_body();
         if (parser_.take_continue_request())
           out_.append(http::canned_bytes(http::canned::continue_100, true));
         return net::flow::read;
@@ -110,8 +115,40 @@ net::flow exchange::advance() {
   }
 }
 
+// A body past the steady size is charged to the memory budget as soon as its size is
+// announced, and stays charged until the connection gives its buffers back.
+bool exchange::charge_body() {
+  const std::size_t announced = parser_.body_bytes_announced();
+  if (announced <= kSteadyBytes || announced <= body_charge_) return true;
+  if (!cluster_.memory.charge_body(announced - body_charge_)) return false;
+  body_charge_ = announced;
+  return true;
+}
+
+void exchange::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
+
+// The body does not fit the budget: a 503 before it is read, and the connection closes
+// (what the client still sends is dropped by the transport's lingering close).
+net::flow exchange::refuse_body() {
+  cluster_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
+  head_ = false;
+  keep_alive_ = false;
+  start(route_label::invalid_http);
+  scratch_.detail = fmt::format(
+      "Request body of {} bytes refused: it does not fit the memory budget (--memory-max {} "
+      "bytes, {} in use)",
+      parser_.body_bytes_announced(), cluster_.memory.max(), cluster_.memory.used());
+  respond_error(503, scratch_.detail);
+  complete();
+  return net::flow::close;
+}
+
+exchange::~exchange() { release_body(); }
+
 void exchange::trim() {
-  if (!grew_ || in_flight_) return;
+  if (in_flight_) return;
+  release_body();
+  if (!grew_) return;
   grew_ = false;
   if (out_.empty() && out_.capacity() > kSteadyBytes) std::string().swap(out_);
   // Every per-request buffer, sized by the requests that used it, goes with `old`. Not

@@ -93,6 +93,9 @@ struct scratch {
 class exchange final : public net::connection_handler {
  public:
   exchange(cluster& cl, core_state& home, net::waker& waker);
+  ~exchange() override;
+  exchange(const exchange&) = delete;
+  exchange& operator=(const exchange&) = delete;
 
   std::span<char> read_space() override { return parser_.read_space(); }
   net::flow on_bytes(std::size_t bytes) override;
@@ -118,6 +121,11 @@ class exchange final : public net::connection_handler {
 
  private:
   net::flow advance();
+  // The request being received announced a body: charge it to the memory budget (false:
+  // it does not fit), give the charge back, answer the refusal.
+  bool charge_body();
+  void release_body();
+  net::flow refuse_body();
   void dispatch(const http::request& request);
   // False (and the 401 written) when the request lacks the token its endpoint needs.
   bool authorized(const http::request& request, http::endpoint target);
@@ -132,8 +140,9 @@ class exchange final : public net::connection_handler {
   std::string out_;
   scratch scratch_;
   bool keep_alive_ = true;
-  bool head_ = false;  // the request is HEAD: answers carry no body
-  bool grew_ = false;  // a request since the last trim() was big: buffers may have grown
+  bool head_ = false;            // the request is HEAD: answers carry no body
+  bool grew_ = false;            // a request since the last trim() was big: buffers may have grown
+  std::size_t body_charge_ = 0;  // bytes charged to cluster::memory for bodies
   route_label route_ = route_label::not_found;
   int status_ = 0;
   std::uint64_t started_ns_ = 0;

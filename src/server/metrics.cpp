@@ -171,6 +171,22 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
        "# HELP hf3fs_metad_cross_core_messages_total Requests handed from one core to another.");
   line(out, "# TYPE hf3fs_metad_cross_core_messages_total counter");
   line(out, "hf3fs_metad_cross_core_messages_total {}", snap.hops);
+  line(out,
+       "# HELP hf3fs_metad_memory_budget_bytes --memory-max: what clients may make the "
+       "server hold.");
+  line(out, "# TYPE hf3fs_metad_memory_budget_bytes gauge");
+  line(out, "hf3fs_metad_memory_budget_bytes {}", snap.memory_max);
+  line(out,
+       "# HELP hf3fs_metad_memory_used_bytes Memory counted against the budget: resident "
+       "size plus what was charged since it was sampled.");
+  line(out, "# TYPE hf3fs_metad_memory_used_bytes gauge");
+  line(out, "hf3fs_metad_memory_used_bytes {}", snap.memory_used);
+  line(out,
+       "# HELP hf3fs_metad_memory_refusals_total Rank initializations (507) and request "
+       "bodies (503) refused because they did not fit the budget.");
+  line(out, "# TYPE hf3fs_metad_memory_refusals_total counter");
+  line(out, "hf3fs_metad_memory_refusals_total{{what=\"rank\"}} {}", snap.refused_ranks);
+  line(out, "hf3fs_metad_memory_refusals_total{{what=\"body\"}} {}", snap.refused_bodies);
   struct family {
     std::string_view name, type, help;
     std::uint64_t connection_counts::*field;

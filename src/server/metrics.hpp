@@ -32,8 +32,8 @@ enum class route_label : std::uint8_t {
 };
 std::string_view route_name(route_label route);
 
-inline constexpr std::array<int, 13> kMetricStatuses = {200, 204, 400, 401, 404, 405, 409,
-                                                        413, 431, 500, 501, 503, 505};
+inline constexpr std::array<int, 14> kMetricStatuses = {200, 204, 400, 401, 404, 405, 409,
+                                                        413, 431, 500, 501, 503, 505, 507};
 // Upper bounds of the latency buckets, in microseconds (then +Inf).
 inline constexpr std::array<std::uint32_t, 12> kLatencyBoundsUs = {
     10, 25, 50, 100, 250, 500, 1'000, 2'500, 5'000, 10'000, 25'000, 100'000};
@@ -76,6 +76,8 @@ struct metrics_snapshot {
   std::uint64_t incomplete_keys = 0, incomplete_pages = 0;
   std::uint64_t hops = 0;  // cross-core hand-offs posted
   std::uint64_t ranks = 0;
+  // --memory-max, the memory counted against it, and what it refused.
+  std::uint64_t memory_max = 0, memory_used = 0, refused_ranks = 0, refused_bodies = 0;
 };
 
 // Prometheus text exposition (format 0.0.4) of the summed request metrics and the

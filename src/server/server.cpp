@@ -27,10 +27,15 @@ static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
               "request bodies must be readable by simdjson without a copy");
 
 cluster::cluster(const metad::config& config, int core_count)
-    : cfg(config), cores(core_count), mailbox(core_count, 4096), draining_cores(core_count) {
+    : cfg(config),
+      cores(core_count),
+      mailbox(core_count, 4096),
+      memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
+      draining_cores(core_count) {
   for (int i = 0; i < core_count; ++i) {
     core.push_back(std::make_unique<core_state>());
     core.back()->index = i;
+    core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
     core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * kNsPerMs);
     core.back()->directory.set_lru(config.evict == metad::eviction::lru);
   }
@@ -135,6 +140,7 @@ void log_summary(core_runner& self) {
 
 void core_runner::tick() {
   core_state& core = *cluster_.core[index_];
+  if (index_ == 0) cluster_.memory.sample();
   snapshot_tick(cluster_, core);
   expire_due(cluster_, core);
   reclaim_stale_due(cluster_, core, stale_);
@@ -215,6 +221,10 @@ void server::run() {
   }
   // Listeners open only after recovery: a client that connects sees the recovered state.
   ::server::recover(cl);
+  cl.memory.sample();
+  log::info("memory budget {} bytes (--memory-max), {} in use", cl.memory.max(), cl.memory.used());
+  if (cl.memory.used() > cl.memory.max())
+    log::warn("already over the memory budget: no rank can be created or grown");
 
   // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
   // port when it is 0. The unix socket, if any, is one listener all cores accept from.

@@ -132,6 +132,18 @@ std::size_t page_pool::memory_bytes() const {
   return bytes + levels_.capacity() * sizeof(levels_[0]);
 }
 
+std::size_t page_pool::bytes_for(std::uint32_t num_pages) {
+  if (num_pages == 0) return 0;
+  std::size_t words = words_for(num_pages);
+  std::size_t total = words;  // bound bits
+  for (;;) {                  // free bits and their summaries
+    total += words;
+    if (words <= 1) break;
+    words = words_for(words);
+  }
+  return total * sizeof(std::uint64_t);
+}
+
 std::string page_pool::check() const {
   if (num_pages_ == 0) return levels_.empty() && free_count_ == 0 ? "" : "empty pool with state";
   const std::size_t words = words_for(num_pages_);

@@ -43,6 +43,8 @@ class page_pool {
 
   // Heap bytes held by the bitmaps.
   std::size_t memory_bytes() const;
+  // ... by those of a pool of num_pages pages.
+  static std::size_t bytes_for(std::uint32_t num_pages);
   // Summary levels agree with the free bits, counts agree with popcounts, no page is
   // both free and bound, no bit beyond num_pages. "" when consistent.
   std::string check() const;

@@ -126,6 +126,11 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages) {
   return {init_outcome::grown, old_pages};
 }
 
+std::size_t rank_table::pool_bytes(std::int64_t num_pages) {
+  SHARD_CHECK(num_pages >= 0 && num_pages <= page_pool::pages_max);
+  return page_pool::bytes_for(static_cast<std::uint32_t>(num_pages));
+}
+
 bool rank_table::contains(std::int64_t rank) const { return impl_->find(rank) != nullptr; }
 
 allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::string_view> keys,

@@ -51,6 +51,9 @@ class rank_table {
 
   // num_pages > 0, already validated against the ceiling.
   init_result initialize(std::int64_t rank, std::int64_t num_pages);
+  // The heap bytes a rank's page pool of num_pages pages holds (its key table grows with
+  // its keys, on top).
+  static std::size_t pool_bytes(std::int64_t num_pages);
   bool contains(std::int64_t rank) const;
 
   // batch_allocate on one rank at now. `keys` may repeat. For each distinct key, in

@@ -131,6 +131,31 @@ TEST(DecodeAllocate, RefusesMalformedRequests) {
   }
 }
 
+TEST(DecodeKeys, KeysOverTheLimitAreRefusedOnEveryEndpoint) {
+  decoder d;
+  d.set_key_bytes_max(4);
+  // Escapes count once decoded: "\u0041" is one byte.
+  const std::string detail = "Key at index 1 is 5 bytes long; the limit is 4";
+  allocate_cmd allocate;
+  EXPECT_FALSE(d.decode_allocate(body(R"({"rank":1,"keys":["abcd",["\u0041bcd","long-prefix"]]})"),
+                                 allocate));
+  EXPECT_EQ(d.decode_allocate(body(R"({"rank":1,"keys":["abcd",["abcde",""]]})"), allocate).detail,
+            detail);
+  confirm_cmd confirm;
+  EXPECT_EQ(
+      d.decode_confirm(body(R"({"rank":1,"confirmations":[["a",0],["abcde",1]]})"), confirm).detail,
+      detail);
+  exists_cmd exists;
+  EXPECT_EQ(d.decode_exists(body(R"({"keys":["","abcde"]})"), exists).detail, detail);
+  delete_cmd remove;
+  EXPECT_EQ(d.decode_delete(body(R"({"keys":["","abcde"]})"), remove).status, 400);
+  locations_cmd locations;
+  const error e = d.decode_locations(body(R"({"rank":0,"keys":["","abcde"]})"), locations);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.detail, detail);
+  EXPECT_FALSE(d.decode_exists(body(R"({"keys":["abcd","\u0041bc"]})"), exists));
+}
+
 TEST(DecodeAllocate, KeysOutliveTheNextParse) {
   decoder d;
   allocate_cmd first;

@@ -944,6 +944,119 @@ class HostileClientMemoryTest(OpsTestCase):
                         f"six idle connections hold {held >> 20} MiB after 21 MB requests")
 
 
+class MemoryBudgetTest(OpsTestCase):
+    """--memory-max bounds what clients can make the server hold: ranks created or grown
+    past it get a 507, a request body that does not fit a 503 before it is sent, and
+    everything else is still served. --ranks-max and --key-bytes-max bound the rest."""
+
+    def test_initializations_past_the_budget_are_refused(self):
+        server = self.start("--threads", "2", "--memory-max", "1GiB")
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        codes, details = [], []
+        for rank in range(60):
+            r = client.initialize(rank, 1 << 28)  # ~64 MiB of page bitmaps each
+            codes.append(r.status_code)
+            if r.status_code != 200:
+                self.assertEqual(r.status_code, 507, r.content)
+                self.assertEqual(r.headers.get("Content-Type"), "application/json")
+                details.append(r.json()["detail"])
+        admitted = codes.count(200)
+        self.assertGreaterEqual(admitted, 5, codes)
+        self.assertGreater(codes.count(507), 30, codes)
+        self.assertIn("--memory-max 1073741824", details[0])
+        rss = rss_bytes(server.proc.pid)
+        self.assertLessEqual(rss, int(1.3 * (1 << 30)), f"RSS {rss >> 20} MiB")
+        # Everything else is served: the admitted ranks work, the refused do not exist.
+        first = codes.index(200)
+        ks = keys(3, "budget")
+        r = client.batch_allocate(first, ks)
+        self.assertEqual(r.status_code, 200, r.content)
+        pages = [page for _, page in r.json()["results"]]
+        self.assertEqual(client.confirm_write(first, zip(ks, pages)).status_code, 204)
+        self.assertEqual(client.rank_info(first).json()["bound"], 3)
+        refused = codes.index(507)
+        self.assertEqual(client.rank_info(refused).status_code, 404)
+        # Re-initializing an admitted rank at its size needs nothing more.
+        self.assertEqual(client.initialize(first, 1 << 28).status_code, 200)
+        m = self.scrape(server)
+        self.assertEqual(m.get("hf3fs_metad_memory_budget_bytes"), 1 << 30)
+        self.assertEqual(m.get("hf3fs_metad_memory_refusals_total", what="rank"),
+                         codes.count(507))
+        self.assertEqual(m.get("hf3fs_metad_ranks"), admitted)
+        # /clear gives the memory back: ranks can be created again.
+        self.assertEqual(client.clear().status_code, 204)
+        self.assertEqual(client.initialize(refused, 1 << 28).status_code, 200)
+
+    def test_a_body_over_the_budget_is_refused_before_it_is_sent(self):
+        server = self.start("--threads", "1", "--memory-max", "1GiB",
+                            "--body-bytes-max", str(4 << 30))
+        with RawConnection(server.port) as conn:
+            # Only the head: the server answers without waiting for the 1.5 GiB.
+            conn.send(raw_request("POST", "/keys/batch_exists", b"",
+                                  headers={"Content-Length": str(3 << 29)}))
+            status, headers, body = conn.read_response()
+            self.assertEqual(status, 503, body)
+            self.assertEqual(headers.get("connection"), "close")
+            self.assertRegex(body, rb'^\{"detail":"Request body of 1610612736 bytes refused: '
+                                   rb'.*--memory-max 1073741824.*"\}$')
+            self.assertTrue(conn.closed_by_peer(timeout=5.0))
+        # The same body within the budget is read and answered.
+        body = compact({"keys": ["k" * 32] * 100_000})
+        with RawConnection(server.port) as conn:
+            conn.send(raw_request("POST", "/keys/batch_exists", body))
+            self.assertEqual(conn.read_response()[0], 200)
+        self.assertTrue(request_ok(server.port))
+        m = self.scrape(server)
+        self.assertEqual(m.get("hf3fs_metad_memory_refusals_total", what="body"), 1)
+
+    def test_rank_count_and_key_length_limits(self):
+        server = self.start("--threads", "2", "--ranks-max", "3", "--key-bytes-max", "40")
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        for rank in (0, 1, 2):
+            self.assertEqual(client.initialize(rank, 8).status_code, 200)
+        r = client.initialize(3, 8)
+        self.assertEqual(r.status_code, 400, r.content)
+        self.assertEqual(r.json(), {"detail": "Rank 3 not initialized: 3 ranks exist already, "
+                                              "the limit set by --ranks-max"})
+        self.assertEqual(client.rank_info(3).status_code, 404)
+        self.assertEqual(client.initialize(2, 16).status_code, 200)  # growing is not creating
+        longest, too_long = "k" * 40, "k" * 41
+        detail = {"detail": "Key at index 1 is 41 bytes long; the limit is 40"}
+        for name, call in (
+                ("batch_allocate", lambda ks: client.batch_allocate(0, ks)),
+                ("confirm_write", lambda ks: client.confirm_write(0, [(k, 7) for k in ks])),
+                ("batch_exists", client.batch_exists),
+                ("get_locations", lambda ks: client.get_locations(0, ks)),
+                ("keys/delete", lambda ks: client.post("/keys/delete", {"keys": ks}))):
+            with self.subTest(endpoint=name):
+                r = call([longest, too_long])
+                self.assertEqual((r.status_code, r.json()), (400, detail))
+        self.assertEqual(client.rank_info(0).json()["free"], 8)  # nothing changed
+        r = client.batch_allocate(0, [longest])
+        self.assertEqual(r.json(), {"rank": 0, "results": [[longest, 0]]})
+        # After /clear the ranks can be created anew.
+        self.assertEqual(client.clear().status_code, 204)
+        for rank in (3, 4, 5):
+            self.assertEqual(client.initialize(rank, 8).status_code, 200)
+
+
+    def test_bad_limit_values_exit_2(self):
+        binary = os.environ.get("METAD_BIN")
+        if not binary:
+            self.skipTest("METAD_BIN is not set")
+        for flag, value in (("--memory-max", "1GB"), ("--memory-max", "0"),
+                            ("--memory-max", "GiB"), ("--memory-max", "2048TiB"),
+                            ("--ranks-max", "0"), ("--key-bytes-max", "-1")):
+            with self.subTest(flag=flag, value=value):
+                run = subprocess.run([binary, "--port", "0", flag, value],
+                                     stdin=subprocess.DEVNULL, capture_output=True,
+                                     timeout=STOP_TIMEOUT_S)
+                self.assertEqual(run.returncode, 2, run.stderr)
+                self.assertIn(flag.encode(), run.stderr)
+
+
 class DescriptorLimitTest(OpsTestCase):
     """Out of file descriptors (EMFILE), the server pauses accepting instead of retrying
     at once: it neither burns a core nor floods its log, and the connections waiting in

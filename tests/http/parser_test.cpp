@@ -456,6 +456,24 @@ TEST(Parser, ChunkAnnouncedOverLimitFailsBeforeItsData) {
   EXPECT_EQ(p.error(), parse_error::body_too_large);
 }
 
+TEST(Parser, AnnouncesTheBodyBeforeItArrives) {
+  parser p;
+  feed(p, "POST /x HTTP/1.1\r\nContent-Length: 1000");
+  EXPECT_EQ(p.next(), parse_status::need_more);
+  EXPECT_EQ(p.body_bytes_announced(), 0u);  // the headers are not complete yet
+  feed(p, "\r\n\r\nab");
+  EXPECT_EQ(p.next(), parse_status::need_more);
+  EXPECT_EQ(p.body_bytes_announced(), 1000u);
+  feed(p, std::string(998, 'x'));
+  ASSERT_EQ(p.next(), parse_status::ready);
+  p.consume();
+  EXPECT_EQ(p.body_bytes_announced(), 0u);
+  // Chunked: what was decoded plus the chunk under way.
+  feed(p, chunked("3\r\nabc\r\n100\r\nxy"));
+  EXPECT_EQ(p.next(), parse_status::need_more);
+  EXPECT_EQ(p.body_bytes_announced(), 3u + 0x100u);
+}
+
 TEST(Parser, ErrorIsSticky) {
   parser p;
   feed(p, "GET x HTTP/1.1\r\n\r\n");

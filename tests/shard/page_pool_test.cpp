@@ -43,6 +43,18 @@ TEST_P(PagePoolSizes, CostsAtMostOneBytePerPage) {
   EXPECT_LE(pool.memory_bytes(), n / 3 + 128);
 }
 
+TEST_P(PagePoolSizes, BytesForPredictsTheBitmaps) {
+  const std::uint32_t n = GetParam();
+  page_pool pool(n);
+  // What the memory budget charges before a rank is created: the bitmaps exactly (the
+  // vector of levels adds its own few words).
+  EXPECT_LE(page_pool::bytes_for(n), pool.memory_bytes());
+  EXPECT_GE(page_pool::bytes_for(n) + 8 * sizeof(std::vector<std::uint64_t>), pool.memory_bytes());
+  page_pool grown(n / 2 + 1);
+  grown.grow(n + 1);
+  EXPECT_LE(page_pool::bytes_for(n + 1), grown.memory_bytes());
+}
+
 INSTANTIATE_TEST_SUITE_P(WordBoundaries, PagePoolSizes,
                          ::testing::Values(1u, 2u, 63u, 64u, 65u, 127u, 128u, 4095u, 4096u, 4097u,
                                            100000u, 262145u));
