@@ -33,17 +33,18 @@ struct position {
                            ": refusing to start (move the file away to start without it)");
 }
 
-enum class file_kind { log, snapshot };
+// What a file is: only the last log segment of a core may end in a torn write.
+enum class file_kind { last_log, earlier_log, snapshot };
 
-// Scans one file. A log's torn tail (a crash mid-write) is dropped with a warning; a
-// snapshot is renamed into place only once whole, so any damage there is corruption,
-// which stops start-up.
+// Scans one file. The last log segment's torn tail (a crash mid-write) is dropped with a
+// warning. Anything else is damage, which stops start-up: a log segment is complete
+// before the next one is created, and a snapshot is renamed into place only once whole.
 template <typename Visit>
 void scan_file(const std::string& bytes, const std::string& path, Visit&& visit, bool warn,
-               file_kind kind = file_kind::log) {
+               file_kind kind) {
   const store::scan_result result = store::scan(bytes, visit);
   if (result.status == store::scan_status::corrupt ||
-      (result.status == store::scan_status::torn_tail && kind == file_kind::snapshot))
+      (result.status == store::scan_status::torn_tail && kind != file_kind::last_log))
     corrupt(path, result.bad_offset);
   if (result.status == store::scan_status::torn_tail && warn)
     metad::log::warn("{}: dropping a torn record at offset {} ({} bytes)", path, result.bad_offset,
@@ -51,6 +52,10 @@ void scan_file(const std::string& bytes, const std::string& path, Visit&& visit,
 }
 
 // Everything before a file group's last clear record is void.
+file_kind log_kind(const store::core_files& files, std::size_t segment) {
+  return segment + 1 == files.logs.size() ? file_kind::last_log : file_kind::earlier_log;
+}
+
 bool last_clear(const store::core_files& files, position& at) {
   bool found = false;
   for (std::size_t s = 0; s < files.logs.size(); ++s) {
@@ -61,7 +66,7 @@ bool last_clear(const store::core_files& files, position& at) {
           found = true;
           at = {s, offset};
         },
-        false);
+        false, log_kind(files, s));
   }
   return found;
 }
@@ -171,9 +176,9 @@ void replay_files(cluster& cl, int core, const std::vector<store::core_files>& f
             [&](const store::record& rec, std::size_t offset) {
               if (offset > clear_at.offset) r.apply(rec);
             },
-            warn);
+            warn, log_kind(f, s));
       } else {
-        scan_file(f.logs[s], f.log_paths[s], apply, warn);
+        scan_file(f.logs[s], f.log_paths[s], apply, warn, log_kind(f, s));
       }
     }
   }

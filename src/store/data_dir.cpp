@@ -87,9 +87,41 @@ data_dir::data_dir(std::string path) : path_(std::move(path)) {
   if (lock_fd_ < 0) fail("open " + lock);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
     throw std::runtime_error("--data-dir " + path_ + " is in use by another hf3fs-metad");
-  std::ifstream current(path_ + "/CURRENT");
+  generation_ = read_current();
+}
+
+// CURRENT names the committed generation. Without it a directory is fresh only if no
+// generation was ever written there: one missing, empty or unreadable CURRENT next to
+// generation directories is damage, and starting empty would lose (and later delete)
+// the fleet's whole index, so start-up stops and says how to mend it.
+std::uint64_t data_dir::read_current() const {
+  const std::string path = path_ + "/CURRENT";
+  std::ifstream current(path);
+  std::string text;
+  std::getline(current, text);
   std::uint64_t g = 0;
-  if (current >> g) generation_ = g;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), g);
+  if (ec == std::errc{} && end == text.data() + text.size() && g > 0) return g;
+  std::vector<std::uint64_t> found;
+  for (const auto& entry : fs::directory_iterator(path_)) {
+    const std::string name = entry.path().filename().string();
+    std::uint64_t n = 0;
+    const auto r = std::from_chars(name.data() + 1, name.data() + name.size(), n);
+    if (name.size() > 1 && name[0] == 'g' && r.ec == std::errc{} &&
+        r.ptr == name.data() + name.size() && entry.is_directory())
+      found.push_back(n);
+  }
+  if (found.empty() && !fs::exists(path)) return 0;  // a fresh directory
+  std::sort(found.begin(), found.end());
+  std::string listed;
+  for (std::uint64_t n : found) listed += (listed.empty() ? "g" : ", g") + std::to_string(n);
+  throw std::runtime_error(
+      path + " is missing, empty or unreadable" +
+      (found.empty() ? std::string() : " but generation directories exist (" + listed + ")") +
+      ": refusing to start rather than start empty. Write the number of the last committed "
+      "generation into it (the newest directory whose every core has a snapshot, e.g. `echo " +
+      (found.empty() ? std::string("1") : std::to_string(found.back())) + " > " + path +
+      "`), or move the g* directories and CURRENT away to start empty.");
 }
 
 data_dir::~data_dir() {

@@ -53,6 +53,10 @@ class data_dir {
   std::string generation_dir(std::uint64_t generation) const;
 
  private:
+  // The committed generation (0: a fresh directory). Throws std::runtime_error when
+  // CURRENT is missing or unreadable but generations exist.
+  std::uint64_t read_current() const;
+
   std::string path_;
   int lock_fd_ = -1;
   std::uint64_t generation_ = 0;

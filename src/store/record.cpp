@@ -219,6 +219,18 @@ frame_status next_frame(std::string_view bytes, std::size_t offset, std::string_
   return crc32c(payload) == crc ? frame_status::whole : frame_status::bad_checksum;
 }
 
+bool valid_frame_after(std::string_view bytes, std::size_t from) {
+  record scratch;
+  for (std::size_t at = from + 1; at + kFrameHeaderBytes <= bytes.size(); ++at) {
+    std::string_view payload;
+    std::size_t frame_bytes = 0;
+    if (next_frame(bytes, at, payload, frame_bytes) == frame_status::whole &&
+        decode_payload(payload, scratch))
+      return true;
+  }
+  return false;
+}
+
 bool decode_payload(std::string_view payload, record& out) {
   if (payload.empty()) return false;
   out.keys.clear();

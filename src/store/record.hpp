@@ -58,9 +58,13 @@ void append_release(std::string& out, std::int64_t rank, std::span<const std::in
 void append_directory_remove(std::string& out, std::string_view key);
 
 enum class scan_status : std::uint8_t {
-  ok,         // every frame was whole and valid
-  torn_tail,  // the last frame is incomplete or fails its checksum: dropped
-  corrupt,    // a frame in the middle fails its checksum or does not decode
+  ok,  // every frame was whole and valid
+  // A frame is incomplete or fails its checksum and no valid frame follows it: a write
+  // cut short by a crash (the caller decides whether one may be there).
+  torn_tail,
+  // A frame does not decode, or fails its checksum (or its length field is damaged)
+  // with valid frames after it: damage, never to be taken for a shorter past.
+  corrupt,
 };
 
 struct scan_result {
@@ -79,6 +83,11 @@ bool decode_payload(std::string_view payload, record& out);
 enum class frame_status : std::uint8_t { whole, short_read, bad_checksum };
 frame_status next_frame(std::string_view bytes, std::size_t offset, std::string_view& payload,
                         std::size_t& frame_bytes);
+// Whether a whole frame with a valid checksum and a decodable payload starts at any
+// offset after `from`: what tells a damaged record from a torn tail. Every offset is
+// tried (a damaged length says nothing about where the next frame is); a torn tail is
+// at most one group commit long, so its search is short.
+bool valid_frame_after(std::string_view bytes, std::size_t from);
 
 template <typename Visit>
 scan_result scan(std::string_view bytes, Visit&& visit) {
@@ -89,13 +98,13 @@ scan_result scan(std::string_view bytes, Visit&& visit) {
     std::string_view payload;
     std::size_t frame_bytes = 0;
     const frame_status fs = next_frame(bytes, offset, payload, frame_bytes);
-    if (fs == frame_status::short_read ||
-        (fs == frame_status::bad_checksum && offset + frame_bytes >= bytes.size())) {
-      result.status = scan_status::torn_tail;  // a write cut short by a crash
+    if (fs == frame_status::short_read || fs == frame_status::bad_checksum) {
+      result.status =
+          valid_frame_after(bytes, offset) ? scan_status::corrupt : scan_status::torn_tail;
       result.bad_offset = offset;
       return result;
     }
-    if (fs == frame_status::bad_checksum || !decode_payload(payload, rec)) {
+    if (!decode_payload(payload, rec)) {
       result.status = scan_status::corrupt;
       result.bad_offset = offset;
       return result;

@@ -892,6 +892,98 @@ class LogDamageTest(DurabilityCase):
         m.verify()
         self.stop(server)
 
+    def test_damaged_length_in_the_middle_stops_start_up(self):
+        """A length field damaged mid-log (huge, or past the end of the file) is not a
+        torn tail: the records after it were acknowledged."""
+        data = self.tmpdir()
+        server = self.start(data, 1)
+        m = Mirror(self, server)
+        self.addCleanup(m.close)
+        self.populate(m, "length")
+        self.stop(server)
+        log = newest(data, "log")
+        offsets, size = frames(log)
+        self.assertGreaterEqual(len(offsets), 3, f"{log}: {offsets}")
+        start, _ = offsets[1]
+        with open(log, "rb") as f:
+            f.seek(start)
+            old = f.read(4)
+        for what, length in (("huge", 0x7FFFFFFF), ("past the end", size)):
+            with open(log, "r+b") as f:
+                f.seek(start)
+                f.write(struct.pack("<I", length))
+            self.assert_refused(data, log, start, f"a {what} length in record 1")
+        with open(log, "r+b") as f:
+            f.seek(start)
+            f.write(old)
+        server = self.start(data, 1)
+        m.attach(server)
+        m.verify()
+        self.stop(server)
+
+    def test_torn_write_in_an_earlier_segment_stops_start_up(self):
+        """Only a core's last log segment may end in a torn write: a segment is complete
+        before the next one is created."""
+        data = self.tmpdir()
+        server = self.start(data, 1)
+        m = Mirror(self, server)
+        self.addCleanup(m.close)
+        self.populate(m, "segment")
+        self.stop(server)
+        log = newest(data, "log")
+        offsets, size = frames(log)
+        with open(log, "rb") as f:
+            whole = f.read()
+        first = whole[:offsets[0][1]]  # a rank initialization: replaying it again is harmless
+        later = re.sub(r"log-(\d+)$", lambda g: f"log-{int(g.group(1)) + 1}", log)
+        with open(later, "wb") as f:
+            f.write(first)
+        append_bytes(log, first[:len(first) // 2])
+        self.assert_refused(data, log, size, "a torn record in a segment that is not the last")
+        os.truncate(log, size)
+        server = self.start(data, 1)
+        m.attach(server)
+        m.verify()
+        self.stop(server)
+
+    def test_missing_current_stops_start_up_and_deletes_nothing(self):
+        data = self.tmpdir()
+        server = self.start(data, 1)
+        m = Mirror(self, server)
+        self.addCleanup(m.close)
+        self.populate(m, "current")
+        self.stop(server)
+        current = os.path.join(data, "CURRENT")
+        with open(current) as f:
+            committed = f.read()
+
+        def listing():
+            return sorted((root, tuple(sorted(files))) for root, _, files in os.walk(data))
+
+        before = listing()
+        for what, text in (("missing", None), ("empty", ""), ("garbage", "g7\n"),
+                           ("zero", "0\n")):
+            with self.subTest(current=what):
+                if text is None:
+                    os.remove(current)
+                else:
+                    with open(current, "w") as f:
+                        f.write(text)
+                code, err, started = run_to_exit(["--data-dir", data, "--threads", "1"])
+                self.assertFalse(started, f"started with CURRENT {what}:\n{err}")
+                self.assertGreater(code, 0, err)
+                self.assertIn("CURRENT", err)
+                self.assertIn(f"echo {committed.strip()} >", err)  # says how to mend it
+                after = [entry for entry in listing() if entry[0] == data or "/g" in entry[0]]
+                self.assertEqual([e for e in after if e[0] != data],
+                                 [e for e in before if e[0] != data], "a start deleted files")
+        with open(current, "w") as f:
+            f.write(committed)
+        server = self.start(data, 2)
+        m.attach(server)
+        m.verify()
+        self.stop(server)
+
     def test_corrupt_last_snapshot_record_is_not_silently_dropped(self):
         """A snapshot is written whole (temporary file, fsync, rename): a bad last record
         is damage, not a torn write, and dropping it would lose acknowledged state."""

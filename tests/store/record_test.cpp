@@ -101,6 +101,44 @@ TEST(Record, FlippedByteInAMiddleRecordIsCorruption) {
   EXPECT_EQ(result.bad_offset, 0u);
 }
 
+TEST(Record, DamagedLengthInTheMiddleIsCorruptionNotATornTail) {
+  const std::string log = three_records();
+  std::string_view payload;
+  std::size_t first = 0;
+  ASSERT_EQ(store::next_frame(log, 0, payload, first), store::frame_status::whole);
+  // The first record's length: huge, one past the end of the file, one byte off.
+  for (const std::uint32_t length :
+       {std::uint32_t{0x7fffffff}, static_cast<std::uint32_t>(log.size()),
+        static_cast<std::uint32_t>(first - 8 + 1), static_cast<std::uint32_t>(first - 8 - 1)}) {
+    std::string damaged = log;
+    std::memcpy(damaged.data(), &length, 4);
+    store::scan_result result;
+    EXPECT_TRUE(kinds_of(damaged, result).empty()) << length;
+    EXPECT_EQ(result.status, store::scan_status::corrupt) << length;
+    EXPECT_EQ(result.bad_offset, 0u) << length;
+  }
+  // The last record's length damaged: nothing valid follows, so it reads as torn.
+  std::string damaged = log;
+  std::size_t offset = first, frame = 0;
+  ASSERT_EQ(store::next_frame(log, offset, payload, frame), store::frame_status::whole);
+  offset += frame;
+  const std::uint32_t huge = 0x7fffffff;
+  std::memcpy(damaged.data() + offset, &huge, 4);
+  store::scan_result result;
+  EXPECT_EQ(kinds_of(damaged, result).size(), 2u);
+  EXPECT_EQ(result.status, store::scan_status::torn_tail);
+  EXPECT_EQ(result.bad_offset, offset);
+}
+
+TEST(Record, ZeroedBlockInTheMiddleIsCorruption) {
+  std::string log = three_records();
+  store::append_clear(log);
+  std::fill(log.begin() + 4, log.begin() + 20, '\0');  // the first record's checksum and payload
+  store::scan_result result;
+  EXPECT_TRUE(kinds_of(log, result).empty());
+  EXPECT_EQ(result.status, store::scan_status::corrupt);
+}
+
 TEST(Record, Crc32cMatchesTheStandardCheckValue) {
   EXPECT_EQ(store::crc32c("123456789"), 0xE3069283u);
 }
