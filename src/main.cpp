@@ -25,7 +25,10 @@ metadata server; same HTTP API, default port 18000).
 
   --host ADDR               listen address (default 127.0.0.1)
   --port N                  TCP port (default 18000; 0 picks a free one)
-  --threads N               core threads (default: one per CPU of the affinity mask)
+  --threads N               core threads (default 4, or fewer when the affinity mask's
+                            first NUMA node has fewer CPUs; one thread per CPU)
+  --directory-cores N       the key directory lives on this many cores, so batch_exists
+                            visits at most N whatever --threads is (default 2)
   --cpus LIST               pin core threads to these CPUs, e.g. 0-3,8 (overrides --threads)
   --io auto|uring|epoll     transport (default auto: io_uring, epoll where refused)
   --header-bytes-max N      request line + headers limit, else 431 (default 65536)
@@ -161,6 +164,8 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.port = parse_int<std::uint16_t>(flag, value, 0, 65535);
     else if (flag == "--threads")
       cfg.threads = parse_int<int>(flag, value, 1, 1024);
+    else if (flag == "--directory-cores")
+      cfg.directory_cores = parse_int<int>(flag, value, 1, 1024);
     else if (flag == "--cpus")
       cfg.cpus = parse_cpus(value);
     else if (flag == "--io") {

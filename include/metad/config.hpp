@@ -23,9 +23,17 @@ struct config {
   std::uint16_t port = 18000;
   // CPUs to pin one core thread each to. Empty: `threads` threads on the CPUs of the
   // affinity mask, in order, wrapping around when there are more threads than CPUs
-  // (tests, oversubscribed hosts); threads == 0: one per CPU of the mask.
+  // (tests, oversubscribed hosts); threads == 0: default_threads of them, from the NUMA
+  // node of the mask's first CPU (fewer if it has fewer).
   std::vector<int> cpus;
   int threads = 0;
+  // A whole fleet's metadata load is a fraction of one core: more cores buy headroom
+  // for bursts, not throughput, and each costs memory and wake-ups.
+  static constexpr int default_threads = 4;
+  // The key-completion directory lives on this many cores (the first ones), so a
+  // request that names no rank (batch_exists) visits at most this many, whatever the
+  // core count; capped at the core count.
+  int directory_cores = 2;
   io_mode io = io_mode::automatic;
   log_level log = log_level::info;
 

@@ -57,6 +57,12 @@ struct cluster {
 
   const metad::config& cfg;
   const int cores;
+  // Cores [0, directory_cores) hold the directory's slices (see config::directory_cores).
+  const int directory_cores;
+  // The core that holds `key`'s directory slice.
+  int key_owner(std::string_view key) const {
+    return directory_cores == 1 ? 0 : shard::owner_of_key(key, directory_cores);
+  }
   std::vector<std::unique_ptr<core_state>> core;
   shard::mailbox mailbox;
   // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.

@@ -81,14 +81,14 @@ class replayer {
     shard::rank_table& ranks = cl_.core[core_]->ranks;
     switch (r.kind) {
       case store::record_kind::directory_key:
-        if (shard::owner_of_key(r.keys[0], cl_.cores) == core_) {
+        if (cl_.key_owner(r.keys[0]) == core_) {
           ++out_.records;
           auto [it, added] = out_.tp.try_emplace(std::string(r.keys[0]), r.tp_world_size);
           if (!added) it->second = std::min(it->second, r.tp_world_size);
         }
         return;
       case store::record_kind::directory_remove:
-        if (shard::owner_of_key(r.keys[0], cl_.cores) == core_) {
+        if (cl_.key_owner(r.keys[0]) == core_) {
           ++out_.records;
           out_.tp.erase(std::string(r.keys[0]));
         }
@@ -143,7 +143,7 @@ class replayer {
     cl_.core[core_]->ranks.for_each_entry(
         [this](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
           if (!confirmed) return;
-          const int owner = shard::owner_of_key(key, cl_.cores);
+          const int owner = cl_.key_owner(key);
           out_.confirmed_by_owner[static_cast<std::size_t>(owner)].emplace_back(key);
         });
   }

@@ -422,7 +422,7 @@ request_task run_rank_info(exchange& x) {
     count = 2 * count + 64;
     bytes = 2 * bytes + 4096;
   }
-  job.seal(cl.cores);
+  job.seal(cl);
   s.pages.assign(job.keys.size(), -1);
   co_await cl.mailbox.hop(home, owner);
   const std::optional<shard::rank_stats> stats = cl.core[owner]->ranks.stats(rank);

@@ -60,9 +60,9 @@ struct removal_job {
     member.push_back(0);
   }
   // After the last add: the views, owners and zeroed counts.
-  void seal(int cores);
+  void seal(const cluster& cl);
   // Keeps only the members (bindings of the others are lost: call before the walk).
-  void keep_members(int cores);
+  void keep_members(const cluster& cl);
 };
 
 // Per-connection buffers reused by every request: commands, results, encoder output.

@@ -12,7 +12,7 @@
 
 namespace server {
 
-void removal_job::seal(int cores) {
+void removal_job::seal(const cluster& cl) {
   keys.clear();
   std::uint32_t begin = 0;
   for (const std::uint32_t end : ends) {
@@ -21,11 +21,11 @@ void removal_job::seal(int cores) {
   }
   owner.resize(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i)
-    owner[i] = static_cast<std::uint16_t>(cores == 1 ? 0 : shard::owner_of_key(keys[i], cores));
+    owner[i] = static_cast<std::uint16_t>(cl.key_owner(keys[i]));
   bindings.assign(keys.size(), 0);
 }
 
-void removal_job::keep_members(int cores) {
+void removal_job::keep_members(const cluster& cl) {
   // In place: a kept key only moves towards the front.
   std::size_t bytes_kept = 0, kept = 0;
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -40,7 +40,7 @@ void removal_job::keep_members(int cores) {
   ends.resize(kept);
   used.resize(kept);
   member.assign(kept, 1);
-  seal(cores);
+  seal(cl);
 }
 
 std::size_t expire_due(cluster& cl, core_state& core) {
@@ -59,6 +59,10 @@ std::size_t expire_due(cluster& cl, core_state& core) {
 namespace {
 
 bool every_core(int) { return true; }
+// on_cores' condition for a walk over the directory's slices.
+auto directory_core(const cluster& cl) {
+  return [&cl](int c) { return c < cl.directory_cores; };
+}
 // on_cores' condition for a removal walk: no /clear has begun since it began.
 auto still_valid(const cluster& cl, const removal_job& job) {
   return [&cl, &job] { return job.valid(cl); };
@@ -145,13 +149,13 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
                                  removal_job& job) {
   const std::size_t before = job.ends.size();
   job.quota.assign(static_cast<std::size_t>(cl.cores), 0);
-  if (cl.cores == 1) {
+  if (cl.directory_cores == 1) {
     job.quota[0] = static_cast<std::uint32_t>(want);
   } else {
     // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
     const bool valid = co_await on_cores(
-        cl, at, every_core,
+        cl, at, directory_core(cl),
         [&](int c) {
           job.times.clear();
           cl.core[c]->directory.oldest_used(now, want, job.times);
@@ -181,7 +185,7 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
 // back in front, in their order. From core `at`, on which it ends.
 subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool members_too) {
   return on_cores(
-      cl, at, every_core,
+      cl, at, directory_core(cl),
       [&cl, &job, members_too](int c) {
         shard::directory& dir = cl.core[c]->directory;
         for (std::size_t i = 0; i < job.keys.size(); ++i)
@@ -235,7 +239,7 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
         std::min(std::max<std::size_t>(need - members, first), need + kPassedOverMax - first);
     const std::size_t taken = co_await take_oldest(cl, at, now, want, job);
     if (taken == 0 || !job.valid(cl)) break;  // nothing evictable is left
-    job.seal(cl.cores);
+    job.seal(cl);
     job.pages.assign(taken, -1);
     cl.core[at]->ranks.confirmed_pages(
         rank, std::span<const std::string_view>(job.keys).subspan(first), job.pages);
@@ -249,7 +253,7 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
   const bool enough = members >= need;
   if (enough) keep_oldest_members(job, need);
   if (!co_await put_back(cl, at, job, !enough) || !enough) co_return 0;
-  job.keep_members(cl.cores);
+  job.keep_members(cl);
   const std::size_t left = co_await remove_everywhere(cl, at, job, removal_kind::evicted, stored);
   co_return left;
 }
@@ -291,7 +295,7 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
       },
       still_valid(cl, job));
   if (job.ends.empty()) co_return 0;
-  job.seal(cl.cores);
+  job.seal(cl);
   // A key that some rank still holds a reservation for has a writer at work (a lagging
   // rank): it stays, and is looked at again age_ns later. `member` marks them here.
   co_await on_cores(
@@ -324,7 +328,7 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
       still_valid(cl, job));
   if (!job.valid(cl)) co_return 0;
   for (std::size_t i = 0; i < job.keys.size(); ++i) job.member[i] = job.pages[i] >= 0 ? 1 : 0;
-  job.keep_members(cl.cores);
+  job.keep_members(cl);
   co_return co_await remove_everywhere(cl, at, job, kind, stored);
 }
 
@@ -407,7 +411,7 @@ request_task run_delete(exchange& x) {
           }
         },
         still_valid(cl, job));
-    job.seal(cl.cores);
+    job.seal(cl);
     deleted += co_await remove_everywhere(cl, home, job, removal_kind::deleted, stored);
     if (!busy) break;
   }

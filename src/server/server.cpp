@@ -6,7 +6,10 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 #include <thread>
 
@@ -29,6 +32,7 @@ static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
 cluster::cluster(const metad::config& config, int core_count)
     : cfg(config),
       cores(core_count),
+      directory_cores(std::clamp(config.directory_cores, 1, core_count)),
       mailbox(core_count, 4096),
       memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
       draining_cores(core_count) {
@@ -162,7 +166,50 @@ void core_runner::tick() {
   log_summary(*this);
 }
 
-// `threads` CPUs of the affinity mask, in order, wrapping around (0: the whole mask).
+// The CPUs of a sysfs list such as "0-3,8,10-11".
+std::vector<int> parse_cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(at, end - at);
+    const std::size_t dash = item.find('-');
+    try {
+      const int first = std::stoi(item.substr(0, dash));
+      const int last = dash == std::string::npos ? first : std::stoi(item.substr(dash + 1));
+      for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+    } catch (const std::exception&) {
+      return {};
+    }
+    at = end + 1;
+  }
+  return cpus;
+}
+
+// The CPUs of the mask that share the NUMA node of its first one (the whole mask where
+// sysfs does not say): default threads stay on one node, beside their memory.
+std::vector<int> same_node(const std::vector<int>& mask) {
+  for (int node = 0; node < 1024; ++node) {
+    std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
+    if (!in) {
+      if (node == 0) continue;  // node 0 may be offline (or memory-only)
+      break;
+    }
+    std::string text;
+    std::getline(in, text);
+    const std::vector<int> cpus = parse_cpu_list(text);
+    if (std::find(cpus.begin(), cpus.end(), mask.front()) == cpus.end()) continue;
+    std::vector<int> mine;
+    for (int cpu : mask)
+      if (std::find(cpus.begin(), cpus.end(), cpu) != cpus.end()) mine.push_back(cpu);
+    return mine;
+  }
+  return mask;
+}
+
+// `threads` CPUs of the affinity mask, in order, wrapping around; threads <= 0: up to
+// config::default_threads CPUs of the mask's first NUMA node.
 std::vector<int> affinity_cpus(int threads) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -171,7 +218,11 @@ std::vector<int> affinity_cpus(int threads) {
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
       if (CPU_ISSET(cpu, &set)) mask.push_back(cpu);
   if (mask.empty()) mask.push_back(0);
-  if (threads <= 0) return mask;
+  if (threads <= 0) {
+    std::vector<int> cpus = same_node(mask);
+    cpus.resize(std::min<std::size_t>(cpus.size(), metad::config::default_threads));
+    return cpus;
+  }
   std::vector<int> cpus;
   for (int i = 0; i < threads; ++i) cpus.push_back(mask[static_cast<std::size_t>(i) % mask.size()]);
   return cpus;

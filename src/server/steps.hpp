@@ -22,14 +22,15 @@ inline void plan_directory_walk(const cluster& cl, std::span<const std::string_v
   s.walk.resize(n);
   s.walk_begin.assign(cores + 1, 0);
   s.walk_begin[cores] = static_cast<std::uint32_t>(n);
-  if (cores == 1) {  // everything is here: no hashing
+  if (cl.directory_cores == 1) {  // one slice: no hashing
+    std::fill(s.walk_begin.begin() + 1, s.walk_begin.end(), static_cast<std::uint32_t>(n));
     for (std::size_t j = 0; j < n; ++j) s.walk[j] = index(j);
     return;
   }
   // A counting sort by owner: count, sum up to each core's end, fill backwards.
   s.key_owner.resize(n);
   for (std::size_t j = 0; j < n; ++j) {
-    const auto owner = static_cast<std::uint16_t>(shard::owner_of_key(keys[index(j)], cl.cores));
+    const auto owner = static_cast<std::uint16_t>(cl.key_owner(keys[index(j)]));
     s.key_owner[j] = owner;
     ++s.walk_begin[owner];
   }

@@ -457,6 +457,38 @@ BAD_AUTHORIZATION = (
 )
 
 
+class FanOutTest(OpsTestCase):
+    """A request that names no rank visits the directory's cores only (--directory-cores,
+    default 2), whatever --threads is: cross-core messages per batch_exists stay at most
+    one per directory core plus the way home."""
+
+    def messages_per_request(self, *args):
+        server = self.start(*args)
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        ks = keys(200, "fan-out")
+        self.assertEqual(client.batch_exists(ks).status_code, 200)
+        before = self.scrape(server).get("hf3fs_metad_cross_core_messages_total")
+        n = 60
+        for _ in range(n):
+            self.assertEqual(client.batch_exists(ks).status_code, 200)
+        after = self.scrape(server).get("hf3fs_metad_cross_core_messages_total")
+        return after - before, n
+
+    def test_batch_exists_visits_a_bounded_number_of_cores(self):
+        for threads, directory_cores in ((8, None), (16, None), (16, 1), (3, 3)):
+            with self.subTest(threads=threads, directory_cores=directory_cores):
+                args = ("--threads", str(threads))
+                if directory_cores:
+                    args += ("--directory-cores", str(directory_cores))
+                messages, n = self.messages_per_request(*args)
+                bound = (directory_cores or 2) + 1
+                # A scrape hops to every core once: the second one's count lands in `after`.
+                self.assertLessEqual(messages, bound * n + threads, f"{messages} messages")
+                if directory_cores == 3:
+                    self.assertGreater(messages, 2 * n, "the keys should spread over 3 cores")
+
+
 class AuthTest(OpsTestCase):
 
     def setUp(self):

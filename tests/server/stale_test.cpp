@@ -304,8 +304,14 @@ TEST_P(Stale, ZeroGraceNeverReclaims) {
   n.now += 100 * kGraceMs;
   n.tick();
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
-  // Only eviction, under pressure, takes them.
-  EXPECT_EQ(allocate(n, 0, keys(10, 1)), (std::vector<long>{lru() ? 0 : -1}));
+  // Only eviction, under pressure, takes them: one of the two (confirmed at the same
+  // time, so which one is the directory's tie-break).
+  const std::vector<long> got = allocate(n, 0, keys(10, 1));
+  ASSERT_EQ(got.size(), 1u);
+  if (lru())
+    EXPECT_TRUE(got[0] == 0 || got[0] == 1) << got[0];
+  else
+    EXPECT_EQ(got[0], -1);
   EXPECT_EQ(stats_tail(n), lru() ? R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})"
                                  : R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
 }
