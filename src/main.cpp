@@ -71,6 +71,9 @@ metadata server; same HTTP API, default port 18000).
                             confirmation: no writer will complete it (default 30000; 0:
                             never)
   --log-level LEVEL         error|warn|info|debug (default info)
+  --verify-data-dir DIR     read DIR (stopped server) without serving: print its ranks,
+                            pages, bindings and keys, or the damage with file and offset;
+                            exit 0 if readable, 1 if damaged
   --help                    this text
   --version                 print the version
 )";
@@ -147,6 +150,11 @@ metad::config parse_flags(int argc, char** argv) {
     if (flag == "--version") {
       std::printf("hf3fs-metad %s\n", METAD_VERSION);
       std::exit(0);
+    }
+    if (flag == "--verify-data-dir") {
+      if (i + 1 >= argc) throw usage_error("--verify-data-dir: missing DIR");
+      metad::log::threshold = metad::log_level::warn;
+      std::exit(metad::verify_data_dir(argv[i + 1]));
     }
     if (flag == "--access-log") {
       cfg.access_log = true;

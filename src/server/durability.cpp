@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -240,6 +241,35 @@ void on_every_core(cluster& cl, Work&& work) {
 
 }  // namespace
 
+namespace {
+
+// What a replay found, for the log line and --verify-data-dir.
+struct replay_summary {
+  std::size_t file_groups = 0;
+  std::int64_t ranks = 0;
+  std::uint64_t keys = 0, records = 0;
+};
+
+// Replays the committed generation of `dir` into the cores' state and rebuilds the
+// directory. Throws std::runtime_error naming the file and offset of damage.
+replay_summary replay(cluster& cl, const store::data_dir& dir) {
+  const std::vector<store::core_files> files = dir.load();
+  std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
+  on_every_core(cl,
+                [&](int c) { replay_files(cl, c, files, outputs[static_cast<std::size_t>(c)]); });
+  replay_summary sum;
+  sum.file_groups = files.size();
+  for (auto& core : cl.core) sum.ranks += static_cast<std::int64_t>(core->ranks.rank_count());
+  cl.worker_ranks = sum.ranks;
+  on_every_core(
+      cl, [&](int c) { rebuild_directory(cl, c, outputs, static_cast<std::int32_t>(sum.ranks)); });
+  for (auto& out : outputs) sum.records += out.records;
+  for (auto& core : cl.core) sum.keys += core->directory.size();
+  return sum;
+}
+
+}  // namespace
+
 void recover(cluster& cl) {
   if (cl.cfg.data_dir.empty()) {
     metad::log::info("no --data-dir: state lives in memory only and is lost on restart");
@@ -247,15 +277,7 @@ void recover(cluster& cl) {
   }
   cl.data = std::make_unique<store::data_dir>(cl.cfg.data_dir);
   store::data_dir& dir = *cl.data;
-  const std::vector<store::core_files> files = dir.load();
-  std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
-  on_every_core(cl,
-                [&](int c) { replay_files(cl, c, files, outputs[static_cast<std::size_t>(c)]); });
-  std::int64_t ranks = 0;
-  for (auto& core : cl.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
-  cl.worker_ranks = ranks;
-  on_every_core(
-      cl, [&](int c) { rebuild_directory(cl, c, outputs, static_cast<std::int32_t>(ranks)); });
+  const replay_summary sum = replay(cl, dir);
 
   // The new generation: one snapshot and one empty log per current core.
   dir.begin_generation();
@@ -267,18 +289,44 @@ void recover(cluster& cl) {
     core.log.switch_segment(dir.create_log(generation, c, 1));
   });
   dir.commit_generation();
-  std::uint64_t records = 0, keys = 0;
-  for (auto& out : outputs) records += out.records;
-  for (auto& core : cl.core) {
-    keys += core->directory.size();
-    core->publish_incomplete();  // incomplete keys restart their grace now
-  }
-  if (keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
+  for (auto& core : cl.core) core->publish_incomplete();  // incomplete keys restart their grace
+  if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
       "durability {}",
-      dir.path(), files.size(), ranks, keys, records,
+      dir.path(), sum.file_groups, sum.ranks, sum.keys, sum.records,
       cl.cfg.durable == metad::durability::sync ? "sync" : "none");
+}
+
+int verify_data_dir(const std::string& path) {
+  metad::config cfg;
+  cfg.data_dir = path;
+  cluster cl(cfg, 1);
+  try {
+    const store::data_dir dir(path, store::data_dir::access::read_only);
+    const replay_summary sum = replay(cl, dir);
+    std::int64_t pages = 0, bound = 0, reserved = 0;
+    cl.core[0]->ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+      pages += st.num_pages;
+      bound += st.bound;
+      reserved += st.reserved;
+    });
+    const shard::directory& directory = cl.core[0]->directory;
+    std::printf(
+        "%s: generation %llu, %zu file group(s), %llu records replayed\n"
+        "ranks %lld, pages %lld, bound %lld, reserved %lld\n"
+        "keys %llu (complete %llu, incomplete %zu)\nok\n",
+        path.c_str(), static_cast<unsigned long long>(dir.generation()), sum.file_groups,
+        static_cast<unsigned long long>(sum.records), static_cast<long long>(sum.ranks),
+        static_cast<long long>(pages), static_cast<long long>(bound),
+        static_cast<long long>(reserved), static_cast<unsigned long long>(sum.keys),
+        static_cast<unsigned long long>(sum.keys - directory.incomplete_count()),
+        directory.incomplete_count());
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("%s: FAILED: %s\n", path.c_str(), e.what());
+    return 1;
+  }
 }
 
 namespace {

@@ -12,6 +12,12 @@ namespace server {
 // corrupt record.
 void recover(cluster& cl);
 
+// --verify-data-dir: replays the directory's committed state without serving or writing
+// anything, prints what it holds (ranks, pages, bindings, keys) or the damage (file and
+// offset) on stdout. Returns the exit status: 0 readable (a torn tail is only warned
+// about), 1 damaged or unreadable.
+int verify_data_dir(const std::string& path);
+
 // On core c's thread, each tick: marks a snapshot due when the log segment has grown
 // past the limit, and reaps a background snapshot writer that finished.
 void snapshot_tick(cluster& cl, core_state& core);

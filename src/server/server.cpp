@@ -333,6 +333,8 @@ void server::run() {
   log::info("stopped");
 }
 
+int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(path); }
+
 void server::stop() noexcept {
   ::server::cluster& cl = *impl_->cluster;
   cl.stopping.store(true);

@@ -78,11 +78,21 @@ void sync_directory(const std::string& path) {
   if (rc != 0) fail("fsync directory " + path);
 }
 
-data_dir::data_dir(std::string path) : path_(std::move(path)) {
+data_dir::data_dir(std::string path, access mode) : path_(std::move(path)) {
+  const std::string lock = path_ + "/LOCK";
+  if (mode == access::read_only) {
+    if (!fs::is_directory(path_)) throw std::runtime_error(path_ + ": not a directory");
+    lock_fd_ = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+    if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_SH | LOCK_NB) != 0)
+      throw std::runtime_error(path_ +
+                               " is in use by a running hf3fs-metad: stop it (or copy the "
+                               "directory) first");
+    generation_ = read_current();
+    return;
+  }
   std::error_code ec;
   fs::create_directories(path_, ec);
   if (ec) throw std::runtime_error("--data-dir " + path_ + ": " + ec.message());
-  const std::string lock = path_ + "/LOCK";
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) fail("open " + lock);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)

@@ -24,9 +24,12 @@ struct core_files {
 
 class data_dir {
  public:
-  // Creates the directory if needed and takes an exclusive lock on it (a second server
-  // on the same directory fails here). Throws std::runtime_error.
-  explicit data_dir(std::string path);
+  // exclusive: creates the directory if needed and takes an exclusive lock on it (a
+  // second server on the same directory fails here). read_only: an existing directory,
+  // shared-locked (fails while a server runs on it), for inspection; write nothing.
+  // Throws std::runtime_error.
+  enum class access : std::uint8_t { exclusive, read_only };
+  explicit data_dir(std::string path, access mode = access::exclusive);
   ~data_dir();
   data_dir(const data_dir&) = delete;
   data_dir& operator=(const data_dir&) = delete;

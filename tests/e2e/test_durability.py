@@ -38,7 +38,8 @@ import unittest
 
 import requests
 
-from metad_harness import Client, MetadServer, compact, key, keys, run_to_exit
+from metad_harness import (START_TIMEOUT_S, Client, MetadServer, compact, key, keys,
+                           run_to_exit)
 from reference_model import Model
 
 STORAGE_PREFIX = "Storage unavailable"
@@ -980,6 +981,47 @@ class LogDamageTest(DurabilityCase):
         with open(current, "w") as f:
             f.write(committed)
         server = self.start(data, 2)
+        m.attach(server)
+        m.verify()
+        self.stop(server)
+
+    def verify_dir(self, data):
+        binary = os.environ["METAD_BIN"]
+        run = subprocess.run([binary, "--verify-data-dir", data], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        return run.returncode, run.stdout + run.stderr
+
+    def test_verify_data_dir_reports_the_state_or_the_damage(self):
+        data = self.tmpdir()
+        server = self.start(data, 2)
+        m = Mirror(self, server)
+        self.addCleanup(m.close)
+        self.populate(m, "verify")
+        stats = requests.get(server.base_url + "/stats", timeout=10).json()
+        code, out = self.verify_dir(data)
+        self.assertEqual(code, 1, out)
+        self.assertIn("in use by a running hf3fs-metad", out)
+        self.stop(server)
+        code, out = self.verify_dir(data)
+        self.assertEqual(code, 0, out)
+        rows = stats["ranks"]
+        self.assertIn(f"ranks {len(rows)}, pages {sum(r['num_pages'] for r in rows)}, "
+                      f"bound {sum(r['bound'] for r in rows)}, "
+                      f"reserved {sum(r['reserved'] for r in rows)}", out)
+        self.assertIn(f"keys {stats['keys']} (complete {stats['keys'] - stats['incomplete_keys']}, "
+                      f"incomplete {stats['incomplete_keys']})", out)
+        log = newest(data, "log")
+        offsets, _ = frames(log)
+        start, length = offsets[1]
+        old = flip_byte(log, start + 8 + (length - 8) // 2)
+        code, out = self.verify_dir(data)
+        self.assertEqual(code, 1, out)
+        self.assertIn(os.path.basename(log), out)
+        self.assertRegex(out, rf"offset\D{{0,3}}{start}\b")
+        put_byte(log, start + 8 + (length - 8) // 2, old)
+        self.assertEqual(self.verify_dir(data)[0], 0)
+        # Verifying wrote nothing: the server starts on the same generation and state.
+        server = self.start(data, 1)
         m.attach(server)
         m.verify()
         self.stop(server)
