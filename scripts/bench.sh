@@ -13,6 +13,9 @@
 #                               the counts that fit in half the CPUs)
 #   scripts/bench.sh --stale    ~5 minutes: stale-key reclamation, 60 s connector replays
 #                               into pools 40x smaller than the working set, one row per 5 s
+#   scripts/bench.sh --fanout   ~2 minutes: cross-core messages and server CPU per request
+#                               at --threads 1..32 (all on the server's CPU), and the cost
+#                               of one hop (bench/fanout.py)
 # Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
@@ -24,10 +27,10 @@ mode=full
 do_build=1
 while (($#)); do
   case "$1" in
-    --quick | --memory | --micro | --scaling | --stale) mode=${1#--} ;;
+    --quick | --memory | --micro | --scaling | --stale | --fanout) mode=${1#--} ;;
     --no-build) do_build=0 ;;
     --build-dir) build=$(realpath -m "$2"); shift ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -38,6 +41,7 @@ case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
   scaling) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
   memory | stale) tools+=" curl" ;;  # waits for the server's port with it
+  fanout) tools+=" python3" ;;
 esac
 for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool missing: run scripts/setup.sh --bench" >&2; exit 1; }
@@ -45,7 +49,7 @@ done
 if ((do_build)); then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMETAD_BENCH=ON -DMETAD_TESTS=OFF >/dev/null
   targets=(hf3fs-metad metad-load)
-  [[ $mode == stale ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
+  [[ $mode == stale || $mode == fanout ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
   cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
 fi
 server_bin="$build/hf3fs-metad"
@@ -422,7 +426,15 @@ run_stale() {
     "$server_cpus; ${stale_seconds} s per run, a row per ${stale_window} s; incomplete pages: % of all pages."
 }
 
+run_fanout() {
+  echo "Server on CPU $server_cpus (every --threads count on it), the client on CPU $load_cpus;" \
+    "8 keep-alive connections, ranks 0-7 with 1,250 saved keys each."
+  taskset -c "$load_cpus" python3 "$root/bench/fanout.py" "$server_bin" --server-cpus "$server_cpus" \
+    --threads 1,2,4,8,16,32 --seconds 3
+}
+
 case $mode in
+  fanout) run_fanout ;;
   quick) run_wrk_suite ;;
   memory) run_memory ;;
   micro) run_micro ;;
