@@ -74,6 +74,8 @@ class parser {
   // A request has started (bytes buffered) but is not complete: the header timeout,
   // not the idle timeout, applies.
   bool mid_request() const;
+  // Bytes past the ready request are buffered: the next pipelined one has begun.
+  bool more_buffered() const { return stage_ == stage::ready && buffered() > request_bytes_; }
   // Heap bytes of its buffers.
   std::size_t buffer_bytes() const { return capacity_ + decoded_capacity_; }
 
