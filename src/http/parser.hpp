@@ -78,6 +78,8 @@ class parser {
   // so far arrives (Content-Length, or the chunks decoded plus the one under way); 0
   // before its headers are complete. Lets the caller refuse a body before it is read.
   std::size_t body_bytes_announced() const;
+  // Bytes past the ready request are buffered: the next pipelined one has begun.
+  bool more_buffered() const { return stage_ == stage::ready && buffered() > request_bytes_; }
   // Heap bytes of its buffers.
   std::size_t buffer_bytes() const { return capacity_ + decoded_capacity_; }
 

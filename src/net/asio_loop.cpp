@@ -16,6 +16,7 @@
 
 #include "metad/log.hpp"
 #include "net/accept_backoff.hpp"
+#include "net/input.hpp"
 #include "net/transport.hpp"
 
 namespace net {
@@ -39,6 +40,7 @@ struct connection final : waker {
   bool waiting = false;
   bool woken = false;
   bool shut = false;
+  bool reading = false;  // serve() awaits a read, which a stop cancels
   std::size_t index = 0;
 
   explicit connection(stream::socket s)
@@ -47,6 +49,7 @@ struct connection final : waker {
     woken = true;
     if (waiting) parked.cancel();
   }
+  bool input_pending() override { return input_waiting(socket.native_handle()); }
 };
 
 class asio_loop {
@@ -160,11 +163,18 @@ class asio_loop {
         next = c->handler->on_drained();
         continue;
       }
-      if (stopping_ && !c->handler->mid_request()) break;
+      // Stopping: an idle connection closes, unless the client sent more before it could
+      // know (those requests are served first).
+      if (stopping_ && !c->handler->mid_request() && !input_waiting(c->socket.native_handle()))
+        break;
       if (!c->handler->mid_request()) c->handler->trim();
       std::span<char> space = c->handler->read_space();
+      c->reading = true;
       auto [ec, n] =
           co_await c->socket.async_read_some(asio::buffer(space.data(), space.size()), use_tuple);
+      c->reading = false;
+      // begin_stop() cancelled the read: look at the socket again.
+      if (ec == asio::error::operation_aborted && !c->shut) continue;
       if (ec || n == 0 || c->shut) break;
       next = c->handler->on_bytes(n);
       const bool mid = c->handler->mid_request();
@@ -255,8 +265,10 @@ class asio_loop {
     stop_deadline_ = clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
     asio::error_code ignored;
     for (auto& acceptor : acceptors_) acceptor.close(ignored);
+    // Idle keep-alive connections are woken, not shut: a request may already be in the
+    // socket; serve() answers it before closing.
     for (connection* c : connections_)
-      if (!c->waiting && !c->mid_request) shut(c);
+      if (c->reading && !c->mid_request) c->socket.cancel(ignored);
   }
 
   loop_options options_;

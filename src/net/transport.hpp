@@ -20,11 +20,14 @@ enum class flow : std::uint8_t {
   close,  // send any output, then close
 };
 
-// Lets a handler resume its connection after flow::wait (same thread, any time later;
-// the loop defers the actual resumption to its own iteration).
+// A handler's handle on its connection: resumes it after flow::wait (same thread, any
+// time later; the loop defers the actual resumption to its own iteration).
 class waker {
  public:
   virtual void wake() = 0;
+  // Bytes have arrived that the handler has not been given yet (the loop peeks at the
+  // socket; a syscall, so only worth asking while stopping).
+  virtual bool input_pending() = 0;
 
  protected:
   ~waker() = default;

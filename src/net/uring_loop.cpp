@@ -19,6 +19,7 @@
 #include "metad/log.hpp"
 #include "net/accept_backoff.hpp"
 #include "net/detached.hpp"
+#include "net/input.hpp"
 #include "net/transport.hpp"
 
 namespace net {
@@ -107,11 +108,13 @@ struct connection final : waker {
   bool waiting = false;
   bool woken = false;
   bool shut = false;
+  completion* reading = nullptr;   // serve()'s pending recv, which a stop cancels
   std::coroutine_handle<> parked;  // the serve coroutine while waiting
   std::size_t index = 0;           // position in the loop's connection list
 
   connection(uring_loop& l, int f) : loop(l), fd(f) {}
   void wake() override;
+  bool input_pending() override { return input_waiting(fd); }
 };
 
 class uring_loop {
@@ -377,7 +380,9 @@ detached uring_loop::serve(connection* c) {
       next = c->handler->on_drained();
       continue;
     }
-    if (stopping_ && !c->handler->mid_request()) break;
+    // Stopping: an idle connection closes, unless the client sent more before it could
+    // know (those requests are served first).
+    if (stopping_ && !c->handler->mid_request() && !input_waiting(c->fd)) break;
     if (!c->handler->mid_request()) {
       c->handler->trim();
       if (!c->send_in_flight && c->sending.capacity() > kIdleBufferBytes)
@@ -386,7 +391,10 @@ detached uring_loop::serve(connection* c) {
     std::span<char> space = c->handler->read_space();
     op o(*this);
     io_uring_prep_recv(sqe(&o), c->fd, space.data(), space.size(), 0);
+    c->reading = &o;
     const int n = co_await o;
+    c->reading = nullptr;
+    if (n == -ECANCELED && !c->shut) continue;  // begin_stop(): look at the socket again
     if (n <= 0 || c->shut || c->send_failed) break;
     next = c->handler->on_bytes(static_cast<std::size_t>(n));
     const bool mid = c->handler->mid_request();
@@ -460,8 +468,11 @@ void uring_loop::begin_stop() {
   stop_deadline_ms_ = now_ms_ + options_.drain_timeout_ms;
   for (listener& l : listeners_)
     if (l.armed) io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&l), 0);
+  // Idle keep-alive connections are woken, not shut: a request may already be in the
+  // socket, or in a recv completion not yet handled; serve() answers it before closing.
   for (connection* c : connections_)
-    if (!c->waiting && !c->mid_request) shut(c);  // idle keep-alive connections
+    if (c->reading != nullptr && !c->mid_request)
+      io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(c->reading), 0);
 }
 
 void uring_loop::run() {

@@ -190,15 +190,26 @@ void exchange::complete() {
   }
 }
 
+// Decided when the answer is written, not when the request arrived: a request in flight
+// when the stop began is answered after it. Stopping, the last request the connection
+// has received says `connection: close`, so that the client sends no more on it; one
+// received after it (buffered, or already in the socket) is answered first.
+bool exchange::answer_keeps_alive() {
+  if (keep_alive_ && cluster_.stopping.load(std::memory_order_relaxed))
+    keep_alive_ = parser_.more_buffered() || waker_.input_pending();
+  return keep_alive_;
+}
+
 void exchange::respond_json(int status, std::string_view body) {
   status_ = status;
-  http::append_json(out_, status, body, keep_alive_);
+  http::append_json(out_, status, body, answer_keeps_alive());
   drop_body_of_head(body.size());
 }
 
 void exchange::respond_metrics(std::string_view text) {
   status_ = 200;
-  http::append_body(out_, 200, "text/plain; version=0.0.4; charset=utf-8", text, keep_alive_);
+  http::append_body(out_, 200, "text/plain; version=0.0.4; charset=utf-8", text,
+                    answer_keeps_alive());
   drop_body_of_head(text.size());
 }
 
@@ -206,12 +217,12 @@ void exchange::respond_error(int status, std::string_view detail) {
   status_ = status;
   scratch_.body.clear();
   api::encode_error(scratch_.body, detail);
-  http::append_json(out_, status, scratch_.body, keep_alive_);
+  http::append_json(out_, status, scratch_.body, answer_keeps_alive());
   drop_body_of_head(scratch_.body.size());
 }
 
 void exchange::respond_canned(http::canned what) {
-  const std::string_view bytes = http::canned_bytes(what, keep_alive_);
+  const std::string_view bytes = http::canned_bytes(what, answer_keeps_alive());
   status_ = http::status_of(bytes);
   out_.append(bytes);
   drop_body_of_head(bytes.size() - (bytes.find("\r\n\r\n") + 4));

@@ -130,6 +130,8 @@ class exchange final : public net::connection_handler {
   // False (and the 401 written) when the request lacks the token its endpoint needs.
   bool authorized(const http::request& request, http::endpoint target);
   void start(route_label route);
+  // Whether the answer being written leaves the connection open (and says so).
+  bool answer_keeps_alive();
   // Drops the body of the answer just written (its last body_bytes) if it answers HEAD.
   void drop_body_of_head(std::size_t body_bytes);
 

@@ -9,6 +9,7 @@ Standard library plus `requests`.
 """
 
 import http.client
+import json
 import os
 import re
 import resource
@@ -19,13 +20,14 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
 import requests
 
 from metad_harness import (SOCKET_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Client,
-                           MetadServer, RawConnection, compact, keys, raw_request)
+                           MetadServer, RawConnection, compact, key, keys, raw_request)
 
 PROMTOOL = "/usr/bin/promtool"
 NGINX = "/usr/sbin/nginx"
@@ -1269,6 +1271,146 @@ class GracefulStopTest(OpsTestCase):
         self.assertEqual(server.proc.wait(timeout=STOP_TIMEOUT_S), 0, server.log())
         with self.assertRaises(OSError):
             socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+    def test_sigterm_under_multi_rank_write_load_answers_every_request(self):
+        data = self.tmpdir()
+        args = ("--threads", "2", "--data-dir", data, "--durability", "sync",
+                "--incomplete-grace-ms", "0")
+        server = self.start(*args)
+        ranks = range(12)  # one writer per rank, so each rank's counts are the writer's
+        setup = Client(server.base_url)
+        for rank in ranks:
+            self.assertEqual(setup.initialize(rank, 1 << 20).status_code, 200)
+        setup.close()
+
+        writers = [StopLoadWriter(server.port, rank, depth=1 + rank % 4) for rank in ranks]
+        for w in writers:
+            w.start()
+        for w in writers:  # every writer is in full swing
+            self.assertTrue(w.warmed_up.wait(timeout=SOCKET_TIMEOUT_S), w.failure)
+        signalled_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        for w in writers:
+            w.join(timeout=SOCKET_TIMEOUT_S)
+            self.assertFalse(w.is_alive(), f"writer of rank {w.rank} still running")
+        self.assertEqual(server.proc.wait(timeout=STOP_TIMEOUT_S), 0, server.log()[-3000:])
+
+        for w in writers:
+            self.assertIsNone(w.failure, f"rank {w.rank}")
+        before = [r for w in writers for r in w.sent if r.sent_at < signalled_at]
+        after = [r for w in writers for r in w.sent if r.sent_at >= signalled_at]
+        lost = [r for r in before if r.status is None]
+        self.assertEqual(len(lost), 0, f"{len(lost)} of {len(before)} requests sent before "
+                         f"SIGTERM got no answer ({len(after)} sent after it, "
+                         f"{sum(r.status is None for r in after)} of those unanswered):"
+                         + lost_requests_in_context(writers, lost, signalled_at))
+        for r in before + after:
+            if r.status is not None:
+                self.assertEqual(r.status, 204 if r.kind == "confirm" else 200, r.kind)
+
+        # What went unanswered was not applied: after a restart on the same data, each
+        # rank holds exactly the keys whose requests were answered.
+        again = self.start(*args)
+        check = Client(again.base_url)
+        self.addCleanup(check.close)
+        for w in writers:
+            allocated = sum(len(r.keys) for r in w.sent if r.kind == "allocate" and r.status)
+            confirmed = sum(len(r.keys) for r in w.sent if r.kind == "confirm" and r.status)
+            info = check.rank_info(w.rank).json()
+            with self.subTest(rank=w.rank):
+                self.assertEqual(info["bound"], confirmed, info)
+                self.assertEqual(info["bound"] + info["reserved"], allocated, info)
+
+
+def lost_requests_in_context(writers, lost, signalled_at):
+    """For a failure message: each lost request after the writer's requests just before
+    it, as kind, status ('C': the answer said close) @ ms sent after (-: before) SIGTERM."""
+    lines = []
+    for r in lost[:10]:
+        sent = next(w for w in writers if w.rank == r.rank).sent
+        i = sent.index(r)
+        lines.append(f"\nrank {r.rank}: " + ", ".join(
+            f"{o.kind} {o.status}{' C' if o.closing else ''} "
+            f"@{(o.sent_at - signalled_at) * 1e3:.2f}" for o in sent[max(0, i - 3):i + 1]))
+    return "".join(lines)
+
+
+class StopLoadWriter(threading.Thread):
+    """A vLLM-like writer for the stop-under-load test: on its own keep-alive connection,
+    batch_allocate then confirm_write of fresh keys on one rank, `depth` requests
+    pipelined at a time, until the server closes the connection or says
+    `connection: close`. Records every request it sent in full (when sendall returned)
+    and every answer."""
+
+    class Sent:
+        def __init__(self, kind, rank, keys, sent_at):
+            self.kind, self.rank, self.keys, self.sent_at = kind, rank, keys, sent_at
+            self.status = None
+            self.body = None
+            self.closing = False
+
+    def __init__(self, port, rank, depth):
+        super().__init__(daemon=True)
+        self.port, self.rank, self.depth = port, rank, depth
+        self.sent = []
+        self.failure = None
+        self.warmed_up = threading.Event()
+
+    def run(self):
+        try:
+            with RawConnection(self.port) as conn:
+                # As urllib3 (vLLM's client) does. Without it, Nagle keeps a pipelined
+                # request in this side's kernel until the previous one is acknowledged:
+                # sendall() returned, yet the server may not have it when the stop comes.
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._write(conn)
+        except Exception as e:  # reported by the test, not lost in the thread
+            self.failure = repr(e)
+            self.warmed_up.set()
+
+    def _exchange(self, conn, requests_):
+        """Sends the requests back to back, then reads their answers in order. False once
+        the connection is over (closed by the server, or an answer said close)."""
+        pending = []
+        for kind, keys_, body, path in requests_:
+            try:
+                conn.send(raw_request("POST", path, compact(body)))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            pending.append(self.Sent(kind, self.rank, keys_, time.monotonic()))
+            self.sent.append(pending[-1])
+        for r in pending:
+            try:
+                status, headers, body = conn.read_response()
+            except ConnectionError:
+                return False
+            r.status, r.body = status, body
+            r.closing = headers.get("connection", "").lower() == "close"
+            if r.closing:
+                return False
+        return len(pending) == len(requests_)
+
+    def _write(self, conn):
+        serial = 0
+        while True:
+            batch = [key(serial + i, f"stop-load/{self.rank}") for i in range(self.depth)]
+            serial += self.depth
+            allocs = [("allocate", [k], {"rank": self.rank, "keys": [[k, ""]]},
+                       "/keys/batch_allocate") for k in batch]
+            if not self._exchange(conn, allocs):
+                return
+            confirms = []
+            for r in self.sent[-self.depth:]:
+                (k, page), = json.loads(r.body)["results"]
+                if page < 0:
+                    raise AssertionError(f"rank {self.rank}: no page for {k}")
+                confirms.append(("confirm", [k], {"rank": self.rank, "confirmations": [[k, page]],
+                                                  "pages_to_release": []},
+                                 "/keys/confirm_write"))
+            if not self._exchange(conn, confirms):
+                return
+            if serial >= 40 * self.depth:
+                self.warmed_up.set()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ constexpr std::size_t kRanksBeforeClear = 48;
 struct counting_waker final : net::waker {
   int wakes = 0;
   void wake() override { ++wakes; }
+  bool input_pending() override { return false; }
 };
 
 metad::config make_config() {

@@ -21,6 +21,7 @@ namespace server_test {
 struct counting_waker final : net::waker {
   int wakes = 0;
   void wake() override { ++wakes; }
+  bool input_pending() override { return false; }
 };
 
 // One cluster over a data directory, driven by hand: mailbox drains and log flushes.

@@ -15,7 +15,9 @@ namespace {
 
 struct counting_waker final : net::waker {
   int wakes = 0;
+  bool pending = false;  // what input_pending() says
   void wake() override { ++wakes; }
+  bool input_pending() override { return pending; }
 };
 
 class Pipeline : public ::testing::TestWithParam<int> {
@@ -119,6 +121,31 @@ TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
                 json_200(R"({"rank":5,"results":[["a",-1],["b",-1],["c",-1]]})") +
                 json_status("404 Not Found",
                             R"({"detail":"Failed to get key locations: Rank 6 not initialized"})"));
+  EXPECT_EQ(last_flow_, net::flow::read);
+}
+
+// While stopping, every request received is answered, and the last one says
+// `connection: close` so that the client sends nothing more on the connection.
+TEST_P(Pipeline, WhileStoppingTheLastReceivedRequestClosesTheConnection) {
+  cluster_.stopping.store(true);
+  const std::string init = post("/rank/5/initialize", R"({"num_pages":2})");
+  const std::string alloc = post("/keys/batch_allocate", R"({"rank":5,"keys":["a"]})");
+  const std::string_view body = R"({"rank":5,"results":[["a",0]]})";
+  const std::string alloc_close =
+      "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+      "content-length: " +
+      std::to_string(body.size()) + "\r\nconnection: close\r\n\r\n" + std::string(body);
+  EXPECT_EQ(send(init + alloc),
+            json_200(R"({"message":"Rank 5 initialized with 2 pages"})") + alloc_close);
+  EXPECT_EQ(last_flow_, net::flow::close);
+}
+
+// ... unless more has arrived in the socket: the transport reads and serves it first.
+TEST_P(Pipeline, WhileStoppingARequestWithMoreInTheSocketKeepsTheConnection) {
+  cluster_.stopping.store(true);
+  waker_.pending = true;
+  EXPECT_EQ(send(post("/rank/5/initialize", R"({"num_pages":2})")),
+            json_200(R"({"message":"Rank 5 initialized with 2 pages"})"));
   EXPECT_EQ(last_flow_, net::flow::read);
 }
 
