@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs (as root), plus those of the profiles
-# named as arguments: --test (nginx for the proxy test, promtool for the metrics check,
-# clang for the fuzzers), --bench (wrk, nginx), --fuzz (clang). Skips apt entirely when
-# everything is already there.
+# named as arguments: --test (nginx and haproxy for the proxy tests, promtool for the
+# metrics and alert rule checks, clang for the fuzzers), --bench (wrk, nginx), --fuzz
+# (clang). Skips apt entirely when everything is already there.
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config liburing-dev libasio-dev libsimdjson-dev
   libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-requests)
 for profile in "$@"; do
   case "$profile" in
-    --test) packages+=(nginx-light prometheus clang-14 libclang-rt-14-dev) ;;
+    --test) packages+=(nginx-light haproxy prometheus clang-14 libclang-rt-14-dev) ;;
     --bench) packages+=(wrk nginx-light curl) ;;
     --fuzz) packages+=(clang-14 libclang-rt-14-dev) ;;
     *) echo "usage: scripts/setup.sh [--test] [--bench] [--fuzz]" >&2; exit 2 ;;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "metad/log.hpp"
 #include "server/lifecycle.hpp"
 #include "server/steps.hpp"
 #include "store/record.hpp"
@@ -53,6 +54,26 @@ init_refusal admit_initialize(cluster& cl, const core_state& core, const api::in
   return init_refusal::over_budget;
 }
 
+// On the rank's owner core. vLLM's keys name neither model nor layout, so engines of two
+// models on one server share ranks and keys; a rank asked for another page count is
+// usually the first visible sign (another engine's file size), hence a warning.
+void note_reinitialize(core_state& core, const api::initialize_cmd& cmd,
+                       const shard::init_result& r) {
+  if (r.outcome == shard::init_outcome::grown) {
+    ++core.ranks_grown;
+    metad::log::warn(
+        "rank {} initialized again with {} pages: grown from {}. Do engines with different "
+        "KV layouts share this server?",
+        cmd.rank, cmd.num_pages, r.old_pages);
+  } else if (r.outcome == shard::init_outcome::shrink_refused) {
+    ++core.rank_shrinks_refused;
+    metad::log::warn(
+        "rank {} initialized again with {} pages: refused (409), it has {} and a pool does "
+        "not shrink. Do engines with different KV layouts share this server?",
+        cmd.rank, cmd.num_pages, r.old_pages);
+  }
+}
+
 }  // namespace
 
 request_task run_initialize(exchange& x) {
@@ -69,6 +90,7 @@ request_task run_initialize(exchange& x) {
   if (stored) refusal = admit_initialize(cl, core, cmd, needed);
   if (stored && refusal == init_refusal::none) {
     r = core.ranks.initialize(cmd.rank, cmd.num_pages);  // counted in worker_ranks if created
+    note_reinitialize(core, cmd, r);
     if (core.log.enabled() &&
         (r.outcome == shard::init_outcome::created || r.outcome == shard::init_outcome::grown))
       store::append_initialize(core.log.pending(), cmd.rank, cmd.num_pages);
@@ -472,6 +494,8 @@ request_task run_metrics(exchange& x) {
     snap.evicted_keys += core.evicted_keys;
     snap.deleted_keys += core.deleted_keys;
     snap.stale_keys += core.stale_keys;
+    snap.ranks_grown += core.ranks_grown;
+    snap.rank_shrinks_refused += core.rank_shrinks_refused;
     snap.incomplete_keys += core.directory.incomplete_count();
     snap.incomplete_pages += core.directory.incomplete_bindings();
     snap.hops += cl.mailbox.posted(core.index);
