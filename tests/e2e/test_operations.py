@@ -923,6 +923,21 @@ class HostileClientMemoryTest(OpsTestCase):
         self.assertTrue(request_ok(server.port))
 
 
+    def test_a_connection_keeps_serving_after_an_answer_over_1_mib(self):
+        # Regression: once such an answer drained, the uring loop gave its send buffer
+        # back but kept the count of bytes sent, so the next answer's send started past
+        # the end of the empty buffer and the connection died.
+        server = self.start("--threads", "1")
+        body = compact({"keys": [f"{i:x}" for i in range(300_000)]})
+        with RawConnection(server.port, timeout=30) as c:
+            for _ in range(2):
+                c.send(raw_request("POST", "/keys/batch_exists", body))
+                status, _, answer = c.read_response()
+                self.assertEqual(status, 200)
+                self.assertGreater(len(answer), 1 << 20)
+                c.send(raw_request("GET", "/health"))
+                self.assertEqual(c.read_response()[::2], (200, b'{"status":"ok"}'))
+
     def test_idle_connections_give_back_what_a_big_request_took(self):
         server = self.start("--threads", "1")
         if sanitized(server.proc.pid):
