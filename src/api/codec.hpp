@@ -144,8 +144,21 @@ struct stats_totals {
                 deleted_keys = 0, refused_releases = 0, incomplete_keys = 0, incomplete_pages = 0,
                 stale_keys = 0;
 };
-// Ranks in the order given: the caller sorts them.
-void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const stats_totals& t);
+// Sums over every rank of a /stats answer, the ranks its list leaves out included.
+struct rank_pool {
+  std::uint64_t ranks = 0, pages = 0, free = 0, reserved = 0, bound = 0;
+  void add(const rank_info_row& r) {
+    ++ranks;
+    pages += static_cast<std::uint64_t>(r.num_pages);
+    free += static_cast<std::uint64_t>(r.free);
+    reserved += static_cast<std::uint64_t>(r.reserved);
+    bound += static_cast<std::uint64_t>(r.bound);
+  }
+};
+// Ranks in the order given: the caller sorts them and may list fewer than pool.ranks
+// (then "ranks_truncated" is true).
+void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const rank_pool& pool,
+                  const stats_totals& t);
 
 // {"detail":"..."} with the detail escaped.
 void encode_error(std::string& out, std::string_view detail);

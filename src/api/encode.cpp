@@ -227,9 +227,10 @@ void encode_deleted(std::string& out, std::uint64_t deleted) {
   out.push_back('}');
 }
 
-void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const stats_totals& t) {
-  // A row is 52 bytes of punctuation and up to 5 x 20 digits; the totals fit in 256.
-  out.reserve(out.size() + 256 + ranks.size() * 152);
+void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const rank_pool& pool,
+                  const stats_totals& t) {
+  // A row is 52 bytes of punctuation and up to 5 x 20 digits; the totals fit in 512.
+  out.reserve(out.size() + 512 + ranks.size() * 152);
   out.append(R"({"ranks":[)");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const rank_info_row& r = ranks[i];
@@ -240,8 +241,16 @@ void encode_stats(std::string& out, std::span<const rank_info_row> ranks, const 
     append_rank_counters(out, r.num_pages, r.free, r.reserved, r.bound);
     out.push_back('}');
   }
+  out.append(R"(],"ranks_total":)");
+  append_uint(out, pool.ranks);
+  out.append(pool.ranks > ranks.size() ? R"(,"ranks_truncated":true)"
+                                       : R"(,"ranks_truncated":false)");
   const std::pair<std::string_view, std::uint64_t> totals[] = {
-      {R"(],"keys":)", t.keys},
+      {R"(,"pages_total":)", pool.pages},
+      {R"(,"pages_free":)", pool.free},
+      {R"(,"pages_reserved":)", pool.reserved},
+      {R"(,"pages_bound":)", pool.bound},
+      {R"(,"keys":)", t.keys},
       {R"(,"leased_keys":)", t.leased_keys},
       {R"(,"evicted_keys":)", t.evicted_keys},
       {R"(,"expired_reservations":)", t.expired_reservations},

@@ -385,8 +385,12 @@ detached uring_loop::serve(connection* c) {
     if (stopping_ && !c->handler->mid_request() && !input_waiting(c->fd)) break;
     if (!c->handler->mid_request()) {
       c->handler->trim();
-      if (!c->send_in_flight && c->sending.capacity() > kIdleBufferBytes)
+      if (!c->send_in_flight && c->sending.capacity() > kIdleBufferBytes) {
         std::string().swap(c->sending);
+        // `sent` counts bytes of `sending`: left at the old size, the next send would
+        // start past the end of the empty buffer (EFAULT, or heap bytes to the client).
+        c->sent = 0;
+      }
     }
     std::span<char> space = c->handler->read_space();
     op o(*this);

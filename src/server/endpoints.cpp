@@ -481,10 +481,7 @@ request_task run_metrics(exchange& x) {
   metrics_snapshot& snap = s.snapshot;
   snap = metrics_snapshot{};
   snap.connections.assign(static_cast<std::size_t>(cl.cores), connection_counts{});
-  // Rank lines are written on their owner cores into this home-owned buffer; reserving
-  // keeps small deployments from allocating there (a scrape is not the hot path).
-  s.detail.clear();
-  s.detail.reserve(64 * 1024);
+  s.rank_rows.clear();
   auto collect = [&cl, &s, &snap](const core_state& core) {
     snap.requests.add(core.metrics);
     snap.flushes.add(core.flushes);
@@ -503,8 +500,8 @@ request_task run_metrics(exchange& x) {
     const net::loop_stats& conn = core.connections;
     snap.connections[static_cast<std::size_t>(core.index)] = {
         conn.accepted - conn.closed, conn.accepted, conn.rejected, conn.timed_out};
-    core.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& st) {
-      render_rank(s.detail, rank, st.num_pages, st.free, st.reserved, st.bound);
+    core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
+      s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };
   auto answer = [&x, &s, &snap, &cl] {
@@ -512,10 +509,14 @@ request_task run_metrics(exchange& x) {
     snap.memory_used = cl.memory.used();
     snap.refused_ranks = cl.memory.refused_ranks.load(std::memory_order_relaxed);
     snap.refused_bodies = cl.memory.refused_bodies.load(std::memory_order_relaxed);
+    const api::rank_pool& pool = s.rank_rows.pool();
+    snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
+    snap.rank_series_omitted = s.rank_rows.omitted();
     s.body.clear();
     render_metrics(s.body, snap);
     render_rank_headers(s.body);
-    s.body += s.detail;
+    for (const api::rank_info_row& r : s.rank_rows.sorted())
+      render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
     x.respond_metrics(s.body);
     x.complete();
   };

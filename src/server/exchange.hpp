@@ -13,6 +13,7 @@
 #include "http/router.hpp"
 #include "net/transport.hpp"
 #include "server/cluster.hpp"
+#include "server/rank_sample.hpp"
 
 namespace server {
 
@@ -74,7 +75,7 @@ struct scratch {
   api::locations_cmd locations;
   api::delete_cmd remove;
   removal_job removal;
-  std::vector<api::rank_info_row> rank_rows;
+  rank_sample rank_rows;  // /stats, /metrics
   api::stats_totals totals;
   std::vector<std::uint32_t> indices;
   std::vector<std::int64_t> pages;

@@ -465,7 +465,6 @@ request_task run_stats(exchange& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
   s.rank_rows.clear();
-  s.rank_rows.reserve(64);
   s.totals = api::stats_totals{};
   const std::uint64_t now = cl.clock();
   auto collect = [&s, now](const core_state& core) {
@@ -480,15 +479,12 @@ request_task run_stats(exchange& x) {
     t.expired_reservations += core.ranks.expired_reservations();
     t.refused_releases += core.ranks.refused_releases();
     core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
-      s.rank_rows.push_back({rank, st.num_pages, st.free, st.reserved, st.bound});
+      s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };
   auto answer = [&x, &s] {
-    std::sort(
-        s.rank_rows.begin(), s.rank_rows.end(),
-        [](const api::rank_info_row& a, const api::rank_info_row& b) { return a.rank < b.rank; });
     s.body.clear();
-    api::encode_stats(s.body, s.rank_rows, s.totals);
+    api::encode_stats(s.body, s.rank_rows.sorted(), s.rank_rows.pool(), s.totals);
     x.respond_json(200, s.body);
     x.complete();
   };

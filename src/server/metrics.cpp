@@ -145,6 +145,17 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   line(out, "# HELP hf3fs_metad_ranks Initialised worker ranks.");
   line(out, "# TYPE hf3fs_metad_ranks gauge");
   line(out, "hf3fs_metad_ranks {}", snap.ranks);
+  line(out, "# HELP hf3fs_metad_pool_pages Pages of all ranks together, by state.");
+  line(out, "# TYPE hf3fs_metad_pool_pages gauge");
+  line(out, "hf3fs_metad_pool_pages{{state=\"total\"}} {}", snap.pages.total);
+  line(out, "hf3fs_metad_pool_pages{{state=\"free\"}} {}", snap.pages.free);
+  line(out, "hf3fs_metad_pool_pages{{state=\"reserved\"}} {}", snap.pages.reserved);
+  line(out, "hf3fs_metad_pool_pages{{state=\"bound\"}} {}", snap.pages.bound);
+  line(out,
+       "# HELP hf3fs_metad_rank_series_omitted Ranks left out of hf3fs_metad_pages (only the "
+       "lowest-numbered ones get series; GET /rank/{{rank}} has any rank's pages).");
+  line(out, "# TYPE hf3fs_metad_rank_series_omitted gauge");
+  line(out, "hf3fs_metad_rank_series_omitted {}", snap.rank_series_omitted);
   struct counter {
     std::string_view name, help;
     std::uint64_t value;
@@ -218,7 +229,9 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
 }
 
 void render_rank_headers(std::string& out) {
-  line(out, "# HELP hf3fs_metad_pages Pages of a rank's pool, by state.");
+  line(out,
+       "# HELP hf3fs_metad_pages Pages of a rank's pool, by state (the lowest-numbered ranks; "
+       "hf3fs_metad_rank_series_omitted counts the others).");
   line(out, "# TYPE hf3fs_metad_pages gauge");
 }
 

@@ -65,6 +65,11 @@ struct connection_counts {
   std::uint64_t open = 0, accepted = 0, rejected = 0, timed_out = 0;
 };
 
+// Pages of every rank's pool together, by state.
+struct pool_pages {
+  std::uint64_t total = 0, free = 0, reserved = 0, bound = 0;
+};
+
 // Everything a scrape collects from all cores.
 struct metrics_snapshot {
   std::vector<connection_counts> connections;  // per core, sized before the scrape hops
@@ -80,13 +85,16 @@ struct metrics_snapshot {
   std::uint64_t ranks = 0;
   // --memory-max, the memory counted against it, and what it refused.
   std::uint64_t memory_max = 0, memory_used = 0, refused_ranks = 0, refused_bodies = 0;
+  pool_pages pages;                       // summed over every rank
+  std::uint64_t rank_series_omitted = 0;  // ranks without per-rank series (kRankRowsMax)
 };
 
 // Prometheus text exposition (format 0.0.4) of the summed request metrics and the
-// snapshot's totals. Per-rank and per-core series are appended by their owners.
+// snapshot's totals. The per-rank series follow.
 void render_metrics(std::string& out, const metrics_snapshot& snapshot);
-// The per-rank page gauges: the family's header, then each owning core appends its
-// ranks' lines (one family, so the lines stay contiguous).
+// The per-rank page gauges: the family's header, then a render_rank for each rank that
+// gets series (the lowest-numbered ones: see rank_sample.hpp), all in one run, as the
+// format wants a family's lines together.
 void render_rank_headers(std::string& out);
 void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, std::int64_t free,
                  std::int64_t reserved, std::int64_t bound);

@@ -149,11 +149,14 @@ TEST(EncodeStats, WritesRanksInTheGivenOrderThenTotals) {
                                .incomplete_keys = 9,
                                .incomplete_pages = 10,
                                .stale_keys = 11};
+  const rank_pool pool = {.ranks = 3, .pages = 13, .free = 9, .reserved = 1, .bound = 3};
   std::string out;
-  encode_stats(out, ranks, totals);
+  encode_stats(out, ranks, pool, totals);
   EXPECT_EQ(out, R"({"ranks":[{"rank":0,"num_pages":8,"free":5,"reserved":1,"bound":2},)"
                  R"({"rank":-3,"num_pages":1,"free":0,"reserved":0,"bound":1},)"
                  R"({"rank":2,"num_pages":4,"free":4,"reserved":0,"bound":0}],)"
+                 R"("ranks_total":3,"ranks_truncated":false,"pages_total":13,"pages_free":9,)"
+                 R"("pages_reserved":1,"pages_bound":3,)"
                  R"("keys":3,"leased_keys":4,"evicted_keys":5,"expired_reservations":6,)"
                  R"("deleted_keys":7,"refused_releases":8,"incomplete_keys":9,)"
                  R"("incomplete_pages":10,"stale_keys":11})");
@@ -161,21 +164,28 @@ TEST(EncodeStats, WritesRanksInTheGivenOrderThenTotals) {
 
 TEST(EncodeStats, WritesAnEmptyRankList) {
   std::string out = "<";
-  encode_stats(out, {}, stats_totals{});
-  EXPECT_EQ(out, R"(<{"ranks":[],"keys":0,"leased_keys":0,"evicted_keys":0,)"
-                 R"("expired_reservations":0,"deleted_keys":0,"refused_releases":0,)"
-                 R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":0})");
+  encode_stats(out, {}, rank_pool{}, stats_totals{});
+  EXPECT_EQ(
+      out,
+      R"(<{"ranks":[],"ranks_total":0,"ranks_truncated":false,"pages_total":0,)"
+      R"("pages_free":0,"pages_reserved":0,"pages_bound":0,"keys":0,"leased_keys":0,"evicted_keys":0,)"
+      R"("expired_reservations":0,"deleted_keys":0,"refused_releases":0,)"
+      R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":0})");
 }
 
 TEST(EncodeStats, WritesExtremeValues) {
   const rank_info_row ranks[] = {{INT64_MIN, INT64_MAX, -1, 0, INT64_MIN}};
   const stats_totals totals = {UINT64_MAX, 0,          UINT64_MAX, 0,         UINT64_MAX,
                                0,          UINT64_MAX, 0,          UINT64_MAX};
+  const rank_pool pool = {UINT64_MAX, UINT64_MAX, 0, UINT64_MAX, 0};
   std::string out;
-  encode_stats(out, ranks, totals);
+  encode_stats(out, ranks, pool, totals);
   EXPECT_EQ(out,
             R"({"ranks":[{"rank":-9223372036854775808,"num_pages":9223372036854775807,)"
             R"("free":-1,"reserved":0,"bound":-9223372036854775808}],)"
+            R"("ranks_total":18446744073709551615,"ranks_truncated":true,)"
+            R"("pages_total":18446744073709551615,"pages_free":0,)"
+            R"("pages_reserved":18446744073709551615,"pages_bound":0,)"
             R"("keys":18446744073709551615,"leased_keys":0,"evicted_keys":18446744073709551615,)"
             R"("expired_reservations":0,"deleted_keys":18446744073709551615,"refused_releases":0,)"
             R"("incomplete_keys":18446744073709551615,"incomplete_pages":0,)"
@@ -190,7 +200,7 @@ TEST(EncodeStats, RowMatchesTheRankInfoObject) {
   info.resize(info.find(R"(,"incomplete")"));
   const rank_info_row row = {.rank = 7, .num_pages = 100, .free = 90, .reserved = 6, .bound = 4};
   std::string stats;
-  encode_stats(stats, {&row, 1}, stats_totals{});
+  encode_stats(stats, {&row, 1}, rank_pool{}, stats_totals{});
   EXPECT_TRUE(stats.starts_with(R"({"ranks":[{"rank":7,)" + info.substr(1) + "}]")) << stats;
 }
 
@@ -198,7 +208,7 @@ TEST(EncodeStats, RowMatchesTheRankInfoObject) {
 TEST(EncodeStats, RoundTripsThroughAJsonParser) {
   const rank_info_row ranks[] = {{-1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}};
   std::string out;
-  encode_stats(out, ranks, {11, 12, 13, 14, 15, 16});
+  encode_stats(out, ranks, {5, 17, 19, 21, 23}, {11, 12, 13, 14, 15, 16});
   simdjson::dom::parser parser;
   const body b(out);
   simdjson::dom::element doc;
@@ -209,6 +219,21 @@ TEST(EncodeStats, RoundTripsThroughAJsonParser) {
   EXPECT_EQ(std::int64_t(rows.at(0)["rank"]), -1);
   EXPECT_EQ(std::int64_t(rows.at(1)["bound"]), 10);
   EXPECT_EQ(std::uint64_t(doc["refused_releases"]), 16u);
+  EXPECT_EQ(std::uint64_t(doc["ranks_total"]), 5u);
+  EXPECT_EQ(bool(doc["ranks_truncated"]), true);
+  EXPECT_EQ(std::uint64_t(doc["pages_bound"]), 23u);
+}
+
+// A list as long as the pool is complete; one rank fewer is truncated.
+TEST(EncodeStats, TruncatedWhenThePoolHasMoreRanksThanTheList) {
+  const rank_info_row ranks[] = {{1, 1, 1, 0, 0}, {2, 1, 1, 0, 0}};
+  for (std::uint64_t total : {2u, 3u}) {
+    std::string out;
+    encode_stats(out, ranks, {.ranks = total, .pages = total, .free = total}, stats_totals{});
+    const std::string want =
+        total == 2 ? R"("ranks_truncated":false)" : R"("ranks_truncated":true)";
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+  }
 }
 
 TEST(EncodeError, WritesDetail) {

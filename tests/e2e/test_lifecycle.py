@@ -211,10 +211,17 @@ class LifecycleModel(Model):
         self.deleted_keys += n
         return Answer(200, {"deleted": n})
 
+    RANK_ROWS_MAX = 1024  # the server's kRankRowsMax
+
     def stats(self):
         ranks = [{"rank": r, **self.ranks[r].stats()} for r in sorted(self.ranks)]
         incomplete = [k for k in self.directory if not self.complete(k)]
-        return Answer(200, {"ranks": ranks, "keys": len(self.directory),
+        pool = {f"pages_{state}": sum(row[field] for row in ranks)
+                for state, field in (("total", "num_pages"), ("free", "free"),
+                                     ("reserved", "reserved"), ("bound", "bound"))}
+        return Answer(200, {"ranks": ranks[:self.RANK_ROWS_MAX], "ranks_total": len(ranks),
+                            "ranks_truncated": len(ranks) > self.RANK_ROWS_MAX, **pool,
+                            "keys": len(self.directory),
                             "leased_keys": len(self.leased), "evicted_keys": self.evicted_keys,
                             "expired_reservations": 0, "deleted_keys": self.deleted_keys,
                             "refused_releases": self.refused_releases,
@@ -990,7 +997,9 @@ class StatsMetricsTest(LifecycleCase):
         c = m.client
         r = c.request("GET", "/stats")
         self.assertEqual((r.status_code, r.content),
-                         (200, b'{"ranks":[],"keys":0,"leased_keys":0,"evicted_keys":0,'
+                         (200, b'{"ranks":[],"ranks_total":0,"ranks_truncated":false,'
+                               b'"pages_total":0,"pages_free":0,"pages_reserved":0,"pages_bound":0,'
+                               b'"keys":0,"leased_keys":0,"evicted_keys":0,'
                                b'"expired_reservations":0,"deleted_keys":0,"refused_releases":0,'
                                b'"incomplete_keys":0,"incomplete_pages":0,"stale_keys":0}'))
         self.assertEqual(r.headers.get("Content-Type"), "application/json")
@@ -1024,6 +1033,8 @@ class StatsMetricsTest(LifecycleCase):
                 {"rank": 0, "num_pages": 8, "free": 6, "reserved": 0, "bound": 2},
                 {"rank": 5, "num_pages": 6, "free": 3, "reserved": 1, "bound": 2},
                 {"rank": big, "num_pages": 4, "free": 0, "reserved": 2, "bound": 2}],
+            "ranks_total": 4, "ranks_truncated": False, "pages_total": 22, "pages_free": 11,
+            "pages_reserved": 3, "pages_bound": 8,
             "keys": 2, "leased_keys": 1, "evicted_keys": 1, "expired_reservations": 0,
             "deleted_keys": 1, "refused_releases": 1, "incomplete_keys": 0, "incomplete_pages": 0,
             "stale_keys": 0}))

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "node.hpp"
+#include "server/rank_sample.hpp"
 
 namespace {
 
@@ -333,9 +334,45 @@ TEST_P(Lifecycle, StatsListEveryRankInOrderWithTheCounters) {
             R"({"rank":0,"num_pages":2,"free":1,"reserved":0,"bound":1},)"
             R"({"rank":1,"num_pages":2,"free":1,"reserved":0,"bound":1},)"
             R"({"rank":2,"num_pages":2,"free":1,"reserved":0,"bound":1}],)"
+            R"("ranks_total":4,"ranks_truncated":false,"pages_total":11,"pages_free":8,)"
+            R"("pages_reserved":0,"pages_bound":3,)"
             R"("keys":1,"leased_keys":1,"evicted_keys":0,"expired_reservations":0,)"
             R"("deleted_keys":0,"refused_releases":0,"incomplete_keys":0,"incomplete_pages":0,)"
             R"("stale_keys":0})");
+}
+
+// Past kRankRowsMax ranks, /stats lists the lowest ones and /metrics gives only them
+// series; the totals still count every rank.
+TEST_P(Lifecycle, StatsAndMetricsListTheLowestRanksAndSumThemAll) {
+  node n(config(metad::eviction::none), GetParam());
+  const int ranks = static_cast<int>(server::kRankRowsMax) + 7;
+  for (int i = 0; i < ranks; ++i) {  // highest first: the first seen are not the lowest
+    const int rank = ranks - 1 - i - 3;
+    ASSERT_EQ(n.post(fmt::format("/rank/{}/initialize", rank), R"({"num_pages":2})"),
+              fmt::format(R"({{"message":"Rank {} initialized with 2 pages"}})", rank));
+  }
+  const std::string stats = n.get("/stats");
+  std::string rows;
+  for (int rank = -3; rank < -3 + static_cast<int>(server::kRankRowsMax); ++rank)
+    rows += fmt::format(R"({}{{"rank":{},"num_pages":2,"free":2,"reserved":0,"bound":0}})",
+                        rows.empty() ? "" : ",", rank);
+  EXPECT_TRUE(stats.starts_with(R"({"ranks":[)" + rows + "],")) << stats.substr(0, 300);
+  EXPECT_NE(stats.find(fmt::format(R"(],"ranks_total":{},"ranks_truncated":true,)"
+                                   R"("pages_total":{},"pages_free":{},"pages_reserved":0,)"
+                                   R"("pages_bound":0,"keys":0,)",
+                                   ranks, 2 * ranks, 2 * ranks)),
+            std::string::npos);
+  const std::string metrics = n.get("/metrics");
+  EXPECT_NE(metrics.find("\nhf3fs_metad_rank_series_omitted 7\n"), std::string::npos);
+  EXPECT_NE(
+      metrics.find(fmt::format("\nhf3fs_metad_pool_pages{{state=\"total\"}} {}\n", 2 * ranks)),
+      std::string::npos);
+  const int last = -3 + static_cast<int>(server::kRankRowsMax) - 1;
+  EXPECT_NE(
+      metrics.find(fmt::format("\nhf3fs_metad_pages{{rank=\"{}\",state=\"free\"}} 2\n", last)),
+      std::string::npos);
+  EXPECT_EQ(metrics.find(fmt::format("hf3fs_metad_pages{{rank=\"{}\",", last + 1)),
+            std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cores, Lifecycle, ::testing::Values(1, 3),
