@@ -5,8 +5,9 @@
 # (clang). Skips apt entirely when everything is already there.
 set -euo pipefail
 
+# dpkg-dev: dpkg-shlibdeps, which scripts/package.sh's cpack runs for the Depends line.
 packages=(build-essential cmake pkg-config liburing-dev libasio-dev libsimdjson-dev
-  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-requests)
+  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-requests dpkg-dev)
 for profile in "$@"; do
   case "$profile" in
     --test) packages+=(nginx-light haproxy prometheus clang-14 libclang-rt-14-dev) ;;

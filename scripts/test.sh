@@ -3,7 +3,8 @@
 #   1. under AddressSanitizer + UndefinedBehaviorSanitizer (every test),
 #   2. under ThreadSanitizer (the cross-core code: mailbox, pipeline, durability, e2e),
 #   3. the libFuzzer harnesses for 30 s each (clang, ASan + UBSan),
-#   4. the release build: a one-minute soak at 256 connections, then every test — its
+#   4. the release build: a one-minute soak at 256 connections, the Debian package built
+#      from it and served from (tests/package_test.sh, ~10 s), then every test — its
 #      ctest summary is the last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,9 @@ scripts/fuzz.sh 30
 echo "== Release: soak =="
 dir=$(scripts/build.sh release)
 /usr/bin/python3 bench/soak/soak.py --binary "$dir/hf3fs-metad" --seconds 60 --connections 256
+
+echo "== Release: Debian package =="
+tests/package_test.sh --build-dir "$dir"
 
 echo "== Release =="
 ctest --test-dir "$dir" -j"$jobs" --timeout 600

@@ -2,6 +2,7 @@
 // bad flags print one line and exit 2.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/utsname.h>
 
 #include <atomic>
 #include <charconv>
@@ -52,7 +53,8 @@ metadata server; same HTTP API, default port 18000).
   --admin-token-file F      require this token (not the --auth-token-file one) for the
                             destructive endpoints: POST /clear and POST /keys/delete
   --access-log              one log line per request
-  --summary-interval-ms N   periodic one-line summary at info level (default 10000; 0: off)
+  --summary-interval-ms N   periodic one-line summary at info level, none while nothing
+                            changes (default 10000; 0: off)
   --data-dir DIR            keep state in DIR (per-core logs + snapshots) and recover it
                             on start; without it, state lives in memory only
   --durability sync|none    sync (default): answer a mutating request only after its log
@@ -75,7 +77,8 @@ metadata server; same HTTP API, default port 18000).
                             pages, bindings and keys, or the damage with file and offset;
                             exit 0 if readable, 1 if damaged
   --help                    this text
-  --version                 print the version
+  --version                 print the version, the transports built in and whether this
+                            host lets the process use io_uring
 )";
 
 struct usage_error : std::runtime_error {
@@ -139,6 +142,18 @@ std::string read_token(std::string_view flag, std::string_view path) {
   return token.substr(first, last - first + 1);
 }
 
+// Both transports are always built; which one --io auto picks depends on the host, so
+// say that too: a container that refuses io_uring shows here, not only in the log.
+void print_version() {
+  utsname host{};
+  const char* kernel = ::uname(&host) == 0 ? host.release : "unknown";
+  std::printf("hf3fs-metad %s (transports: io_uring, epoll)\n", METAD_VERSION);
+  if (metad::uring_usable())
+    std::printf("io_uring: usable here (kernel %s)\n", kernel);
+  else
+    std::printf("io_uring: refused here (kernel %s): --io auto serves on epoll\n", kernel);
+}
+
 metad::config parse_flags(int argc, char** argv) {
   metad::config cfg;
   for (int i = 1; i < argc; ++i) {
@@ -148,7 +163,7 @@ metad::config parse_flags(int argc, char** argv) {
       std::exit(0);
     }
     if (flag == "--version") {
-      std::printf("hf3fs-metad %s\n", METAD_VERSION);
+      print_version();
       std::exit(0);
     }
     if (flag == "--verify-data-dir") {

@@ -13,6 +13,11 @@ namespace metad {
 // process's exit status (0 readable, 1 damaged). Safe beside no running server only.
 int verify_data_dir(const std::string& path);
 
+// Whether this process may create io_uring instances. Where it may not (an old kernel,
+// io_uring disabled by sysctl, a seccomp filter such as Docker's default), --io auto
+// serves on the epoll transport and --io uring refuses to start.
+bool uring_usable();
+
 class server {
  public:
   explicit server(config cfg);  // throws std::runtime_error on bad config

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -108,12 +109,15 @@ class core_runner final : public net::core_hooks {
   std::uint64_t next_summary_ms_ = 0;
   std::uint64_t last_summary_ms_ = 0;
   std::uint64_t last_requests_ = 0;
+  std::array<std::uint64_t, 4> last_pools_{};  // ranks, free pages, pages, keys
   bool summary_running_ = false;
 
   friend void log_summary(core_runner& self);
 };
 
-// One info line with the load and the pools, summed over all cores.
+// One info line with the load and the pools, summed over all cores; none when nothing
+// happened since the last one (no request, pools as they were), so an idle server's log
+// holds its last state instead of a line every interval.
 void log_summary(core_runner& self) {
   struct sums {
     std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
@@ -131,11 +135,16 @@ void log_summary(core_runner& self) {
   auto report = [&self, total] {
     const std::uint64_t now = monotonic_ms();
     const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
-    metad::log::info(
-        "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-        seconds > 0 ? static_cast<double>(total->requests - self.last_requests_) / seconds : 0.0,
-        total->ranks, total->free_pages, total->pages, total->keys);
+    const std::array<std::uint64_t, 4> pools{total->ranks, total->free_pages, total->pages,
+                                             total->keys};
+    // Expiry and reclamation change the pools without a request: those still show.
+    if (total->requests != self.last_requests_ || pools != self.last_pools_)
+      metad::log::info(
+          "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+          seconds > 0 ? static_cast<double>(total->requests - self.last_requests_) / seconds : 0.0,
+          total->ranks, total->free_pages, total->pages, total->keys);
     self.last_requests_ = total->requests;
+    self.last_pools_ = pools;
     self.last_summary_ms_ = now;
     self.summary_running_ = false;
   };
@@ -334,6 +343,8 @@ void server::run() {
 }
 
 int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(path); }
+
+bool uring_usable() { return net::uring_available(); }
 
 void server::stop() noexcept {
   ::server::cluster& cl = *impl_->cluster;

@@ -1380,6 +1380,28 @@ class LoggingTest(OpsTestCase):
                         server.log())
         self.assert_log_lines_well_formed(server)
 
+    def test_summary_is_quiet_while_idle(self):
+        server = self.start("--summary-interval-ms", "100")
+        self.make_requests(server)
+        self.assertTrue(server.wait_log(r" summary: .*10 of 10 pages free", timeout=5.0),
+                        server.log())
+        # Past the interval that saw the last request (the tick is 250 ms), nothing
+        # happens: no more lines.
+        time.sleep(0.8)
+        before = [line for line in list(server.stderr_lines) if " summary:" in line]
+        time.sleep(1.0)
+        after = [line for line in list(server.stderr_lines) if " summary:" in line]
+        self.assertEqual(after, before, server.log())
+        # A request makes the next interval's line appear again.
+        self.make_requests(server)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if len([line for line in list(server.stderr_lines) if " summary:" in line]) > len(after):
+                break
+            time.sleep(0.05)
+        else:
+            self.fail("no summary line after new requests\n" + server.log())
+
     def test_quiet_by_default(self):
         server = self.start("--summary-interval-ms", "0")
         self.make_requests(server)
