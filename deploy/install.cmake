@@ -46,7 +46,7 @@ set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
     "A drop-in replacement for the Python metadata server of vLLM's HF3FS KV
 connector (same HTTP API, port 18000): a thread-per-core C++20 server on
 io_uring with durable state, page reclamation and bearer tokens. Ships a
-systemd unit (start it once /etc/hf3fs-metad/token and admin-token exist)
+systemd unit (start it once /etc/hf3fs-metad/admin-token exists)
 and an nginx snippet.")
 set(CPACK_SET_DESTDIR ON)
 set(CPACK_INSTALL_PREFIX /usr)
