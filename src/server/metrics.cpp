@@ -131,67 +131,51 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
       "# HELP hf3fs_metad_log_flush_failures_total Log writes that failed (disk full, I/O error).");
   line(out, "# TYPE hf3fs_metad_log_flush_failures_total counter");
   line(out, "hf3fs_metad_log_flush_failures_total {}", snap.flushes.failures);
-  line(out, "# HELP hf3fs_metad_keys Keys in the completion directory (complete or not).");
-  line(out, "# TYPE hf3fs_metad_keys gauge");
-  line(out, "hf3fs_metad_keys {}", snap.keys);
-  line(out,
-       "# HELP hf3fs_metad_incomplete_keys Keys confirmed by fewer ranks than their "
-       "tp_world_size (not readable yet).");
-  line(out, "# TYPE hf3fs_metad_incomplete_keys gauge");
-  line(out, "hf3fs_metad_incomplete_keys {}", snap.incomplete_keys);
-  line(out, "# HELP hf3fs_metad_incomplete_pages Bound pages (all ranks) held by incomplete keys.");
-  line(out, "# TYPE hf3fs_metad_incomplete_pages gauge");
-  line(out, "hf3fs_metad_incomplete_pages {}", snap.incomplete_pages);
-  line(out, "# HELP hf3fs_metad_ranks Initialised worker ranks.");
-  line(out, "# TYPE hf3fs_metad_ranks gauge");
-  line(out, "hf3fs_metad_ranks {}", snap.ranks);
+  // One sample without labels: HELP, TYPE, value.
+  auto scalar = [&out](std::string_view name, std::string_view type, std::string_view help,
+                       std::uint64_t value) {
+    line(out, "# HELP {} {}", name, help);
+    line(out, "# TYPE {} {}", name, type);
+    line(out, "{} {}", name, value);
+  };
+  scalar("hf3fs_metad_keys", "gauge", "Keys in the completion directory (complete or not).",
+         snap.keys);
+  scalar("hf3fs_metad_incomplete_keys", "gauge",
+         "Keys confirmed by fewer ranks than their tp_world_size (not readable yet).",
+         snap.incomplete_keys);
+  scalar("hf3fs_metad_incomplete_pages", "gauge",
+         "Bound pages (all ranks) held by incomplete keys.", snap.incomplete_pages);
+  scalar("hf3fs_metad_ranks", "gauge", "Initialised worker ranks.", snap.ranks);
   line(out, "# HELP hf3fs_metad_pool_pages Pages of all ranks together, by state.");
   line(out, "# TYPE hf3fs_metad_pool_pages gauge");
   line(out, "hf3fs_metad_pool_pages{{state=\"total\"}} {}", snap.pages.total);
   line(out, "hf3fs_metad_pool_pages{{state=\"free\"}} {}", snap.pages.free);
   line(out, "hf3fs_metad_pool_pages{{state=\"reserved\"}} {}", snap.pages.reserved);
   line(out, "hf3fs_metad_pool_pages{{state=\"bound\"}} {}", snap.pages.bound);
-  line(out,
-       "# HELP hf3fs_metad_rank_series_omitted Ranks left out of hf3fs_metad_pages (only the "
-       "lowest-numbered ones get series; GET /rank/{{rank}} has any rank's pages).");
-  line(out, "# TYPE hf3fs_metad_rank_series_omitted gauge");
-  line(out, "hf3fs_metad_rank_series_omitted {}", snap.rank_series_omitted);
-  struct counter {
-    std::string_view name, help;
-    std::uint64_t value;
-  };
-  const counter counters[] = {
-      {"hf3fs_metad_refused_releases_total", "Releases of pages bound to confirmed keys, refused.",
-       snap.refused_releases},
-      {"hf3fs_metad_expired_reservations_total",
-       "Reserved pages returned to the pool after --reservation-ttl.", snap.expired_reservations},
-      {"hf3fs_metad_evicted_keys_total", "Complete keys evicted (on every rank) to make room.",
-       snap.evicted_keys},
-      {"hf3fs_metad_deleted_keys_total", "Keys removed by /keys/delete.", snap.deleted_keys},
-      {"hf3fs_metad_stale_keys_total",
-       "Incomplete keys removed (on every rank) --incomplete-grace-ms after their last "
-       "confirmation, with no reservation left.",
-       snap.stale_keys},
-  };
-  for (const counter& c : counters) {
-    line(out, "# HELP {} {}", c.name, c.help);
-    line(out, "# TYPE {} counter", c.name);
-    line(out, "{} {}", c.name, c.value);
-  }
-  line(out,
-       "# HELP hf3fs_metad_cross_core_messages_total Requests handed from one core to another.");
-  line(out, "# TYPE hf3fs_metad_cross_core_messages_total counter");
-  line(out, "hf3fs_metad_cross_core_messages_total {}", snap.hops);
-  line(out,
-       "# HELP hf3fs_metad_memory_budget_bytes --memory-max: what clients may make the "
-       "server hold.");
-  line(out, "# TYPE hf3fs_metad_memory_budget_bytes gauge");
-  line(out, "hf3fs_metad_memory_budget_bytes {}", snap.memory_max);
-  line(out,
-       "# HELP hf3fs_metad_memory_used_bytes Memory counted against the budget: resident "
-       "size plus what was charged since it was sampled.");
-  line(out, "# TYPE hf3fs_metad_memory_used_bytes gauge");
-  line(out, "hf3fs_metad_memory_used_bytes {}", snap.memory_used);
+  scalar("hf3fs_metad_rank_series_omitted", "gauge",
+         "Ranks left out of hf3fs_metad_pages (only the lowest-numbered ones get series; GET "
+         "/rank/{rank} has any rank's pages).",
+         snap.rank_series_omitted);
+  scalar("hf3fs_metad_refused_releases_total", "counter",
+         "Releases of pages bound to confirmed keys, refused.", snap.refused_releases);
+  scalar("hf3fs_metad_expired_reservations_total", "counter",
+         "Reserved pages returned to the pool after --reservation-ttl.", snap.expired_reservations);
+  scalar("hf3fs_metad_evicted_keys_total", "counter",
+         "Complete keys evicted (on every rank) to make room.", snap.evicted_keys);
+  scalar("hf3fs_metad_deleted_keys_total", "counter", "Keys removed by /keys/delete.",
+         snap.deleted_keys);
+  scalar("hf3fs_metad_stale_keys_total", "counter",
+         "Incomplete keys removed (on every rank) --incomplete-grace-ms after their last "
+         "confirmation, with no reservation left.",
+         snap.stale_keys);
+  scalar("hf3fs_metad_cross_core_messages_total", "counter",
+         "Requests handed from one core to another.", snap.hops);
+  scalar("hf3fs_metad_memory_budget_bytes", "gauge",
+         "--memory-max: what clients may make the server hold.", snap.memory_max);
+  scalar("hf3fs_metad_memory_used_bytes", "gauge",
+         "Memory counted against the budget: resident size plus what was charged since it was "
+         "sampled.",
+         snap.memory_used);
   line(out,
        "# HELP hf3fs_metad_memory_refusals_total Rank initializations (507) and request "
        "bodies (503) refused because they did not fit the budget.");
