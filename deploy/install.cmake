@@ -10,7 +10,7 @@ include(GNUInstallDirs)
 
 install(TARGETS hf3fs-metad RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # DOCDIR would be share/doc/hf3fs_metad (the CMake project name).
-install(FILES README.md docs/api.md DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/hf3fs-metad)
+install(FILES README.md docs/api.md docs/operations.md DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/hf3fs-metad)
 # Not under share/doc: minimal images (Debian's Docker ones) drop /usr/share/doc.
 install(FILES deploy/nginx/hf3fs-metad.conf DESTINATION ${CMAKE_INSTALL_DATADIR}/hf3fs-metad/nginx)
 
