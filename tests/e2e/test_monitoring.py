@@ -17,14 +17,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import unittest
 
-from metad_harness import START_TIMEOUT_S, STOP_TIMEOUT_S, Client, keys
+from metad_harness import Client, keys
 from test_operations import (ADMIN_TOKEN, PROMTOOL, TOKEN, UNAUTHORIZED_BODY, OpsTestCase,
-                             RequestsCaller, free_port, vllm_sequence)
+                             RequestsCaller, free_port, stop_process, vllm_sequence,
+                             wait_listening)
 
 HAPROXY = "/usr/sbin/haproxy"
 DEPLOY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy")
@@ -270,17 +270,7 @@ class Haproxy:
             raise AssertionError(f"{HAPROXY_CFG} no longer contains {part!r}")
 
     def _wait_listening(self):
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"haproxy not listening on {self.port}:\n{self.log()}")
-                time.sleep(0.05)
+        wait_listening(self.proc, "haproxy", [self.port], self.log)
 
     def log(self):
         with open(self.log_path) as f:
@@ -288,15 +278,7 @@ class Haproxy:
 
     def stop(self):
         """Soft stop (SIGUSR1), then SIGTERM, then SIGKILL; the exit code."""
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            if self.proc.poll() is None:
-                self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(timeout=STOP_TIMEOUT_S / 2)
-            except subprocess.TimeoutExpired:
-                pass
-        self.proc.kill()
-        return self.proc.wait()
+        return stop_process(self.proc, signal.SIGUSR1)
 
 
 @unittest.skipUnless(os.path.exists(HAPROXY),

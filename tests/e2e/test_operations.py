@@ -792,6 +792,37 @@ NGINX_BLOCK = """\
 """
 
 
+def wait_listening(proc, what, ports, log):
+    """Until every port accepts a connection; RuntimeError (with log()) if `proc` exits or
+    START_TIMEOUT_S passes first."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for port in ports:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} not listening on {port}:\n{log()}")
+                time.sleep(0.05)
+
+
+def stop_process(proc, soft_signal):
+    """`soft_signal`, then SIGTERM, then SIGKILL, each given half the stop timeout; the
+    exit code."""
+    for sig in (soft_signal, signal.SIGTERM):
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            return proc.wait(timeout=STOP_TIMEOUT_S / 2)
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    return proc.wait()
+
+
 class Nginx:
     """Debian's nginx in the foreground with a generated config in `directory`."""
 
@@ -822,18 +853,7 @@ class Nginx:
             raise
 
     def _wait_listening(self):
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for port in self.ports.values():
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"nginx exited with {self.proc.returncode}:\n{self.log()}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"nginx not listening on {port}:\n{self.log()}")
-                    time.sleep(0.05)
+        wait_listening(self.proc, "nginx", self.ports.values(), self.log)
 
     def log(self):
         try:
@@ -844,15 +864,7 @@ class Nginx:
 
     def stop(self):
         """Graceful stop (SIGQUIT), then SIGTERM, then SIGKILL; the exit code."""
-        for sig in (signal.SIGQUIT, signal.SIGTERM):
-            if self.proc.poll() is None:
-                self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(timeout=STOP_TIMEOUT_S / 2)
-            except subprocess.TimeoutExpired:
-                pass
-        self.proc.kill()
-        return self.proc.wait()
+        return stop_process(self.proc, signal.SIGQUIT)
 
 
 @unittest.skipUnless(os.path.exists(NGINX),
