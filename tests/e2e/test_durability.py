@@ -819,6 +819,16 @@ class LogDamageTest(DurabilityCase):
         m.allocate(ranks[0], keys(2, tag + "/reserved"))
         m.write_failure(ranks[-1], keys(2, tag + "/failed"))
 
+    def populated_and_stopped(self, tag):
+        """A data directory holding populate()'s state, its server stopped: (dir, mirror)."""
+        data = self.tmpdir()
+        server = self.start(data, 1)
+        m = Mirror(self, server)
+        self.addCleanup(m.close)
+        self.populate(m, tag)
+        self.stop(server)
+        return data, m
+
     def test_torn_tail_is_dropped_with_a_warning(self):
         data = self.tmpdir()
         server = self.start(data, 1)
@@ -860,12 +870,7 @@ class LogDamageTest(DurabilityCase):
         self.assertRegex(err, rf"offset\D{{0,3}}{offset}\b", f"{what}: the message does not name offset {offset}")
 
     def test_corrupt_record_stops_start_up(self):
-        data = self.tmpdir()
-        server = self.start(data, 1)
-        m = Mirror(self, server)
-        self.addCleanup(m.close)
-        self.populate(m, "corrupt")
-        self.stop(server)
+        data, m = self.populated_and_stopped("corrupt")
         log = newest(data, "log")
         offsets, _ = frames(log)
         self.assertGreaterEqual(len(offsets), 3, f"{log}: {offsets}")
@@ -896,12 +901,7 @@ class LogDamageTest(DurabilityCase):
     def test_damaged_length_in_the_middle_stops_start_up(self):
         """A length field damaged mid-log (huge, or past the end of the file) is not a
         torn tail: the records after it were acknowledged."""
-        data = self.tmpdir()
-        server = self.start(data, 1)
-        m = Mirror(self, server)
-        self.addCleanup(m.close)
-        self.populate(m, "length")
-        self.stop(server)
+        data, m = self.populated_and_stopped("length")
         log = newest(data, "log")
         offsets, size = frames(log)
         self.assertGreaterEqual(len(offsets), 3, f"{log}: {offsets}")
@@ -925,12 +925,7 @@ class LogDamageTest(DurabilityCase):
     def test_torn_write_in_an_earlier_segment_stops_start_up(self):
         """Only a core's last log segment may end in a torn write: a segment is complete
         before the next one is created."""
-        data = self.tmpdir()
-        server = self.start(data, 1)
-        m = Mirror(self, server)
-        self.addCleanup(m.close)
-        self.populate(m, "segment")
-        self.stop(server)
+        data, m = self.populated_and_stopped("segment")
         log = newest(data, "log")
         offsets, size = frames(log)
         with open(log, "rb") as f:
@@ -948,12 +943,7 @@ class LogDamageTest(DurabilityCase):
         self.stop(server)
 
     def test_missing_current_stops_start_up_and_deletes_nothing(self):
-        data = self.tmpdir()
-        server = self.start(data, 1)
-        m = Mirror(self, server)
-        self.addCleanup(m.close)
-        self.populate(m, "current")
-        self.stop(server)
+        data, m = self.populated_and_stopped("current")
         current = os.path.join(data, "CURRENT")
         with open(current) as f:
             committed = f.read()
