@@ -97,18 +97,9 @@ Int parse_int(std::string_view flag, std::string_view text, Int lo, Int hi) {
 
 std::vector<int> parse_cpus(std::string_view text) {
   std::vector<int> cpus;
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    std::string_view item = text.substr(0, comma);
-    const std::size_t dash = item.find('-');
-    const int first = parse_int<int>("--cpus", item.substr(0, dash), 0, CPU_SETSIZE - 1);
-    const int last = dash == std::string_view::npos
-                         ? first
-                         : parse_int<int>("--cpus", item.substr(dash + 1), first, CPU_SETSIZE - 1);
-    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
-    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
-  }
-  if (cpus.empty()) throw usage_error("--cpus: empty list");
+  if (!metad::parse_cpu_list(text, CPU_SETSIZE - 1, cpus))
+    throw usage_error("--cpus: expected CPUs in [0, " + std::to_string(CPU_SETSIZE - 1) +
+                      "] such as 0-3,8, got '" + std::string(text) + "'");
   return cpus;
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace metad {
@@ -82,5 +83,10 @@ struct config {
   // complete it, no reader can use it, so it is removed on every rank (0: never).
   std::uint32_t incomplete_grace_ms = 30'000;
 };
+
+// The CPUs of a list such as "0-3,8,10-11" (the --cpus flag, sysfs cpulist files), each
+// in [0, cpu_max], appended to `cpus`; false if the list is malformed, empty or out of
+// range.
+bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus);
 
 }  // namespace metad

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -175,27 +176,6 @@ void core_runner::tick() {
   log_summary(*this);
 }
 
-// The CPUs of a sysfs list such as "0-3,8,10-11".
-std::vector<int> parse_cpu_list(const std::string& text) {
-  std::vector<int> cpus;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    std::size_t end = text.find(',', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(at, end - at);
-    const std::size_t dash = item.find('-');
-    try {
-      const int first = std::stoi(item.substr(0, dash));
-      const int last = dash == std::string::npos ? first : std::stoi(item.substr(dash + 1));
-      for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
-    } catch (const std::exception&) {
-      return {};
-    }
-    at = end + 1;
-  }
-  return cpus;
-}
-
 // The CPUs of the mask that share the NUMA node of its first one (the whole mask where
 // sysfs does not say): default threads stay on one node, beside their memory.
 std::vector<int> same_node(const std::vector<int>& mask) {
@@ -207,8 +187,10 @@ std::vector<int> same_node(const std::vector<int>& mask) {
     }
     std::string text;
     std::getline(in, text);
-    const std::vector<int> cpus = parse_cpu_list(text);
-    if (std::find(cpus.begin(), cpus.end(), mask.front()) == cpus.end()) continue;
+    std::vector<int> cpus;
+    if (!metad::parse_cpu_list(text, CPU_SETSIZE - 1, cpus) ||
+        std::find(cpus.begin(), cpus.end(), mask.front()) == cpus.end())
+      continue;
     std::vector<int> mine;
     for (int cpu : mask)
       if (std::find(cpus.begin(), cpus.end(), cpu) != cpus.end()) mine.push_back(cpu);
@@ -340,6 +322,29 @@ void server::run() {
   for (auto& t : threads) t.join();
   for (auto& core : cl.core) ::server::finish_snapshot(*core);
   log::info("stopped");
+}
+
+bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus) {
+  const std::size_t before = cpus.size();
+  auto number = [](std::string_view digits, int& value) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+    return ec == std::errc{} && end == digits.data() + digits.size();
+  };
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    const std::size_t dash = item.find('-');
+    int first = 0, last = 0;
+    if (!number(item.substr(0, dash), first)) return false;
+    if (dash == std::string_view::npos)
+      last = first;
+    else if (!number(item.substr(dash + 1), last))
+      return false;
+    if (first < 0 || last < first || last > cpu_max) return false;
+    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+  }
+  return cpus.size() > before;
 }
 
 int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(path); }
