@@ -267,23 +267,26 @@ request_task run_confirm(exchange& x) {
     stored = co_await persisted(cl, core);
   }
   int at = owner;
-  if (stored && outcome == shard::confirm_outcome::ok && !s.indices.empty()) {
+  if (outcome == shard::confirm_outcome::ok && !s.indices.empty()) {
     // The rank's pages are bound; now count the confirmations in the directory, before
     // the 204 goes out (read-your-writes for batch_exists/get_locations). A key new to
     // the directory logs its tp_world_size there; its count is derived on recovery.
+    // Once the binding is in the owner's log queue it stays there (a failed write is
+    // retried), so the directory counts it even when that write failed or a directory
+    // core's disk refuses: the answer is then a 503, but live state is what the logs
+    // describe, and a retry of the confirm (a no-op on the rank) answers 204.
     plan_directory_walk(cl, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
     s.flags.assign(cmd.keys.size(), 0);  // which keys entered the directory
-    for (int step = 0; step < cl.cores && stored; ++step) {
+    for (int step = 0; step < cl.cores; ++step) {
       const int c = (owner + step) % cl.cores;
       if (walk_of(s, c).empty()) continue;
       co_await cl.mailbox.hop(at, c);
       at = c;
       core_state& dir_core = *cl.core[c];
+      // Without room the records are still queued: they go out once the disk recovers.
       if (dir_core.log.enabled() &&
-          !dir_core.log.make_room(record_bytes(cmd.keys.views(), kKeyRecordBytes))) {
-        stored = false;  // the rank's pages are bound, but this is not acknowledged
-        break;
-      }
+          !dir_core.log.make_room(record_bytes(cmd.keys.views(), kKeyRecordBytes)))
+        stored = false;
       dir_core.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size,
                                            cl.clock(), s.flags);
       dir_core.publish_incomplete();
@@ -292,7 +295,7 @@ request_task run_confirm(exchange& x) {
           if (s.flags[i])
             store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
       }
-      stored = co_await persisted(cl, dir_core);
+      if (stored) stored = co_await persisted(cl, dir_core);
     }
   }
   co_await cl.mailbox.hop(at, home);

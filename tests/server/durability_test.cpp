@@ -134,6 +134,36 @@ TEST_F(Durability, AFailedSyncIsNeverAcknowledged) {
   EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0,"incomplete":0})");
 }
 
+// A confirm whose log write fails is answered 503, yet its binding stays queued for the
+// retried write: the directory counts it too, so live state is what a restart recovers,
+// and the client's retry is answered 204 with the key complete (it used to stay
+// incomplete until a restart).
+TEST_F(Durability, AConfirmWhoseWriteFailedIsCountedAndItsRetrySucceeds) {
+  const std::string kStorage = "Storage unavailable";
+  std::string live;
+  {
+    node n(dir_, 2);
+    for (int r = 0; r < 2; ++r) {
+      n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4})");
+      n.post("/keys/batch_allocate", "{\"rank\":" + std::to_string(r) + R"(,"keys":["k"]})");
+    }
+    EXPECT_EQ(n.post("/keys/confirm_write", R"({"rank":0,"confirmations":[["k",0]]})"), "");
+    n.fail_sync = true;
+    EXPECT_NE(
+        n.post("/keys/confirm_write", R"({"rank":1,"confirmations":[["k",0]]})").find(kStorage),
+        std::string::npos);
+    n.fail_sync = false;
+    n.tick();  // the failed bytes are retried at the tick's pace
+    EXPECT_EQ(n.post("/keys/confirm_write", R"({"rank":1,"confirmations":[["k",0]]})"), "");
+    EXPECT_EQ(n.post("/keys/batch_exists", R"({"keys":["k"]})"), R"({"exists":[true]})");
+    live = n.get("/rank/1") + n.post("/keys/get_locations", R"({"rank":1,"keys":["k"]})");
+    EXPECT_EQ(live, R"({"num_pages":4,"free":3,"reserved":0,"bound":1,"incomplete":0})"
+                    R"({"locations":[0]})");
+  }
+  node n(dir_, 2);
+  EXPECT_EQ(n.get("/rank/1") + n.post("/keys/get_locations", R"({"rank":1,"keys":["k"]})"), live);
+}
+
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
   {
     node n(dir_, 1);
