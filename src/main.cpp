@@ -64,6 +64,9 @@ metadata server; same HTTP API, default port 18000).
   --reservation-ttl S       a page reserved by batch_allocate and neither confirmed nor
                             released within S seconds returns to the pool (default 600;
                             0: never)
+  --release-quarantine-ms N a page released by confirm_write goes to another key only N
+                            ms later, unless no other page is free, so that a replayed
+                            release cannot free it (default 5000; 0: at once)
   --eviction none|lru       lru: a full rank evicts the least recently used complete keys
                             (on every rank) to serve an allocation (default none: -1)
   --read-lease-ms N         keys whose pages get_locations returned are not evicted or
@@ -232,6 +235,8 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.snapshot_log_bytes = parse_int<std::uint64_t>(flag, value, 4096, std::uint64_t{1} << 40);
     } else if (flag == "--reservation-ttl") {
       cfg.reservation_ttl_ms = parse_int<std::uint64_t>(flag, value, 0, 86'400'000) * 1000;
+    } else if (flag == "--release-quarantine-ms") {
+      cfg.release_quarantine_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--eviction") {
       if (value == "none")
         cfg.evict = metad::eviction::none;

@@ -44,7 +44,7 @@ bool bind_all(shard::rank_table& t, const key_set& keys, benchmark::State& state
     pages.clear();
     fresh.clear();
     t.allocate(kRank, batch, 0, distinct, pages);
-    if (t.confirm(kRank, batch, pages, {}, detail, fresh) != shard::confirm_outcome::ok) {
+    if (t.confirm(kRank, batch, pages, {}, 0, detail, fresh) != shard::confirm_outcome::ok) {
       state.SkipWithError(("prefill failed: " + detail).c_str());
       return false;
     }
@@ -73,7 +73,7 @@ void BM_allocate_release(benchmark::State& state) {
     pages.clear();
     t.allocate(kRank, task.span(), ++now, distinct, pages);
     if (pages.back() < 0) state.SkipWithError("pool exhausted");
-    t.confirm(kRank, {}, {}, pages, detail, fresh);
+    t.confirm(kRank, {}, {}, pages, 0, detail, fresh);
   }
   state.SetItemsProcessed(state.iterations() * 128);
 }
@@ -139,7 +139,7 @@ void BM_rank_hit_pair_1M(benchmark::State& state) {
     pages.clear();
     r.t.allocate(kRank, task.span(), 0, distinct, pages);
     fresh.clear();
-    if (r.t.confirm(kRank, task.span(), pages, {}, detail, fresh) != shard::confirm_outcome::ok)
+    if (r.t.confirm(kRank, task.span(), pages, {}, 0, detail, fresh) != shard::confirm_outcome::ok)
       state.SkipWithError(detail.c_str());
   }
   state.SetItemsProcessed(state.iterations() * 128);
@@ -157,7 +157,7 @@ void BM_rank_allocate_release_1M(benchmark::State& state) {
     distinct.clear();
     pages.clear();
     r.t.allocate(kRank, task.span(), 0, distinct, pages);
-    r.t.confirm(kRank, {}, {}, pages, detail, fresh);
+    r.t.confirm(kRank, {}, {}, pages, 0, detail, fresh);
   }
   state.SetItemsProcessed(state.iterations() * 128);
 }
@@ -274,7 +274,7 @@ void BM_evict_and_save(benchmark::State& state) {
     pages.clear();
     fresh.clear();
     t.allocate(kRank, task.span(), now, distinct, pages);
-    t.confirm(kRank, task.span(), pages, {}, detail, fresh);
+    t.confirm(kRank, task.span(), pages, {}, 0, detail, fresh);
     for (std::string_view k : task.views) d.add_confirmation(k, 1, now);
     ++now;
   }

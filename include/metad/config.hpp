@@ -74,6 +74,10 @@ struct config {
   // Page lifecycle. A reservation neither confirmed nor released within this returns
   // to the free pool (0: never).
   std::uint64_t reservation_ttl_ms = 600'000;
+  // A page released by confirm_write's pages_to_release is handed out again only after
+  // this long, unless no other page is free: a replay of that request (a client's retry)
+  // then cannot free a page another writer got meanwhile (0: free at once).
+  std::uint32_t release_quarantine_ms = 5'000;
   eviction evict = eviction::none;
   // A key whose pages get_locations returned is neither evicted nor deleted for this
   // long (its reader may still be reading the file).

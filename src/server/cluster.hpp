@@ -36,7 +36,7 @@ struct core_state {
   std::uint64_t deleted_keys = 0, evicted_keys = 0, stale_keys = 0;
   // Initializations of this core's ranks with another page count than the rank has
   // (metrics): the usual sign of a second model, with another KV layout, on this server.
-  std::uint64_t ranks_grown = 0, rank_shrinks_refused = 0;
+  std::uint64_t ranks_grown = 0, ranks_shrunk = 0;
   // directory.oldest_incomplete(), published for the other cores: an allocation short of
   // pages looks for stale keys only when some core has one. Refreshed by this core on
   // its tick and after each confirmation or removal it settles.

@@ -29,6 +29,10 @@ struct position {
   std::size_t segment = 0, offset = 0;
 };
 
+// Quarantines replayed from the log end where the log says (quarantine_end); after
+// recovery they all restart (rank_table::restart_quarantines).
+constexpr std::uint64_t kQuarantinedUntilLogged = UINT64_MAX;
+
 [[noreturn]] void corrupt(const std::string& path, std::size_t offset) {
   throw std::runtime_error("corrupt record in " + path + " at offset " + std::to_string(offset) +
                            ": refusing to start (move the file away to start without it)");
@@ -113,11 +117,24 @@ class replayer {
         ranks.allocate(r.rank, r.keys, now_, indices_, pages_);
         break;
       case store::record_kind::confirm:
+      case store::record_kind::confirm_quarantined:
         indices_.clear();
-        if (ranks.confirm(r.rank, r.keys, r.pages, r.releases, detail_, indices_) !=
-            shard::confirm_outcome::ok)
+        // A quarantine's end is a record of its own: until then its time does not matter.
+        if (ranks.confirm(r.rank, r.keys, r.pages, r.releases,
+                          r.kind == store::record_kind::confirm ? 0 : kQuarantinedUntilLogged,
+                          detail_, indices_) != shard::confirm_outcome::ok)
           throw std::runtime_error("log replay: a logged confirm_write no longer applies: " +
                                    detail_);
+        break;
+      case store::record_kind::quarantine_end:
+        if (!ranks.end_quarantine(r.rank, r.releases))
+          throw std::runtime_error("log replay: the end of a quarantine on rank " +
+                                   std::to_string(r.rank) + " no longer applies");
+        break;
+      case store::record_kind::snapshot_quarantine:
+        if (!ranks.restore_quarantine(r.rank, r.releases, kQuarantinedUntilLogged))
+          throw std::runtime_error("snapshot replay: quarantined pages of rank " +
+                                   std::to_string(r.rank) + " cannot be restored");
         break;
       case store::record_kind::remove:
         indices_.clear();
@@ -215,6 +232,9 @@ std::string serialize(const core_state& core) {
       [&](std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed) {
         store::append_snapshot_entry(bytes, rank, page, confirmed, key);
       });
+  core.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
+    store::append_snapshot_quarantine(bytes, rank, pages);
+  });
   core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
     store::append_directory_key(bytes, tp, key);
   });
@@ -278,6 +298,11 @@ void recover(cluster& cl) {
   cl.data = std::make_unique<store::data_dir>(cl.cfg.data_dir);
   store::data_dir& dir = *cl.data;
   const replay_summary sum = replay(cl, dir);
+  // A recovered quarantine lasts its full time again (a client may retry across a
+  // restart); with the quarantine off, those pages are free now.
+  const std::uint64_t quarantine_until =
+      cl.cfg.release_quarantine_ms == 0 ? 0 : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
+  for (auto& core : cl.core) core->ranks.restart_quarantines(quarantine_until);
 
   // The new generation: one snapshot and one empty log per current core.
   dir.begin_generation();

@@ -40,7 +40,7 @@ init_refusal admit_initialize(cluster& cl, const core_state& core, const api::in
                               std::uint64_t& needed) {
   const auto before = core.ranks.stats(cmd.rank);
   const std::int64_t old_pages = before ? before->num_pages : 0;
-  if (cmd.num_pages <= old_pages) return init_refusal::none;  // unchanged or refused shrink
+  if (cmd.num_pages <= old_pages) return init_refusal::none;  // unchanged or shrunk
   if (!before) {
     std::int64_t ranks = cl.worker_ranks.load(std::memory_order_relaxed);
     do {
@@ -58,20 +58,50 @@ init_refusal admit_initialize(cluster& cl, const core_state& core, const api::in
 // models on one server share ranks and keys; a rank asked for another page count is
 // usually the first visible sign (another engine's file size), hence a warning.
 void note_reinitialize(core_state& core, const api::initialize_cmd& cmd,
-                       const shard::init_result& r) {
+                       const shard::init_result& r, std::size_t unbound) {
   if (r.outcome == shard::init_outcome::grown) {
     ++core.ranks_grown;
     metad::log::warn(
         "rank {} initialized again with {} pages: grown from {}. Do engines with different "
         "KV layouts share this server?",
         cmd.rank, cmd.num_pages, r.old_pages);
-  } else if (r.outcome == shard::init_outcome::shrink_refused) {
-    ++core.rank_shrinks_refused;
+  } else if (r.outcome == shard::init_outcome::shrunk) {
+    ++core.ranks_shrunk;
     metad::log::warn(
-        "rank {} initialized again with {} pages: refused (409), it has {} and a pool does "
-        "not shrink. Do engines with different KV layouts share this server?",
-        cmd.rank, cmd.num_pages, r.old_pages);
+        "rank {} initialized again with {} pages: shrunk from {}, {} key(s) bound past the "
+        "new end lost their page here. Was hf3fs_file_size lowered, or do engines with "
+        "different KV layouts share this server?",
+        cmd.rank, cmd.num_pages, r.old_pages, unbound);
   }
+}
+
+// After a rank shrank (from its owner core `at`): the keys it unbound have one
+// confirmation less in the directory; a key left with none leaves it. Back on `at`.
+subtask<bool> count_lost_bindings(cluster& cl, int at, const std::vector<std::string>& unbound,
+                                  scratch& s) {
+  std::vector<std::string_view> keys(unbound.begin(), unbound.end());
+  plan_directory_walk(cl, keys, nullptr, 0, s);
+  bool stored = true;
+  const int start = at;
+  for (int step = 0; step < cl.cores; ++step) {
+    const int c = (start + step) % cl.cores;
+    if (walk_of(s, c).empty()) continue;
+    co_await cl.mailbox.hop(at, c);
+    at = c;
+    core_state& core = *cl.core[c];
+    // The rank's change is queued in its log already: these records go with it even
+    // without room (they are written once the disk recovers).
+    if (core.log.enabled() && !core.log.make_room(record_bytes(keys, kKeyRecordBytes)))
+      stored = false;
+    for (const std::uint32_t i : walk_of(s, c)) {
+      if (core.directory.lose_binding(keys[i], cl.clock()) && core.log.enabled())
+        store::append_directory_remove(core.log.pending(), keys[i]);
+    }
+    core.publish_incomplete();
+    if (stored) stored = co_await persisted(cl, core);
+  }
+  co_await cl.mailbox.hop(at, start);
+  co_return stored;
 }
 
 }  // namespace
@@ -87,14 +117,19 @@ request_task run_initialize(exchange& x) {
   init_refusal refusal = init_refusal::none;
   std::uint64_t needed = 0;
   bool stored = core.log.make_room(64);
+  std::vector<std::string> unbound;  // keys a shrink unbound (rare: allocated only then)
   if (stored) refusal = admit_initialize(cl, core, cmd, needed);
   if (stored && refusal == init_refusal::none) {
-    r = core.ranks.initialize(cmd.rank, cmd.num_pages);  // counted in worker_ranks if created
-    note_reinitialize(core, cmd, r);
-    if (core.log.enabled() &&
-        (r.outcome == shard::init_outcome::created || r.outcome == shard::init_outcome::grown))
-      store::append_initialize(core.log.pending(), cmd.rank, cmd.num_pages);
+    // Counted in worker_ranks if created.
+    r = core.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
+    note_reinitialize(core, cmd, r, unbound.size());
+    if (core.log.enabled() && r.outcome != shard::init_outcome::unchanged)
+      store::append_initialize(core.log.pending(), cmd.rank, cmd.num_pages);  // replay shrinks too
     stored = co_await persisted(cl, core);
+    if (!unbound.empty()) {
+      const bool counted = co_await count_lost_bindings(cl, owner, unbound, x.work());
+      stored = stored && counted;
+    }
   }
   co_await cl.mailbox.hop(owner, home);
   scratch& s = x.work();
@@ -111,9 +146,6 @@ request_task run_initialize(exchange& x) {
         "(--memory-max {} bytes, {} in use)",
         cmd.rank, cmd.num_pages, needed, cl.memory.max(), cl.memory.used());
     x.respond_error(507, s.detail);
-  } else if (r.outcome == shard::init_outcome::shrink_refused) {
-    s.detail = fmt::format("Rank {} already initialized with {} pages", cmd.rank, r.old_pages);
-    x.respond_error(409, s.detail);
   } else {
     s.body.clear();
     api::encode_initialized(s.body, cmd.rank, cmd.num_pages);
@@ -258,12 +290,15 @@ request_task run_confirm(exchange& x) {
   if (stored) {
     core_state& core = *cl.core[owner];
     const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
-    outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases, s.detail,
-                                 s.indices);
+    const std::uint64_t quarantine_until =
+        cl.cfg.release_quarantine_ms == 0 ? 0
+                                          : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
+    outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
+                                 quarantine_until, s.detail, s.indices);
     if (outcome == shard::confirm_outcome::ok && core.log.enabled() &&
         !same_stats(before, core.ranks.stats(cmd.rank)))
       store::append_confirm(core.log.pending(), cmd.rank, tp_world_size, cmd.keys.views(),
-                            cmd.pages, cmd.releases);
+                            cmd.pages, cmd.releases, quarantine_until != 0);
     stored = co_await persisted(cl, core);
   }
   int at = owner;
@@ -495,7 +530,7 @@ request_task run_metrics(exchange& x) {
     snap.deleted_keys += core.deleted_keys;
     snap.stale_keys += core.stale_keys;
     snap.ranks_grown += core.ranks_grown;
-    snap.rank_shrinks_refused += core.rank_shrinks_refused;
+    snap.ranks_shrunk += core.ranks_shrunk;
     snap.incomplete_keys += core.directory.incomplete_count();
     snap.incomplete_pages += core.directory.incomplete_bindings();
     snap.hops += cl.mailbox.posted(core.index);

@@ -46,14 +46,20 @@ void removal_job::keep_members(const cluster& cl) {
 std::size_t expire_due(cluster& cl, core_state& core) {
   const std::uint64_t now = cl.clock();
   core.directory.sweep(now);
-  if (cl.cfg.reservation_ttl_ms == 0) return 0;
-  // At most one record per rank, of 8 bytes per page it reserved.
+  // At most one record of each kind per rank, of 8 bytes per page.
   if (core.log.enabled() &&
-      !core.log.make_room(64 * core.ranks.rank_count() + 8 * core.ranks.reserved_pages()))
+      !core.log.make_room(128 * core.ranks.rank_count() +
+                          8 * (core.ranks.reserved_pages() + core.ranks.quarantined_pages())))
     return 0;
-  return core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+  std::size_t freed =
+      core.ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+        if (core.log.enabled()) store::append_quarantine_end(core.log.pending(), rank, pages);
+      });
+  if (cl.cfg.reservation_ttl_ms == 0) return freed;
+  freed += core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
     if (core.log.enabled()) store::append_release(core.log.pending(), rank, pages);
   });
+  return freed;
 }
 
 namespace {

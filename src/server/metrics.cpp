@@ -184,11 +184,10 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   line(out, "hf3fs_metad_memory_refusals_total{{what=\"body\"}} {}", snap.refused_bodies);
   line(out,
        "# HELP hf3fs_metad_rank_reinitialized_total Worker initializations of an existing rank "
-       "with another page count: grown, or a smaller one refused (409).");
+       "with another page count: grown or shrunk.");
   line(out, "# TYPE hf3fs_metad_rank_reinitialized_total counter");
   line(out, "hf3fs_metad_rank_reinitialized_total{{change=\"grown\"}} {}", snap.ranks_grown);
-  line(out, "hf3fs_metad_rank_reinitialized_total{{change=\"shrink_refused\"}} {}",
-       snap.rank_shrinks_refused);
+  line(out, "hf3fs_metad_rank_reinitialized_total{{change=\"shrunk\"}} {}", snap.ranks_shrunk);
   struct family {
     std::string_view name, type, help;
     std::uint64_t connection_counts::*field;

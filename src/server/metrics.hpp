@@ -80,7 +80,7 @@ struct metrics_snapshot {
   std::uint64_t expired_reservations = 0, evicted_keys = 0, deleted_keys = 0, stale_keys = 0;
   std::uint64_t incomplete_keys = 0, incomplete_pages = 0;
   // Ranks initialized again with another page count.
-  std::uint64_t ranks_grown = 0, rank_shrinks_refused = 0;
+  std::uint64_t ranks_grown = 0, ranks_shrunk = 0;
   std::uint64_t hops = 0;  // cross-core hand-offs posted
   std::uint64_t ranks = 0;
   // --memory-max, the memory counted against it, and what it refused.

@@ -271,6 +271,43 @@ bool directory::finish_removal(std::string_view key, std::int32_t bindings, std:
   return true;
 }
 
+bool directory::lose_binding(std::string_view key, std::uint64_t now) {
+  impl& m = *impl_;
+  parsed_key p;
+  parse_key(key, p);
+  const impl::entry e = m.find(key, p);
+  if (!e) {
+    if (auto* s = m.owed.find(key, table_hash(key))) {
+      ++s->value;
+    } else {
+      m.owed.insert_new(key, table_hash(key), 1);
+    }
+    return false;
+  }
+  const completion c = e.get();
+  // A key being removed is in neither list, and keeps an entry (even at count 0) until
+  // its removal's end, which then counts one binding less to drop.
+  const bool removing = m.is_removing(key);
+  if (!removing) {
+    if (impl::is_complete(c)) {
+      m.life.forget(key, p);
+    } else {
+      m.untrack(key, p, c.confirmed_count);
+    }
+  }
+  const std::int32_t left = c.confirmed_count - 1;
+  m.erase(e);
+  if (left == 0 && !removing) return true;
+  m.insert(key, p, c.tp_world_size, left);
+  if (removing) return false;
+  if (!impl::is_complete({c.tp_world_size, left})) {
+    m.track(key, p, left, now);
+  } else if (m.life.lru()) {
+    m.life.touch(key, p, now);
+  }
+  return false;
+}
+
 std::size_t directory::take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
                                               void (*call)(void*, std::string_view,
                                                            std::uint64_t)) {

@@ -45,6 +45,18 @@ void page_pool::grow(std::uint32_t new_pages) {
   rebuild_summaries();
 }
 
+void page_pool::shrink(std::uint32_t new_pages) {
+  SHARD_CHECK(new_pages > 0 && new_pages <= num_pages_);
+  for (std::uint32_t p = new_pages; p < num_pages_; ++p) SHARD_CHECK(state(p) == page_state::free);
+  const std::size_t words = words_for(new_pages);
+  levels_[0] = resized_exact(levels_[0], words);
+  bound_ = resized_exact(bound_, words);
+  if (new_pages % 64 != 0) levels_[0].back() &= bit(new_pages) - 1;  // no bit past the end
+  free_count_ -= num_pages_ - new_pages;
+  num_pages_ = new_pages;
+  rebuild_summaries();
+}
+
 void page_pool::rebuild_summaries() {
   levels_.resize(1);
   while (levels_.back().size() > 1) {

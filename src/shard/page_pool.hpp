@@ -22,6 +22,8 @@ class page_pool {
 
   // Adds free pages up to new_pages (>= num_pages()); existing pages keep their state.
   void grow(std::uint32_t new_pages);
+  // Drops the pages from new_pages (> 0, <= num_pages()) on, which must all be free.
+  void shrink(std::uint32_t new_pages);
 
   std::uint32_t num_pages() const { return num_pages_; }
   std::uint32_t free_count() const { return free_count_; }

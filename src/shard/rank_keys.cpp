@@ -45,7 +45,7 @@ std::string rank_keys::key_text(const key_owner& owner) {
   return text;
 }
 
-std::string rank_keys::check(const page_pool& pool) const {
+std::string rank_keys::check(const page_pool& pool, std::size_t quarantined) const {
   if (std::string e = pool.check(); !e.empty()) return e;
   const std::uint32_t num_pages = pool.num_pages();
   std::vector<std::uint64_t> held((num_pages + 63) / 64, 0);
@@ -90,9 +90,9 @@ std::string rank_keys::check(const page_pool& pool) const {
   if (confirmed != pool.bound_count()) {
     return fmt::format("{} confirmed keys but {} bound pages", confirmed, pool.bound_count());
   }
-  if (reserved != pool.reserved_count() || reserved != owners.size()) {
-    return fmt::format("{} reserving keys, {} reserved pages, {} page owners", reserved,
-                       pool.reserved_count(), owners.size());
+  if (reserved + quarantined != pool.reserved_count() || reserved != owners.size()) {
+    return fmt::format("{} reserving keys, {} quarantined pages, {} reserved pages, {} page owners",
+                       reserved, quarantined, pool.reserved_count(), owners.size());
   }
   return {};
 }

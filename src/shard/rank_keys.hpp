@@ -112,8 +112,9 @@ struct rank_keys {
   static std::string key_text(const key_owner& owner);
 
   // Every key agrees with the pool (reserved / bound, one key per page) and the owner
-  // records. "" when consistent, else the first violation.
-  std::string check(const page_pool& pool) const;
+  // records; `quarantined` more reserved pages have no key (see rank_table). "" when
+  // consistent, else the first violation.
+  std::string check(const page_pool& pool, std::size_t quarantined) const;
 
   void clear() {
     packed.clear();

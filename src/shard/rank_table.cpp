@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <deque>
 #include <unordered_map>
 
 #include "shard/check.hpp"
@@ -15,10 +16,35 @@
 namespace shard {
 namespace {
 
+struct quarantined {
+  std::uint64_t until;
+  std::uint32_t page;
+};
+
 struct rank_state {
   page_pool pool;
   rank_keys keys;            // key → {page, reserved|confirmed}; reserved page → key
   reservation_queue expiry;  // reservations by deadline (only with a TTL)
+  // Released pages, oldest first: reserved in the pool, owned by no key. Allocation
+  // and the end of quarantines both take from the front, so it stays in order.
+  std::deque<quarantined> quarantine;
+
+  std::uint32_t free_count() const {
+    return pool.free_count() + static_cast<std::uint32_t>(quarantine.size());
+  }
+  // The lowest free page, else the oldest quarantined one; now reserved (for no key
+  // yet). Precondition: free_count() > 0.
+  std::uint32_t take_page() {
+    if (pool.free_count() > 0) return pool.take_lowest();
+    const std::uint32_t page = quarantine.front().page;
+    quarantine.pop_front();
+    return page;
+  }
+  rank_stats stats() const {
+    const auto q = static_cast<std::int64_t>(quarantine.size());
+    return rank_stats{pool.num_pages(), pool.free_count() + q, pool.reserved_count() - q,
+                      pool.bound_count(), q};
+  }
 
   // Whether the queue entry's reservation still holds the page.
   bool live(const reservation_queue::entry& e) const {
@@ -97,7 +123,7 @@ struct rank_table::impl {
                                std::span<const std::string_view> keys,
                                std::span<const std::int64_t> pages,
                                std::span<const std::int64_t> releases);
-  void release(rank_state& rs, std::uint32_t page);
+  void release(rank_state& rs, std::uint32_t page, std::uint64_t quarantine_until);
   std::uint64_t deadline(std::uint64_t now) const {
     return reservation_ttl == 0 ? rank_state::no_deadline : now + reservation_ttl;
   }
@@ -110,20 +136,49 @@ rank_table& rank_table::operator=(rank_table&&) noexcept = default;
 
 void rank_table::set_reservation_ttl(std::uint64_t ttl) { impl_->reservation_ttl = ttl; }
 
-init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages) {
+init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
+                                   std::vector<std::string>* unbound_out) {
   SHARD_CHECK(num_pages > 0 && num_pages <= page_pool::pages_max);
   const auto pages = static_cast<std::uint32_t>(num_pages);
   auto [it, created] = impl_->ranks.try_emplace(rank);
-  page_pool& pool = it->second.pool;
+  rank_state& rs = it->second;
   if (created) {
-    pool.grow(pages);
+    rs.pool.grow(pages);
     return {init_outcome::created, 0};
   }
-  const std::int64_t old_pages = pool.num_pages();
+  const std::int64_t old_pages = rs.pool.num_pages();
   if (num_pages == old_pages) return {init_outcome::unchanged, old_pages};
-  if (num_pages < old_pages) return {init_outcome::shrink_refused, old_pages};
-  pool.grow(pages);
-  return {init_outcome::grown, old_pages};
+  if (num_pages > old_pages) {
+    rs.pool.grow(pages);
+    return {init_outcome::grown, old_pages};
+  }
+  // A shrink: first every key on a page past the new end (collected, then dropped: the
+  // maps must not change while they are walked).
+  std::vector<std::pair<std::string, bool>> past_end;  // key, confirmed
+  for_each_entry([&](std::int64_t r, std::string_view key, std::int64_t page, bool confirmed) {
+    if (r == rank && page >= num_pages) past_end.emplace_back(key, confirmed);
+  });
+  parsed_key parsed;
+  for (const auto& [key, confirmed] : past_end) {
+    parse_key(key, parsed);
+    const std::uint32_t page = entry_word::page(*rs.keys.find(key, parsed));
+    if (confirmed) {
+      const std::int64_t removed = rs.keys.remove_confirmed(key, parsed);
+      SHARD_CHECK(removed == page);
+      rs.pool.free_bound(page);
+      if (unbound_out != nullptr) unbound_out->push_back(key);
+    } else {
+      rs.keys.release_reserved(page);
+      rs.pool.release(page);
+    }
+  }
+  std::erase_if(rs.quarantine, [&](const quarantined& q) {
+    if (q.page < pages) return false;
+    rs.pool.release(q.page);
+    return true;
+  });
+  rs.pool.shrink(pages);
+  return {init_outcome::shrunk, old_pages};
 }
 
 std::size_t rank_table::pool_bytes(std::int64_t num_pages) {
@@ -154,7 +209,7 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
     }
   }
   // All or nothing over the keys that need a new page.
-  const std::size_t free = rs->pool.free_count();
+  const std::size_t free = rs->free_count();
   if (m.misses.size() > free) {
     const auto missing = static_cast<std::uint32_t>(m.misses.size() - free);
     return {true, missing, missing <= rs->pool.bound_count()};
@@ -162,7 +217,7 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
   const std::uint64_t deadline = m.deadline(now);
   for (const std::uint32_t offset : m.misses) {
     const std::uint32_t i = distinct_out[distinct_base + offset];
-    const std::uint32_t page = rs->pool.take_lowest();
+    const std::uint32_t page = rs->take_page();
     rs->reserve(keys[i], m.parsed[i], page, deadline);
     pages_out[pages_base + offset] = page;
   }
@@ -197,11 +252,80 @@ bool rank_table::release_reserved(std::int64_t rank, std::span<const std::int64_
   for (const std::int64_t page : pages) {
     if (page < 0 || page >= rs->pool.num_pages()) return false;
     const auto p = static_cast<std::uint32_t>(page);
-    if (rs->pool.state(p) != page_state::reserved) continue;
+    if (rs->pool.state(p) != page_state::reserved || !rs->keys.owners.find(p).set) continue;
     rs->keys.release_reserved(p);
     rs->pool.release(p);
   }
   return true;
+}
+
+std::size_t rank_table::end_quarantines_impl(std::uint64_t now, void* visit,
+                                             void (*call)(void*, std::int64_t,
+                                                          std::span<const std::int64_t>)) {
+  impl& m = *impl_;
+  std::size_t total = 0;
+  for (auto& [rank, rs] : m.ranks) {
+    if (rs.quarantine.empty() || rs.quarantine.front().until > now) continue;
+    m.expired_pages.clear();
+    while (!rs.quarantine.empty() && rs.quarantine.front().until <= now) {
+      const std::uint32_t page = rs.quarantine.front().page;
+      rs.quarantine.pop_front();
+      rs.pool.release(page);
+      m.expired_pages.push_back(page);
+    }
+    total += m.expired_pages.size();
+    call(visit, rank, m.expired_pages);
+  }
+  return total;
+}
+
+bool rank_table::end_quarantine(std::int64_t rank, std::span<const std::int64_t> pages) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr) return false;
+  for (const std::int64_t page : pages) {
+    if (rs->quarantine.empty() || rs->quarantine.front().page != page) return false;
+    rs->quarantine.pop_front();
+    rs->pool.release(static_cast<std::uint32_t>(page));
+  }
+  return true;
+}
+
+bool rank_table::restore_quarantine(std::int64_t rank, std::span<const std::int64_t> pages,
+                                    std::uint64_t until) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr) return false;
+  for (const std::int64_t page : pages) {
+    if (page < 0 || page >= rs->pool.num_pages()) return false;
+    const auto p = static_cast<std::uint32_t>(page);
+    if (rs->pool.state(p) != page_state::free) return false;
+    rs->pool.take(p);
+    rs->quarantine.push_back({until, p});
+  }
+  return true;
+}
+
+void rank_table::restart_quarantines(std::uint64_t until) {
+  for (auto& entry : impl_->ranks) {
+    rank_state& rs = entry.second;
+    if (until == 0) {
+      for (const quarantined& q : rs.quarantine) rs.pool.release(q.page);
+      rs.quarantine.clear();
+    } else {
+      for (quarantined& q : rs.quarantine) q.until = until;
+    }
+  }
+}
+
+void rank_table::for_each_quarantine_impl(void* visit,
+                                          void (*call)(void*, std::int64_t,
+                                                       std::span<const std::int64_t>)) const {
+  std::vector<std::int64_t> pages;
+  for (const auto& [rank, rs] : impl_->ranks) {
+    if (rs.quarantine.empty()) continue;
+    pages.clear();
+    for (const quarantined& q : rs.quarantine) pages.push_back(q.page);
+    call(visit, rank, pages);
+  }
 }
 
 bool rank_table::remove_confirmed(std::int64_t rank, std::span<const std::string_view> keys,
@@ -250,7 +374,7 @@ std::string rank_table::impl::validate_confirm(std::int64_t rank, rank_state& rs
   return {};
 }
 
-void rank_table::impl::release(rank_state& rs, std::uint32_t page) {
+void rank_table::impl::release(rank_state& rs, std::uint32_t page, std::uint64_t quarantine_until) {
   switch (rs.pool.state(page)) {
     case page_state::free:
       return;
@@ -258,15 +382,21 @@ void rank_table::impl::release(rank_state& rs, std::uint32_t page) {
       ++refused_releases;  // a live cache hit: freeing it would let another key overwrite it
       return;
     case page_state::reserved:
+      if (!rs.keys.owners.find(page).set) return;  // quarantined: released already
       rs.keys.release_reserved(page);
-      rs.pool.release(page);
+      if (quarantine_until == 0) {
+        rs.pool.release(page);
+      } else {
+        rs.quarantine.push_back({quarantine_until, page});
+      }
       return;
   }
 }
 
 confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::string_view> keys,
                                     std::span<const std::int64_t> pages,
-                                    std::span<const std::int64_t> releases, std::string& detail,
+                                    std::span<const std::int64_t> releases,
+                                    std::uint64_t quarantine_until, std::string& detail,
                                     std::vector<std::uint32_t>& newly_confirmed_out) {
   SHARD_CHECK(keys.size() == pages.size() && keys.size() < UINT32_MAX);
   rank_state* rs = impl_->find(rank);
@@ -287,7 +417,8 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
     *word = entry_word::make(page, true);
     newly_confirmed_out.push_back(i);
   }
-  for (const std::int64_t page : releases) m.release(*rs, static_cast<std::uint32_t>(page));
+  for (const std::int64_t page : releases)
+    m.release(*rs, static_cast<std::uint32_t>(page), quarantine_until);
   return confirm_outcome::ok;
 }
 
@@ -352,18 +483,12 @@ void rank_table::mark_reserved(std::span<const std::string_view> keys,
 std::optional<rank_stats> rank_table::stats(std::int64_t rank) const {
   const rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return std::nullopt;
-  const page_pool& pool = rs->pool;
-  return rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()};
+  return rs->stats();
 }
 
 void rank_table::for_each_rank_impl(void* visit,
                                     void (*call)(void*, std::int64_t, const rank_stats&)) const {
-  for (const auto& [rank, rs] : impl_->ranks) {
-    const page_pool& pool = rs.pool;
-    call(
-        visit, rank,
-        rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()});
-  }
+  for (const auto& [rank, rs] : impl_->ranks) call(visit, rank, rs.stats());
 }
 
 void rank_table::for_each_entry_impl(void* visit,
@@ -388,7 +513,12 @@ void rank_table::for_each_entry_impl(void* visit,
 std::size_t rank_table::rank_count() const { return impl_->ranks.size(); }
 std::size_t rank_table::reserved_pages() const {
   std::size_t n = 0;
-  for (const auto& entry : impl_->ranks) n += entry.second.pool.reserved_count();
+  for (const auto& entry : impl_->ranks) n += entry.second.stats().reserved;
+  return n;
+}
+std::size_t rank_table::quarantined_pages() const {
+  std::size_t n = 0;
+  for (const auto& entry : impl_->ranks) n += entry.second.quarantine.size();
   return n;
 }
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }
@@ -401,8 +531,16 @@ void rank_table::clear() { impl_->ranks.clear(); }
 
 std::string rank_table::check_invariants() const {
   for (const auto& [rank, rs] : impl_->ranks) {
-    if (std::string e = rs.keys.check(rs.pool); !e.empty())
+    if (std::string e = rs.keys.check(rs.pool, rs.quarantine.size()); !e.empty())
       return fmt::format("rank {}: {}", rank, e);
+    std::vector<std::uint8_t> seen(rs.pool.num_pages(), 0);
+    for (const quarantined& q : rs.quarantine) {
+      if (q.page >= rs.pool.num_pages() || seen[q.page] ||
+          rs.pool.state(q.page) != page_state::reserved || rs.keys.owners.find(q.page).set)
+        return fmt::format("rank {}: quarantined page {} is out of range, listed twice, or held",
+                           rank, q.page);
+      seen[q.page] = 1;
+    }
   }
   return {};
 }

@@ -19,7 +19,7 @@ int owner_of_rank(std::int64_t rank, int cores);
 std::uint64_t key_hash(std::string_view key);
 int owner_of_key(std::string_view key, int cores);
 
-enum class init_outcome : std::uint8_t { created, unchanged, grown, shrink_refused };
+enum class init_outcome : std::uint8_t { created, unchanged, grown, shrunk };
 struct init_result {
   init_outcome outcome;
   std::int64_t old_pages;  // the pool size before the call (0 if created)
@@ -27,8 +27,10 @@ struct init_result {
 
 enum class confirm_outcome : std::uint8_t { ok, not_initialized, bad_request };
 
+// Quarantined pages (see rank_table) count as free: no key holds them.
 struct rank_stats {
   std::int64_t num_pages, free, reserved, bound;
+  std::int64_t quarantined = 0;
 };
 
 struct allocate_result {
@@ -49,14 +51,27 @@ class rank_table {
   // expire()); 0 (the default) keeps reservations until then.
   void set_reservation_ttl(std::uint64_t ttl);
 
-  // num_pages > 0, already validated against the ceiling.
-  init_result initialize(std::int64_t rank, std::int64_t num_pages);
+  // Quarantine. A page a client releases (confirm_write's pages_to_release) may be
+  // released again by a replay of that request (vLLM's client retries a POST after a
+  // 5xx or a lost connection). So a released page is not handed out again until its
+  // quarantine ends: it waits in a per-rank queue, in release order, neither free nor
+  // held by a key. Allocation takes the lowest free page first and the oldest
+  // quarantined page only when no free page is left (a full pool still serves).
+  // Allocation stays deterministic: the queue changes only through logged calls.
+
+  // num_pages > 0, already validated against the ceiling. A smaller num_pages than the
+  // rank has shrinks it: the pages from num_pages on no longer exist, so each key bound
+  // to one loses its binding here (appended to unbound_out, for the directory), and
+  // their reservations and quarantines are dropped.
+  init_result initialize(std::int64_t rank, std::int64_t num_pages,
+                         std::vector<std::string>* unbound_out = nullptr);
   // The heap bytes a rank's page pool of num_pages pages holds (its key table grows with
   // its keys, on top).
   static std::size_t pool_bytes(std::int64_t num_pages);
   bool contains(std::int64_t rank) const;
 
-  // batch_allocate on one rank at now. `keys` may repeat. For each distinct key, in
+  // batch_allocate on one rank at now (free pages first, then the quarantine, oldest
+  // first). `keys` may repeat. For each distinct key, in
   // order of first occurrence, appends its index in `keys` to distinct_out and its page
   // to pages_out (-1: the pool cannot serve the batch). Nothing is appended when the
   // rank is not initialised.
@@ -78,6 +93,35 @@ class rank_table {
   // Log replay of expire(): releases each page that is reserved. False if no such rank.
   bool release_reserved(std::int64_t rank, std::span<const std::int64_t> pages);
 
+  // Ends every quarantine whose time is <= now: those pages become free. Calls
+  // visit(rank, std::span<const std::int64_t> pages) once per rank that freed any, for
+  // the log (quarantine_end). Returns how many were freed.
+  template <typename Visit>
+  std::size_t end_quarantines(std::uint64_t now, Visit&& visit) {
+    return end_quarantines_impl(
+        now, &visit, [](void* v, std::int64_t rank, std::span<const std::int64_t> pages) {
+          (*static_cast<Visit*>(v))(rank, pages);
+        });
+  }
+  // Log replay of end_quarantines(): `pages` must be the rank's oldest quarantined
+  // pages, in order. False if not.
+  bool end_quarantine(std::int64_t rank, std::span<const std::int64_t> pages);
+  // Recovery: puts free `pages` of the rank into quarantine until `until`, in order.
+  // False if the rank is absent or a page is out of range or not free.
+  bool restore_quarantine(std::int64_t rank, std::span<const std::int64_t> pages,
+                          std::uint64_t until);
+  // After recovery: every quarantine ends at `until` (0: they end now, the pages free).
+  void restart_quarantines(std::uint64_t until);
+  // Calls visit(rank, std::span<const std::int64_t> pages) for each rank with
+  // quarantined pages, oldest first (snapshots).
+  template <typename Visit>
+  void for_each_quarantine(Visit&& visit) const {
+    for_each_quarantine_impl(&visit,
+                             [](void* v, std::int64_t rank, std::span<const std::int64_t> pages) {
+                               (*static_cast<Visit*>(v))(rank, pages);
+                             });
+  }
+
   // Drops each key that `rank` has confirmed, freeing its page (delete, eviction); a key
   // only reserved here keeps its reservation (it is being written). Appends the index of
   // each key dropped to removed_out. False if the rank is not initialised.
@@ -85,13 +129,15 @@ class rank_table {
                         std::vector<std::uint32_t>& removed_out);
 
   // confirm_write on one rank: confirmation i binds keys[i] → pages[i]; then releases.
+  // A released page goes into quarantine until `quarantine_until` (0: it is free at
+  // once); releasing a free or quarantined page is a no-op, a bound one is refused.
   // The whole request is validated first; on bad_request, `detail` says why and nothing
   // changed. On ok, newly_confirmed_out gets the indices i whose key this rank
   // confirmed for the first time (each key once), for the directory.
   confirm_outcome confirm(std::int64_t rank, std::span<const std::string_view> keys,
                           std::span<const std::int64_t> pages,
-                          std::span<const std::int64_t> releases, std::string& detail,
-                          std::vector<std::uint32_t>& newly_confirmed_out);
+                          std::span<const std::int64_t> releases, std::uint64_t quarantine_until,
+                          std::string& detail, std::vector<std::uint32_t>& newly_confirmed_out);
 
   // For each key, the page this rank has confirmed for it, or -1. False if the rank is
   // not initialised.
@@ -125,8 +171,10 @@ class rank_table {
                std::uint64_t now);
 
   std::size_t rank_count() const;
-  // Reserved pages over all ranks (sizing expire()'s log records).
+  // Reserved pages over all ranks (sizing expire()'s log records), not quarantined.
   std::size_t reserved_pages() const;
+  // Quarantined pages over all ranks.
+  std::size_t quarantined_pages() const;
   // Releases refused because the page was bound to a confirmed key (a metric).
   std::uint64_t refused_releases() const;
   // Reservations that expired (a metric).
@@ -146,6 +194,11 @@ class rank_table {
                                                      std::int64_t, bool)) const;
   std::size_t expire_impl(std::uint64_t now, void* visit,
                           void (*call)(void*, std::int64_t, std::span<const std::int64_t>));
+  std::size_t end_quarantines_impl(std::uint64_t now, void* visit,
+                                   void (*call)(void*, std::int64_t,
+                                                std::span<const std::int64_t>));
+  void for_each_quarantine_impl(void* visit, void (*call)(void*, std::int64_t,
+                                                          std::span<const std::int64_t>)) const;
 
   struct impl;
   std::unique_ptr<impl> impl_;
@@ -190,6 +243,11 @@ class directory {
   // complete); else it leaves: returns true (for the log). The caller makes sure the
   // directory was not cleared in between (cluster::clears).
   bool finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now);
+  // A rank lost its binding of `key` without a removal (the rank shrank): one
+  // confirmation less, so a complete key becomes incomplete (its leases end). Returns
+  // true when that was its last one and the key left the directory (for the log). A
+  // key not here yet has its confirmation on the way: it will be absorbed.
+  bool lose_binding(std::string_view key, std::uint64_t now);
   // Eviction: begins the removal of up to n least recently used complete keys that no
   // reader holds a lease on, oldest first, calling take(std::string_view key,
   // std::uint64_t used) for each.

@@ -147,8 +147,9 @@ void append_allocate(std::string& out, std::int64_t rank, std::span<const std::s
 
 void append_confirm(std::string& out, std::int64_t rank, std::int32_t tp_world_size,
                     std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
-                    std::span<const std::int64_t> releases) {
-  const std::size_t frame = open_frame(out, record_kind::confirm);
+                    std::span<const std::int64_t> releases, bool quarantined) {
+  const std::size_t frame =
+      open_frame(out, quarantined ? record_kind::confirm_quarantined : record_kind::confirm);
   put(out, rank);
   put(out, tp_world_size);
   put<std::uint32_t>(out, static_cast<std::uint32_t>(keys.size()));
@@ -190,11 +191,26 @@ void append_remove(std::string& out, std::int64_t rank, std::span<const std::str
   append_rank_keys(out, record_kind::remove, rank, keys);
 }
 
-void append_release(std::string& out, std::int64_t rank, std::span<const std::int64_t> pages) {
-  const std::size_t frame = open_frame(out, record_kind::release);
+namespace {
+void append_rank_pages(std::string& out, record_kind kind, std::int64_t rank,
+                       std::span<const std::int64_t> pages) {
+  const std::size_t frame = open_frame(out, kind);
   put(out, rank);
   put_pages(out, pages);
   close_frame(out, frame);
+}
+}  // namespace
+
+void append_release(std::string& out, std::int64_t rank, std::span<const std::int64_t> pages) {
+  append_rank_pages(out, record_kind::release, rank, pages);
+}
+void append_quarantine_end(std::string& out, std::int64_t rank,
+                           std::span<const std::int64_t> pages) {
+  append_rank_pages(out, record_kind::quarantine_end, rank, pages);
+}
+void append_snapshot_quarantine(std::string& out, std::int64_t rank,
+                                std::span<const std::int64_t> pages) {
+  append_rank_pages(out, record_kind::snapshot_quarantine, rank, pages);
 }
 
 void append_directory_remove(std::string& out, std::string_view key) {
@@ -246,9 +262,12 @@ bool decode_payload(std::string_view payload, record& out) {
     case record_kind::remove:
       return in.get(out.rank) && decode_keys(in, out, false) && in.done();
     case record_kind::confirm:
+    case record_kind::confirm_quarantined:
       return in.get(out.rank) && in.get(out.tp_world_size) && decode_keys(in, out, true) &&
              decode_pages(in, out.releases) && in.done();
     case record_kind::release:
+    case record_kind::quarantine_end:
+    case record_kind::snapshot_quarantine:
       return in.get(out.rank) && decode_pages(in, out.releases) && in.done();
     case record_kind::clear:
       return in.done();

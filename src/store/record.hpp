@@ -25,6 +25,11 @@ enum class record_kind : std::uint8_t {
                 // unbinds each key on that rank
   release = 9,  // rank, releases: expired reservations of the rank went back to its pool
   directory_remove = 10,  // key: a key left the directory (replay forgets its tp_world_size)
+  // A confirm whose releases go to the rank's quarantine (see rank_table) instead of the
+  // free pool; kind 3's releases are free at once (quarantine off, and older logs).
+  confirm_quarantined = 11,
+  quarantine_end = 12,       // rank, releases: the oldest quarantined pages became free
+  snapshot_quarantine = 13,  // rank, releases: a snapshot's quarantined pages, oldest first
 };
 
 // A decoded record; views point into the buffer it was decoded from.
@@ -38,8 +43,9 @@ struct record {
   bool confirmed = false;          // snapshot_entry
   // allocate, confirm, remove; snapshot_entry, directory_key, directory_remove: exactly one
   std::vector<std::string_view> keys;
-  std::vector<std::int64_t> pages;     // confirm: pages[i] for keys[i]
-  std::vector<std::int64_t> releases;  // confirm, release: pages returned to the free pool
+  std::vector<std::int64_t> pages;  // confirm: pages[i] for keys[i]
+  // confirm, release, quarantine_end, snapshot_quarantine: pages returned to the pool
+  std::vector<std::int64_t> releases;
 };
 
 // Appenders write one whole frame at the end of `out`.
@@ -47,7 +53,7 @@ void append_initialize(std::string& out, std::int64_t rank, std::int64_t num_pag
 void append_allocate(std::string& out, std::int64_t rank, std::span<const std::string_view> keys);
 void append_confirm(std::string& out, std::int64_t rank, std::int32_t tp_world_size,
                     std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
-                    std::span<const std::int64_t> releases);
+                    std::span<const std::int64_t> releases, bool quarantined = false);
 void append_clear(std::string& out);
 void append_snapshot_rank(std::string& out, std::int64_t rank, std::int64_t num_pages);
 void append_snapshot_entry(std::string& out, std::int64_t rank, std::int64_t page, bool confirmed,
@@ -56,6 +62,10 @@ void append_directory_key(std::string& out, std::int32_t tp_world_size, std::str
 void append_remove(std::string& out, std::int64_t rank, std::span<const std::string_view> keys);
 void append_release(std::string& out, std::int64_t rank, std::span<const std::int64_t> pages);
 void append_directory_remove(std::string& out, std::string_view key);
+void append_quarantine_end(std::string& out, std::int64_t rank,
+                           std::span<const std::int64_t> pages);
+void append_snapshot_quarantine(std::string& out, std::int64_t rank,
+                                std::span<const std::int64_t> pages);
 
 enum class scan_status : std::uint8_t {
   ok,  // every frame was whole and valid

@@ -46,14 +46,15 @@ def compact(obj):
 
 def server_args(extra_args=()):
     """The command line MetadServer runs: METAD_BIN on an ephemeral port, METAD_IO
-    transport, METAD_THREADS (default 2) core threads, then `extra_args` (a later flag
-    wins, so extra_args may override --threads)."""
+    transport, METAD_THREADS (default 2) core threads, released pages free at once (the
+    suites model that; QuarantineTest and the differential test run with a quarantine),
+    then `extra_args` (a later flag wins, so extra_args may override these)."""
     binary = os.environ.get("METAD_BIN")
     if not binary:
         raise unittest.SkipTest("METAD_BIN is not set")
     io = os.environ.get("METAD_IO", "uring")
     return [binary, "--port", "0", "--threads", os.environ.get("METAD_THREADS", "2"), "--io", io,
-            "--log-level", "info", *extra_args]
+            "--log-level", "info", "--release-quarantine-ms", "0", *extra_args]
 
 
 def run_to_exit(extra_args=(), timeout=START_TIMEOUT_S):

@@ -17,6 +17,7 @@ bodies compare exactly); they are marked `# server wording`.
 Standard library only.
 """
 
+import collections
 import heapq
 import json
 
@@ -120,9 +121,13 @@ def parse_rank(text):
 class Rank:
     """One worker rank: its page pool and its key → page map."""
 
-    def __init__(self, num_pages):
+    def __init__(self, num_pages, quarantine=False):
         self.num_pages = 0
         self.free = set()
+        # Pages confirm_write released, oldest first, with the server's quarantine on
+        # (--release-quarantine-ms longer than the run): taken only when nothing is free.
+        self.quarantine_on = quarantine
+        self.quarantine = collections.deque()
         self._heap = []  # candidate free pages; stale entries are skipped
         self.page_of = {}  # key → page (reserved or confirmed)
         self.confirmed = set()  # keys whose page is bound on this rank
@@ -135,7 +140,27 @@ class Rank:
             heapq.heappush(self._heap, page)
         self.num_pages = num_pages
 
+    def shrink(self, num_pages):
+        """Pages from num_pages on no longer exist: their keys lose them. Returns the keys
+        that were bound there."""
+        unbound = []
+        for page in [p for p in self.key_of if p >= num_pages]:
+            key = self.key_of.pop(page)
+            del self.page_of[key]
+            if key in self.confirmed:
+                self.confirmed.remove(key)
+                unbound.append(key)
+        self.quarantine = collections.deque(p for p in self.quarantine if p < num_pages)
+        self.free = {p for p in self.free if p < num_pages}
+        self.num_pages = num_pages
+        return unbound
+
+    def free_count(self):
+        return len(self.free) + len(self.quarantine)
+
     def take_lowest(self):
+        if not self.free:
+            return self.quarantine.popleft()
         while True:
             page = heapq.heappop(self._heap)
             if page in self.free:
@@ -146,15 +171,23 @@ class Rank:
         self.free.add(page)
         heapq.heappush(self._heap, page)
 
+    def release(self, page):
+        """A page confirm_write's pages_to_release freed."""
+        if self.quarantine_on:
+            self.quarantine.append(page)
+        else:
+            self.give_back(page)
+
     def stats(self):
         bound = len(self.confirmed)
         reserved = len(self.page_of) - bound
-        return {"num_pages": self.num_pages, "free": len(self.free), "reserved": reserved, "bound": bound}
+        return {"num_pages": self.num_pages, "free": self.free_count(), "reserved": reserved,
+                "bound": bound}
 
     def check(self):
         """The page invariant; returns a description of the first violation or ''."""
-        if len(self.free) + len(self.page_of) != self.num_pages:
-            return f"free {len(self.free)} + held {len(self.page_of)} != num_pages {self.num_pages}"
+        if self.free_count() + len(self.page_of) != self.num_pages:
+            return f"free {self.free_count()} + held {len(self.page_of)} != num_pages {self.num_pages}"
         for key, page in self.page_of.items():
             if self.key_of.get(page) != key or page in self.free or not 0 <= page < self.num_pages:
                 return f"key {key!r} page {page} inconsistent"
@@ -166,8 +199,9 @@ class Rank:
 class Model:
     """The whole server state and its request handling."""
 
-    def __init__(self, pages_max=DEFAULT_PAGES_MAX):
+    def __init__(self, pages_max=DEFAULT_PAGES_MAX, quarantine=False):
         self.pages_max = pages_max
+        self.quarantine = quarantine  # see Rank
         self.ranks = {}
         # key → [tp_world_size, set of ranks that confirmed it]
         self.directory = {}
@@ -242,9 +276,13 @@ class Model:
             return _error(400, f"num_pages exceeds the limit of {self.pages_max}")
         state = self.ranks.get(rank)
         if state is None:
-            self.ranks[rank] = Rank(num_pages)
+            self.ranks[rank] = Rank(num_pages, self.quarantine)
         elif num_pages < state.num_pages:
-            return _error(409, f"Rank {rank} already initialized with {state.num_pages} pages")
+            for key in state.shrink(num_pages):  # bindings lost: one confirmation less
+                entry = self.directory[key]
+                entry[1].discard(rank)
+                if not entry[1]:
+                    del self.directory[key]
         else:
             state.grow(num_pages)
         return Answer(200, {"message": f"Rank {rank} initialized with {num_pages} pages"})
@@ -291,7 +329,7 @@ class Model:
         distinct = list(dict.fromkeys(keys))
         misses = [k for k in distinct if k not in state.page_of]
         pages = {}
-        if len(misses) <= len(state.free):  # all or nothing over the keys needing a page
+        if len(misses) <= state.free_count():  # all or nothing over the keys needing a page
             for k in misses:
                 page = state.take_lowest()
                 state.page_of[k] = page
@@ -353,7 +391,7 @@ class Model:
                 continue
             del state.key_of[page]
             del state.page_of[key]
-            state.give_back(page)
+            state.release(page)
         return Answer(204)
 
     def batch_exists(self, body):

@@ -146,11 +146,9 @@ def initialize_cases():
              '{"role":"worker","num_pages":%s}' % BEYOND_INT64, detail=None),
         init("num_pages_below_int64",
              '{"role":"worker","num_pages":%s}' % BELOW_INT64, detail=None),
-        # The existing rank: invalid, shrinking or over-limit re-initialisation.
+        # The existing rank: invalid or over-limit re-initialisation (a smaller one is
+        # valid: it shrinks the pool, test_vllm_client.InitializeTest).
         init("existing_rank_zero", {"role": "worker", "num_pages": 0},
-             path=f"/rank/{RANK}/initialize"),
-        init("existing_rank_smaller", {"role": "worker", "num_pages": 4}, status=409,
-             detail=f"Rank {RANK} already initialized with {PAGES} pages",
              path=f"/rank/{RANK}/initialize"),
         init("existing_rank_over_limit", {"role": "worker", "num_pages": PAGES_MAX + 1},
              detail=LIMIT, path=f"/rank/{RANK}/initialize"),

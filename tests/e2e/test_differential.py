@@ -417,11 +417,12 @@ def seeds_to_run():
 
 
 class DifferentialTest(MetadTestCase):
-    extra_args = ("--pages-per-rank-max", str(PAGES_MAX))
+    # Released pages stay quarantined longer than any run: the model keeps them in order.
+    extra_args = ("--pages-per-rank-max", str(PAGES_MAX), "--release-quarantine-ms", "86400000")
 
     def run_sequence(self, seed, ops):
         rng = random.Random(seed)
-        model = Model(pages_max=PAGES_MAX)
+        model = Model(pages_max=PAGES_MAX, quarantine=True)
         gen = Generator(rng, model, RANKS, HEX_KEYS + ODD_KEYS, absent_ranks=[4, -2], cold_keys=COLD_KEYS)
         session = Session(self.port, model, rng, f"seed {seed} (replay: DIFF_SEED={seed} DIFF_OPS={ops})")
         try:
@@ -478,7 +479,7 @@ class DifferentialTest(MetadTestCase):
         total = sum(len(r) for r in owned)
         models, sessions, errors = [], [], []
         for t in range(threads):
-            model = Model(pages_max=PAGES_MAX)
+            model = Model(pages_max=PAGES_MAX, quarantine=True)
             model.external_workers = total - len(owned[t])
             rng = random.Random(seed * 1000 + t)
             session = Session(self.port, model, rng, f"thread {t} of concurrent seed {seed} "

@@ -178,7 +178,7 @@ class LifecycleModel(Model):
     def make_room(self, state, ks):
         while True:
             misses = [k for k in dict.fromkeys(ks) if k not in state.page_of]
-            if len(misses) <= len(state.free):
+            if len(misses) <= state.free_count():
                 return
             reserved = len(state.page_of) - len(state.confirmed)
             if len(misses) > state.num_pages - reserved:

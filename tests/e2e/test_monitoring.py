@@ -204,7 +204,7 @@ class MonitoringFilesTest(OpsTestCase):
 
 class RankReinitializedTest(OpsTestCase):
 
-    def test_grown_and_refused_shrink_are_counted_and_logged(self):
+    def test_grown_and_shrunk_are_counted_and_logged(self):
         server = self.start()
         client = Client(server.base_url)
         self.addCleanup(client.close)
@@ -212,7 +212,7 @@ class RankReinitializedTest(OpsTestCase):
         def counts():
             m = self.scrape(server)
             return (m.get("hf3fs_metad_rank_reinitialized_total", change="grown"),
-                    m.get("hf3fs_metad_rank_reinitialized_total", change="shrink_refused"))
+                    m.get("hf3fs_metad_rank_reinitialized_total", change="shrunk"))
 
         self.assertEqual(counts(), (0, 0))
         self.assertEqual(client.initialize(3, 8).status_code, 200)
@@ -227,9 +227,9 @@ class RankReinitializedTest(OpsTestCase):
         self.assertEqual(counts(), (1, 0))
         r = client.initialize(3, 4)
         self.assertEqual((r.status_code, r.content),
-                         (409, b'{"detail":"Rank 3 already initialized with 16 pages"}'))
+                         (200, b'{"message":"Rank 3 initialized with 4 pages"}'))
         self.assertTrue(server.wait_log(
-            r"warn .*rank 3 initialized again with 4 pages: refused \(409\), it has 16"),
+            r"warn .*rank 3 initialized again with 4 pages: shrunk from 16, 0 key\(s\) bound"),
             server.log())
         self.assertEqual(counts(), (1, 1))
 

@@ -66,13 +66,24 @@ class InitializeTest(MetadTestCase):
         self.assertEqual(self.allocate(1, keys(7, "new")), [3, 4, 5, 6, 7, 8, 9])
         self.assert_rank(1, 10, 0, 7, 3)
 
-    def test_reinitialize_smaller_is_409_and_changes_nothing(self):
+    def test_reinitialize_smaller_shrinks_the_pool(self):
+        # An unmodified vLLM worker raises on anything but 200: a lowered
+        # hf3fs_file_size must not stop it from starting. Its file is authoritative:
+        # keys bound past the new end lose their page on this rank.
         self.init_worker(1, 8)
-        self.save(1, keys(2))
-        self.assert_error(self.client.initialize(1, 4), 409,
-                          "Rank 1 already initialized with 8 pages")
-        self.assert_rank(1, 8, 6, 0, 2)
-        self.assertEqual(self.allocate(1, [key(9)]), [2])
+        self.init_worker(2, 8)  # tp_world_size 2: a key is complete on both ranks
+        ks = keys(6)
+        self.save(1, ks)
+        self.save(2, ks)
+        self.assertEqual(self.allocate(1, [key("open")]), [6])  # a reservation past the end too
+        r = self.client.initialize(1, 4)
+        self.assert_body(r, 200, {"message": "Rank 1 initialized with 4 pages"})
+        self.assert_rank(1, 4, 0, 0, 4, 0)
+        self.assertEqual(self.exists(ks), [True] * 4 + [False] * 2)
+        self.assertEqual(self.locations(2, ks), [0, 1, 2, 3, None, None])
+        self.assert_rank(2, 8, 2, 0, 6, 2)  # the lost keys are incomplete on rank 2
+        self.init_worker(1, 8)  # grown back: the pages are new and free
+        self.assertEqual(self.allocate(1, ks[4:] + [key("open")]), [4, 5, 6])
 
     def test_role_defaults_to_worker(self):
         r = self.client.post("/rank/5/initialize", {"num_pages": 3})
@@ -329,6 +340,37 @@ class WriteFailureTest(MetadTestCase):
         self.assert_rank(0, 4, 3, 1, 0)
 
 
+class QuarantineTest(MetadTestCase):
+    """A replayed release (vLLM's client retries a POST after a 5xx or a lost connection)
+    must not free a page another writer was given meanwhile: released pages sit out
+    --release-quarantine-ms before they go to another key, unless nothing else is free."""
+
+    QUARANTINE_S = 1.0
+    extra_args = ("--release-quarantine-ms", str(int(QUARANTINE_S * 1000)))
+
+    def test_a_replayed_release_does_not_free_another_writers_page(self):
+        self.init_worker(0, 4)
+        a, b, c = key("A"), key("B"), key("C")
+        self.assertEqual(self.allocate(0, [a]), [0])
+        self.confirm(0, [], pages_to_release=[0])
+        self.assertEqual(self.allocate(0, [b]), [1], "the released page waits")
+        self.confirm(0, [], pages_to_release=[0])  # the replay: page 0 is quarantined already
+        self.assertEqual(self.allocate(0, [c]), [2])
+        self.confirm(0, [(b, 1)])
+        self.assert_rank(0, 4, 2, 1, 1)  # the quarantined page counts as free
+        self.assertEqual(self.locations(0, [b]), [1])
+        # A full pool still serves, with the quarantined page last.
+        self.assertEqual(self.allocate(0, [key("D"), key("E")]), [3, 0])
+
+    def test_after_the_quarantine_a_released_page_is_lowest_first_again(self):
+        self.init_worker(0, 4)
+        self.assertEqual(self.allocate(0, keys(2)), [0, 1])
+        self.confirm(0, [], pages_to_release=[0, 1])
+        self.assertEqual(self.allocate(0, [key("next")]), [2])
+        time.sleep(self.QUARANTINE_S + 0.3)  # ended on a core's tick
+        self.assertEqual(self.allocate(0, keys(2, "later")), [0, 1])
+
+
 class AllocationTest(MetadTestCase):
 
     def test_duplicate_keys_get_one_page_each(self):
@@ -407,8 +449,10 @@ class RankIdTest(MetadTestCase):
                 self.assertEqual(self.exists(ks), [True] * 3)
                 self.assertEqual(self.locations(rank, ks), [0, 1, 2])
                 self.assert_rank(rank, 5, 2, 0, 3)
-                self.assert_error(self.client.initialize(rank, 2), 409,
-                                  f"Rank {rank} already initialized with 5 pages")
+                self.assert_body(self.client.initialize(rank, 2), 200,
+                                 {"message": f"Rank {rank} initialized with 2 pages"})
+                self.assert_rank(rank, 2, 0, 0, 2)  # the key on page 2 lost its page
+                self.assertEqual(self.exists(ks), [True, True, False])
 
     def test_ranks_are_independent(self):
         for rank in (-1, 0, 1, 2, 3):

@@ -164,6 +164,73 @@ TEST_F(Durability, AConfirmWhoseWriteFailedIsCountedAndItsRetrySucceeds) {
   EXPECT_EQ(n.get("/rank/1") + n.post("/keys/get_locations", R"({"rank":1,"keys":["k"]})"), live);
 }
 
+// Released pages are quarantined (see rank_table); the quarantine and its end are
+// logged, so allocation after a restart takes the same pages, and a quarantine that was
+// running at the restart lasts its full time again. The second restart reads the first
+// one's snapshot.
+TEST_F(Durability, QuarantinesSurviveRestartsFromTheLogAndFromSnapshots) {
+  {
+    node n(dir_, 2);
+    n.post("/rank/1/initialize", R"({"num_pages":4})");
+    EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["a","b"]})"),
+              R"({"rank":1,"results":[["a",0],["b",1]]})");
+    n.post("/keys/confirm_write", R"({"rank":1,"confirmations":[],"pages_to_release":[0]})");
+    n.now += 5'000;
+    n.tick();  // page 0's quarantine ends
+    n.post("/keys/confirm_write", R"({"rank":1,"confirmations":[],"pages_to_release":[1]})");
+  }
+  for (int restart = 0; restart < 2; ++restart) {
+    SCOPED_TRACE(restart == 0 ? "from the log" : "from the snapshot");
+    node n(dir_, 3);
+    EXPECT_EQ(n.get("/rank/1"),
+              R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
+    if (restart == 1) {
+      EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["c","d","e","f"]})"),
+                R"({"rank":1,"results":[["c",0],["d",2],["e",3],["f",1]]})")
+          << "free pages lowest first, then the quarantined one";
+    }
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  }
+}
+
+// A worker re-initialising its rank with fewer pages (a lowered hf3fs_file_size) is
+// answered 200: pages past the new end no longer exist, so the keys bound there lose
+// that binding and are incomplete; one record, recovered the same way.
+TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
+  const std::string keys = R"({"keys":["k0","k1","k2","k3"]})";
+  auto state = [&](node& n) {
+    return n.get("/rank/0") + "\n" + n.get("/rank/1") + "\n" + n.post("/keys/batch_exists", keys) +
+           "\n" + n.post("/keys/get_locations", R"({"rank":0,"keys":["k0","k1","k2","k3"]})");
+  };
+  const std::string want = R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":2})"
+                           "\n"
+                           R"({"num_pages":2,"free":0,"reserved":0,"bound":2,"incomplete":0})"
+                           "\n"
+                           R"({"exists":[true,true,false,false]})"
+                           "\n"
+                           R"({"locations":[0,1,null,null]})";
+  {
+    node n(dir_, 2);
+    for (int r = 0; r < 2; ++r)
+      n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4})");
+    for (int r = 0; r < 2; ++r) {
+      const std::string rank = std::to_string(r);
+      n.post("/keys/batch_allocate", R"({"rank":)" + rank + R"(,"keys":["k0","k1","k2","k3"]})");
+      n.post("/keys/confirm_write",
+             R"({"rank":)" + rank + R"(,"confirmations":[["k0",0],["k1",1],["k2",2],["k3",3]]})");
+    }
+    EXPECT_EQ(n.post("/rank/1/initialize", R"({"num_pages":2})"),
+              R"({"message":"Rank 1 initialized with 2 pages"})");
+    EXPECT_EQ(state(n), want);
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  }
+  for (int restart = 0; restart < 2; ++restart) {
+    node n(dir_, 3 - restart);
+    EXPECT_EQ(state(n), want);
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  }
+}
+
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
   {
     node n(dir_, 1);

@@ -55,6 +55,37 @@ TEST(Directory, KeysAreIndependent) {
   EXPECT_EQ(d.size(), 2u);
 }
 
+// A shrunk rank loses a binding without a removal: both key forms, complete keys become
+// incomplete (leases end), the last binding takes the key out, a binding whose
+// confirmation has not arrived yet absorbs it, and a removal in progress counts one less.
+TEST(Directory, LostBindingsCountOneLess) {
+  for (const std::string key : {std::string(32, 'a'), std::string("odd key")}) {
+    SCOPED_TRACE(key);
+    directory d;
+    d.add_confirmation(key, 2, 1);
+    d.add_confirmation(key, 2, 1);
+    ASSERT_TRUE(d.use(key, 2, 100));  // leased until 100
+    EXPECT_FALSE(d.lose_binding(key, 3));
+    EXPECT_FALSE(d.complete(key));
+    EXPECT_EQ(d.incomplete_count(), 1u);
+    EXPECT_EQ(d.incomplete_bindings(), 1u);
+    EXPECT_EQ(d.leased_count(3), 0u);
+    EXPECT_TRUE(d.lose_binding(key, 4)) << "the last binding: the key leaves";
+    EXPECT_EQ(d.size(), 0u);
+    EXPECT_EQ(d.incomplete_count(), 0u);
+
+    EXPECT_FALSE(d.lose_binding(key, 5)) << "its confirmation is on the way";
+    EXPECT_FALSE(d.add_confirmation(key, 1, 6)) << "... and absorbed";
+    EXPECT_EQ(d.size(), 0u);
+
+    d.add_confirmation(key, 1, 7);
+    ASSERT_EQ(d.begin_removal(key, 8), directory::removal::started);
+    EXPECT_FALSE(d.lose_binding(key, 9));
+    EXPECT_TRUE(d.finish_removal(key, 0, 10)) << "no binding was left for the removal";
+    EXPECT_EQ(d.size(), 0u);
+  }
+}
+
 TEST(Directory, ClearDropsEveryKey) {
   directory d;
   for (int i = 0; i < 1000; ++i) d.add_confirmation(std::to_string(i), 1, 0);

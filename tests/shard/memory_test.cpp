@@ -104,7 +104,7 @@ TEST(ShardMemory, BindingsOfHexKeysCostAtMost32BytesAndPagesAtMost1Byte) {
       fresh.clear();
       ASSERT_TRUE(table.allocate(r, batch_keys, 0, distinct, got));
       ASSERT_EQ(got.size(), n);
-      ASSERT_EQ(table.confirm(r, batch_keys, got, {}, detail, fresh), confirm_outcome::ok)
+      ASSERT_EQ(table.confirm(r, batch_keys, got, {}, 0, detail, fresh), confirm_outcome::ok)
           << detail;
       ASSERT_EQ(fresh.size(), n);
       for (std::uint32_t i : fresh) dir.add_confirmation(batch_keys[i], ranks, 0);

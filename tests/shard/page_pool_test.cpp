@@ -109,6 +109,25 @@ TEST(PagePool, GrowthFromAFullPoolServesTheNewPages) {
   EXPECT_EQ(pool.check(), "");
 }
 
+// Shrinks across word and summary-level boundaries: the pages below keep their state,
+// nothing past the end is ever handed out, and growth afterwards adds free pages again.
+TEST(PagePool, ShrinkKeepsThePagesBelowTheNewEnd) {
+  for (const std::uint32_t to : {1u, 63u, 64u, 65u, 130u, 4095u, 4096u}) {
+    SCOPED_TRACE(to);
+    page_pool pool(5000);
+    for (std::uint32_t p = 0; p < to; p += 2) pool.take(p);  // every other page reserved
+    pool.shrink(to);
+    EXPECT_EQ(pool.num_pages(), to);
+    EXPECT_EQ(pool.check(), "");
+    EXPECT_EQ(pool.free_count(), to / 2);
+    for (std::uint32_t n = pool.free_count(); n > 0; --n) EXPECT_LT(pool.take_lowest(), to);
+    EXPECT_EQ(pool.free_count(), 0u);
+    pool.grow(to + 70);
+    EXPECT_EQ(pool.take_lowest(), to);
+    EXPECT_EQ(pool.check(), "");
+  }
+}
+
 TEST(PagePool, LargestPoolStaysUnderOneBytePerPage) {
   const std::uint32_t n = std::uint32_t{1} << 28;
   page_pool pool(n);

@@ -40,7 +40,7 @@ inline confirmation confirm(rank_table& t, std::int64_t rank, const keys_t& keys
                             const std::vector<std::int64_t>& pages,
                             const std::vector<std::int64_t>& releases = {}) {
   confirmation c;
-  c.outcome = t.confirm(rank, keys, pages, releases, c.detail, c.newly);
+  c.outcome = t.confirm(rank, keys, pages, releases, 0, c.detail, c.newly);
   return c;
 }
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -23,10 +24,12 @@ struct model_rank {
   };
   std::int64_t num_pages = 0;
   std::map<std::string, held, std::less<>> keys;
+  std::deque<std::pair<std::uint64_t, std::int64_t>> quarantine;  // {until, page}, oldest first
 
   std::set<std::int64_t> used() const {
     std::set<std::int64_t> s;
     for (const auto& [k, h] : keys) s.insert(h.page);
+    for (const auto& q : quarantine) s.insert(q.second);
     return s;
   }
   std::int64_t free_count() const { return num_pages - static_cast<std::int64_t>(keys.size()); }
@@ -54,6 +57,10 @@ struct model_rank {
       const auto u = used();
       std::int64_t p = 0;
       while (u.count(p)) ++p;
+      if (p == num_pages) {  // nothing free: the oldest quarantined page
+        p = quarantine.front().second;
+        quarantine.pop_front();
+      }
       keys[std::string(in[distinct[k]])] = {p, false, deadline};
       pages[k] = p;
     }
@@ -61,8 +68,9 @@ struct model_rank {
 
   confirm_outcome confirm(std::int64_t rank, const std::vector<std::string_view>& in,
                           const std::vector<std::int64_t>& pages,
-                          const std::vector<std::int64_t>& releases, std::string& detail,
-                          std::vector<std::uint32_t>& newly, std::uint64_t& refused) {
+                          const std::vector<std::int64_t>& releases, std::uint64_t until,
+                          std::string& detail, std::vector<std::uint32_t>& newly,
+                          std::uint64_t& refused) {
     for (std::size_t i = 0; i < in.size(); ++i) {
       const auto p = pages[i];
       if (p < 0 || p >= num_pages) {
@@ -99,6 +107,7 @@ struct model_rank {
           ++refused;
         } else {
           keys.erase(it);
+          if (until != 0) quarantine.emplace_back(until, p);
         }
         break;
       }
@@ -121,6 +130,16 @@ std::size_t expire(model_rank& m, std::uint64_t now) {
   return n;
 }
 
+// Quarantines whose time came, oldest first.
+std::vector<std::int64_t> end_quarantines(model_rank& m, std::uint64_t now) {
+  std::vector<std::int64_t> ended;
+  while (!m.quarantine.empty() && m.quarantine.front().first <= now) {
+    ended.push_back(m.quarantine.front().second);
+    m.quarantine.pop_front();
+  }
+  return ended;
+}
+
 // How often each confirm answer occurred, so the test can insist it exercised them all.
 struct coverage {
   std::map<std::string, int> answers;
@@ -139,7 +158,8 @@ struct coverage {
   }
 };
 
-void run_random(std::uint32_t seed, int steps, coverage& cov) {
+// quarantine: how long a released page waits (0: free at once).
+void run_random(std::uint32_t seed, int steps, std::uint64_t quarantine, coverage& cov) {
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   rank_table table;
@@ -172,7 +192,16 @@ void run_random(std::uint32_t seed, int steps, coverage& cov) {
       ASSERT_EQ(d1, d2);
       ASSERT_EQ(p1, p2);
     } else if (op < 40) {
-      // Expiry on every rank at once, as a core's tick does.
+      // The end of quarantines, then expiry, on every rank at once, as a core's tick does.
+      std::map<std::int64_t, std::vector<std::int64_t>> ended;
+      for (auto& [r, mr] : model)
+        if (auto e = end_quarantines(mr, now); !e.empty()) ended[r] = e;
+      std::map<std::int64_t, std::vector<std::int64_t>> reported_ends;
+      table.end_quarantines(now, [&](std::int64_t r, std::span<const std::int64_t> pages) {
+        reported_ends[r].assign(pages.begin(), pages.end());
+      });
+      ASSERT_EQ(reported_ends, ended);
+      for (auto& [r, e] : ended) cov.answers["quarantine ended"] += static_cast<int>(e.size());
       std::size_t want = 0;
       for (auto& entry : model) want += expire(entry.second, now);
       std::size_t reported = 0;
@@ -215,8 +244,9 @@ void run_random(std::uint32_t seed, int steps, coverage& cov) {
       }
       std::string detail1, detail2;
       std::vector<std::uint32_t> newly1, newly2;
-      const auto got = table.confirm(rank, keys, pages, releases, detail1, newly1);
-      const auto want = m.confirm(rank, keys, pages, releases, detail2, newly2, refused);
+      const std::uint64_t until = quarantine == 0 ? 0 : now + quarantine;
+      const auto got = table.confirm(rank, keys, pages, releases, until, detail1, newly1);
+      const auto want = m.confirm(rank, keys, pages, releases, until, detail2, newly2, refused);
       ASSERT_EQ(got, want) << detail1;
       ASSERT_EQ(detail1, detail2);
       ASSERT_EQ(newly1, newly2);
@@ -232,15 +262,29 @@ void run_random(std::uint32_t seed, int steps, coverage& cov) {
     } else {
       const std::int64_t n = m.num_pages + pick(70) - 20;
       if (n <= 0) continue;
-      const auto r = table.initialize(rank, n);
+      std::vector<std::string> unbound;
+      const auto r = table.initialize(rank, n, &unbound);
       ASSERT_EQ(r.old_pages, m.num_pages);
       if (n > m.num_pages) {
         ASSERT_EQ(r.outcome, init_outcome::grown);
-        m.num_pages = n;
+      } else if (n == m.num_pages) {
+        ASSERT_EQ(r.outcome, init_outcome::unchanged);
       } else {
-        ASSERT_EQ(r.outcome,
-                  n == m.num_pages ? init_outcome::unchanged : init_outcome::shrink_refused);
+        ASSERT_EQ(r.outcome, init_outcome::shrunk);
+        std::set<std::string> want;
+        for (auto it = m.keys.begin(); it != m.keys.end();) {
+          if (it->second.page < n) {
+            ++it;
+            continue;
+          }
+          if (it->second.confirmed) want.insert(it->first);
+          it = m.keys.erase(it);
+        }
+        std::erase_if(m.quarantine, [&](const auto& q) { return q.second >= n; });
+        ASSERT_EQ(std::set<std::string>(unbound.begin(), unbound.end()), want);
+        cov.answers["shrunk"] += 1;
       }
+      m.num_pages = n;
     }
     const auto s = table.stats(rank);
     const auto w = m.stats();
@@ -255,11 +299,11 @@ void run_random(std::uint32_t seed, int steps, coverage& cov) {
 TEST(RankTableRandom, AgreesWithModelAndKeepsInvariants) {
   coverage cov;
   for (std::uint32_t seed = 1; seed <= 8; ++seed) {
-    run_random(seed, 2500, cov);
+    run_random(seed, 2500, seed % 2 == 0 ? 0 : 40, cov);
     if (HasFatalFailure()) return;
   }
   for (const char* answer : {"ok", "release out of range", "page out of range", "two keys",
-                             "not reserved", "expired", "removed"}) {
+                             "not reserved", "expired", "removed", "quarantine ended", "shrunk"}) {
     EXPECT_GT(cov.answers[answer], 0) << answer;
   }
   for (const auto& [answer, n] : cov.answers) std::printf("  %-22s %d\n", answer.c_str(), n);

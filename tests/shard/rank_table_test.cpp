@@ -12,7 +12,7 @@ namespace {
 
 using namespace testing_helpers;
 
-TEST(RankTable, InitializeCreatesGrowsAndRefusesShrink) {
+TEST(RankTable, InitializeCreatesGrowsAndShrinks) {
   rank_table t;
   EXPECT_FALSE(t.contains(3));
   auto r = t.initialize(3, 100);
@@ -23,14 +23,43 @@ TEST(RankTable, InitializeCreatesGrowsAndRefusesShrink) {
   EXPECT_EQ(r.outcome, init_outcome::unchanged);
   EXPECT_EQ(r.old_pages, 100);
   r = t.initialize(3, 50);
-  EXPECT_EQ(r.outcome, init_outcome::shrink_refused);
+  EXPECT_EQ(r.outcome, init_outcome::shrunk);
   EXPECT_EQ(r.old_pages, 100);
-  EXPECT_EQ(t.stats(3)->num_pages, 100);
+  EXPECT_EQ(t.stats(3)->num_pages, 50);
   r = t.initialize(3, 200);
   EXPECT_EQ(r.outcome, init_outcome::grown);
-  EXPECT_EQ(r.old_pages, 100);
+  EXPECT_EQ(r.old_pages, 50);
   EXPECT_EQ(stats_tuple(*t.stats(3)), stats_tuple({200, 200, 0, 0}));
   EXPECT_EQ(t.rank_count(), 1u);
+  EXPECT_EQ(t.check_invariants(), "");
+}
+
+// The pages past the new end no longer exist: their keys lose their bindings and
+// reservations, their quarantines end; the pages below keep their state.
+TEST(RankTable, ShrinkDropsWhatLayPastTheNewEnd) {
+  rank_table t;
+  t.initialize(0, 8);
+  EXPECT_EQ(pages_of(t, 0, {"a", "b", "c", "d", "e", "f"}), (V{0, 1, 2, 3, 4, 5}));
+  std::string detail;
+  std::vector<std::uint32_t> newly;
+  const std::vector<std::string_view> bound = {"a", "e"};
+  const std::vector<std::int64_t> bound_pages = {0, 4}, releases = {1, 5};
+  ASSERT_EQ(t.confirm(0, bound, bound_pages, releases, 100, detail, newly), confirm_outcome::ok);
+  // a: bound 0, b: quarantined 1, c, d: reserved 2, 3, e: bound 4, f: quarantined 5.
+  std::vector<std::string> unbound;
+  const init_result r = t.initialize(0, 3, &unbound);
+  EXPECT_EQ(r.outcome, init_outcome::shrunk);
+  EXPECT_EQ(unbound, (std::vector<std::string>{"e"}));
+  EXPECT_EQ(stats_tuple(*t.stats(0)), stats_tuple({3, 1, 1, 1}));  // free: the quarantined 1
+  EXPECT_EQ(t.check_invariants(), "");
+  std::vector<std::int64_t> pages(2);
+  const std::vector<std::string_view> both = {"a", "e"};
+  ASSERT_TRUE(t.confirmed_pages(0, both, pages));
+  EXPECT_EQ(pages, (std::vector<std::int64_t>{0, -1}));
+  // d's reservation is gone, c's is kept; the quarantined page 1 goes last.
+  EXPECT_EQ(pages_of(t, 0, {"c", "d"}), (V{2, 1}));
+  t.initialize(0, 5);  // grown back: pages 3 and 4 are new and free
+  EXPECT_EQ(pages_of(t, 0, {"g", "h"}), (V{3, 4}));
   EXPECT_EQ(t.check_invariants(), "");
 }
 

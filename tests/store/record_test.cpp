@@ -57,6 +57,29 @@ TEST(Record, EveryKindRoundTrips) {
   EXPECT_EQ(seen[6].keys[0], "abc");
 }
 
+TEST(Record, QuarantineKindsRoundTrip) {
+  std::string log;
+  const std::vector<std::string_view> keys = {"k"};
+  const std::vector<std::int64_t> pages = {3}, releases = {7, 2};
+  store::append_confirm(log, 4, 2, keys, pages, releases, true);
+  store::append_quarantine_end(log, 4, releases);
+  store::append_snapshot_quarantine(log, 4, pages);
+  std::vector<store::record> seen;
+  ASSERT_EQ(
+      store::scan(log, [&](const store::record& r, std::size_t) { seen.push_back(r); }).status,
+      store::scan_status::ok);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].kind, store::record_kind::confirm_quarantined);
+  EXPECT_EQ(seen[0].keys, keys);
+  EXPECT_EQ(seen[0].pages, pages);
+  EXPECT_EQ(seen[0].releases, releases);
+  EXPECT_EQ(seen[1].kind, store::record_kind::quarantine_end);
+  EXPECT_EQ(seen[1].rank, 4);
+  EXPECT_EQ(seen[1].releases, releases);
+  EXPECT_EQ(seen[2].kind, store::record_kind::snapshot_quarantine);
+  EXPECT_EQ(seen[2].releases, pages);
+}
+
 TEST(Record, TornTailAtEveryCutIsDroppedAndTheRestKept) {
   const std::string log = three_records();
   std::size_t whole = 0;
