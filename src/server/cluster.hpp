@@ -19,11 +19,15 @@
 #include "shard/mailbox.hpp"
 #include "shard/state.hpp"
 #include "store/data_dir.hpp"
+#include "store/journal.hpp"
 #include "store/log.hpp"
 
 namespace server {
 
 struct core_state {
+  // sync: --durability sync (the journal's durable() waits for fdatasync).
+  explicit core_state(bool sync) : journal(log, sync) {}
+
   int index = 0;
   shard::rank_table ranks;
   shard::directory directory;
@@ -44,8 +48,10 @@ struct core_state {
   void publish_incomplete() {
     oldest_incomplete.store(directory.oldest_incomplete(), std::memory_order_relaxed);
   }
-  // Durability (inactive without --data-dir): this core's log and its snapshots.
+  // Durability (inactive without --data-dir): this core's log and its snapshots. Requests
+  // log their changes through the journal; the loop flushes the log.
   store::log_writer log;
+  store::journal journal;
   std::uint64_t log_segment = 0;
   bool snapshot_due = false;    // the segment outgrew --snapshot-log-bytes: cut at next flush
   int next_segment_fd = -1;     // a cut in progress: the segment after the current one

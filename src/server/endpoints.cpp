@@ -91,14 +91,12 @@ subtask<bool> count_lost_bindings(cluster& cl, int at, const std::vector<std::st
     core_state& core = *cl.core[c];
     // The rank's change is queued in its log already: these records go with it even
     // without room (they are written once the disk recovers).
-    if (core.log.enabled() && !core.log.make_room(record_bytes(keys, kKeyRecordBytes)))
-      stored = false;
+    if (!core.journal.reserve(record_bytes(keys, kKeyRecordBytes))) stored = false;
     for (const std::uint32_t i : walk_of(s, c)) {
-      if (core.directory.lose_binding(keys[i], cl.clock()) && core.log.enabled())
-        store::append_directory_remove(core.log.pending(), keys[i]);
+      if (core.directory.lose_binding(keys[i], cl.clock())) core.journal.directory_remove(keys[i]);
     }
     core.publish_incomplete();
-    if (stored) stored = co_await persisted(cl, core);
+    if (stored) stored = co_await core.journal.durable();
   }
   co_await cl.mailbox.hop(at, start);
   co_return stored;
@@ -116,16 +114,16 @@ request_task run_initialize(exchange& x) {
   shard::init_result r{shard::init_outcome::unchanged, 0};
   init_refusal refusal = init_refusal::none;
   std::uint64_t needed = 0;
-  bool stored = core.log.make_room(64);
+  bool stored = core.journal.reserve(64);
   std::vector<std::string> unbound;  // keys a shrink unbound (rare: allocated only then)
   if (stored) refusal = admit_initialize(cl, core, cmd, needed);
   if (stored && refusal == init_refusal::none) {
     // Counted in worker_ranks if created.
     r = core.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
     note_reinitialize(core, cmd, r, unbound.size());
-    if (core.log.enabled() && r.outcome != shard::init_outcome::unchanged)
-      store::append_initialize(core.log.pending(), cmd.rank, cmd.num_pages);  // replay shrinks too
-    stored = co_await persisted(cl, core);
+    if (r.outcome != shard::init_outcome::unchanged)
+      core.journal.initialize(cmd.rank, cmd.num_pages);  // replay shrinks too
+    stored = co_await core.journal.durable();
     if (!unbound.empty()) {
       const bool counted = co_await count_lost_bindings(cl, owner, unbound, x.work());
       stored = stored && counted;
@@ -163,15 +161,15 @@ shard::allocate_result try_allocate(cluster& cl, core_state& core, scratch& s, b
   const api::allocate_cmd& cmd = s.allocate;
   s.indices.clear();
   s.pages.clear();
-  if (core.log.enabled() && !core.log.make_room(record_bytes(cmd.keys.views(), 0))) {
+  if (!core.journal.reserve(record_bytes(cmd.keys.views(), 0))) {
     stored = false;
     return {};
   }
-  const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+  const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
   const shard::allocate_result r =
       core.ranks.allocate(cmd.rank, cmd.keys.views(), cl.clock(), s.indices, s.pages);
-  if (r.found && core.log.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
-    store::append_allocate(core.log.pending(), cmd.rank, cmd.keys.views());
+  if (r.found && core.journal.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
+    core.journal.allocate(cmd.rank, cmd.keys.views());
   return r;
 }
 
@@ -252,7 +250,7 @@ request_task run_allocate(exchange& x) {
     if (evicted == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }
-  if (stored) stored = co_await persisted(cl, core);
+  if (stored) stored = co_await core.journal.durable();
   co_await cl.mailbox.hop(owner, home);
   if (!stored) {
     x.respond_error(503, kStorageFailed);
@@ -282,24 +280,23 @@ request_task run_confirm(exchange& x) {
   s.detail.reserve(256);
   co_await cl.mailbox.hop(home, owner);
   shard::confirm_outcome outcome = shard::confirm_outcome::ok;
-  store::log_writer& owner_log = cl.core[owner]->log;
-  bool stored = !owner_log.enabled() ||
-                owner_log.make_room(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
+  bool stored =
+      cl.core[owner]->journal.reserve(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
   const auto tp_world_size =
       static_cast<std::int32_t>(cl.worker_ranks.load(std::memory_order_relaxed));
   if (stored) {
     core_state& core = *cl.core[owner];
-    const auto before = core.log.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+    const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
     const std::uint64_t quarantine_until =
         cl.cfg.release_quarantine_ms == 0 ? 0
                                           : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
     outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
                                  quarantine_until, s.detail, s.indices);
-    if (outcome == shard::confirm_outcome::ok && core.log.enabled() &&
+    if (outcome == shard::confirm_outcome::ok && core.journal.enabled() &&
         !same_stats(before, core.ranks.stats(cmd.rank)))
-      store::append_confirm(core.log.pending(), cmd.rank, tp_world_size, cmd.keys.views(),
-                            cmd.pages, cmd.releases, quarantine_until != 0);
-    stored = co_await persisted(cl, core);
+      core.journal.confirm(cmd.rank, tp_world_size, cmd.keys.views(), cmd.pages, cmd.releases,
+                           quarantine_until != 0);
+    stored = co_await core.journal.durable();
   }
   int at = owner;
   if (outcome == shard::confirm_outcome::ok && !s.indices.empty()) {
@@ -319,18 +316,14 @@ request_task run_confirm(exchange& x) {
       at = c;
       core_state& dir_core = *cl.core[c];
       // Without room the records are still queued: they go out once the disk recovers.
-      if (dir_core.log.enabled() &&
-          !dir_core.log.make_room(record_bytes(cmd.keys.views(), kKeyRecordBytes)))
+      if (!dir_core.journal.reserve(record_bytes(cmd.keys.views(), kKeyRecordBytes)))
         stored = false;
       dir_core.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size,
                                            cl.clock(), s.flags);
       dir_core.publish_incomplete();
-      if (dir_core.log.enabled()) {
-        for (const std::uint32_t i : walk_of(s, c))
-          if (s.flags[i])
-            store::append_directory_key(dir_core.log.pending(), tp_world_size, cmd.keys[i]);
-      }
-      if (stored) stored = co_await persisted(cl, dir_core);
+      for (const std::uint32_t i : walk_of(s, c))
+        if (s.flags[i]) dir_core.journal.directory_key(tp_world_size, cmd.keys[i]);
+      if (stored) stored = co_await dir_core.journal.durable();
     }
   }
   co_await cl.mailbox.hop(at, home);
@@ -424,8 +417,8 @@ request_task run_clear(exchange& x) {
     at = c;
     clear_core(cl, c);
     core_state& core = *cl.core[c];
-    if (core.log.enabled()) store::append_clear(core.log.pending());
-    if (!co_await persisted(cl, core)) stored = false;
+    core.journal.clear();
+    if (!co_await core.journal.durable()) stored = false;
   }
   cl.clears_done.fetch_add(1);
   co_await cl.mailbox.hop(at, home);

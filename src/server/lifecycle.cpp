@@ -47,17 +47,16 @@ std::size_t expire_due(cluster& cl, core_state& core) {
   const std::uint64_t now = cl.clock();
   core.directory.sweep(now);
   // At most one record of each kind per rank, of 8 bytes per page.
-  if (core.log.enabled() &&
-      !core.log.make_room(128 * core.ranks.rank_count() +
-                          8 * (core.ranks.reserved_pages() + core.ranks.quarantined_pages())))
+  if (!core.journal.reserve(128 * core.ranks.rank_count() +
+                            8 * (core.ranks.reserved_pages() + core.ranks.quarantined_pages())))
     return 0;
   std::size_t freed =
       core.ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-        if (core.log.enabled()) store::append_quarantine_end(core.log.pending(), rank, pages);
+        core.journal.quarantine_end(rank, pages);
       });
   if (cl.cfg.reservation_ttl_ms == 0) return freed;
   freed += core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-    if (core.log.enabled()) store::append_release(core.log.pending(), rank, pages);
+    core.journal.release(rank, pages);
   });
   return freed;
 }
@@ -94,8 +93,7 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
     if (!job.valid(cl)) break;  // a /clear drops everything: nothing left to settle
     core_state& core = *cl.core[c];
     if (core.ranks.rank_count() == 0) continue;
-    if (core.log.enabled() &&
-        !core.log.make_room(core.ranks.rank_count() * record_bytes(job.keys, 0))) {
+    if (!core.journal.reserve(core.ranks.rank_count() * record_bytes(job.keys, 0))) {
       stored = false;  // the bindings stay; the directory below keeps the keys' counts
       continue;
     }
@@ -111,9 +109,9 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
         ++job.bindings[i];
         job.removed_keys.push_back(job.keys[i]);
       }
-      if (core.log.enabled()) store::append_remove(core.log.pending(), rank, job.removed_keys);
+      core.journal.remove(rank, job.removed_keys);
     }
-    if (!co_await persisted(cl, core)) stored = false;
+    if (!co_await core.journal.durable()) stored = false;
   }
   for (int step = 0; step < cl.cores; ++step) {
     const int c = (start + step) % cl.cores;
@@ -124,8 +122,7 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
     core_state& core = *cl.core[c];
     // Without room the directory still settles; only the record of a key leaving is
     // lost, and recovery derives the directory from the bindings anyway.
-    const bool logged =
-        core.log.enabled() && core.log.make_room(record_bytes(job.keys, kKeyRecordBytes));
+    const bool logged = core.journal.reserve(record_bytes(job.keys, kKeyRecordBytes));
     const std::uint64_t now = cl.clock();
     for (std::size_t i = 0; i < job.keys.size(); ++i) {
       if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i], now))
@@ -134,10 +131,10 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
       ++(kind == removal_kind::evicted ? core.evicted_keys
          : kind == removal_kind::stale ? core.stale_keys
                                        : core.deleted_keys);
-      if (logged) store::append_directory_remove(core.log.pending(), job.keys[i]);
+      if (logged) core.journal.directory_remove(job.keys[i]);
     }
     core.publish_incomplete();  // a key confirmed again meanwhile stays, incomplete
-    if (!co_await persisted(cl, core)) stored = false;
+    if (!co_await core.journal.durable()) stored = false;
   }
   co_await cl.mailbox.hop(at, start);
   co_return left;

@@ -39,7 +39,7 @@ cluster::cluster(const metad::config& config, int core_count)
       memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
       draining_cores(core_count) {
   for (int i = 0; i < core_count; ++i) {
-    core.push_back(std::make_unique<core_state>());
+    core.push_back(std::make_unique<core_state>(config.durable == metad::durability::sync));
     core.back()->index = i;
     core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
     core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * kNsPerMs);

@@ -55,13 +55,6 @@ constexpr std::string_view kStorageFailed =
     "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
     "nothing was changed or acknowledged, reads still work";
 
-// After a change on `core` (on that core): waits until its log holds everything appended
-// so far durably, in sync mode. Resumes with false if the disk failed first.
-inline store::log_writer::wait_awaiter persisted(const cluster& cl, core_state& core) {
-  const bool sync = cl.cfg.durable == metad::durability::sync;
-  return core.log.durable_until(sync ? core.log.end() : 0);
-}
-
 // What a record of one key costs beside the key's length-prefixed bytes, at most: frame
 // header, kind, tp_world_size (directory_key; directory_remove has less).
 constexpr std::size_t kKeyRecordBytes = 8 + 1 + 4;

@@ -1,0 +1,73 @@
+// One core's journal: the only way a mutating request logs its change. Three steps, in
+// this order:
+//   1. reserve(bytes) before anything changes: false means the disk cannot take the
+//      records (full, failing), and the request is refused with nothing changed;
+//   2. change the state, and append the change's records (the typed appenders);
+//   3. co_await durable() before answering: false means the write or its fdatasync
+//      failed (answer 503). The records stay queued at the same log offset and are
+//      written once the disk recovers, so live state stays what the log will say.
+// A change already made whose records must follow it (the directory's side of a
+// confirmation whose rank side is queued) appends even when reserve() refused.
+// Without a data directory every step succeeds at once and nothing is kept. Touched only
+// by its core, like the log_writer it wraps (which the loop flushes; see log.hpp).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "store/log.hpp"
+#include "store/record.hpp"
+
+namespace store {
+
+class journal {
+ public:
+  // sync: durable() waits for the fdatasync of everything appended; otherwise it is
+  // ready at once (--durability none: written, never waited for).
+  journal(log_writer& log, bool sync) : log_(log), sync_(sync) {}
+
+  bool enabled() const { return log_.enabled(); }
+  bool reserve(std::uint64_t bytes) { return log_.make_room(bytes); }
+
+  void initialize(std::int64_t rank, std::int64_t num_pages) {
+    if (enabled()) append_initialize(log_.pending(), rank, num_pages);
+  }
+  void allocate(std::int64_t rank, std::span<const std::string_view> keys) {
+    if (enabled()) append_allocate(log_.pending(), rank, keys);
+  }
+  void confirm(std::int64_t rank, std::int32_t tp_world_size,
+               std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
+               std::span<const std::int64_t> releases, bool quarantined) {
+    if (enabled())
+      append_confirm(log_.pending(), rank, tp_world_size, keys, pages, releases, quarantined);
+  }
+  void clear() {
+    if (enabled()) append_clear(log_.pending());
+  }
+  void directory_key(std::int32_t tp_world_size, std::string_view key) {
+    if (enabled()) append_directory_key(log_.pending(), tp_world_size, key);
+  }
+  void directory_remove(std::string_view key) {
+    if (enabled()) append_directory_remove(log_.pending(), key);
+  }
+  void remove(std::int64_t rank, std::span<const std::string_view> keys) {
+    if (enabled()) append_remove(log_.pending(), rank, keys);
+  }
+  void release(std::int64_t rank, std::span<const std::int64_t> pages) {
+    if (enabled()) append_release(log_.pending(), rank, pages);
+  }
+  void quarantine_end(std::int64_t rank, std::span<const std::int64_t> pages) {
+    if (enabled()) append_quarantine_end(log_.pending(), rank, pages);
+  }
+
+  // co_await: true once everything appended so far is durable (sync), false if a flush
+  // failed first.
+  log_writer::wait_awaiter durable() { return log_.durable_until(sync_ ? log_.end() : 0); }
+
+ private:
+  log_writer& log_;
+  bool sync_;
+};
+
+}  // namespace store
