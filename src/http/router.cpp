@@ -3,50 +3,109 @@
 namespace http {
 namespace {
 
-route post_only(method verb, endpoint target) {
-  return {verb == method::post ? target : endpoint::method_not_allowed, {}};
+using part = path_pattern::part;
+using segments = std::array<std::string_view, path_pattern::kSegmentsMax>;
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+
+bool is_int(std::string_view segment) {
+  if (!segment.empty() && (segment[0] == '+' || segment[0] == '-')) segment.remove_prefix(1);
+  if (segment.empty()) return false;
+  for (char c : segment)
+    if (!is_digit(c)) return false;
+  return true;
 }
 
-// HEAD is GET without the body (RFC 9110 9.3.2): the pipeline drops the body.
-route get_only(method verb, endpoint target) {
-  const bool get = verb == method::get || verb == method::head;
-  return {get ? target : endpoint::method_not_allowed_get, {}};
-}
-
-// "/rank/{rank}" and "/rank/{rank}/initialize"; `rest` follows "/rank/".
-route match_rank(method verb, std::string_view rest) {
-  const auto slash = rest.find('/');
-  const std::string_view rank = rest.substr(0, slash);
-  if (rank.empty()) return {};
-  if (slash == std::string_view::npos) {
-    return {get_only(verb, endpoint::rank_info).target, rank};
+bool is_tenant(std::string_view segment, std::span<const path_pattern> rows) {
+  if (segment.size() > 64 || !is_letter(segment[0])) return false;
+  for (char c : segment)
+    if (!is_letter(c) && !is_digit(c) && c != '.' && c != '-') return false;
+  for (const path_pattern& row : rows) {  // a tenant may not look like another route
+    if (row.parts[0] == part::literal && row.segments[0] == segment) return false;
   }
-  if (rest.substr(slash) != "/initialize") return {};
-  if (verb != method::post) return {endpoint::method_not_allowed, {}};
-  return {endpoint::initialize, rank};
+  return true;
+}
+
+// Splits "/a/b" into {"a", "b"}; 0 when a segment is empty or there are too many. Loops
+// rather than memchr/memcmp calls: paths and segments are short, and this runs per request.
+std::size_t split(std::string_view path, segments& out) {
+  if (path.empty() || path[0] != '/') return 0;
+  std::size_t n = 0, begin = 1;
+  for (std::size_t i = 1; i <= path.size(); ++i) {
+    if (i < path.size() && path[i] != '/') continue;
+    if (i == begin || n == out.size()) return 0;
+    out[n++] = path.substr(begin, i - begin);
+    begin = i + 1;
+  }
+  return n;
+}
+
+bool same(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+bool matches(const path_pattern& pattern, const segments& path, std::size_t n,
+             std::span<const path_pattern> rows, route& out) {
+  if (pattern.count != n) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string_view segment = path[i];
+    switch (pattern.parts[i]) {
+      case part::literal:
+        if (!same(segment, pattern.segments[i])) return false;
+        break;
+      case part::rank:
+        out.rank_text = segment;
+        break;
+      case part::integer:
+        if (!is_int(segment)) return false;
+        out.rank_text = segment;
+        break;
+      case part::tenant:
+        if (!is_tenant(segment, rows)) return false;
+        out.tenant = segment;
+        break;
+    }
+  }
+  return true;
 }
 
 }  // namespace
 
-route match(method verb, std::string_view path) {
-  constexpr std::string_view keys = "/keys/";
-  constexpr std::string_view rank = "/rank/";
-  if (path.starts_with(keys)) {
-    const std::string_view name = path.substr(keys.size());
-    if (name == "batch_exists") return post_only(verb, endpoint::batch_exists);
-    if (name == "batch_allocate") return post_only(verb, endpoint::batch_allocate);
-    if (name == "confirm_write") return post_only(verb, endpoint::confirm_write);
-    if (name == "get_locations") return post_only(verb, endpoint::get_locations);
-    if (name == "delete") return post_only(verb, endpoint::delete_keys);
-    return {};
+route match(std::span<const path_pattern> rows, method verb, std::string_view path) {
+  const bool get = verb == method::get || verb == method::head;
+  route out;
+  // Whether row i takes the request; else notes a wrong method in `out`.
+  auto take = [&](std::size_t i) {
+    if (rows[i].allow == methods::get ? get : verb == method::post) {
+      out.result = match_result::found;
+      out.row = static_cast<std::uint8_t>(i);
+      return true;
+    }
+    if (out.result == match_result::not_found) {
+      out.result = match_result::wrong_method;
+      out.allow = rows[i].allow;
+    }
+    return false;
+  };
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].literal && rows[i].path == path && take(i)) return out;
   }
-  if (path.starts_with(rank)) return match_rank(verb, path.substr(rank.size()));
-  if (path == "/clear") return post_only(verb, endpoint::clear);
-  if (path == "/health") return get_only(verb, endpoint::health);
-  if (path == "/ready") return get_only(verb, endpoint::ready);
-  if (path == "/metrics") return get_only(verb, endpoint::metrics);
-  if (path == "/stats") return get_only(verb, endpoint::stats);
-  return {};
+  segments parts;
+  const std::size_t n = split(path, parts);
+  if (n == 0) return out;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].literal) continue;
+    route captured;
+    if (!matches(rows[i], parts, n, rows, captured) || !take(i)) continue;
+    out.rank_text = captured.rank_text;
+    out.tenant = captured.tenant;
+    return out;
+  }
+  return out;
 }
 
 }  // namespace http

@@ -7,8 +7,6 @@
 #include "http/response.hpp"
 #include "metad/log.hpp"
 #include "server/clock.hpp"
-#include "server/endpoints.hpp"
-#include "server/lifecycle.hpp"
 
 namespace server {
 namespace {
@@ -19,41 +17,6 @@ bool same_secret(std::string_view given, std::string_view expected) {
   for (std::size_t i = 0; i < expected.size(); ++i)
     diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
   return diff == 0;
-}
-
-route_label label_of(http::endpoint e) {
-  switch (e) {
-    case http::endpoint::initialize:
-      return route_label::initialize;
-    case http::endpoint::batch_allocate:
-      return route_label::batch_allocate;
-    case http::endpoint::confirm_write:
-      return route_label::confirm_write;
-    case http::endpoint::batch_exists:
-      return route_label::batch_exists;
-    case http::endpoint::get_locations:
-      return route_label::get_locations;
-    case http::endpoint::clear:
-      return route_label::clear;
-    case http::endpoint::rank_info:
-      return route_label::rank_info;
-    case http::endpoint::health:
-      return route_label::health;
-    case http::endpoint::ready:
-      return route_label::ready;
-    case http::endpoint::metrics:
-      return route_label::metrics;
-    case http::endpoint::delete_keys:
-      return route_label::delete_keys;
-    case http::endpoint::stats:
-      return route_label::stats;
-    case http::endpoint::not_found:
-      return route_label::not_found;
-    case http::endpoint::method_not_allowed:
-    case http::endpoint::method_not_allowed_get:
-      return route_label::method_not_allowed;
-  }
-  return route_label::not_found;
 }
 
 }  // namespace
@@ -99,7 +62,7 @@ net::flow exchange::advance() {
         return net::flow::read;
       case http::parse_status::error:
         head_ = false;
-        start(route_label::invalid_http);
+        start(kInvalidHttp);
         out_.append(http::parse_error_bytes(parser_.error()));
         status_ = http::status_of(http::parse_error_bytes(parser_.error()));
         complete();
@@ -139,7 +102,7 @@ net::flow exchange::refuse_body() {
   cluster_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
   head_ = false;
   keep_alive_ = false;
-  start(route_label::invalid_http);
+  start(kInvalidHttp);
   scratch_.detail = fmt::format(
       "Request body of {} bytes refused: it does not fit the memory budget (--memory-max {} "
       "bytes, {} in use)",
@@ -240,12 +203,10 @@ void exchange::drop_body_of_head(std::size_t body_bytes) {
   if (head_) out_.resize(out_.size() - body_bytes);
 }
 
-bool exchange::authorized(const http::request& request, http::endpoint target) {
+bool exchange::authorized(const http::request& request, access auth) {
   const metad::config& cfg = cluster_.cfg;
-  if (target == http::endpoint::health) return true;  // probes carry no secrets
-  const bool admin_only =
-      (target == http::endpoint::clear || target == http::endpoint::delete_keys) &&
-      !cfg.admin_token.empty();
+  if (auth == access::open) return true;
+  const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
   const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;
   if (token.empty()) return true;
   // "Bearer <token>"; the scheme name is case-insensitive (RFC 9110 11.1).
@@ -259,83 +220,32 @@ bool exchange::authorized(const http::request& request, http::endpoint target) {
   return false;
 }
 
-// Routes and decodes on the home core; anything that touches state runs as an endpoint
-// coroutine. Answers that need no state are written here and complete at once.
+void exchange::answer(http::canned what) {
+  respond_canned(what);
+  complete();
+}
+
+bool exchange::decoded(const api::error& err) {
+  if (!err) return true;
+  respond_error(err.status, err.detail);
+  complete();
+  return false;
+}
+
+// Routes on the home core and hands the request to its row's start function (routes.cpp).
+// Requests no row answers (unknown path, wrong method) are answered here; they need the
+// token as any endpoint does.
 void exchange::dispatch(const http::request& request) {
-  const http::route route = http::match(request.verb, request.target);
-  start(label_of(route.target));
+  const http::route route = http::match(kPatterns, request.verb, request.target);
+  const bool found = route.result == http::match_result::found;
+  const bool unknown = route.result == http::match_result::not_found;
+  start(found ? route.row : unknown ? kNotFound : kMethodNotAllowed);
   target_ = request.target;
-  if (!authorized(request, route.target)) return complete();
-  api::decoder& decoder = home_.decoder;
-  scratch& s = scratch_;
-  api::error err;
-  switch (route.target) {
-    case http::endpoint::initialize:
-      err = decoder.decode_initialize(route.rank_text, request.body,
-                                      cluster_.cfg.pages_per_rank_max, s.init);
-      if (err) break;
-      if (s.init.kind == api::init_kind::scheduler) {
-        respond_canned(http::canned::scheduler_initialized);
-        return complete();
-      }
-      if (s.init.kind == api::init_kind::invalid_parameters) {
-        respond_canned(http::canned::invalid_initialization);
-        return complete();
-      }
-      run_initialize(*this);
-      return;
-    case http::endpoint::batch_allocate:
-      if (!(err = decoder.decode_allocate(request.body, s.allocate))) run_allocate(*this);
-      break;
-    case http::endpoint::confirm_write:
-      if (!(err = decoder.decode_confirm(request.body, s.confirm))) run_confirm(*this);
-      break;
-    case http::endpoint::batch_exists:
-      if (!(err = decoder.decode_exists(request.body, s.exists))) run_lookup(*this, false);
-      break;
-    case http::endpoint::get_locations:
-      if (!(err = decoder.decode_locations(request.body, s.locations))) run_lookup(*this, true);
-      break;
-    case http::endpoint::clear:
-      run_clear(*this);
-      return;
-    case http::endpoint::rank_info:
-      if (!api::parse_rank(route.rank_text, s.init.rank)) {
-        respond_canned(http::canned::invalid_rank_in_path);
-        return complete();
-      }
-      run_rank_info(*this);
-      return;
-    case http::endpoint::health:
-      respond_canned(http::canned::health_ok);
-      return complete();
-    case http::endpoint::ready:
-      respond_canned(cluster_.stopping.load(std::memory_order_relaxed) ? http::canned::not_ready
-                                                                       : http::canned::ready_ok);
-      return complete();
-    case http::endpoint::metrics:
-      run_metrics(*this);
-      return;
-    case http::endpoint::delete_keys:
-      if (!(err = decoder.decode_delete(request.body, s.remove))) run_delete(*this);
-      break;
-    case http::endpoint::stats:
-      run_stats(*this);
-      return;
-    case http::endpoint::not_found:
-      respond_canned(http::canned::not_found);
-      return complete();
-    case http::endpoint::method_not_allowed:
-      respond_canned(http::canned::method_not_allowed);
-      return complete();
-    case http::endpoint::method_not_allowed_get:
-      respond_canned(http::canned::method_not_allowed_get);
-      return complete();
-  }
-  if (err) {
-    respond_error(err.status, err.detail);
-    complete();
-  }
+  if (!authorized(request, found ? kEndpoints[route.row].auth : access::token)) return complete();
+  if (found) return kEndpoints[route.row].start(*this, request, route);
+  if (unknown) return answer(http::canned::not_found);
+  answer(route.allow == http::methods::get ? http::canned::method_not_allowed_get
+                                           : http::canned::method_not_allowed);
 }
 
 }  // namespace server

@@ -14,6 +14,7 @@
 #include "net/transport.hpp"
 #include "server/cluster.hpp"
 #include "server/rank_sample.hpp"
+#include "server/routes.hpp"
 
 namespace server {
 
@@ -119,6 +120,11 @@ class exchange final : public net::connection_handler {
   void respond_metrics(std::string_view text);
   // The request's answer is in the output: let the connection go on.
   void complete();
+  // A fixed answer, then complete().
+  void answer(http::canned what);
+  // For the start functions (routes.cpp): true if the body decoded, else the 4xx is
+  // answered and the request complete.
+  bool decoded(const api::error& err);
 
  private:
   net::flow advance();
@@ -129,7 +135,7 @@ class exchange final : public net::connection_handler {
   net::flow refuse_body();
   void dispatch(const http::request& request);
   // False (and the 401 written) when the request lacks the token its endpoint needs.
-  bool authorized(const http::request& request, http::endpoint target);
+  bool authorized(const http::request& request, access auth);
   void start(route_label route);
   // Whether the answer being written leaves the connection open (and says so).
   bool answer_keeps_alive();
@@ -146,7 +152,7 @@ class exchange final : public net::connection_handler {
   bool head_ = false;            // the request is HEAD: answers carry no body
   bool grew_ = false;            // a request since the last trim() was big: buffers may have grown
   std::size_t body_charge_ = 0;  // bytes charged to cluster::memory for bodies
-  route_label route_ = route_label::not_found;
+  route_label route_ = kNotFound;
   int status_ = 0;
   std::uint64_t started_ns_ = 0;
   std::string_view target_;  // for the access log; valid until consume()

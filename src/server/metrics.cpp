@@ -27,19 +27,6 @@ void line(std::string& out, fmt::format_string<Args...> format, Args&&... args) 
 
 }  // namespace
 
-std::string_view route_name(route_label route) {
-  static constexpr std::string_view names[] = {"initialize",    "batch_allocate",
-                                               "confirm_write", "batch_exists",
-                                               "get_locations", "clear",
-                                               "rank_info",     "health",
-                                               "ready",         "metrics",
-                                               "delete",        "stats",
-                                               "not_found",     "method_not_allowed",
-                                               "invalid_http"};
-  static_assert(std::size(names) == request_metrics::kRoutes);
-  return names[static_cast<std::size_t>(route)];
-}
-
 void request_metrics::record(route_label route, int status, std::uint64_t elapsed_ns) {
   const auto r = static_cast<std::size_t>(route);
   ++requests[r][status_slot(status)];

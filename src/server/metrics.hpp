@@ -9,28 +9,9 @@
 #include <string_view>
 #include <vector>
 
-namespace server {
+#include "server/routes.hpp"
 
-// What a request was, for metrics and the access log.
-enum class route_label : std::uint8_t {
-  initialize,
-  batch_allocate,
-  confirm_write,
-  batch_exists,
-  get_locations,
-  clear,
-  rank_info,
-  health,
-  ready,
-  metrics,
-  delete_keys,
-  stats,
-  not_found,
-  method_not_allowed,
-  invalid_http,  // the request could not be parsed
-  count_
-};
-std::string_view route_name(route_label route);
+namespace server {
 
 inline constexpr std::array<int, 14> kMetricStatuses = {200, 204, 400, 401, 404, 405, 409,
                                                         413, 431, 500, 501, 503, 505, 507};
@@ -39,7 +20,7 @@ inline constexpr std::array<std::uint32_t, 12> kLatencyBoundsUs = {
     10, 25, 50, 100, 250, 500, 1'000, 2'500, 5'000, 10'000, 25'000, 100'000};
 
 struct request_metrics {
-  static constexpr std::size_t kRoutes = static_cast<std::size_t>(route_label::count_);
+  static constexpr std::size_t kRoutes = kRouteLabels;
   static constexpr std::size_t kBuckets = kLatencyBoundsUs.size() + 1;
 
   std::array<std::array<std::uint64_t, kMetricStatuses.size() + 1>, kRoutes> requests{};

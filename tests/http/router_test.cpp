@@ -1,105 +1,119 @@
+// The path matcher on a table of its own: placeholders, methods, first match. The
+// server's table (vLLM's routes) is tested in tests/server/routes_test.cpp.
 #include "http/router.hpp"
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <ostream>
 #include <string_view>
 
 namespace http {
 namespace {
 
-struct route_case {
+// vLLM's shapes beside SGLang's (POST /{rank}/<op>, and /{tenant}/{rank}/<op>).
+constexpr std::array<path_pattern, 6> kRows = {{
+    "POST /rank/{rank}/initialize",  // 0
+    "GET /rank/{rank}",              // 1
+    "POST /keys/batch_exists",       // 2
+    "GET /health",                   // 3
+    "POST /{int}/exists",            // 4
+    "POST /{tenant}/{rank}/exists",  // 5
+}};
+
+struct match_case {
   method verb;
   std::string_view path;
-  endpoint target;
+  match_result result;
+  int row = -1;  // found: the row; wrong_method: -1 for allow POST, -2 for allow GET
   std::string_view rank_text = {};
+  std::string_view tenant = {};
 };
 
-std::ostream& operator<<(std::ostream& os, const route_case& c) {
+std::ostream& operator<<(std::ostream& os, const match_case& c) {
   return os << "verb " << static_cast<int>(c.verb) << " " << c.path;
 }
 
-class RouterTable : public ::testing::TestWithParam<route_case> {};
+class Matcher : public ::testing::TestWithParam<match_case> {};
 
-TEST_P(RouterTable, MatchesPathAndMethod) {
-  const route_case& c = GetParam();
-  const route r = match(c.verb, c.path);
-  EXPECT_EQ(r.target, c.target);
-  if (c.target == endpoint::initialize || c.target == endpoint::rank_info) {
+TEST_P(Matcher, MatchesRowsInOrder) {
+  const match_case& c = GetParam();
+  const route r = match(kRows, c.verb, c.path);
+  ASSERT_EQ(r.result, c.result);
+  if (c.result == match_result::found) {
+    EXPECT_EQ(r.row, c.row);
     EXPECT_EQ(r.rank_text, c.rank_text);
+    EXPECT_EQ(r.tenant, c.tenant);
+  } else if (c.result == match_result::wrong_method) {
+    EXPECT_EQ(r.allow, c.row == -2 ? methods::get : methods::post);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Endpoints, RouterTable,
-    ::testing::Values(route_case{method::post, "/rank/0/initialize", endpoint::initialize, "0"},
-                      route_case{method::post, "/rank/-12/initialize", endpoint::initialize, "-12"},
-                      route_case{method::post, "/rank/abc/initialize", endpoint::initialize, "abc"},
-                      route_case{method::post, "/rank/%31/initialize", endpoint::initialize, "%31"},
-                      route_case{method::get, "/rank/3", endpoint::rank_info, "3"},
-                      route_case{method::head, "/rank/3", endpoint::rank_info, "3"},
-                      route_case{method::head, "/health", endpoint::health},
-                      route_case{method::head, "/stats", endpoint::stats},
-                      route_case{method::get, "/rank/x y", endpoint::rank_info, "x y"},
-                      route_case{method::post, "/keys/batch_allocate", endpoint::batch_allocate},
-                      route_case{method::post, "/keys/confirm_write", endpoint::confirm_write},
-                      route_case{method::post, "/keys/batch_exists", endpoint::batch_exists},
-                      route_case{method::post, "/keys/get_locations", endpoint::get_locations},
-                      route_case{method::post, "/keys/delete", endpoint::delete_keys},
-                      route_case{method::post, "/clear", endpoint::clear},
-                      route_case{method::get, "/stats", endpoint::stats}));
+constexpr auto found = match_result::found;
+constexpr auto not_found = match_result::not_found;
+constexpr auto wrong_method = match_result::wrong_method;
 
 INSTANTIATE_TEST_SUITE_P(
-    WrongMethod, RouterTable,
-    ::testing::Values(
-        route_case{method::get, "/rank/0/initialize", endpoint::method_not_allowed},
-        route_case{method::put, "/rank/0/initialize", endpoint::method_not_allowed},
-        route_case{method::post, "/rank/3", endpoint::method_not_allowed_get},
-        route_case{method::delete_, "/rank/3", endpoint::method_not_allowed_get},
-        route_case{method::get, "/keys/batch_allocate", endpoint::method_not_allowed},
-        route_case{method::put, "/keys/confirm_write", endpoint::method_not_allowed},
-        route_case{method::options, "/keys/batch_exists", endpoint::method_not_allowed},
-        route_case{method::patch, "/keys/get_locations", endpoint::method_not_allowed},
-        route_case{method::get, "/clear", endpoint::method_not_allowed},
-        route_case{method::delete_, "/clear", endpoint::method_not_allowed},
-        route_case{method::other, "/clear", endpoint::method_not_allowed},
-        route_case{method::get, "/keys/delete", endpoint::method_not_allowed},
-        route_case{method::delete_, "/keys/delete", endpoint::method_not_allowed},
-        route_case{method::post, "/stats", endpoint::method_not_allowed_get},
-        route_case{method::delete_, "/stats", endpoint::method_not_allowed_get}));
+    Placeholders, Matcher,
+    ::testing::Values(match_case{method::post, "/rank/7/initialize", found, 0, "7"},
+                      match_case{method::get, "/rank/a%20b", found, 1, "a%20b"},
+                      match_case{method::head, "/health", found, 3},
+                      match_case{method::post, "/0/exists", found, 4, "0"},
+                      match_case{method::post, "/-12/exists", found, 4, "-12"},
+                      match_case{method::post, "/+01/exists", found, 4, "+01"},
+                      // digits too many for int64 still match: the handler's 400
+                      match_case{method::post, "/99999999999999999999/exists", found, 4,
+                                 "99999999999999999999"},
+                      match_case{method::post, "/llama70b/3/exists", found, 5, "3", "llama70b"},
+                      match_case{method::post, "/_a.b-c/x/exists", found, 5, "x", "_a.b-c"}));
 
 INSTANTIATE_TEST_SUITE_P(
-    Unknown, RouterTable,
-    ::testing::Values(route_case{method::get, "/", endpoint::not_found},
-                      route_case{method::post, "", endpoint::not_found},
-                      route_case{method::post, "/clear/", endpoint::not_found},
-                      route_case{method::post, "/clearx", endpoint::not_found},
-                      route_case{method::post, "/CLEAR", endpoint::not_found},
-                      route_case{method::post, "//clear", endpoint::not_found},
-                      route_case{method::post, "/keys", endpoint::not_found},
-                      route_case{method::post, "/keys/", endpoint::not_found},
-                      route_case{method::post, "/keys/batch_exists/", endpoint::not_found},
-                      route_case{method::post, "/keys/batch_exist", endpoint::not_found},
-                      route_case{method::post, "/keys/unknown", endpoint::not_found},
-                      route_case{method::post, "/keys//batch_exists", endpoint::not_found},
-                      route_case{method::get, "/rank", endpoint::not_found},
-                      route_case{method::get, "/rank/", endpoint::not_found},
-                      route_case{method::post, "/rank//initialize", endpoint::not_found},
-                      route_case{method::get, "/rank/3/", endpoint::not_found},
-                      route_case{method::post, "/rank/3/initialize/", endpoint::not_found},
-                      route_case{method::post, "/rank/3/init", endpoint::not_found},
-                      route_case{method::post, "/rank/3/4/initialize", endpoint::not_found},
-                      route_case{method::post, "/ranks/3/initialize", endpoint::not_found},
-                      route_case{method::get, "/docs", endpoint::not_found},
-                      route_case{method::post, "/keys/delete/", endpoint::not_found},
-                      route_case{method::post, "/keys/deletes", endpoint::not_found},
-                      route_case{method::post, "/keys/DELETE", endpoint::not_found},
-                      route_case{method::delete_, "/keys", endpoint::not_found},
-                      route_case{method::post, "/delete", endpoint::not_found},
-                      route_case{method::get, "/stats/", endpoint::not_found},
-                      route_case{method::get, "/STATS", endpoint::not_found},
-                      route_case{method::get, "/stat", endpoint::not_found},
-                      route_case{method::get, "/keys/stats", endpoint::not_found}));
+    Methods, Matcher,
+    ::testing::Values(match_case{method::get, "/rank/7/initialize", wrong_method, -1},
+                      match_case{method::post, "/rank/7", wrong_method, -2},
+                      match_case{method::put, "/health", wrong_method, -2},
+                      match_case{method::get, "/0/exists", wrong_method, -1},
+                      match_case{method::head, "/t/0/exists", wrong_method, -1},
+                      match_case{method::other, "/keys/batch_exists", wrong_method, -1}));
+
+INSTANTIATE_TEST_SUITE_P(
+    Unknown, Matcher,
+    ::testing::Values(match_case{method::post, "", not_found},
+                      match_case{method::post, "/", not_found},
+                      match_case{method::post, "exists", not_found},
+                      match_case{method::post, "/exists", not_found},
+                      match_case{method::post, "//exists", not_found},
+                      match_case{method::post, "/0/exists/", not_found},
+                      match_case{method::post, "/0//exists", not_found},
+                      match_case{method::post, "/+/exists", not_found},
+                      match_case{method::post, "/-/exists", not_found},
+                      match_case{method::post, "/1a/exists", not_found},
+                      match_case{method::post, "/0/Exists", not_found},
+                      // a non-integer first segment is a tenant, which needs a rank
+                      match_case{method::post, "/abc/exists", not_found},
+                      // tenant names: a letter or '_' first, at most 64 characters
+                      match_case{method::post, "/9t/0/exists", not_found},
+                      match_case{method::post, "/-t/0/exists", not_found},
+                      match_case{method::post, "/t!/0/exists", not_found},
+                      match_case{
+                          method::post,
+                          "/t1234567890123456789012345678901234567890123456789012345678901234/"
+                          "0/exists",
+                          not_found},
+                      // nor another row's literal first segment
+                      match_case{method::post, "/rank/0/exists", not_found},
+                      match_case{method::post, "/keys/0/exists", not_found},
+                      match_case{method::post, "/health/0/exists", not_found},
+                      match_case{method::post, "/t//exists", not_found}));
+
+TEST(Matcher, TenantOfSixtyFourCharacters) {
+  const std::string_view path =
+      "/t123456789012345678901234567890123456789012345678901234567890123/0/exists";
+  const route r = match(kRows, method::post, path);
+  ASSERT_EQ(r.result, found);
+  EXPECT_EQ(r.row, 5);
+  EXPECT_EQ(r.tenant.size(), 64u);
+}
 
 }  // namespace
 }  // namespace http
