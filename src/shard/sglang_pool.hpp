@@ -192,6 +192,11 @@ class sglang_pool {
   // Ends the in-flight reservation of `page` (if any) and frees the page.
   void free_in_flight(std::uint32_t page);
   void next_stamp();
+  // confirm_write's 400s; sorted_ is its scratch.
+  bool validate_confirm(std::span<const std::int64_t> pages, std::span<const std::int64_t> releases,
+                        std::string& detail);
+  void apply_confirmation(std::string_view key, std::uint32_t page, sglang_confirm_stats& stats);
+  void apply_release(std::uint32_t page, sglang_confirm_stats& stats);
   // first_[i]: the index of the first occurrence of keys[i]; hashes_[i] its hash.
   void dedupe(std::span<const std::string_view> keys);
 
