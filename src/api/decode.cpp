@@ -3,6 +3,8 @@
 // that owns the decoder; the decoded commands own copies of their keys.
 #include "api/codec.hpp"
 
+#include "api/json_detail.hpp"
+
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -140,6 +142,10 @@ bool neutralise_big_numbers(std::string_view body, simdjson::padded_string& out)
   return replaced;
 }
 
+}  // namespace
+
+namespace detail {
+
 // Parses `body` (padded by the caller) and requires an object at the top level.
 error parse_object(simdjson::dom::parser& parser, std::string_view body,
                    simdjson::dom::object& out) {
@@ -169,40 +175,10 @@ error parse_object(simdjson::dom::parser& parser, std::string_view body,
   return {};
 }
 
-struct field {
-  element value;
-  bool present = false;
-};
-
-// Looks up several top-level fields in one pass. Python's json keeps the last of
-// duplicate keys, so a later occurrence overwrites an earlier one.
-template <std::size_t N>
-std::array<field, N> find_fields(simdjson::dom::object object,
-                                 const std::array<std::string_view, N>& names) {
-  std::array<field, N> found{};
-  for (simdjson::dom::key_value_pair kv : object) {
-    for (std::size_t i = 0; i < N; ++i) {
-      if (kv.key == names[i]) {
-        found[i].value = kv.value;
-        found[i].present = true;
-        break;
-      }
-    }
-  }
-  return found;
-}
-
 // A JSON integer token within int64 (not 1.0, not 1e2, not a bool, not above INT64_MAX).
 bool get_int64(element value, std::int64_t& out) {
   if (value.type() != element_type::INT64) return false;
   return value.get_int64().get(out) == simdjson::SUCCESS;
-}
-
-// Always inlined: called out of line it returns the view through memory, and reading
-// those two stores back as one 16-byte value stalls on store forwarding, once per key
-// (10% of a 1,250-key batch_exists, measured).
-[[gnu::always_inline]] inline bool get_string(element value, std::string_view& out) {
-  return value.get_string().get(out) == simdjson::SUCCESS;
 }
 
 // The two elements of a JSON array of exactly two elements.
@@ -217,6 +193,12 @@ bool get_pair(element value, element& first, element& second) {
   second = *it;
   return ++it == end;
 }
+
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
 
 // `rank` (an int64) and an optional list field, as batch_allocate, confirm_write and
 // get_locations take them. Any other shape → `shape_detail`.

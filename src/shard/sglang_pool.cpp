@@ -1,0 +1,300 @@
+#include "shard/sglang_pool.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+
+#include "shard/check.hpp"
+
+// sglang_pool: the operations of spec/sglang.md on one pool; see the header for the rules.
+namespace shard {
+
+sglang_pool::sglang_pool(std::uint32_t num_pages, const sglang_config& config) : config_(config) {
+  nodes_.emplace_back();  // the LRU sentinel
+  grow(num_pages);
+}
+
+sglang_pool::~sglang_pool() {
+  owners_.for_each(
+      [](std::uint32_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
+}
+
+sglang_pool::sglang_pool(sglang_pool&& other) noexcept { *this = std::move(other); }
+
+sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
+  if (this == &other) return *this;
+  owners_.for_each(
+      [](std::uint32_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
+  config_ = other.config_;
+  pages_ = std::move(other.pages_);
+  free_ = std::move(other.free_);
+  keys_ = std::move(other.keys_);
+  nodes_ = std::move(other.nodes_);
+  free_nodes_ = std::exchange(other.free_nodes_, 0);
+  owners_ = std::exchange(other.owners_, page_owners<owner>{});
+  expiry_ = std::move(other.expiry_);
+  serial_ = other.serial_;
+  epoch_ = other.epoch_;
+  stamp_ = other.stamp_;
+  other.pages_ = page_pool{};
+  other.free_.clear();
+  other.expiry_.clear();
+  other.nodes_.emplace_back();
+  return *this;
+}
+
+void sglang_pool::grow(std::uint32_t new_pages) {
+  const std::uint32_t old = pages_.num_pages();
+  SHARD_CHECK(new_pages >= old && new_pages <= pages_max);
+  pages_.grow(new_pages);
+  free_.push_range(old, new_pages);
+}
+
+// ---------------------------------------------------------------------------------------
+// The LRU list and its nodes
+
+void sglang_pool::unlink(std::uint32_t i) {
+  node& n = nodes_[i];
+  nodes_[n.prev].next = n.next;
+  nodes_[n.next].prev = n.prev;
+}
+
+void sglang_pool::link_last(std::uint32_t i) {
+  const std::uint32_t last = nodes_[0].prev;
+  nodes_[i].prev = last;
+  nodes_[i].next = 0;
+  nodes_[last].next = i;
+  nodes_[0].prev = i;
+}
+
+std::uint32_t sglang_pool::new_node() {
+  if (free_nodes_ != 0) {
+    const std::uint32_t i = free_nodes_;
+    free_nodes_ = nodes_[i].next;
+    nodes_[i] = node{};
+    return i;
+  }
+  SHARD_CHECK(nodes_.size() < UINT32_MAX);
+  nodes_.emplace_back();
+  return static_cast<std::uint32_t>(nodes_.size() - 1);
+}
+
+void sglang_pool::free_node(std::uint32_t i) {
+  nodes_[i] = node{};
+  nodes_[i].next = free_nodes_;
+  free_nodes_ = i;
+}
+
+std::uint32_t sglang_pool::find(std::string_view key, std::uint32_t hash) const {
+  const auto* s = keys_.find(key, hash);
+  return s == nullptr ? 0 : s->value;
+}
+
+std::uint32_t sglang_pool::drop_node(std::uint32_t i) {
+  const std::string_view key = key_blob::view(nodes_[i].blob);
+  auto* s = keys_.find(key, table_hash(key));
+  SHARD_CHECK(s != nullptr && s->value == i);
+  const std::uint32_t page = nodes_[i].page;
+  unlink(i);
+  keys_.erase(*s);
+  free_node(i);
+  return page;
+}
+
+void sglang_pool::bind_key(std::string_view key, std::uint32_t hash, std::uint32_t page,
+                           sglang_confirm_stats& stats) {
+  std::uint32_t i = find(key, hash);
+  if (i != 0) {
+    const std::uint32_t old = nodes_[i].page;
+    if (old != page) {  // re-binding: the old page would be orphaned in the reference
+      pages_.free_bound(old);
+      free_.push(old);
+      ++stats.rebound_freed;
+      nodes_[i].page = page;
+    }
+    unlink(i);
+  } else {
+    i = new_node();
+    auto& s = keys_.insert_new(key, hash, i);
+    nodes_[i].blob = s.key;
+    nodes_[i].page = page;
+  }
+  link_last(i);
+}
+
+void sglang_pool::next_stamp() {
+  if (++stamp_ != 0) return;
+  // Wrapped (once per 2^32 batches): no node may keep a stamp that could match again.
+  for (std::size_t i = 0; i < nodes_.size(); ++i) nodes_[i].stamp = 0;
+  stamp_ = 1;
+}
+
+void sglang_pool::dedupe(std::span<const std::string_view> keys) {
+  const std::size_t n = keys.size();
+  SHARD_CHECK(n < UINT32_MAX);
+  hashes_.resize(n);
+  first_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) hashes_[i] = table_hash(keys[i]);
+  if (n <= 1) {
+    if (n == 1) first_[0] = 0;
+    return;
+  }
+  const std::size_t capacity = std::bit_ceil(std::max<std::size_t>(16, n * 2));
+  const std::size_t mask = capacity - 1;
+  seen_.assign(capacity, 0);  // request index + 1; 0 = empty
+  for (std::uint32_t i = 0; i < n; ++i) {
+    for (std::size_t s = hashes_[i] & mask;; s = (s + 1) & mask) {
+      if (seen_[s] == 0) {
+        seen_[s] = i + 1;
+        first_[i] = i;
+        break;
+      }
+      const std::uint32_t j = seen_[s] - 1;
+      if (hashes_[j] == hashes_[i] && keys[j] == keys[i]) {
+        first_[i] = j;
+        break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reservations
+
+void sglang_pool::start_reservation(std::string_view key, std::uint32_t page, std::uint64_t now) {
+  const std::uint64_t ttl = config_.reservation_ttl;
+  const std::uint64_t deadline = ttl == 0 || now >= no_deadline - ttl ? no_deadline : now + ttl;
+  const owner o{key_blob::make(key), epoch_, deadline, ++serial_};
+  owners_.insert(page, o);
+  push_expiry(page, o);
+}
+
+void sglang_pool::push_expiry(std::uint32_t page, const owner& o) {
+  if (o.deadline == no_deadline) return;
+  expiry_.push_back(expiry_entry{o.deadline, o.serial, page});
+  if (expiry_.size() > 2 * owners_.size() + 64) {
+    std::erase_if(expiry_, [this](const expiry_entry& e) { return !live(e); });
+  }
+}
+
+void sglang_pool::free_in_flight(std::uint32_t page) {
+  const owner o = owners_.take(page);
+  if (o.blob != nullptr) key_blob::destroy(const_cast<char*>(o.blob));
+  pages_.release(page);
+  free_.push(page);
+}
+
+std::size_t sglang_pool::expire(std::uint64_t now, std::vector<std::uint32_t>* expired_out) {
+  std::size_t expired = 0;
+  while (!expiry_.empty() && expiry_.front().deadline <= now) {
+    const expiry_entry e = expiry_.front();
+    expiry_.pop_front();
+    if (!live(e)) continue;
+    free_in_flight(e.page);
+    if (expired_out != nullptr) expired_out->push_back(e.page);
+    ++expired;
+  }
+  return expired;
+}
+
+bool sglang_pool::take_page(std::uint64_t now, std::uint32_t& page, sglang_reserve_stats& stats) {
+  if (!free_.empty()) {
+    page = free_.pop();
+    pages_.take(page);
+    return true;
+  }
+  // Evict the LRU head. The hits of this batch were moved to the MRU end in pass 1 and
+  // carry this batch's stamp, as do leased keys already passed over; so once the head
+  // carries it, no evictable key is left (B5: a hit is never evicted by its own batch).
+  for (;;) {
+    const std::uint32_t i = nodes_[0].next;
+    if (i == 0 || nodes_[i].stamp == stamp_) return false;
+    if (nodes_[i].lease_until > now) {  // leased: passed over (a lease counts as a use)
+      nodes_[i].stamp = stamp_;
+      unlink(i);
+      link_last(i);
+      continue;
+    }
+    page = drop_node(i);
+    pages_.free_bound(page);
+    pages_.take(page);
+    ++stats.evicted;
+    return true;
+  }
+}
+
+sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys, std::uint64_t now,
+                                          std::vector<sglang_slot>& out) {
+  sglang_reserve_stats stats;
+  stats.expired = static_cast<std::uint32_t>(expire(now));
+  next_stamp();
+  dedupe(keys);
+  const std::size_t n = keys.size();
+  out.assign(n, sglang_slot{});
+  found_.assign(n, 0);
+  // Pass 1: hits, every occurrence moved to the MRU end in input order (as the reference).
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t f = first_[i];
+    const std::uint32_t node_index = f == i ? find(keys[i], hashes_[i]) : found_[f];
+    if (node_index == 0) continue;
+    found_[i] = node_index;
+    node& nd = nodes_[node_index];
+    nd.stamp = stamp_;
+    unlink(node_index);
+    link_last(node_index);
+    out[i] = sglang_slot{true, nd.page};
+    ++stats.hits;
+  }
+  // Pass 2: one page per distinct missing key, in input order; repeats copy (B4).
+  for (std::size_t i = 0; i < n; ++i) {
+    if (found_[i] != 0) continue;
+    const std::uint32_t f = first_[i];
+    if (f != i) {
+      out[i] = out[f];
+    } else {
+      std::uint32_t page = 0;
+      if (take_page(now, page, stats)) {
+        start_reservation(keys[i], page, now);
+        out[i] = sglang_slot{false, page};
+        ++stats.allocated;
+      }
+    }
+    if (out[i].page < 0) ++stats.no_page;
+  }
+  return stats;
+}
+
+// ---------------------------------------------------------------------------------------
+// Lookups
+
+void sglang_pool::exists(std::span<const std::string_view> keys,
+                         std::span<std::uint8_t> out) const {
+  SHARD_CHECK(out.size() == keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    out[i] = find(keys[i], table_hash(keys[i])) != 0 ? 1 : 0;
+  }
+}
+
+void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::uint64_t now,
+                                   std::span<std::int64_t> out) {
+  SHARD_CHECK(out.size() == keys.size());
+  const std::uint64_t until =
+      config_.read_lease == 0
+          ? 0
+          : (now > UINT64_MAX - config_.read_lease ? UINT64_MAX : now + config_.read_lease);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const std::uint32_t node_index = find(keys[i], table_hash(keys[i]));
+    if (node_index == 0) {
+      out[i] = -1;
+      continue;
+    }
+    node& nd = nodes_[node_index];
+    out[i] = nd.page;
+    nd.lease_until = std::max(nd.lease_until, until);
+    unlink(node_index);
+    link_last(node_index);
+  }
+}
+
+}  // namespace shard

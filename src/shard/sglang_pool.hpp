@@ -1,0 +1,219 @@
+// sglang_pool: one SGLang HiCache pool (one (rank, namespace) of spec/sglang.md), sans-IO.
+// Every page is in exactly one state: free (in the LIFO stack `free_`), in flight (handed
+// out by reserve; its key, clear-epoch and deadline in `owners_`), bound (the page of one
+// confirmed key, on the LRU list), or unowned (only after restore(): leaked, bindable by
+// a confirm). page_pool holds the state bits and counts; no page is ever held by two keys.
+// Deterministic: the same calls with the same arguments (and `now`s) in the same order
+// give the same pages, so a caller may log each mutating call and replay it. Owned by one
+// core; not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shard/chunked_vector.hpp"
+#include "shard/key_map.hpp"
+#include "shard/lifo_pages.hpp"
+#include "shard/page_pool.hpp"
+
+namespace shard {
+
+struct sglang_config {
+  // A reservation neither confirmed nor released within this of its reserve expires and
+  // its page is free again (a dead writer). 0: never. In the caller's time unit.
+  std::uint64_t reservation_ttl = 0;
+  // get_page_indices leases each key it finds for this long: eviction passes it over.
+  // 0 (default): no leases, the reference's eviction order exactly.
+  std::uint64_t read_lease = 0;
+};
+
+// One element of a reserve answer: [already_exists, page]; page -1: none.
+struct sglang_slot {
+  bool exists = false;
+  std::int64_t page = -1;
+  bool operator==(const sglang_slot&) const = default;
+};
+
+struct sglang_reserve_stats {
+  std::uint32_t hits = 0;       // answers (true, page), duplicates included
+  std::uint32_t allocated = 0;  // distinct keys given a page (free or evicted)
+  std::uint32_t evicted = 0;    // bound keys evicted for them
+  std::uint32_t no_page = 0;    // answers (false, -1), duplicates included
+  std::uint32_t expired = 0;    // reservations expired before the batch ran
+};
+
+enum class sglang_confirm_outcome : std::uint8_t { ok, bad_request };
+
+struct sglang_confirm_stats {
+  std::uint32_t bound = 0;            // confirmations that bound (or re-confirmed) their key
+  std::uint32_t skipped = 0;          // page free, bound to / reserved for another key
+  std::uint32_t stale = 0;            // reserved before a clear: not bound, page freed
+  std::uint32_t released = 0;         // released pages that were in flight or unowned: freed
+  std::uint32_t release_refused = 0;  // released pages bound to a key: kept
+  std::uint32_t release_noop = 0;     // released pages already free
+  std::uint32_t rebound_freed = 0;    // old pages freed by re-binding a key
+  std::uint32_t expired = 0;          // reservations expired before the request ran
+};
+
+struct sglang_pool_stats {
+  std::uint32_t num_pages, free, in_flight, bound, unowned;
+  std::uint64_t keys;
+};
+
+// A pool's whole state, for snapshots and restore. Pages in none of the lists are unowned.
+struct sglang_image {
+  struct in_flight {
+    std::uint32_t page;
+    std::string key;
+    std::uint32_t epoch;
+    std::uint64_t deadline;  // UINT64_MAX: none
+  };
+  std::uint32_t num_pages = 0;
+  std::uint32_t epoch = 0;
+  std::vector<std::uint32_t> free;                           // bottom → top (top is next)
+  std::vector<std::pair<std::string, std::uint32_t>> bound;  // LRU first
+  std::vector<in_flight> reserved;                           // in reservation order
+};
+
+class sglang_pool {
+ public:
+  // Pages are numbered below this (page_pool's own limit).
+  static constexpr std::uint32_t pages_max = page_pool::pages_max;
+  static constexpr std::uint64_t no_deadline = UINT64_MAX;
+
+  explicit sglang_pool(std::uint32_t num_pages, const sglang_config& config = {});
+  ~sglang_pool();
+  sglang_pool(sglang_pool&&) noexcept;
+  sglang_pool& operator=(sglang_pool&&) noexcept;
+
+  std::uint32_t num_pages() const { return pages_.num_pages(); }
+  std::uint32_t epoch() const { return epoch_; }
+  // Grows to new_pages (>= num_pages()): the new pages are pushed on the free stack in
+  // ascending order (the highest is handed out next), as free_pages.extend(range(old, new)).
+  void grow(std::uint32_t new_pages);
+
+  // exists: out[i] = 1 iff keys[i] is bound. Touches nothing (no recency, no lease).
+  void exists(std::span<const std::string_view> keys, std::span<std::uint8_t> out) const;
+
+  // reserve_and_allocate_page_indices at now: out gets one answer per key, in order.
+  // Expires due reservations first. Pass 1: bound keys answer (true, page) and move to
+  // the MRU end in input order. Pass 2: every other distinct key, in order, takes the top
+  // free page, else the page of the least recently used bound key that is neither a hit
+  // of this batch nor leased (evicted), else -1. A repeated key copies its first answer.
+  sglang_reserve_stats reserve(std::span<const std::string_view> keys, std::uint64_t now,
+                               std::vector<sglang_slot>& out);
+
+  // confirm_write at now: binds keys[i] → pages[i] in order, then frees `releases`.
+  // bad_request (detail set, nothing changed): a page outside 0..num_pages-1 in either
+  // list, or a page both confirmed and released. Otherwise every confirmation binds iff
+  // its page is in flight for its key (this epoch), already bound to it, or unowned; the
+  // others are skipped (stats). Re-binding a key frees its old page. A released page is
+  // freed if in flight or unowned, kept if bound, a no-op if free.
+  sglang_confirm_outcome confirm(std::span<const std::string_view> keys,
+                                 std::span<const std::int64_t> pages,
+                                 std::span<const std::int64_t> releases, std::uint64_t now,
+                                 std::string& detail, sglang_confirm_stats& stats);
+
+  // delete_keys: each bound key is dropped and its page pushed on the free stack. Returns
+  // how many were dropped. Reservations are untouched.
+  std::size_t delete_keys(std::span<const std::string_view> keys);
+
+  // clear: drops every key (their pages are free again), bumps the epoch so that writes
+  // reserved before it never bind. Pages still in flight stay out of the free stack until
+  // their writer confirms, releases or expires: the free stack becomes [0..n-1] minus them.
+  void clear();
+
+  // get_page_indices at now: out[i] = the bound page of keys[i], or -1. Found keys move to
+  // the MRU end in input order (and are leased with a read lease configured).
+  void get_page_indices(std::span<const std::string_view> keys, std::uint64_t now,
+                        std::span<std::int64_t> out);
+
+  // Frees every reservation whose deadline is <= now, oldest first; appends their pages
+  // to expired_out when given. Returns how many.
+  std::size_t expire(std::uint64_t now, std::vector<std::uint32_t>* expired_out = nullptr);
+
+  sglang_pool_stats stats() const;
+  std::size_t memory_bytes() const;
+  // Every structure agrees with every other; "" when consistent, else the first problem.
+  std::string check() const;
+
+  sglang_image image() const;
+  // The pool an image describes (validated: pages in range, each in one list at most, no
+  // key twice). On a bad image returns false with `error` set and leaves `out` alone.
+  static bool restore(const sglang_image& image, const sglang_config& config, sglang_pool& out,
+                      std::string& error);
+
+ private:
+  struct node {
+    const char* blob = nullptr;  // the key's bytes: keys_' heap block, stable while bound
+    std::uint32_t page = 0;
+    std::uint32_t prev = 0, next = 0;  // LRU list; node 0 is the sentinel
+    std::uint32_t stamp = 0;           // == stamp_: a hit or passed over in this batch
+    std::uint64_t lease_until = 0;
+  };
+  struct owner {
+    const char* blob = nullptr;  // a heap copy of the key (key_blob); nullptr: none
+    std::uint32_t epoch = 0;
+    std::uint64_t deadline = no_deadline;
+    std::uint64_t serial = 0;  // names this reservation in expiry_
+    bool operator==(const owner&) const = default;
+  };
+  // A reservation with a deadline, in the order made (one TTL: also deadline order). An
+  // entry whose reservation ended early stays until it reaches the front or a compaction
+  // (when stale entries outnumber live ones) drops it: O(1) amortised per reservation.
+  struct expiry_entry {
+    std::uint64_t deadline;
+    std::uint64_t serial;
+    std::uint32_t page;
+  };
+  bool live(const expiry_entry& e) const { return owners_.find(e.page).serial == e.serial; }
+  void push_expiry(std::uint32_t page, const owner& o);
+
+  // The LRU list.
+  void unlink(std::uint32_t i);
+  void link_last(std::uint32_t i);
+  std::uint32_t new_node();
+  void free_node(std::uint32_t i);
+  // The node of a bound key, or 0.
+  std::uint32_t find(std::string_view key, std::uint32_t hash) const;
+  // Binds key → page (page already in the bound state); frees the key's old page.
+  void bind_key(std::string_view key, std::uint32_t hash, std::uint32_t page,
+                sglang_confirm_stats& stats);
+  // Drops a bound key's node and map entry; returns its page (still bound in pages_).
+  std::uint32_t drop_node(std::uint32_t i);
+  // A page for a missing key: the top free one, else an evicted one, else none (false).
+  bool take_page(std::uint64_t now, std::uint32_t& page, sglang_reserve_stats& stats);
+  void start_reservation(std::string_view key, std::uint32_t page, std::uint64_t now);
+  // Ends the in-flight reservation of `page` (if any) and frees the page.
+  void free_in_flight(std::uint32_t page);
+  void next_stamp();
+  // confirm_write's 400s; sorted_ is its scratch.
+  bool validate_confirm(std::span<const std::int64_t> pages, std::span<const std::int64_t> releases,
+                        std::string& detail);
+  void apply_confirmation(std::string_view key, std::uint32_t page, sglang_confirm_stats& stats);
+  void apply_release(std::uint32_t page, sglang_confirm_stats& stats);
+  // first_[i]: the index of the first occurrence of keys[i]; hashes_[i] its hash.
+  void dedupe(std::span<const std::string_view> keys);
+
+  sglang_config config_;
+  page_pool pages_;              // free / reserved (in flight or unowned) / bound, with counts
+  lifo_pages free_;              // the free pages in hand-out order
+  key_map<std::uint32_t> keys_;  // bound key → node
+  chunked_vector<node> nodes_;   // nodes_[0]: sentinel; free nodes chained through next
+  std::uint32_t free_nodes_ = 0;
+  page_owners<owner> owners_;  // in-flight page → its reservation
+  std::deque<expiry_entry> expiry_;
+  std::uint64_t serial_ = 0;  // the last reservation's serial
+  std::uint32_t epoch_ = 0;
+  std::uint32_t stamp_ = 0;
+  // Scratch reused across calls.
+  std::vector<std::uint32_t> hashes_, first_, seen_, found_;
+  std::vector<std::int64_t> sorted_;
+};
+
+}  // namespace shard

@@ -1,0 +1,435 @@
+// sglang_pool: each rule of spec/sglang.md and each of its Fixes (B4, B5, B6, B7, B9, B10,
+// B17, B18), with the reference's page numbers where the contract fixes them.
+#include "shard/sglang_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include "sglang_helpers.hpp"
+#include "shard/sglang_pools.hpp"
+
+namespace shard {
+namespace {
+
+using namespace shard::sg_testing;
+
+slots S(std::initializer_list<std::pair<bool, std::int64_t>> list) {
+  slots out;
+  for (auto [e, p] : list) out.push_back({e, p});
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Page order
+
+TEST(SglangPool, FreshPoolHandsOutHighestPageFirst) {
+  sglang_pool pool(4);
+  EXPECT_EQ(reserve(pool, {"a", "b"}), S({{false, 3}, {false, 2}}));
+  EXPECT_EQ(reserve(pool, {"c"}), S({{false, 1}}));
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0}));
+}
+
+TEST(SglangPool, FreedPagesAreHandedOutNextMostRecentFirst) {
+  sglang_pool pool(8);
+  EXPECT_EQ(store(pool, {"a", "b", "c"}), (ints{7, 6, 5}));
+  EXPECT_EQ(del(pool, {"c", "a"}), 2u);  // pushes 5, then 7
+  EXPECT_EQ(reserve(pool, {"x", "y", "z"}), S({{false, 7}, {false, 5}, {false, 4}}));
+}
+
+TEST(SglangPool, ReleasedPagesReturnOnTopInReleaseOrder) {
+  sglang_pool pool(4);
+  reserve(pool, {"a", "b"});  // 3, 2
+  EXPECT_EQ(confirm(pool, {}, {}, {3, 2}), "");
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 1, 3, 2}));
+  EXPECT_EQ(reserve(pool, {"c"}), S({{false, 2}}));
+}
+
+TEST(SglangPool, EmptyBatchAndZeroCapacity) {
+  sglang_pool pool(0);
+  EXPECT_EQ(reserve(pool, {}), slots{});
+  EXPECT_EQ(reserve(pool, {"a", "b"}), S({{false, -1}, {false, -1}}));
+  EXPECT_EQ(exists(pool, {"a"}), std::vector<bool>{false});
+}
+
+// ---------------------------------------------------------------------------------------
+// Reserve: hits, in-flight keys, eviction, -1
+
+TEST(SglangPool, BoundKeyIsAHitAndTakesNoPage) {
+  sglang_pool pool(4);
+  store(pool, {"a"});  // 3
+  sglang_reserve_stats st;
+  EXPECT_EQ(reserve(pool, {"b", "a"}, 0, &st), S({{false, 2}, {true, 3}}));
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.allocated, 1u);
+}
+
+TEST(SglangPool, InFlightKeyIsInvisibleAndGetsAnotherPage) {
+  sglang_pool pool(4);
+  EXPECT_EQ(reserve(pool, {"a"}), S({{false, 3}}));
+  EXPECT_EQ(exists(pool, {"a"}), std::vector<bool>{false});
+  EXPECT_EQ(get(pool, {"a"}), ints{-1});
+  EXPECT_EQ(reserve(pool, {"a"}), S({{false, 2}}));  // not a hit, not reissued
+}
+
+TEST(SglangPool, FullPoolEvictsTheLeastRecentlyUsedKeyAtOnce) {
+  sglang_pool pool(2);
+  store(pool, {"a", "b"});  // a:1, b:0
+  sglang_reserve_stats st;
+  EXPECT_EQ(reserve(pool, {"c"}, 0, &st), S({{false, 1}}));
+  EXPECT_EQ(st.evicted, 1u);
+  EXPECT_EQ(exists(pool, {"a", "b", "c"}), (std::vector<bool>{false, true, false}));
+}
+
+TEST(SglangPool, RecencyFollowsHitsConfirmsAndGetsButNotExists) {
+  sglang_pool pool(3);
+  store(pool, {"a", "b", "c"});                      // LRU a, b, c
+  exists(pool, {"a"});                               // no recency
+  get(pool, {"b"});                                  // b to MRU: a, c, b
+  EXPECT_EQ(reserve(pool, {"x"}), S({{false, 2}}));  // evicts a (page 2)
+  reserve(pool, {"c"});                              // hit: b, c
+  EXPECT_EQ(reserve(pool, {"y"}), S({{false, 1}}));  // evicts b (page 1)
+  EXPECT_EQ(exists(pool, {"a", "b", "c"}), (std::vector<bool>{false, false, true}));
+}
+
+TEST(SglangPool, ConfirmMovesTheKeyToTheMostRecentEnd) {
+  sglang_pool pool(2);
+  store(pool, {"a", "b"});                   // a:1 b:0, LRU a, b
+  EXPECT_EQ(confirm(pool, {"a"}, {1}), "");  // the same binding again: a to MRU
+  reserve(pool, {"c"});
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{true, false}));
+}
+
+TEST(SglangPool, MinusOneOnlyWhenEveryPageIsInFlight) {
+  sglang_pool pool(2);
+  EXPECT_EQ(reserve(pool, {"a", "b", "c"}), S({{false, 1}, {false, 0}, {false, -1}}));
+  sglang_reserve_stats st;
+  EXPECT_EQ(reserve(pool, {"d"}, 0, &st), S({{false, -1}}));
+  EXPECT_EQ(st.no_page, 1u);
+}
+
+TEST(SglangPool, AllocationIsPerKeyAndEvictsWithinOneBatch) {
+  sglang_pool pool(3);
+  store(pool, {"a", "b"});  // a:2 b:1, page 0 free
+  EXPECT_EQ(reserve(pool, {"x", "y", "z", "w"}),
+            S({{false, 0}, {false, 2}, {false, 1}, {false, -1}}));
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{false, false}));
+}
+
+TEST(SglangPool, DuplicateKeysInOneBatchShareOneAnswer_B4) {
+  sglang_pool pool(4);
+  EXPECT_EQ(reserve(pool, {"a", "b", "a", "a"}),
+            S({{false, 3}, {false, 2}, {false, 3}, {false, 3}}));
+  EXPECT_EQ(pool.stats().free, 2u);
+  EXPECT_EQ(confirm(pool, {"a", "b", "a"}, {3, 2, 3}), "");
+  EXPECT_EQ(pool.stats().bound, 2u);
+  EXPECT_EQ(pool.stats().free, 2u);  // nothing orphaned
+  EXPECT_EQ(reserve(pool, {"a", "a"}), S({{true, 3}, {true, 3}}));
+}
+
+TEST(SglangPool, DuplicateOfAKeyWithoutPageCopiesMinusOne) {
+  sglang_pool pool(1);
+  reserve(pool, {"a"});
+  EXPECT_EQ(reserve(pool, {"b", "b"}), S({{false, -1}, {false, -1}}));
+}
+
+TEST(SglangPool, AHitIsNeverEvictedByItsOwnBatch_B5) {
+  sglang_pool pool(1);
+  store(pool, {"a"});
+  // The reference answers [[true,0],[false,0]]: page 0 promised twice.
+  EXPECT_EQ(reserve(pool, {"a", "b"}), S({{true, 0}, {false, -1}}));
+  EXPECT_EQ(exists(pool, {"a"}), std::vector<bool>{true});
+  // Order does not matter: the hit is found in pass 1.
+  EXPECT_EQ(reserve(pool, {"b", "a"}), S({{false, -1}, {true, 0}}));
+}
+
+TEST(SglangPool, EvictionSkipsHitsButTakesOtherKeys_B5) {
+  sglang_pool pool(2);
+  store(pool, {"a", "b"});  // a:1 b:0, LRU a, b
+  EXPECT_EQ(reserve(pool, {"a", "c", "d"}), S({{true, 1}, {false, 0}, {false, -1}}));
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{true, false}));
+}
+
+// ---------------------------------------------------------------------------------------
+// confirm_write
+
+TEST(SglangPool, OutOfRangePagesAreRefusedAndNothingIsApplied_B9) {
+  sglang_pool pool(4);
+  reserve(pool, {"a", "b"});  // 3, 2
+  EXPECT_EQ(confirm(pool, {"a", "b"}, {3, 4}),
+            "Page 4 at index 1 of written_keys_to_confirm is out of range: the pool has 4 pages");
+  EXPECT_EQ(confirm(pool, {"a"}, {-1}),
+            "Page -1 at index 0 of written_keys_to_confirm is out of range: the pool has 4 pages");
+  EXPECT_EQ(confirm(pool, {"a"}, {3}, {2, 999}),
+            "Page 999 at index 1 of pages_to_release is out of range: the pool has 4 pages");
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{false, false}));
+  EXPECT_EQ(pool.stats().in_flight, 2u);
+}
+
+TEST(SglangPool, ConfirmingAndReleasingOnePageIsRefused) {
+  sglang_pool pool(4);
+  reserve(pool, {"a"});
+  EXPECT_EQ(confirm(pool, {"a"}, {3}, {3}), "Page 3 is both confirmed and released");
+  EXPECT_EQ(pool.stats().in_flight, 1u);
+}
+
+TEST(SglangPool, ConfirmBindsOnlyItsOwnReservation_B6) {
+  sglang_pool pool(4);
+  reserve(pool, {"a", "b"});  // a:3 b:2
+  sglang_confirm_stats st;
+  // x: a free page; a: its own; b: a's page once bound; a: b's reservation.
+  EXPECT_EQ(confirm(pool, {"x", "a", "b", "a"}, {1, 3, 3, 2}, {}, 0, &st), "");
+  EXPECT_EQ(st.bound, 1u);
+  EXPECT_EQ(st.skipped, 3u);
+  EXPECT_EQ(exists(pool, {"x", "a", "b"}), (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(get(pool, {"a"}), ints{3});
+  EXPECT_EQ(pool.stats().in_flight, 1u);  // b still holds 2
+}
+
+TEST(SglangPool, ConfirmOfAnotherKeysBoundPageIsSkipped_B6) {
+  sglang_pool pool(4);
+  store(pool, {"a"});  // 3
+  sglang_confirm_stats st;
+  EXPECT_EQ(confirm(pool, {"b"}, {3}, {}, 0, &st), "");
+  EXPECT_EQ(st.skipped, 1u);
+  EXPECT_EQ(get(pool, {"a", "b"}), (ints{3, -1}));
+}
+
+TEST(SglangPool, TwoReservationsOfOneKeyKeepTheLastConfirmedPage) {
+  sglang_pool pool(4);
+  reserve(pool, {"a"});  // 3
+  reserve(pool, {"a"});  // 2 (in flight keys are not hits)
+  sglang_confirm_stats st;
+  EXPECT_EQ(confirm(pool, {"a", "a"}, {3, 2}, {}, 0, &st), "");
+  EXPECT_EQ(st.rebound_freed, 1u);
+  EXPECT_EQ(get(pool, {"a"}), ints{2});
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 1, 3}));
+}
+
+TEST(SglangPool, ReleasesFreeInFlightPagesOnly_B7) {
+  sglang_pool pool(4);
+  store(pool, {"a"});    // 3
+  reserve(pool, {"b"});  // 2
+  sglang_confirm_stats st;
+  EXPECT_EQ(confirm(pool, {}, {}, {3, 2, 1, 2}, 0, &st), "");
+  EXPECT_EQ(st.release_refused, 1u);  // bound to a
+  EXPECT_EQ(st.released, 1u);         // b's reservation
+  EXPECT_EQ(st.release_noop, 2u);     // free pages (1, and 2 once freed)
+  EXPECT_EQ(get(pool, {"a"}), ints{3});
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 1, 2}));
+}
+
+TEST(SglangPool, EmptyConfirmIsAccepted) {
+  sglang_pool pool(2);
+  EXPECT_EQ(confirm(pool, {}, {}), "");
+}
+
+// ---------------------------------------------------------------------------------------
+// delete_keys, clear, get_page_indices
+
+TEST(SglangPool, DeleteDropsBoundKeysOnlyAndCounts) {
+  sglang_pool pool(4);
+  store(pool, {"a", "b"});  // 3, 2
+  reserve(pool, {"c"});     // 1, in flight: not deleted
+  EXPECT_EQ(del(pool, {"a", "zz", "c", "a"}), 1u);
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{false, true}));
+  EXPECT_EQ(pool.stats().in_flight, 1u);
+  EXPECT_EQ(reserve(pool, {"d"}), S({{false, 3}}));
+}
+
+TEST(SglangPool, ClearFreesEveryPageAndKeepsTheSize) {
+  sglang_pool pool(4);
+  store(pool, {"a", "b"});
+  pool.clear();
+  EXPECT_EQ(pool.check(), "");
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{false, false}));
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(reserve(pool, {"a"}), S({{false, 3}}));
+}
+
+TEST(SglangPool, AWriteReservedBeforeAClearNeverBinds_B17) {
+  sglang_pool pool(4);
+  reserve(pool, {"a", "b"});  // 3, 2
+  pool.clear();
+  EXPECT_EQ(pool.check(), "");
+  // The pages in flight are not handed out again while their writers hold them.
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(reserve(pool, {"c"}), S({{false, 1}}));
+  sglang_confirm_stats st;
+  EXPECT_EQ(confirm(pool, {"a"}, {3}, {2}, 0, &st), "");
+  EXPECT_EQ(st.stale, 1u);
+  EXPECT_EQ(st.released, 1u);
+  EXPECT_EQ(exists(pool, {"a"}), std::vector<bool>{false});
+  EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 3, 2}));
+  EXPECT_EQ(confirm(pool, {"c"}, {1}), "");  // this epoch's reservation binds
+  EXPECT_EQ(get(pool, {"c"}), ints{1});
+}
+
+TEST(SglangPool, GetPageIndicesAnswersBoundPagesOrMinusOne) {
+  sglang_pool pool(4);
+  store(pool, {"a"});
+  reserve(pool, {"b"});
+  EXPECT_EQ(get(pool, {"a", "b", "zz", "a"}), (ints{3, -1, -1, 3}));
+}
+
+// ---------------------------------------------------------------------------------------
+// Reservation expiry (B10) and read leases (B18)
+
+TEST(SglangPool, ADeadWritersPagesComeBackAtTheDeadline_B10) {
+  sglang_pool pool(4, sglang_config{.reservation_ttl = 100});
+  reserve(pool, {"a", "b"}, 10);  // 3, 2 until 110
+  reserve(pool, {"c"}, 50);       // 1 until 150
+  std::vector<std::uint32_t> expired;
+  EXPECT_EQ(pool.expire(109, &expired), 0u);
+  EXPECT_EQ(pool.expire(110, &expired), 2u);
+  EXPECT_EQ(expired, (std::vector<std::uint32_t>{3, 2}));
+  EXPECT_EQ(pool.check(), "");
+  // A late confirm of an expired reservation binds nothing (its page is free).
+  sglang_confirm_stats st;
+  EXPECT_EQ(confirm(pool, {"a"}, {3}, {}, 120, &st), "");
+  EXPECT_EQ(st.skipped, 1u);
+  // Reserve expires due reservations itself before it allocates.
+  sglang_reserve_stats rs;
+  EXPECT_EQ(reserve(pool, {"d"}, 150, &rs), S({{false, 1}}));
+  EXPECT_EQ(rs.expired, 1u);
+}
+
+TEST(SglangPool, ConfirmedReservationsDoNotExpire) {
+  sglang_pool pool(2, sglang_config{.reservation_ttl = 5});
+  store(pool, {"a"}, 0);
+  EXPECT_EQ(pool.expire(1000), 0u);
+  EXPECT_EQ(get(pool, {"a"}, 1000), ints{1});
+}
+
+TEST(SglangPool, WithoutATtlReservationsNeverExpire) {
+  sglang_pool pool(2);
+  reserve(pool, {"a"}, 0);
+  EXPECT_EQ(pool.expire(UINT64_MAX), 0u);
+  EXPECT_EQ(pool.stats().in_flight, 1u);
+}
+
+TEST(SglangPool, NoLeaseByDefault_B18) {
+  sglang_pool pool(2);
+  store(pool, {"a", "b"});
+  get(pool, {"b"}, 0);
+  get(pool, {"a"}, 0);  // a is the most recent; b is evicted despite the read
+  EXPECT_EQ(reserve(pool, {"c"}, 1), S({{false, 0}}));
+}
+
+TEST(SglangPool, ALeasedKeyIsPassedOverByEviction_B18) {
+  sglang_pool pool(2, sglang_config{.read_lease = 10});
+  store(pool, {"a", "b"});                                 // a:1 b:0, LRU a, b
+  get(pool, {"a"}, 100);                                   // a leased until 110, LRU b, a
+  get(pool, {"b"}, 100);                                   // b leased until 110, LRU a, b
+  EXPECT_EQ(reserve(pool, {"c"}, 105), S({{false, -1}}));  // both leased
+  EXPECT_EQ(reserve(pool, {"c"}, 110), S({{false, 1}}));   // a's lease ended
+  get(pool, {"b"}, 200);
+  EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{false, true}));
+}
+
+// ---------------------------------------------------------------------------------------
+// Growth, images, the registry
+
+TEST(SglangPool, GrowingPushesTheNewPagesOnTop) {
+  sglang_pool pool(2);
+  reserve(pool, {"a"});  // 1
+  pool.grow(4);
+  EXPECT_EQ(pool.check(), "");
+  EXPECT_EQ(reserve(pool, {"b", "c", "d", "e"}),
+            S({{false, 3}, {false, 2}, {false, 0}, {false, -1}}));
+}
+
+TEST(SglangPool, ImageRestoresTheSameFuture) {
+  sglang_config config{.reservation_ttl = 50, .read_lease = 0};
+  sglang_pool pool(6, config);
+  store(pool, {"a", "b", "c"}, 0);
+  del(pool, {"b"});
+  reserve(pool, {"d", "e"}, 10);
+  get(pool, {"a"}, 11);
+  const sglang_image img = pool.image();
+  sglang_pool copy(0);
+  std::string error;
+  ASSERT_TRUE(sglang_pool::restore(img, config, copy, error)) << error;
+  EXPECT_EQ(copy.check(), "");
+  EXPECT_EQ(copy.image().free, img.free);
+  EXPECT_EQ(copy.image().bound, img.bound);
+  EXPECT_EQ(copy.image().reserved.size(), img.reserved.size());
+  for (sglang_pool* p : {&pool, &copy}) {
+    EXPECT_EQ(reserve(*p, {"f", "g", "h", "i"}, 60),
+              S({{false, 2}, {false, 4}, {false, 1}, {false, 0}}));
+  }
+}
+
+TEST(SglangPool, RestoreRefusesBadImagesAndLeavesUnownedPagesBindable) {
+  std::string error;
+  sglang_pool out(0);
+  sglang_image img;
+  img.num_pages = 4;
+  img.free = {0, 0};
+  EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
+  EXPECT_EQ(error, "free page 0 is listed twice");
+  img.free = {0};
+  img.bound = {{"a", 4}};
+  EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
+  EXPECT_EQ(error, "bound page 4 is out of range (num_pages 4)");
+  img.bound = {{"a", 1}, {"a", 2}};
+  EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
+  EXPECT_EQ(error, "bound key 'a' is listed twice");
+  img.bound = {{"a", 1}};
+  ASSERT_TRUE(sglang_pool::restore(img, {}, out, error)) << error;
+  EXPECT_EQ(out.stats().unowned, 2u);  // pages 2 and 3: leaked before the image
+  sglang_confirm_stats st;
+  EXPECT_EQ(confirm(out, {"b", "a"}, {3, 2}, {}, 0, &st), "");  // unowned pages bind
+  EXPECT_EQ(st.bound, 2u);
+  EXPECT_EQ(get(out, {"a", "b"}), (ints{2, 3}));
+  EXPECT_EQ(free_stack(out), (std::vector<std::uint32_t>{0, 1}));  // a's old page
+}
+
+TEST(SglangPools, PoolsAreIndependentPerRankAndNamespace) {
+  sglang_pools pools;
+  EXPECT_EQ(pools.initialize(0, "kv", 4).outcome, sglang_init::created);
+  EXPECT_EQ(pools.initialize(0, "mamba", 2).outcome, sglang_init::created);
+  EXPECT_EQ(pools.initialize(-1, "kv", 3).outcome, sglang_init::created);
+  EXPECT_EQ(pools.find(1, "kv"), nullptr);
+  EXPECT_EQ(pools.find(0, "kv")->num_pages(), 4u);
+  store(*pools.find(0, "kv"), {"a"});
+  EXPECT_EQ(exists(*pools.find(0, "mamba"), {"a"}), std::vector<bool>{false});
+  pools.find(0, "mamba")->clear();
+  EXPECT_EQ(exists(*pools.find(0, "kv"), {"a"}), std::vector<bool>{true});
+  std::vector<std::string> order;
+  pools.for_each([&](std::int64_t rank, std::string_view ns, const sglang_pool&) {
+    order.push_back(std::to_string(rank) + ":" + std::string(ns));
+  });
+  EXPECT_EQ(order, (std::vector<std::string>{"0:kv", "0:mamba", "-1:kv"}));
+}
+
+TEST(SglangPools, ReinitialisingKeepsGrowsOrRefuses) {
+  sglang_pools pools;
+  pools.initialize(0, "kv", 4);
+  store(*pools.find(0, "kv"), {"a"});
+  EXPECT_EQ(pools.initialize(0, "kv", 4).outcome, sglang_init::unchanged);
+  const auto smaller = pools.initialize(0, "kv", 2);
+  EXPECT_EQ(smaller.outcome, sglang_init::smaller_ignored);
+  EXPECT_EQ(smaller.old_pages, 4u);
+  EXPECT_EQ(pools.find(0, "kv")->num_pages(), 4u);
+  const auto grown = pools.initialize(0, "kv", 6);
+  EXPECT_EQ(grown.outcome, sglang_init::grown);
+  EXPECT_EQ(grown.old_pages, 4u);
+  EXPECT_EQ(exists(*pools.find(0, "kv"), {"a"}), std::vector<bool>{true});
+  EXPECT_EQ(reserve(*pools.find(0, "kv"), {"b"}), S({{false, 5}}));
+
+  sglang_pools strict({}, /*strict_reinit=*/true);
+  strict.initialize(0, "kv", 4);
+  EXPECT_EQ(strict.initialize(0, "kv", 3).outcome, sglang_init::smaller_refused);
+  EXPECT_EQ(strict.initialize(0, "kv", 5).outcome, sglang_init::grown);
+}
+
+TEST(SglangPools, ExpireCoversEveryPool) {
+  sglang_pools pools(sglang_config{.reservation_ttl = 10});
+  pools.initialize(0, "kv", 2);
+  pools.initialize(1, "kv", 2);
+  reserve(*pools.find(0, "kv"), {"a"}, 0);
+  reserve(*pools.find(1, "kv"), {"a", "b"}, 0);
+  EXPECT_EQ(pools.expire(10), 3u);
+}
+
+}  // namespace
+}  // namespace shard
