@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, then builds and runs every test:
+# Installs what is missing, checks that no leaf module includes another
+# (scripts/check-includes.sh), then builds and runs every test:
 #   1. under AddressSanitizer + UndefinedBehaviorSanitizer (every test),
 #   2. under ThreadSanitizer (the cross-core code: mailbox, pipeline, durability, e2e),
 #   3. the libFuzzer harnesses for 30 s each (clang, ASan + UBSan),
@@ -12,6 +13,9 @@ scripts/setup.sh --test
 export CTEST_OUTPUT_ON_FAILURE=1
 jobs=$(nproc)
 # No retries: a flaky test is a bug to find. Each failure is printed in full.
+
+echo "== Module boundaries =="
+scripts/check-includes.sh
 
 echo "== ASan + UBSan =="
 dir=$(scripts/build.sh asan)

@@ -11,14 +11,11 @@
 
 #include <fmt/format.h>
 
+#include "metad/assert.hpp"
+
 namespace api {
 
 namespace {
-
-// The callers pass parallel arrays; a mismatch is a programming error, never input.
-void check(bool invariant) {
-  if (!invariant) std::abort();
-}
 
 void append_int(std::string& out, std::int64_t value) {
   const fmt::format_int text(value);
@@ -165,7 +162,7 @@ void encode_initialized(std::string& out, std::int64_t rank, std::int64_t num_pa
 
 void encode_allocation(std::string& out, std::int64_t rank, std::span<const std::string_view> keys,
                        std::span<const std::int64_t> pages) {
-  check(keys.size() == pages.size());
+  METAD_ASSERT(keys.size() == pages.size());  // parallel arrays: a caller bug, never input
   std::size_t key_bytes = 0;
   for (std::string_view key : keys) key_bytes += key.size();
   // ["key",page], : 6 bytes of punctuation and up to 20 digits per entry.

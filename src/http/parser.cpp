@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "metad/assert.hpp"
+
 namespace http {
 namespace {
 
@@ -23,13 +25,6 @@ static_assert(initial_buffer_bytes > body_padding_bytes);
 
 // Empty bodies point here, so that they too are followed by readable padding.
 alignas(64) constexpr char empty_body[body_padding_bytes] = {};
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "http::parser invariant violated: %s\n", what);
-    std::abort();
-  }
-}
 
 // RFC 9110 tchar.
 constexpr std::array<bool, 256> token_chars = [] {
@@ -126,9 +121,9 @@ const char* find_newline(const char* data, std::size_t from, std::size_t to) {
 
 parser::parser(limits lim) : limits_(lim) {
   constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
-  require(limits_.header_bytes_max > 0, "header_bytes_max > 0");
-  require(limits_.header_bytes_max < size_max / 4 && limits_.body_bytes_max < size_max / 4,
-          "limits fit the buffer arithmetic");
+  METAD_ASSERT(limits_.header_bytes_max > 0);
+  // The limits fit the buffer arithmetic.
+  METAD_ASSERT(limits_.header_bytes_max < size_max / 4 && limits_.body_bytes_max < size_max / 4);
 }
 
 std::span<char> parser::read_space(std::size_t min_bytes) {
@@ -165,7 +160,7 @@ std::size_t parser::body_bytes_announced() const {
 }
 
 void parser::commit(std::size_t bytes_read) {
-  require(bytes_read <= capacity_ - end_ - body_padding_bytes, "commit within read_space");
+  METAD_ASSERT(bytes_read <= capacity_ - end_ - body_padding_bytes);  // within read_space
   end_ += bytes_read;
 }
 
@@ -550,7 +545,7 @@ void parser::make_ready(std::string_view body, std::size_t request_bytes) {
 }
 
 void parser::consume() {
-  require(stage_ == stage::ready, "consume() follows a ready next()");
+  METAD_ASSERT(stage_ == stage::ready);  // consume() follows a ready next()
   begin_ += request_bytes_;
   retired_.reset();
   if (begin_ == end_) {

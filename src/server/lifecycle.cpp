@@ -6,6 +6,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "metad/assert.hpp"
 #include "server/endpoints.hpp"
 #include "server/steps.hpp"
 #include "store/record.hpp"
@@ -80,6 +81,7 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
   const int start = at;
   std::size_t left = 0;
   if (job.keys.empty()) co_return 0;
+  METAD_ASSERT(job.owner.size() == job.keys.size() && job.bindings.size() == job.keys.size());
   // Sized here (on the walk's first core) so that the walk grows nothing elsewhere.
   job.removed.reserve(job.keys.size());
   job.removed_keys.reserve(job.keys.size());
@@ -102,7 +104,8 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
         [&job](std::int64_t rank, const shard::rank_stats&) { job.ranks.push_back(rank); });
     for (const std::int64_t rank : job.ranks) {
       job.removed.clear();
-      core.ranks.remove_confirmed(rank, job.keys, job.removed);
+      const bool found = core.ranks.remove_confirmed(rank, job.keys, job.removed);
+      METAD_ASSERT(found);  // listed on this core a moment ago
       if (job.removed.empty()) continue;
       job.removed_keys.clear();
       for (const std::uint32_t i : job.removed) {
@@ -137,6 +140,7 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
     if (!co_await core.journal.durable()) stored = false;
   }
   co_await cl.mailbox.hop(at, start);
+  METAD_ASSERT(left <= job.keys.size());
   co_return left;
 }
 

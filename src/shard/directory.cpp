@@ -99,7 +99,7 @@ struct directory::impl {
   }
   void untrack(std::string_view key, const parsed_key& p, std::int32_t count) {
     incomplete.forget(key, p);
-    SHARD_CHECK(incomplete_bindings >= static_cast<std::uint64_t>(count));
+    METAD_ASSERT(incomplete_bindings >= static_cast<std::uint64_t>(count));
     incomplete_bindings -= static_cast<std::uint64_t>(count);
   }
   // Ends the key's removal in progress: false if there is none (a clear dropped it).
@@ -248,7 +248,7 @@ bool directory::finish_removal(std::string_view key, std::int32_t bindings, std:
   parsed_key p;
   parse_key(key, p);
   const impl::entry e = m.find(key, p);
-  SHARD_CHECK(e);  // only a clear drops a key being removed
+  METAD_ASSERT(e);  // only a clear drops a key being removed
   const completion c = e.get();
   const std::int32_t left = c.confirmed_count - bindings;
   m.erase(e);
@@ -340,8 +340,8 @@ std::size_t directory::take_stale_impl(std::uint64_t cutoff, std::size_t n, void
       parsed_key p;
       parse_key(key, p);
       const impl::entry e = m.find(key, p);
-      SHARD_CHECK(e && !impl::is_complete(e.get()) && !m.is_removing(key));
-      SHARD_CHECK(m.incomplete_bindings >= static_cast<std::uint64_t>(e.get().confirmed_count));
+      METAD_ASSERT(e && !impl::is_complete(e.get()) && !m.is_removing(key));
+      METAD_ASSERT(m.incomplete_bindings >= static_cast<std::uint64_t>(e.get().confirmed_count));
       m.incomplete_bindings -= static_cast<std::uint64_t>(e.get().confirmed_count);
       m.removing.insert_new(key, table_hash(key), 1);
       call(take, key, confirmed);
@@ -359,7 +359,7 @@ void directory::abort_stale(std::string_view key, std::uint64_t confirmed, bool 
   parsed_key p;
   parse_key(key, p);
   const impl::entry e = m.find(key, p);
-  SHARD_CHECK(e);  // only a clear drops a key being removed
+  METAD_ASSERT(e);  // only a clear drops a key being removed
   const completion c = e.get();
   if (impl::is_complete(c)) {  // the last confirmations came while it was taken
     if (m.life.lru()) m.life.touch(key, p, now);

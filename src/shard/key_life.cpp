@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 namespace shard {
 
@@ -24,7 +24,7 @@ std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
     free_ = nodes_[i].next;
     nodes_[i] = node{};
   } else {
-    SHARD_CHECK(nodes_.size() < UINT32_MAX);
+    METAD_ASSERT(nodes_.size() < UINT32_MAX);
     i = static_cast<std::uint32_t>(nodes_.size());
     nodes_.emplace_back();
   }

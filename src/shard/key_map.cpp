@@ -20,7 +20,7 @@ std::uint32_t table_hash(std::string_view key) {
 namespace key_blob {
 
 char* make(std::string_view key) {
-  SHARD_CHECK(key.size() <= UINT32_MAX);
+  METAD_ASSERT(key.size() <= UINT32_MAX);
   const auto length = static_cast<std::uint32_t>(key.size());
   char* blob = new char[sizeof length + key.size()];
   std::memcpy(blob, &length, sizeof length);

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 namespace shard {
 
@@ -75,7 +75,7 @@ class key_map {
     if ((size_ + 1) * 5 > slots_.size() * 4) rehash(slots_.empty() ? 16 : slots_.size() * 2);
     std::size_t i = hash & mask();
     while (slots_[i].key != nullptr) {
-      SHARD_CHECK(!(slots_[i].hash == hash && key_blob::view(slots_[i].key) == key));
+      METAD_ASSERT(!(slots_[i].hash == hash && key_blob::view(slots_[i].key) == key));
       i = (i + 1) & mask();
     }
     slots_[i] = slot{hash, value, key_blob::make(key)};
@@ -86,7 +86,7 @@ class key_map {
   // Erases the slot (from find) and frees its key bytes.
   void erase(slot& s) {
     std::size_t hole = static_cast<std::size_t>(&s - slots_.data());
-    SHARD_CHECK(hole < slots_.size() && s.key != nullptr);
+    METAD_ASSERT(hole < slots_.size() && s.key != nullptr);
     key_blob::destroy(s.key);
     for (std::size_t j = (hole + 1) & mask(); slots_[j].key != nullptr; j = (j + 1) & mask()) {
       // Move the entry at j back into the hole unless its home lies in (hole, j].
@@ -162,11 +162,11 @@ class page_owners {
     return i == npos ? Owner{} : slots_[i].owner;
   }
   void insert(std::uint32_t page, const Owner& owner) {
-    SHARD_CHECK(page != empty_page && !(owner == Owner{}));
+    METAD_ASSERT(page != empty_page && !(owner == Owner{}));
     if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.empty() ? 16 : slots_.size() * 2);
     std::size_t i = home(page);
     while (slots_[i].page != empty_page) {
-      SHARD_CHECK(slots_[i].page != page);
+      METAD_ASSERT(slots_[i].page != page);
       i = (i + 1) & mask();
     }
     slots_[i] = slot{page, owner};

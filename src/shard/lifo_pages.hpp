@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <deque>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 namespace shard {
 
@@ -20,7 +20,7 @@ class lifo_pages {
 
   // Pushes lo, lo+1, ..., hi-1 (hi-1 ends on top).
   void push_range(std::uint32_t lo, std::uint32_t hi) {
-    SHARD_CHECK(lo <= hi);
+    METAD_ASSERT(lo <= hi);
     if (lo == hi) return;
     if (!runs_.empty() && runs_.back().hi == lo) {
       runs_.back().hi = hi;
@@ -33,7 +33,7 @@ class lifo_pages {
 
   // The top page, removed. Precondition: !empty().
   std::uint32_t pop() {
-    SHARD_CHECK(!runs_.empty());
+    METAD_ASSERT(!runs_.empty());
     run& top = runs_.back();
     const std::uint32_t page = --top.hi;
     if (top.hi == top.lo) runs_.pop_back();

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <bit>
-#include <cassert>
 #include <cerrno>
 #include <stdexcept>
 #include <system_error>
+
+#include "metad/assert.hpp"
+#include "metad/log.hpp"
 
 namespace shard {
 
@@ -55,7 +57,7 @@ struct mailbox::core_slot {
 
 mailbox::mailbox(int cores, std::size_t slots_per_ring)
     : cores_(cores), slots_(new core_slot[cores]) {
-  assert(cores > 0);
+  METAD_ASSERT(cores > 0);
   rings_.reserve(static_cast<std::size_t>(cores) * cores);
   for (int i = 0; i < cores * cores; ++i)
     rings_.push_back(std::make_unique<spsc_ring>(slots_per_ring));
@@ -73,6 +75,11 @@ mailbox::~mailbox() {
 spsc_ring& mailbox::ring(int from, int to) { return *rings_[from * cores_ + to]; }
 
 void mailbox::post(int from, int to, std::coroutine_handle<> h) {
+  METAD_ASSERT(from >= 0 && from < cores_ && to >= 0 && to < cores_ && from != to);
+  // Only core `from` may push into its rings (single producer): a coroutine that lost
+  // track of where it runs would corrupt them. Core threads know their index.
+  METAD_ASSERT(metad::log::current_core < 0 || metad::log::current_core == from);
+  METAD_ASSERT(h);
   core_slot& me = slots_[from];
   ++me.posted;
   if (!me.overflow[to].empty() || !ring(from, to).push(h)) {
@@ -100,6 +107,8 @@ void mailbox::wake(int core) {
 }
 
 std::size_t mailbox::drain(int self) {
+  METAD_ASSERT(self >= 0 && self < cores_);
+  METAD_ASSERT(metad::log::current_core < 0 || metad::log::current_core == self);
   core_slot& me = slots_[self];
   if (me.has_overflow) {
     me.has_overflow = false;

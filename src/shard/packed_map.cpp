@@ -1,6 +1,6 @@
 #include "shard/packed_map.hpp"
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 namespace shard {
 namespace {
@@ -76,7 +76,7 @@ bool packed_map::move_one_aside(std::size_t b1, std::size_t b2, const packed_key
 }
 
 void packed_map::insert_new(const packed_key& k, std::uint64_t h, std::uint32_t value) {
-  SHARD_CHECK(value != 0);
+  METAD_ASSERT(value != 0);
   if (growing())
     migrate(migrate_per_insert);
   else
@@ -124,7 +124,7 @@ namespace {
 // than ~28 bytes once the table is large.
 std::size_t grown_buckets(std::size_t n) {
   const std::size_t next = n < 1024 ? std::max<std::size_t>(4, n * 2) : n + n / 4;
-  SHARD_CHECK(next < (std::size_t{1} << 32));  // buckets_of maps 32-bit halves
+  METAD_ASSERT(next < (std::size_t{1} << 32));  // buckets_of maps 32-bit halves
   return next;
 }
 
@@ -183,7 +183,7 @@ void packed_map::migrate(std::size_t n) {
 }
 
 void packed_map::erase(std::uint32_t* value) {
-  SHARD_CHECK(value != nullptr && *value != 0);
+  METAD_ASSERT(value != nullptr && *value != 0);
   if (old_.holds(value)) {
     *value = 0;
     --size_;
@@ -214,7 +214,7 @@ void packed_map::erase(std::uint32_t* value) {
       return;
     }
   }
-  SHARD_CHECK(false && "erase of a value not in the map");
+  METAD_ASSERT(false && "erase of a value not in the map");
 }
 
 void packed_map::clear() noexcept {

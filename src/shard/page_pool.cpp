@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 namespace shard {
 namespace {
@@ -24,7 +24,7 @@ std::vector<std::uint64_t> resized_exact(const std::vector<std::uint64_t>& v, st
 }  // namespace
 
 void page_pool::grow(std::uint32_t new_pages) {
-  SHARD_CHECK(new_pages >= num_pages_ && new_pages <= pages_max);
+  METAD_ASSERT(new_pages >= num_pages_ && new_pages <= pages_max);
   if (new_pages == num_pages_) return;
   const std::size_t words = words_for(new_pages);
   if (levels_.empty()) levels_.emplace_back();
@@ -46,8 +46,8 @@ void page_pool::grow(std::uint32_t new_pages) {
 }
 
 void page_pool::shrink(std::uint32_t new_pages) {
-  SHARD_CHECK(new_pages > 0 && new_pages <= num_pages_);
-  for (std::uint32_t p = new_pages; p < num_pages_; ++p) SHARD_CHECK(state(p) == page_state::free);
+  METAD_ASSERT(new_pages > 0 && new_pages <= num_pages_);
+  for (std::uint32_t p = new_pages; p < num_pages_; ++p) METAD_ASSERT(state(p) == page_state::free);
   const std::size_t words = words_for(new_pages);
   levels_[0] = resized_exact(levels_[0], words);
   bound_ = resized_exact(bound_, words);
@@ -70,40 +70,40 @@ void page_pool::rebuild_summaries() {
 }
 
 std::uint32_t page_pool::take_lowest() {
-  SHARD_CHECK(free_count_ > 0);
+  METAD_ASSERT(free_count_ > 0);
   std::size_t index = 0;  // word index in the level below, finally the page
   for (std::size_t k = levels_.size(); k-- > 0;) {
     const std::uint64_t w = levels_[k][index];
-    SHARD_CHECK(w != 0);
+    METAD_ASSERT(w != 0);
     index = index * 64 + static_cast<std::size_t>(std::countr_zero(w));
   }
   const auto page = static_cast<std::uint32_t>(index);
-  SHARD_CHECK(page < num_pages_);
+  METAD_ASSERT(page < num_pages_);
   clear_free(page);
   --free_count_;
   return page;
 }
 
 void page_pool::take(std::uint32_t page) {
-  SHARD_CHECK(state(page) == page_state::free);
+  METAD_ASSERT(state(page) == page_state::free);
   clear_free(page);
   --free_count_;
 }
 
 void page_pool::bind(std::uint32_t page) {
-  SHARD_CHECK(state(page) == page_state::reserved);
+  METAD_ASSERT(state(page) == page_state::reserved);
   bound_[page / 64] |= bit(page);
   ++bound_count_;
 }
 
 void page_pool::release(std::uint32_t page) {
-  SHARD_CHECK(state(page) == page_state::reserved);
+  METAD_ASSERT(state(page) == page_state::reserved);
   set_free(page);
   ++free_count_;
 }
 
 void page_pool::free_bound(std::uint32_t page) {
-  SHARD_CHECK(state(page) == page_state::bound);
+  METAD_ASSERT(state(page) == page_state::bound);
   bound_[page / 64] &= ~bit(page);
   --bound_count_;
   set_free(page);
@@ -111,7 +111,7 @@ void page_pool::free_bound(std::uint32_t page) {
 }
 
 page_state page_pool::state(std::uint32_t page) const {
-  SHARD_CHECK(page < num_pages_);
+  METAD_ASSERT(page < num_pages_);
   if (levels_[0][page / 64] & bit(page)) return page_state::free;
   if (bound_[page / 64] & bit(page)) return page_state::bound;
   return page_state::reserved;

@@ -8,18 +8,18 @@ namespace shard {
 
 void rank_keys::release_reserved(std::uint32_t page) {
   const key_owner owner = owners.take(page);
-  SHARD_CHECK(owner.set);
+  METAD_ASSERT(owner.set);
   if (owner.blob == nullptr) {
     std::uint32_t* word = packed.find(owner.packed, packed_hash(owner.packed));
-    SHARD_CHECK(word != nullptr && !entry_word::confirmed(*word) &&
-                entry_word::page(*word) == page);
+    METAD_ASSERT(word != nullptr && !entry_word::confirmed(*word) &&
+                 entry_word::page(*word) == page);
     packed.erase(word);
     return;
   }
   const std::string_view key = key_blob::view(owner.blob);
   auto* s = others.find(key, table_hash(key));
-  SHARD_CHECK(s != nullptr && s->key == owner.blob && !entry_word::confirmed(s->value) &&
-              entry_word::page(s->value) == page);
+  METAD_ASSERT(s != nullptr && s->key == owner.blob && !entry_word::confirmed(s->value) &&
+               entry_word::page(s->value) == page);
   others.erase(*s);  // frees owner.blob
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 #include "shard/key_map.hpp"
 #include "shard/packed_key.hpp"
 #include "shard/packed_map.hpp"
@@ -36,7 +36,7 @@ inline void parse_key(std::string_view key, parsed_key& p) {
 namespace entry_word {
 static_assert(page_pool::pages_max <= 0x7FFFFFFFu, "page + 1 fits 31 bits");
 inline std::uint32_t make(std::uint32_t page, bool confirmed) {
-  SHARD_CHECK(page < 0x7FFFFFFFu);
+  METAD_ASSERT(page < 0x7FFFFFFFu);
   return (page + 1) | (confirmed ? 0x80000000u : 0u);
 }
 inline std::uint32_t page(std::uint32_t word) { return (word & 0x7FFFFFFFu) - 1; }

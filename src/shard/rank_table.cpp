@@ -5,7 +5,7 @@
 #include <deque>
 #include <unordered_map>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 #include "shard/page_pool.hpp"
 #include "shard/rank_keys.hpp"
 #include "shard/reservation_queue.hpp"
@@ -95,7 +95,7 @@ struct rank_table::impl {
 
   // Appends the index of each distinct key's first occurrence. Needs parse_keys first.
   void dedupe(std::span<const std::string_view> keys, std::vector<std::uint32_t>& out) {
-    SHARD_CHECK(keys.size() < UINT32_MAX);
+    METAD_ASSERT(keys.size() < UINT32_MAX);
     if (keys.size() <= 1) {
       if (keys.size() == 1) out.push_back(0);
       return;
@@ -138,7 +138,7 @@ void rank_table::set_reservation_ttl(std::uint64_t ttl) { impl_->reservation_ttl
 
 init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
                                    std::vector<std::string>* unbound_out) {
-  SHARD_CHECK(num_pages > 0 && num_pages <= page_pool::pages_max);
+  METAD_ASSERT(num_pages > 0 && num_pages <= page_pool::pages_max);
   const auto pages = static_cast<std::uint32_t>(num_pages);
   auto [it, created] = impl_->ranks.try_emplace(rank);
   rank_state& rs = it->second;
@@ -164,7 +164,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
     const std::uint32_t page = entry_word::page(*rs.keys.find(key, parsed));
     if (confirmed) {
       const std::int64_t removed = rs.keys.remove_confirmed(key, parsed);
-      SHARD_CHECK(removed == page);
+      METAD_ASSERT(removed == page);
       rs.pool.free_bound(page);
       if (unbound_out != nullptr) unbound_out->push_back(key);
     } else {
@@ -182,7 +182,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
 }
 
 std::size_t rank_table::pool_bytes(std::int64_t num_pages) {
-  SHARD_CHECK(num_pages >= 0 && num_pages <= page_pool::pages_max);
+  METAD_ASSERT(num_pages >= 0 && num_pages <= page_pool::pages_max);
   return page_pool::bytes_for(static_cast<std::uint32_t>(num_pages));
 }
 
@@ -398,7 +398,7 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
                                     std::span<const std::int64_t> releases,
                                     std::uint64_t quarantine_until, std::string& detail,
                                     std::vector<std::uint32_t>& newly_confirmed_out) {
-  SHARD_CHECK(keys.size() == pages.size() && keys.size() < UINT32_MAX);
+  METAD_ASSERT(keys.size() == pages.size() && keys.size() < UINT32_MAX);
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return confirm_outcome::not_initialized;
   impl& m = *impl_;
@@ -409,10 +409,10 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
   }
   for (std::uint32_t i = 0; i < keys.size(); ++i) {
     std::uint32_t* word = m.words[i];
-    SHARD_CHECK(word != nullptr && entry_word::page(*word) == pages[i]);
+    METAD_ASSERT(word != nullptr && entry_word::page(*word) == pages[i]);
     if (entry_word::confirmed(*word)) continue;  // bound to this key already: a no-op
     const std::uint32_t page = entry_word::page(*word);
-    SHARD_CHECK(rank_keys::names(rs->keys.owners.take(page), keys[i], m.parsed[i]));
+    METAD_ASSERT(rank_keys::names(rs->keys.owners.take(page), keys[i], m.parsed[i]));
     rs->pool.bind(page);
     *word = entry_word::make(page, true);
     newly_confirmed_out.push_back(i);
@@ -433,7 +433,7 @@ bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t p
   rs->pool.take(p);
   rs->reserve(key, parsed, p, confirmed ? rank_state::no_deadline : impl_->deadline(now));
   if (confirmed) {
-    SHARD_CHECK(rank_keys::names(rs->keys.owners.take(p), key, parsed));
+    METAD_ASSERT(rank_keys::names(rs->keys.owners.take(p), key, parsed));
     rs->pool.bind(p);
     *rs->keys.find(key, parsed) = entry_word::make(p, true);
   }
@@ -442,7 +442,7 @@ bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t p
 
 bool rank_table::confirmed_pages(std::int64_t rank, std::span<const std::string_view> keys,
                                  std::span<std::int64_t> pages_out) const {
-  SHARD_CHECK(keys.size() == pages_out.size());
+  METAD_ASSERT(keys.size() == pages_out.size());
   const rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
   // In groups: parse and prefetch a group's keys, then look them up, so the cache misses
@@ -467,7 +467,7 @@ bool rank_table::confirmed_pages(std::int64_t rank, std::span<const std::string_
 
 void rank_table::mark_reserved(std::span<const std::string_view> keys,
                                std::span<std::uint8_t> reserved) const {
-  SHARD_CHECK(keys.size() == reserved.size());
+  METAD_ASSERT(keys.size() == reserved.size());
   if (impl_->ranks.empty() || keys.empty()) return;
   std::vector<parsed_key> parsed(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) parse_key(keys[i], parsed[i]);

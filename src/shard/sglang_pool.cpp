@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 // sglang_pool: the operations of spec/sglang.md on one pool; see the header for the rules.
 namespace shard {
@@ -46,7 +46,7 @@ sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
 
 void sglang_pool::grow(std::uint32_t new_pages) {
   const std::uint32_t old = pages_.num_pages();
-  SHARD_CHECK(new_pages >= old && new_pages <= pages_max);
+  METAD_ASSERT(new_pages >= old && new_pages <= pages_max);
   pages_.grow(new_pages);
   free_.push_range(old, new_pages);
 }
@@ -75,7 +75,7 @@ std::uint32_t sglang_pool::new_node() {
     nodes_[i] = node{};
     return i;
   }
-  SHARD_CHECK(nodes_.size() < UINT32_MAX);
+  METAD_ASSERT(nodes_.size() < UINT32_MAX);
   nodes_.emplace_back();
   return static_cast<std::uint32_t>(nodes_.size() - 1);
 }
@@ -94,7 +94,7 @@ std::uint32_t sglang_pool::find(std::string_view key, std::uint32_t hash) const 
 std::uint32_t sglang_pool::drop_node(std::uint32_t i) {
   const std::string_view key = key_blob::view(nodes_[i].blob);
   auto* s = keys_.find(key, table_hash(key));
-  SHARD_CHECK(s != nullptr && s->value == i);
+  METAD_ASSERT(s != nullptr && s->value == i);
   const std::uint32_t page = nodes_[i].page;
   unlink(i);
   keys_.erase(*s);
@@ -132,7 +132,7 @@ void sglang_pool::next_stamp() {
 
 void sglang_pool::dedupe(std::span<const std::string_view> keys) {
   const std::size_t n = keys.size();
-  SHARD_CHECK(n < UINT32_MAX);
+  METAD_ASSERT(n < UINT32_MAX);
   hashes_.resize(n);
   first_.resize(n);
   for (std::size_t i = 0; i < n; ++i) hashes_[i] = table_hash(keys[i]);
@@ -270,7 +270,7 @@ sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys
 
 void sglang_pool::exists(std::span<const std::string_view> keys,
                          std::span<std::uint8_t> out) const {
-  SHARD_CHECK(out.size() == keys.size());
+  METAD_ASSERT(out.size() == keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     out[i] = find(keys[i], table_hash(keys[i])) != 0 ? 1 : 0;
   }
@@ -278,7 +278,7 @@ void sglang_pool::exists(std::span<const std::string_view> keys,
 
 void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::uint64_t now,
                                    std::span<std::int64_t> out) {
-  SHARD_CHECK(out.size() == keys.size());
+  METAD_ASSERT(out.size() == keys.size());
   const std::uint64_t until =
       config_.read_lease == 0
           ? 0

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 // sglang_pool's whole-state views: counters, the consistency check, and the image a
 // snapshot saves and restore() rebuilds the pool from.

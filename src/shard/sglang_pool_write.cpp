@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 // sglang_pool's writes besides reserve: confirm_write (validated whole, then applied in
 // order), delete_keys and clear. See the header for the rules.
@@ -107,7 +107,7 @@ sglang_confirm_outcome sglang_pool::confirm(std::span<const std::string_view> ke
                                             std::span<const std::int64_t> releases,
                                             std::uint64_t now, std::string& detail,
                                             sglang_confirm_stats& stats) {
-  SHARD_CHECK(keys.size() == pages.size());
+  METAD_ASSERT(keys.size() == pages.size());
   // Validate the whole request before changing anything (B9), expiry included.
   if (!validate_confirm(pages, releases, detail)) return sglang_confirm_outcome::bad_request;
   stats.expired = static_cast<std::uint32_t>(expire(now));

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 namespace shard {
 
@@ -25,7 +25,7 @@ const sglang_pool* sglang_pools::find(std::int64_t rank, std::string_view ns) co
 
 sglang_init_result sglang_pools::initialize(std::int64_t rank, std::string_view ns,
                                             std::uint32_t num_pages) {
-  SHARD_CHECK(num_pages <= sglang_pool::pages_max);
+  METAD_ASSERT(num_pages <= sglang_pool::pages_max);
   if (sglang_pool* pool = find(rank, ns)) {
     const std::uint32_t old = pool->num_pages();
     if (num_pages == old) return {sglang_init::unchanged, old};
@@ -36,7 +36,7 @@ sglang_init_result sglang_pools::initialize(std::int64_t rank, std::string_view 
     return {strict_reinit_ ? sglang_init::smaller_refused : sglang_init::smaller_ignored, old};
   }
   const bool added = adopt(rank, ns, sglang_pool(num_pages, config_));
-  SHARD_CHECK(added);
+  METAD_ASSERT(added);
   return {sglang_init::created, 0};
 }
 

@@ -3,7 +3,7 @@
 #include <bit>
 #include <cstring>
 
-#include "shard/check.hpp"
+#include "metad/assert.hpp"
 
 // Ownership: which core holds a rank or a key. The hash is part of the on-disk and
 // cross-core contract (every core must agree), so it is fixed here and never seeded.
@@ -44,7 +44,7 @@ inline std::uint64_t read_small(const unsigned char* p, std::size_t k) {
 }  // namespace
 
 int owner_of_rank(std::int64_t rank, int cores) {
-  SHARD_CHECK(cores > 0);
+  METAD_ASSERT(cores > 0);
   return static_cast<int>(((rank % cores) + cores) % cores);
 }
 
@@ -89,7 +89,7 @@ std::uint64_t key_hash(std::string_view key) {
 }
 
 int owner_of_key(std::string_view key, int cores) {
-  SHARD_CHECK(cores > 0);
+  METAD_ASSERT(cores > 0);
   return static_cast<int>(key_hash(key) % static_cast<std::uint64_t>(cores));
 }
 

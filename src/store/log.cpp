@@ -5,8 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cerrno>
+
+#include "metad/assert.hpp"
 
 namespace store {
 
@@ -54,15 +55,18 @@ bool log_writer::flush_due(bool retry_failed) const {
 }
 
 log_writer::flush_job log_writer::begin_flush() {
-  assert(in_flight_.empty());
+  METAD_ASSERT(fd_ >= 0 && in_flight_.empty() && !pending_.empty());
   in_flight_.swap(pending_);
   return {fd_, in_flight_.data(), in_flight_.size(), size()};
 }
 
 void log_writer::end_flush(long written, int synced) {
+  METAD_ASSERT(!in_flight_.empty());  // a flush was begun
   ++flushes_;
   const bool ok = written == static_cast<long>(in_flight_.size()) && synced == 0;
   if (ok) {
+    // Positions only grow, and never past what was appended.
+    METAD_ASSERT(durable_ + in_flight_.size() <= end());
     durable_ += in_flight_.size();
     in_flight_.clear();
     failing_ = false;
@@ -87,7 +91,7 @@ void log_writer::end_flush(long written, int synced) {
 }
 
 void log_writer::switch_segment(int fd) {
-  assert(in_flight_.empty());
+  METAD_ASSERT(in_flight_.empty());
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd;
   segment_start_ = durable_;  // positions stay monotonic: waiters keep their meaning

@@ -9,6 +9,8 @@
 #include <deque>
 #include <string>
 
+#include "metad/assert.hpp"
+
 namespace store {
 
 class log_writer {
@@ -56,7 +58,12 @@ class log_writer {
     std::uint64_t lsn;
     bool ok = true;
     bool await_ready() const noexcept { return log.fd_ < 0 || log.durable_ >= lsn; }
-    void await_suspend(std::coroutine_handle<> h) { log.waiters_.push_back({lsn, h, &ok}); }
+    void await_suspend(std::coroutine_handle<> h) {
+      // Waiters queue in position order (end() only grows), so a flush resumes a prefix.
+      METAD_ASSERT(log.waiters_.empty() || log.waiters_.back().lsn <= lsn);
+      METAD_ASSERT(lsn <= log.end());
+      log.waiters_.push_back({lsn, h, &ok});
+    }
     bool await_resume() const noexcept { return ok; }
   };
   wait_awaiter durable_until(std::uint64_t lsn) { return {*this, lsn}; }
