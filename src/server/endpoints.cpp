@@ -509,7 +509,8 @@ request_task visit_cores(cluster& cl, int home, std::function<void(const core_st
 request_task run_metrics(exchange& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
-  metrics_snapshot& snap = s.snapshot;
+  if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
+  metrics_snapshot& snap = *s.snapshot;
   snap = metrics_snapshot{};
   snap.connections.assign(static_cast<std::size_t>(cl.cores), connection_counts{});
   s.rank_rows.clear();
