@@ -9,8 +9,9 @@
 #include <vector>
 
 #include "common/keys.hpp"
+#include "shard/directory.hpp"
 #include "shard/page_pool.hpp"
-#include "shard/state.hpp"
+#include "shard/rank_table.hpp"
 
 namespace {
 

@@ -1,3 +1,5 @@
+#include "shard/directory.hpp"
+
 #include <algorithm>
 #include <limits>
 
@@ -5,7 +7,6 @@
 #include "shard/key_map.hpp"
 #include "shard/packed_map.hpp"
 #include "shard/rank_keys.hpp"
-#include "shard/state.hpp"
 
 // directory: this core's slice of key completeness (keys whose key_hash maps here).
 // A 32-lowercase-hex key whose tp_world_size fits 16 bits (all of them in practice) is

@@ -2,7 +2,7 @@
 
 #include <bit>
 
-#include "shard/state.hpp"
+#include "shard/ownership.hpp"
 
 namespace shard {
 

@@ -8,8 +8,8 @@
 #include "metad/assert.hpp"
 #include "shard/page_pool.hpp"
 #include "shard/rank_keys.hpp"
+#include "shard/rank_table.hpp"
 #include "shard/reservation_queue.hpp"
-#include "shard/state.hpp"
 
 // rank_table: per rank, a page pool and a key → {page, reserved|confirmed} map, plus the
 // reverse map of reserved pages. Only the rank's owning core calls it.

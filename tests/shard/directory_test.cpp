@@ -2,7 +2,8 @@
 
 #include <string>
 
-#include "shard/state.hpp"
+#include "shard/directory.hpp"
+#include "shard/ownership.hpp"
 
 namespace shard {
 namespace {

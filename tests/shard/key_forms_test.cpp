@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "rank_table_helpers.hpp"
-#include "shard/state.hpp"
+#include "shard/directory.hpp"
+#include "shard/rank_table.hpp"
 
 // Keys of 32 lowercase hex characters are stored packed; every other key keeps its
 // bytes. Both forms must behave identically, and never be confused with each other.

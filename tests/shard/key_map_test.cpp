@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "shard/state.hpp"
+#include "shard/ownership.hpp"
 
 namespace shard {
 namespace {

@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "rank_table_helpers.hpp"
+#include "shard/directory.hpp"
 #include "shard/key_life.hpp"
+#include "shard/rank_table.hpp"
 #include "shard/reservation_queue.hpp"
-#include "shard/state.hpp"
 
 namespace shard {
 namespace {

@@ -8,7 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "shard/state.hpp"
+#include "shard/directory.hpp"
+#include "shard/rank_table.hpp"
 
 // Memory cost of the shard state at the reference size: 8 ranks of 2M pages, 1M
 // 32-hex keys confirmed on every rank (8M bindings) plus the directory entry of each key.

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "rank_table_helpers.hpp"
-#include "shard/state.hpp"
+#include "shard/rank_table.hpp"
 
 // confirm_write on one rank: binding, validation (nothing changes on a bad request),
 // releases, and confirmed_pages.

@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "shard/state.hpp"
+#include "shard/rank_table.hpp"
 
 namespace shard::testing_helpers {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shard/state.hpp"
+#include "shard/rank_table.hpp"
 
 // Random operations against a deliberately naive model of the contract; the real table
 // must agree with it on every answer and keep its invariants after every operation.

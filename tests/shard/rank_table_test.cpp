@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "rank_table_helpers.hpp"
-#include "shard/state.hpp"
+#include "shard/rank_table.hpp"
 
 namespace shard {
 namespace {

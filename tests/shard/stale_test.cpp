@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "shard/state.hpp"
+#include "shard/directory.hpp"
 
 namespace shard {
 namespace {

@@ -1,4 +1,4 @@
-#include "shard/state.hpp"
+#include "shard/ownership.hpp"
 
 #include <bit>
 #include <cstring>

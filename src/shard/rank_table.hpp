@@ -1,6 +1,6 @@
-// The state one core owns: the page pools and key maps of its ranks (rank_table) and
-// its slice of the key-completion directory (directory). Single-threaded by design:
-// only the owning core calls these; other cores reach them through the mailbox.
+// The ranks one core owns: each rank's page pool and its keys (rank_table).
+// Single-threaded by design: only the owning core calls it; other cores reach it
+// through the mailbox.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +12,6 @@
 #include <vector>
 
 namespace shard {
-
-// Rank r is owned by core r mod cores (non-negative for negative ranks too).
-int owner_of_rank(std::int64_t rank, int cores);
-// A stable 64-bit hash of a key; its directory slice is owned by core hash mod cores.
-std::uint64_t key_hash(std::string_view key);
-int owner_of_key(std::string_view key, int cores);
 
 enum class init_outcome : std::uint8_t { created, unchanged, grown, shrunk };
 struct init_result {
@@ -199,130 +193,6 @@ class rank_table {
                                                 std::span<const std::int64_t>));
   void for_each_quarantine_impl(void* visit, void (*call)(void*, std::int64_t,
                                                           std::span<const std::int64_t>)) const;
-
-  struct impl;
-  std::unique_ptr<impl> impl_;
-};
-
-class directory {
- public:
-  directory();
-  ~directory();
-  directory(directory&&) noexcept;
-  directory& operator=(directory&&) noexcept;
-
-  // With LRU on (eviction), every complete key's last use is tracked; off, only the
-  // leases readers hold.
-  void set_lru(bool on);
-
-  // One more rank confirmed `key` at now. A new key records tp_world_size; returns
-  // true when the key entered the directory (for the log).
-  bool add_confirmation(std::string_view key, std::int32_t tp_world_size, std::uint64_t now);
-  // add_confirmation() for keys[i] of each i in `at`, in that order: entered[i] = what it
-  // returned. Grouped like use_each.
-  void add_confirmations(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
-                         std::int32_t tp_world_size, std::uint64_t now,
-                         std::span<std::uint8_t> entered);
-  // Confirmed by >= tp_world_size ranks, and not being removed.
-  bool complete(std::string_view key) const;
-  // A lookup at now: whether the key is complete; if so it counts as used, and with
-  // lease_until != 0 a reader holds a lease on its pages until then.
-  bool use(std::string_view key, std::uint64_t now, std::uint64_t lease_until);
-  // use() for keys[i] of each i in `at`, in that order: used[i] = whether it is complete.
-  // The lookups of a group of keys are started together, so their cache misses overlap.
-  void use_each(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
-                std::uint64_t now, std::uint64_t lease_until, std::span<std::uint8_t> used);
-
-  // Removal (delete, eviction) in two steps around the ranks dropping their bindings.
-  // begin: the key reads as incomplete from now on, unless it is absent, already being
-  // removed, or leased at now.
-  enum class removal : std::uint8_t { started, absent, busy, leased };
-  removal begin_removal(std::string_view key, std::uint64_t now);
-  // finish: `bindings` ranks dropped the key since begin. Confirmations that arrived
-  // meanwhile keep the key (with the count they make; used at now if that leaves it
-  // complete); else it leaves: returns true (for the log). The caller makes sure the
-  // directory was not cleared in between (cluster::clears).
-  bool finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now);
-  // A rank lost its binding of `key` without a removal (the rank shrank): one
-  // confirmation less, so a complete key becomes incomplete (its leases end). Returns
-  // true when that was its last one and the key left the directory (for the log). A
-  // key not here yet has its confirmation on the way: it will be absorbed.
-  bool lose_binding(std::string_view key, std::uint64_t now);
-  // Eviction: begins the removal of up to n least recently used complete keys that no
-  // reader holds a lease on, oldest first, calling take(std::string_view key,
-  // std::uint64_t used) for each.
-  template <typename Take>
-  std::size_t take_least_recent(std::uint64_t now, std::size_t n, Take&& take) {
-    return take_least_recent_impl(now, n, &take,
-                                  [](void* t, std::string_view key, std::uint64_t used) {
-                                    (*static_cast<Take*>(t))(key, used);
-                                  });
-  }
-  // Stale-key reclamation: begins the removal of up to n incomplete keys last confirmed
-  // at or before `cutoff`, least recently confirmed first, calling take(std::string_view
-  // key, std::uint64_t confirmed) for each. O(1) per key: no scan.
-  template <typename Take>
-  std::size_t take_stale(std::uint64_t cutoff, std::size_t n, Take&& take) {
-    return take_stale_impl(cutoff, n, &take,
-                           [](void* t, std::string_view key, std::uint64_t confirmed) {
-                             (*static_cast<Take*>(t))(key, confirmed);
-                           });
-  }
-  // Calls off a removal take_stale began. in_place: the key goes back where it was, with
-  // its last confirmation `confirmed` (keys put back in the reverse order they were taken
-  // regain their places); else it is tracked as last confirmed at now (a rank still
-  // reserves it: a writer is at work, so it is looked at again a grace later). A key that
-  // confirmations completed meanwhile becomes a complete key used at now. The caller
-  // makes sure the directory was not cleared in between.
-  void abort_stale(std::string_view key, std::uint64_t confirmed, bool in_place, std::uint64_t now);
-  // Incomplete keys: confirmed by fewer ranks than their tp_world_size, not being removed.
-  std::size_t incomplete_count() const;
-  // The pages they hold on the ranks: their confirmations summed.
-  std::uint64_t incomplete_bindings() const;
-  // When the least recently confirmed incomplete key was last confirmed; UINT64_MAX: none.
-  std::uint64_t oldest_incomplete() const;
-  // Calls visit(std::string_view key) for each incomplete key until it returns false.
-  template <typename Visit>
-  void for_each_incomplete(Visit&& visit) const {
-    for_each_incomplete_impl(
-        &visit, [](void* v, std::string_view key) { return (*static_cast<Visit*>(v))(key); });
-  }
-  // Calls off a removal take_least_recent began: the key is complete again, with its
-  // last use, in front (keys called off in the reverse order they were taken regain
-  // their places) or behind the others (passed over). The caller makes sure the
-  // directory was not cleared in between.
-  void abort_removal(std::string_view key, std::uint64_t used, bool in_front);
-  // The last-use times of the keys take_least_recent would take, oldest first (to merge
-  // the slices of several cores).
-  void oldest_used(std::uint64_t now, std::size_t n, std::vector<std::uint64_t>& out);
-  std::size_t leased_count(std::uint64_t now) const;
-  // Periodic: ends up to key_life::sweep_batch due leases (see key_life::sweep).
-  void sweep(std::uint64_t now);
-  // Periodic: moves table growths along (see packed_map::advance_growth).
-  void advance_growth();
-
-  std::size_t size() const;
-  // Calls visit(key, tp_world_size, count) for every key (snapshots).
-  template <typename Visit>
-  void for_each_key(Visit&& visit) const {
-    for_each_key_impl(&visit,
-                      [](void* v, std::string_view key, std::int32_t tp, std::int32_t count) {
-                        (*static_cast<Visit*>(v))(key, tp, count);
-                      });
-  }
-  // Recovery: sets a key's entry outright (used at now).
-  void restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
-               std::uint64_t now);
-  void clear();
-
- private:
-  void for_each_key_impl(void* visit,
-                         void (*call)(void*, std::string_view, std::int32_t, std::int32_t)) const;
-  std::size_t take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
-                                     void (*call)(void*, std::string_view, std::uint64_t));
-  std::size_t take_stale_impl(std::uint64_t cutoff, std::size_t n, void* take,
-                              void (*call)(void*, std::string_view, std::uint64_t));
-  void for_each_incomplete_impl(void* visit, bool (*call)(void*, std::string_view)) const;
 
   struct impl;
   std::unique_ptr<impl> impl_;
