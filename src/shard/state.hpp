@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shard/packed_key.hpp"
+
 namespace shard {
 
 // Rank r is owned by core r mod cores (non-negative for negative ranks too).
@@ -124,6 +126,44 @@ class rank_table {
   bool restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed,
                std::uint64_t now);
 
+  // A binding of a key of 32 lowercase hex characters, packed (snapshots, recovery).
+  struct packed_binding {
+    packed_key key;
+    std::uint32_t page = 0;
+    bool confirmed = false;
+  };
+  // Recovery in bulk: restore() for each entry, in order. `expected` (the rank's entries
+  // in all) sizes the rank's empty key table first, so that filling it never grows it.
+  // False as restore() is (what came before the bad entry stays).
+  bool restore_packed(std::int64_t rank, std::size_t expected,
+                      std::span<const packed_binding> entries, std::uint64_t now);
+  // Recovery: while on, the key tables of every rank (and of ranks created meanwhile)
+  // grow at once instead of incrementally (see packed_map::set_bulk); turning it off
+  // rebuilds a table that a reserve_keys() guess left under 70% full.
+  void set_bulk(bool on);
+  // Recovery: sizes the empty key table of an initialised rank for n keys.
+  void reserve_keys(std::int64_t rank, std::size_t n);
+  // Snapshots, rank by rank: on_rank(rank, stats, packed_count), then on_packed(const
+  // packed_binding&) for each of its packed_count 32-hex keys, then on_other(key, page,
+  // confirmed) for each other key of the rank.
+  template <typename OnRank, typename OnPacked, typename OnOther>
+  void for_each_rank_packed(OnRank&& on_rank, OnPacked&& on_packed, OnOther&& on_other) const {
+    struct visitors {
+      OnRank& r;
+      OnPacked& p;
+      OnOther& o;
+    } v{on_rank, on_packed, on_other};
+    for_each_rank_packed_impl(
+        &v,
+        [](void* x, std::int64_t rank, const rank_stats& st, std::size_t n) {
+          static_cast<visitors*>(x)->r(rank, st, n);
+        },
+        [](void* x, const packed_binding& b) { static_cast<visitors*>(x)->p(b); },
+        [](void* x, std::string_view key, std::int64_t page, bool confirmed) {
+          static_cast<visitors*>(x)->o(key, page, confirmed);
+        });
+  }
+
   std::size_t rank_count() const;
   // Reserved pages over all ranks (sizing expire()'s log records).
   std::size_t reserved_pages() const;
@@ -144,6 +184,10 @@ class rank_table {
   void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;
   void for_each_entry_impl(void* visit, void (*call)(void*, std::int64_t, std::string_view,
                                                      std::int64_t, bool)) const;
+  void for_each_rank_packed_impl(
+      void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t),
+      void (*on_packed)(void*, const packed_binding&),
+      void (*on_other)(void*, std::string_view, std::int64_t, bool)) const;
   std::size_t expire_impl(std::uint64_t now, void* visit,
                           void (*call)(void*, std::int64_t, std::span<const std::int64_t>));
 
@@ -255,6 +299,22 @@ class directory {
   // Recovery: sets a key's entry outright (used at now).
   void restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
                std::uint64_t now);
+
+  // Recovery in bulk, into an empty directory that nothing else touches meanwhile: the
+  // keys' entries are built in place, counted where they lie (one lookup a binding).
+  // 1. restore_reserve(n) sizes the table for n keys; restore_key() for each key the
+  //    files name (its smallest tp_world_size wins), restore_forget() for each they drop.
+  // 2. restore_count() once per confirmed binding; a key that step 1 did not name
+  //    enters with fallback_tp. Returns how many keys did so.
+  // 3. restore_finish(now): keys with no binding leave; the others are complete (used
+  //    at now) or incomplete (last confirmed at now).
+  void restore_reserve(std::size_t n);
+  void restore_key(std::string_view key, std::int32_t tp_world_size);
+  void restore_key(const packed_key& key, std::int32_t tp_world_size);
+  void restore_forget(std::string_view key);
+  std::size_t restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp);
+  std::size_t restore_count(std::string_view key, std::int32_t fallback_tp);
+  void restore_finish(std::uint64_t now);
   void clear();
 
  private:
