@@ -375,6 +375,8 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
       [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed) {
         if (out.size() >= kSpillBytes) spill(out);
         store::append_snapshot_rank(out, rank, st.num_pages);
+        // Further per-rank state (an ordered page list, say) goes here, after the rank's
+        // header and before its keys: replay meets it with the rank initialised.
         rank_now = rank;
         total = left = packed;
         in_chunk = 0;
@@ -392,7 +394,6 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
       [&](std::string_view key, std::int64_t page, bool confirmed) {
         store::append_snapshot_entry(out, rank_now, page, confirmed, key);
       });
-  // (A rank's further per-rank state would follow its keys here.)
   const std::uint64_t keys = core.directory.size();
   bool open = false;
   in_chunk = 0;
