@@ -16,6 +16,11 @@
 #   scripts/bench.sh --fanout   ~2 minutes: cross-core messages and server CPU per request
 #                               at --threads 1..32 (all on the server's CPU), and the cost
 #                               of one hop (bench/fanout.py)
+#   scripts/bench.sh --restart  ~5 minutes: restart of a --data-dir server holding 1M, 2M,
+#                               4M, 8M bindings (keys x 8 ranks): time to listening after a
+#                               kill -9 (from the log) and after a graceful stop (from the
+#                               snapshots the previous start wrote), VmRSS before and after
+#                               (RESTART_BINDINGS="1 2" picks the millions to run)
 # Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
@@ -27,10 +32,10 @@ mode=full
 do_build=1
 while (($#)); do
   case "$1" in
-    --quick | --memory | --micro | --scaling | --stale | --fanout) mode=${1#--} ;;
+    --quick | --memory | --micro | --scaling | --stale | --fanout | --restart) mode=${1#--} ;;
     --no-build) do_build=0 ;;
     --build-dir) build=$(realpath -m "$2"); shift ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -40,7 +45,7 @@ tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
   scaling) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
-  memory | stale) tools+=" curl" ;;  # waits for the server's port with it
+  memory | stale | restart) tools+=" curl" ;;  # waits for the server's port with it
   fanout) tools+=" python3" ;;
 esac
 for tool in $tools; do
@@ -49,7 +54,8 @@ done
 if ((do_build)); then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMETAD_BENCH=ON -DMETAD_TESTS=OFF >/dev/null
   targets=(hf3fs-metad metad-load)
-  [[ $mode == stale || $mode == fanout ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
+  [[ $mode == restart ]] && targets+=(metad-memory)
+  [[ $mode == stale || $mode == fanout || $mode == restart ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
   cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
 fi
 server_bin="$build/hf3fs-metad"
@@ -433,8 +439,103 @@ run_fanout() {
     --threads 1,2,4,8,16,32 --seconds 3
 }
 
+# Restart of a --data-dir server on 2 cores (CPUs 0-1, --threads 2). For each size, a
+# fresh directory is filled by metad-memory (8 ranks of 2^21 pages, K keys confirmed on
+# every rank, --durability none: the log is written, not synced), then:
+# - log: kill -9, restart (the state is in the log segments) — from a copy of the killed
+#   directory each run, so every run replays the same log;
+# - snapshot: graceful stop, restart (the state is in the snapshots that the previous
+#   start wrote, the logs are empty).
+# Time: from exec to the port accepting connections (polled every 5 ms). RSS: VmRSS once
+# listening (after 1 s, so that nothing still settling is missed), against the RSS of
+# the server that built the state. Medians of $restart_runs runs.
+restart_runs=${RESTART_RUNS:-3}
+rss_mib() { awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
+# Starts the server on $1 and waits for its port; leaves the seconds it took in
+# $restart_s and the CPU seconds it used meanwhile (utime + stime, all threads) in $restart_cpu.
+restart_s=0
+restart_cpu=0
+start_timed() {
+  local t0 t1 _
+  t0=$(date +%s.%N)
+  taskset -c 0-1 "$server_bin" --port "$server_port" --cpus 0-1 --log-level warn --data-dir "$1" \
+    --durability none &
+  server_pid=$!
+  pids+=("$server_pid")
+  for _ in $(seq 20000); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$server_port") 2>/dev/null; then
+      t1=$(date +%s.%N)
+      restart_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')
+      restart_cpu=$(awk -v hz="$hz" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$server_pid/stat")
+      return 0
+    fi
+    kill -0 "$server_pid" 2>/dev/null || { echo "bench.sh: the server exited" >&2; return 1; }
+    sleep 0.005
+  done
+  echo "bench.sh: nothing listening on port $server_port" >&2
+  return 1
+}
+kill9_server() {
+  kill -9 "$server_pid"
+  wait "$server_pid" 2>/dev/null || true
+}
+
+run_restart() {
+  local millions keys dir="$tmp/data" rss0 run
+  echo "| bindings | keys x ranks | from the log: s (CPU s) | from snapshots: s (CPU s) | RSS before (MiB) | RSS after, log (MiB) | RSS after, snapshots (MiB) | after ÷ before | data dir (MiB) |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for millions in ${RESTART_BINDINGS:-1 2 4 8}; do
+    keys=$((millions * 125000))
+    rm -rf "$dir" "$dir.killed"
+    start_timed "$dir"
+    "$build/bench/metad-memory" --pid "$server_pid" --port "$server_port" --ranks 8 \
+      --pages 2097152 --keys "$keys" >"$tmp/memory.log" || { cat "$tmp/memory.log" >&2; exit 1; }
+    rss0=$(rss_mib "$server_pid")
+    kill9_server
+    cp -a "$dir" "$dir.killed"
+    local -a log_s=() log_cpu=() log_rss=() snap_s=() snap_cpu=() snap_rss=()
+    for run in $(seq "$restart_runs"); do
+      rm -rf "$dir"
+      cp -a "$dir.killed" "$dir"
+      start_timed "$dir"
+      log_s+=("$restart_s")
+      log_cpu+=("$restart_cpu")
+      sleep 1
+      log_rss+=("$(rss_mib "$server_pid")")
+      stop_server
+    done
+    for run in $(seq "$restart_runs"); do
+      start_timed "$dir"
+      snap_s+=("$restart_s")
+      snap_cpu+=("$restart_cpu")
+      sleep 1
+      snap_rss+=("$(rss_mib "$server_pid")")
+      stop_server
+    done
+    local lm sm lc sc lr sr size
+    lm=$(printf '%s\n' "${log_s[@]}" | median)
+    sm=$(printf '%s\n' "${snap_s[@]}" | median)
+    lc=$(printf '%s\n' "${log_cpu[@]}" | median)
+    sc=$(printf '%s\n' "${snap_cpu[@]}" | median)
+    lr=$(printf '%s\n' "${log_rss[@]}" | median)
+    sr=$(printf '%s\n' "${snap_rss[@]}" | median)
+    size=$(du -sm "$dir.killed" | cut -f1)
+    awk -v m="$millions" -v k="$keys" -v lm="$lm" -v sm="$sm" -v lc="$lc" -v sc="$sc" -v r0="$rss0" \
+      -v lr="$lr" -v sr="$sr" -v sz="$size" 'BEGIN {a = lr > sr ? lr : sr
+        printf "| %dM | %d x 8 | %.2f (%.2f) | %.2f (%.2f) | %d | %d | %d | %.2f | %d |\n", m, k, lm, lc, sm, sc, r0, lr, sr, a / r0, sz}'
+    echo "bench.sh: ${millions}M: log ${log_s[*]} s (CPU ${log_cpu[*]}), snapshots ${snap_s[*]} s (CPU ${snap_cpu[*]}); RSS log ${log_rss[*]}, snapshots ${snap_rss[*]} MiB" >&2
+    rm -rf "$dir" "$dir.killed"
+  done
+  echo
+  echo "Server on CPUs 0-1 (--cpus 0-1), --durability none; state built by metad-memory (8 ranks" \
+    "x 2,097,152 pages); time from exec to listening, median of $restart_runs, with the server's CPU" \
+    "time until then (both cores); RSS 1 s after listening; after ÷ before: the larger of the two" \
+    "restarts' RSS; data dir: size after the kill."
+}
+
 case $mode in
   fanout) run_fanout ;;
+  restart) run_restart ;;
   quick) run_wrk_suite ;;
   memory) run_memory ;;
   micro) run_micro ;;

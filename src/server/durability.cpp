@@ -1,27 +1,30 @@
 #include "server/durability.hpp"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
 #include "metad/log.hpp"
+#include "shard/packed_key.hpp"
 #include "store/record.hpp"
 
 namespace server {
 namespace {
 
-using key_counts = std::unordered_map<std::string, std::int32_t>;
-
-// What one core learns while replaying, for the directory phase.
+// What one core learns while replaying, for the directory phase: the confirmed
+// bindings of its ranks, by the core that owns each key's directory slice now (one entry
+// per (rank, key)); 32-hex keys packed. (The tp_world_size of the keys a core owns goes
+// straight into its directory: directory::restore_key.)
 struct replay_output {
-  // Confirmations of keys, by the core that owns the key now: one entry per (rank, key).
-  std::vector<std::vector<std::string>> confirmed_by_owner;
-  // tp_world_size of the keys this core owns (the smallest seen: the first confirmation).
-  std::unordered_map<std::string, std::int32_t> tp;
+  std::vector<std::vector<shard::packed_key>> packed_by_owner;
+  std::vector<std::vector<std::string>> others_by_owner;
   std::uint64_t records = 0;
 };
 
@@ -41,62 +44,161 @@ constexpr std::uint64_t kQuarantinedUntilLogged = UINT64_MAX;
 // What a file is: only the last log segment of a core may end in a torn write.
 enum class file_kind { last_log, earlier_log, snapshot };
 
-// Scans one file. The last log segment's torn tail (a crash mid-write) is dropped with a
-// warning. Anything else is damage, which stops start-up: a log segment is complete
-// before the next one is created, and a snapshot is renamed into place only once whole.
+// Scans one file; returns the length of its whole, valid records. The last log
+// segment's torn tail (a crash mid-write) is dropped with a warning. Anything else is
+// damage, which stops start-up: a log segment is complete before the next one is
+// created, and a snapshot is renamed into place only once whole.
 template <typename Visit>
-void scan_file(const std::string& bytes, const std::string& path, Visit&& visit, bool warn,
-               file_kind kind) {
+std::size_t scan_file(std::string_view bytes, const std::string& path, Visit&& visit,
+                      file_kind kind) {
   const store::scan_result result = store::scan(bytes, visit);
   if (result.status == store::scan_status::corrupt ||
       (result.status == store::scan_status::torn_tail && kind != file_kind::last_log))
     corrupt(path, result.bad_offset);
-  if (result.status == store::scan_status::torn_tail && warn)
+  if (result.status == store::scan_status::torn_tail)
     metad::log::warn("{}: dropping a torn record at offset {} ({} bytes)", path, result.bad_offset,
                      bytes.size() - result.bad_offset);
+  return result.valid_bytes;
 }
 
-// Everything before a file group's last clear record is void.
 file_kind log_kind(const store::core_files& files, std::size_t segment) {
   return segment + 1 == files.logs.size() ? file_kind::last_log : file_kind::earlier_log;
 }
 
-bool last_clear(const store::core_files& files, position& at) {
-  bool found = false;
-  for (std::size_t s = 0; s < files.logs.size(); ++s) {
-    scan_file(
-        files.logs[s], files.log_paths[s],
+// A file group after one full check (checksums, decoding, the torn-tail rule), which
+// one core does for each group before every core replays: the bytes holding its valid
+// records, and where its last clear record is (everything before it is void).
+struct checked_group {
+  bool cleared = false;
+  position clear_at;
+  std::string_view snapshot;  // empty when a clear voids it
+  std::vector<std::string_view> logs;
+  const store::core_files* files = nullptr;
+};
+
+checked_group check_group(const store::core_files& f) {
+  checked_group g;
+  g.files = &f;
+  for (std::size_t s = 0; s < f.logs.size(); ++s) {
+    const std::size_t valid = scan_file(
+        f.logs[s], f.log_paths[s],
         [&](const store::record& r, std::size_t offset) {
           if (r.kind != store::record_kind::clear) return;
-          found = true;
-          at = {s, offset};
+          g.cleared = true;
+          g.clear_at = {s, offset};
         },
-        false, log_kind(files, s));
+        log_kind(f, s));
+    g.logs.push_back(f.logs[s].substr(0, valid));
   }
-  return found;
+  if (!g.cleared && !f.snapshot.empty()) {
+    scan_file(
+        f.snapshot, f.snapshot_path, [](const store::record&, std::size_t) {}, file_kind::snapshot);
+    g.snapshot = f.snapshot;
+  }
+  return g;
+}
+
+// Upper bounds on what the files hold, from a walk over their frame headers (no
+// checksums, no decoding: a damaged frame only misguides the sizing; the replay proper
+// finds the damage): keys per rank (snapshot entries plus logged allocations) and
+// directory keys. Tables sized from them are rebuilt smaller when they overshot.
+struct file_sizes {
+  std::unordered_map<std::int64_t, std::size_t> rank_keys;
+  std::size_t directory_keys = 0;
+  // Per file group: a snapshot in the compact form (32-hex keys packed) and no log
+  // records after it. Recovery into as many cores links such a snapshot into the new
+  // generation instead of writing the same state again.
+  std::vector<bool> reusable;
+};
+
+file_sizes estimate_sizes(const std::vector<store::core_files>& files) {
+  file_sizes sizes;
+  auto visit = [&](std::string_view payload) {
+    const auto kind = static_cast<store::record_kind>(payload[0]);
+    auto field = [&](std::size_t at, auto& value) {
+      if (payload.size() < at + sizeof value) return false;
+      std::memcpy(&value, payload.data() + at, sizeof value);
+      return true;
+    };
+    std::int64_t rank = 0;
+    std::uint64_t total = 0;
+    std::uint32_t count = 0;
+    switch (kind) {
+      case store::record_kind::allocate:
+        if (field(1, rank) && field(9, count)) sizes.rank_keys[rank] += count;
+        break;
+      case store::record_kind::snapshot_entry:
+        if (field(1, rank)) ++sizes.rank_keys[rank];
+        break;
+      case store::record_kind::snapshot_rank_keys:
+        if (field(1, rank) && field(9, total) && field(17, count)) sizes.rank_keys[rank] += count;
+        break;
+      case store::record_kind::directory_key:
+        ++sizes.directory_keys;
+        break;
+      case store::record_kind::snapshot_directory_keys:
+        if (field(1, total) && field(9, count)) sizes.directory_keys += count;
+        break;
+      default:
+        break;
+    }
+  };
+  for (const store::core_files& f : files) {
+    bool compact = !f.snapshot.empty();
+    store::walk_frames(f.snapshot, [&](std::string_view payload) {
+      visit(payload);
+      // A 32-byte key as snapshot_entry / directory_key: the form before the compact one.
+      const auto kind = static_cast<store::record_kind>(payload[0]);
+      std::uint32_t length = 0;
+      const std::size_t at = kind == store::record_kind::snapshot_entry ? 18 : 5;
+      if ((kind == store::record_kind::snapshot_entry ||
+           kind == store::record_kind::directory_key) &&
+          payload.size() >= at + 4) {
+        std::memcpy(&length, payload.data() + at, 4);
+        if (length == shard::packed_key_chars) compact = false;
+      }
+    });
+    for (std::string_view log : f.logs) {
+      store::walk_frames(log, visit);
+      if (!log.empty()) compact = false;
+    }
+    sizes.reusable.push_back(compact);
+  }
+  return sizes;
 }
 
 class replayer {
  public:
-  replayer(cluster& cl, int core, replay_output& out) : cl_(cl), core_(core), out_(out) {
-    out_.confirmed_by_owner.resize(static_cast<std::size_t>(cl.cores));
+  // sizes: what the files hold, to size the tables before filling them.
+  replayer(cluster& cl, int core, replay_output& out, const file_sizes& sizes)
+      : cl_(cl), core_(core), out_(out) {
+    out_.packed_by_owner.resize(static_cast<std::size_t>(cl.cores));
+    out_.others_by_owner.resize(static_cast<std::size_t>(cl.cores));
+    for (const auto& [rank, keys] : sizes.rank_keys)
+      if (shard::owner_of_rank(rank, cl.cores) == core) expected_[rank] = keys;
+    cl_.core[core_]->ranks.set_bulk(true);
+    cl_.core[core_]->directory.restore_reserve(sizes.directory_keys /
+                                               static_cast<std::size_t>(cl.cores));
   }
 
   void apply(const store::record& r) {
     shard::rank_table& ranks = cl_.core[core_]->ranks;
+    shard::directory& directory = cl_.core[core_]->directory;
     switch (r.kind) {
       case store::record_kind::directory_key:
         if (cl_.key_owner(r.keys[0]) == core_) {
           ++out_.records;
-          auto [it, added] = out_.tp.try_emplace(std::string(r.keys[0]), r.tp_world_size);
-          if (!added) it->second = std::min(it->second, r.tp_world_size);
+          directory.restore_key(r.keys[0], r.tp_world_size);
         }
         return;
       case store::record_kind::directory_remove:
         if (cl_.key_owner(r.keys[0]) == core_) {
           ++out_.records;
-          out_.tp.erase(std::string(r.keys[0]));
+          directory.restore_forget(r.keys[0]);
         }
+        return;
+      case store::record_kind::snapshot_directory_keys:
+        restore_directory_keys(r, directory);
         return;
       case store::record_kind::clear:
         return;  // handled by starting after the last one
@@ -108,7 +210,10 @@ class replayer {
     switch (r.kind) {
       case store::record_kind::initialize:
       case store::record_kind::snapshot_rank:
-        ranks.initialize(r.rank, r.num_pages);
+        if (ranks.initialize(r.rank, r.num_pages).outcome == shard::init_outcome::created) {
+          const auto it = expected_.find(r.rank);
+          if (it != expected_.end()) ranks.reserve_keys(r.rank, it->second);
+        }
         break;
       case store::record_kind::allocate:
         // Reservations made in replay get a fresh TTL from now.
@@ -150,6 +255,9 @@ class replayer {
           throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
                                    std::to_string(r.rank) + " cannot be restored");
         break;
+      case store::record_kind::snapshot_rank_keys:
+        restore_rank_keys(r, ranks);
+        break;
       default:
         break;
     }
@@ -158,86 +266,181 @@ class replayer {
   // After the last record: the keys this core's ranks hold confirmed, by the core
   // that owns each key's directory slice (which counts them).
   void collect_confirmed() {
-    cl_.core[core_]->ranks.for_each_entry(
-        [this](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
+    shard::rank_table& ranks = cl_.core[core_]->ranks;
+    ranks.set_bulk(false);
+    const auto cores = static_cast<std::size_t>(cl_.cores);
+    std::size_t bound = 0;
+    ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+      bound += static_cast<std::size_t>(st.bound);
+    });
+    for (auto& keys : out_.packed_by_owner)
+      keys.reserve(cores == 1 ? bound : bound / cores * 9 / 8);
+    char text[shard::packed_key_chars];
+    ranks.for_each_rank_packed(
+        [](std::int64_t, const shard::rank_stats&, std::size_t) {},
+        [&](const shard::rank_table::packed_binding& b) {
+          if (!b.confirmed) return;
+          std::size_t owner = 0;
+          if (cores > 1) {
+            shard::unpack_hex_key(b.key, text);
+            owner = static_cast<std::size_t>(cl_.key_owner(std::string_view(text, sizeof text)));
+          }
+          out_.packed_by_owner[owner].push_back(b.key);
+        },
+        [&](std::string_view key, std::int64_t, bool confirmed) {
           if (!confirmed) return;
-          const int owner = cl_.key_owner(key);
-          out_.confirmed_by_owner[static_cast<std::size_t>(owner)].emplace_back(key);
+          out_.others_by_owner[static_cast<std::size_t>(cl_.key_owner(key))].emplace_back(key);
         });
   }
 
  private:
+  // A chunk of a rank's 32-hex keys, bulk-loaded; other cores' ranks are skipped unread.
+  void restore_rank_keys(const store::record& r, shard::rank_table& ranks) {
+    const std::size_t count = r.item_count();
+    bindings_.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const store::packed_item item = store::packed_item_at(r.items, i);
+      bindings_[i] = {{item.lo, item.hi}, item.value & 0x7FFFFFFFu, (item.value >> 31) != 0};
+    }
+    if (!ranks.restore_packed(r.rank, static_cast<std::size_t>(r.total), bindings_, now_))
+      throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
+                               " cannot be restored (out of range, taken, or a key twice)");
+  }
+
+  // A chunk of a former core's directory keys: those this core owns now.
+  void restore_directory_keys(const store::record& r, shard::directory& directory) {
+    char text[shard::packed_key_chars];
+    const std::size_t count = r.item_count();
+    for (std::size_t i = 0; i < count; ++i) {
+      const store::packed_item item = store::packed_item_at(r.items, i);
+      const shard::packed_key key{item.lo, item.hi};
+      if (cl_.cores > 1) {
+        shard::unpack_hex_key(key, text);
+        if (cl_.key_owner(std::string_view(text, sizeof text)) != core_) continue;
+      }
+      ++out_.records;
+      directory.restore_key(key, static_cast<std::int32_t>(item.value));
+    }
+  }
+
   cluster& cl_;
   int core_;
   replay_output& out_;
+  std::unordered_map<std::int64_t, std::size_t> expected_;
   const std::uint64_t now_ = cl_.clock();
   std::vector<std::uint32_t> indices_;
+  std::vector<shard::rank_table::packed_binding> bindings_;
   std::vector<std::int64_t> pages_;
   std::string detail_;
 };
 
-void replay_files(cluster& cl, int core, const std::vector<store::core_files>& files,
-                  replay_output& out) {
-  replayer r(cl, core, out);
-  auto apply = [&](const store::record& rec, std::size_t) { r.apply(rec); };
-  const bool warn = core == 0;  // one warning per torn file, not one per core
-  for (const store::core_files& f : files) {
-    position clear_at;
-    const bool cleared = last_clear(f, clear_at);
-    if (!cleared && !f.snapshot.empty())
-      scan_file(f.snapshot, f.snapshot_path, apply, warn, file_kind::snapshot);
-    for (std::size_t s = cleared ? clear_at.segment : 0; s < f.logs.size(); ++s) {
-      if (cleared && s == clear_at.segment) {
-        // Records after the clear only.
-        scan_file(
-            f.logs[s], f.log_paths[s],
-            [&](const store::record& rec, std::size_t offset) {
-              if (offset > clear_at.offset) r.apply(rec);
-            },
-            warn, log_kind(f, s));
-      } else {
-        scan_file(f.logs[s], f.log_paths[s], apply, warn, log_kind(f, s));
-      }
+void replay_files(cluster& cl, int core, const std::vector<checked_group>& groups,
+                  const file_sizes& sizes, replay_output& out) {
+  replayer r(cl, core, out, sizes);
+  for (const checked_group& g : groups) {
+    const store::core_files& f = *g.files;
+    auto replay = [&](std::string_view bytes, const std::string& path, std::size_t after) {
+      if (!store::scan_checked(bytes, [&](const store::record& rec, std::size_t offset) {
+            if (offset >= after) r.apply(rec);
+          }))
+        throw std::runtime_error(path + " changed during recovery: refusing to start");
+    };
+    if (!g.snapshot.empty()) replay(g.snapshot, f.snapshot_path, 0);
+    for (std::size_t s = g.cleared ? g.clear_at.segment : 0; s < g.logs.size(); ++s) {
+      // In the segment of the last clear, the records after it only.
+      const bool from_clear = g.cleared && s == g.clear_at.segment;
+      replay(g.logs[s], f.log_paths[s], from_clear ? g.clear_at.offset + 1 : 0);
     }
   }
   r.collect_confirmed();
 }
 
+// Counts every confirmed binding into the directory slice of the key's owner (each core
+// reads the lists the others made for it, and frees them).
 void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& outputs,
                        std::int32_t fallback_tp) {
-  key_counts counts;
-  for (replay_output& from : outputs)
-    for (std::string& key : from.confirmed_by_owner[static_cast<std::size_t>(core)]) ++counts[key];
-  const auto& tps = outputs[static_cast<std::size_t>(core)].tp;
+  shard::directory& directory = cl.core[core]->directory;
+  const auto mine = static_cast<std::size_t>(core);
+  // A binding whose directory record did not reach the disk belonged to a confirm that
+  // was never acknowledged; assume every rank had been initialised.
   std::size_t guessed = 0;
-  for (const auto& [key, count] : counts) {
-    const auto it = tps.find(key);
-    // A binding whose directory record did not reach the disk belonged to a confirm
-    // that was never acknowledged; assume every rank had been initialised.
-    if (it == tps.end()) ++guessed;
-    cl.core[core]->directory.restore(key, it == tps.end() ? fallback_tp : it->second, count,
-                                     cl.clock());
+  for (replay_output& from : outputs) {
+    guessed += directory.restore_count(from.packed_by_owner[mine], fallback_tp);
+    std::vector<shard::packed_key>().swap(from.packed_by_owner[mine]);
+    for (const std::string& key : from.others_by_owner[mine])
+      guessed += directory.restore_count(key, fallback_tp);
+    std::vector<std::string>().swap(from.others_by_owner[mine]);
   }
+  directory.restore_finish(cl.clock());
   if (guessed)
     metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
                      fallback_tp);
 }
 
+// A core's state as snapshot records, appended to `out`; spill(out) is called between
+// records whenever out holds kSpillBytes or more (it may write and clear them). Rank by
+// rank: snapshot_rank, its 32-hex keys in snapshot_rank_keys chunks, its other keys as
+// snapshot_entry records; then each rank's quarantined pages; then the directory: 32-hex keys in
+// snapshot_directory_keys chunks, any other as directory_key records.
+constexpr std::size_t kSpillBytes = 4 << 20;
+
+template <typename Spill>
+void serialize(const core_state& core, std::string& out, Spill&& spill) {
+  std::int64_t rank_now = 0;
+  std::size_t total = 0, left = 0, frame = 0, in_chunk = 0;
+  core.ranks.for_each_rank_packed(
+      [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed) {
+        if (out.size() >= kSpillBytes) spill(out);
+        store::append_snapshot_rank(out, rank, st.num_pages);
+        rank_now = rank;
+        total = left = packed;
+        in_chunk = 0;
+        if (left > 0) frame = store::begin_rank_keys(out, rank, packed);
+      },
+      [&](const shard::rank_table::packed_binding& b) {
+        store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | (b.confirmed ? 1u << 31 : 0u)});
+        --left;
+        if (++in_chunk < store::kPackedItemsMax && left > 0) return;
+        store::end_packed(out, frame);
+        if (out.size() >= kSpillBytes) spill(out);
+        in_chunk = 0;
+        if (left > 0) frame = store::begin_rank_keys(out, rank_now, total);
+      },
+      [&](std::string_view key, std::int64_t page, bool confirmed) {
+        store::append_snapshot_entry(out, rank_now, page, confirmed, key);
+      });
+  // Each rank's quarantined pages, oldest first (after every rank's header: replay
+  // meets them with the rank initialised; disjoint from the keys' pages).
+  core.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
+    if (out.size() >= kSpillBytes) spill(out);
+    store::append_snapshot_quarantine(out, rank, pages);
+  });
+  const std::uint64_t keys = core.directory.size();
+  bool open = false;
+  in_chunk = 0;
+  core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
+    shard::packed_key packed;
+    if (tp < 1 || !shard::pack_hex_key(key, packed)) {
+      store::append_directory_key(out, tp, key);
+      return;
+    }
+    if (!open) {
+      if (out.size() >= kSpillBytes) spill(out);
+      frame = store::begin_directory_keys(out, keys);
+      open = true;
+    }
+    store::add_packed_item(out, {packed.lo, packed.hi, static_cast<std::uint32_t>(tp)});
+    if (++in_chunk < store::kPackedItemsMax) return;
+    store::end_packed(out, frame);
+    open = false;
+    in_chunk = 0;
+  });
+  if (open) store::end_packed(out, frame);
+}
+
 std::string serialize(const core_state& core) {
   std::string bytes;
-  core.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& st) {
-    store::append_snapshot_rank(bytes, rank, st.num_pages);
-  });
-  core.ranks.for_each_entry(
-      [&](std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed) {
-        store::append_snapshot_entry(bytes, rank, page, confirmed, key);
-      });
-  core.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
-    store::append_snapshot_quarantine(bytes, rank, pages);
-  });
-  core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
-    store::append_directory_key(bytes, tp, key);
-  });
+  serialize(core, bytes, [](std::string&) {});
   return bytes;
 }
 
@@ -265,19 +468,48 @@ namespace {
 
 // What a replay found, for the log line and --verify-data-dir.
 struct replay_summary {
+  // The snapshot of core c, when it can serve the new generation as it is ("" if not).
+  std::vector<std::string> reusable_snapshots;
   std::size_t file_groups = 0;
   std::int64_t ranks = 0;
   std::uint64_t keys = 0, records = 0;
 };
 
+// Milliseconds since `from`, and `from` moved to now (the phases of a recovery).
+double lap(std::chrono::steady_clock::time_point& from) {
+  const auto now = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - from).count();
+  from = now;
+  return ms;
+}
+
 // Replays the committed generation of `dir` into the cores' state and rebuilds the
 // directory. Throws std::runtime_error naming the file and offset of damage.
 replay_summary replay(cluster& cl, const store::data_dir& dir) {
+  auto t = std::chrono::steady_clock::now();
   const std::vector<store::core_files> files = dir.load();
-  std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
-  on_every_core(cl,
-                [&](int c) { replay_files(cl, c, files, outputs[static_cast<std::size_t>(c)]); });
+  const double load_ms = lap(t);
+  const file_sizes sizes = estimate_sizes(files);
   replay_summary sum;
+  if (files.size() == static_cast<std::size_t>(cl.cores)) {
+    sum.reusable_snapshots.resize(files.size());
+    for (std::size_t i = 0; i < files.size(); ++i)
+      if (files[i].core == static_cast<int>(i) && sizes.reusable[i])
+        sum.reusable_snapshots[i] = files[i].snapshot_path;
+  }
+  // Each file group is checked by one core, then replayed by every core from the bytes
+  // found valid.
+  std::vector<checked_group> groups(files.size());
+  on_every_core(cl, [&](int c) {
+    for (std::size_t i = static_cast<std::size_t>(c); i < files.size();
+         i += static_cast<std::size_t>(cl.cores))
+      groups[i] = check_group(files[i]);
+  });
+  const double check_ms = lap(t);
+  std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
+  on_every_core(
+      cl, [&](int c) { replay_files(cl, c, groups, sizes, outputs[static_cast<std::size_t>(c)]); });
+  const double replay_ms = lap(t);
   sum.file_groups = files.size();
   for (auto& core : cl.core) sum.ranks += static_cast<std::int64_t>(core->ranks.rank_count());
   cl.worker_ranks = sum.ranks;
@@ -285,6 +517,10 @@ replay_summary replay(cluster& cl, const store::data_dir& dir) {
       cl, [&](int c) { rebuild_directory(cl, c, outputs, static_cast<std::int32_t>(sum.ranks)); });
   for (auto& out : outputs) sum.records += out.records;
   for (auto& core : cl.core) sum.keys += core->directory.size();
+  metad::log::info(
+      "recovery: files mapped in {:.0f} ms, checked in {:.0f} ms, replayed in {:.0f} ms, "
+      "directory in {:.0f} ms",
+      load_ms, check_ms, replay_ms, lap(t));
   return sum;
 }
 
@@ -297,23 +533,54 @@ void recover(cluster& cl) {
   }
   cl.data = std::make_unique<store::data_dir>(cl.cfg.data_dir);
   store::data_dir& dir = *cl.data;
-  const replay_summary sum = replay(cl, dir);
+  replay_summary sum = replay(cl, dir);
   // A recovered quarantine lasts its full time again (a client may retry across a
-  // restart); with the quarantine off, those pages are free now.
+  // restart); with the quarantine off, those pages are free now, and a core whose
+  // state that changed cannot reuse the snapshot it was recovered from.
   const std::uint64_t quarantine_until =
       cl.cfg.release_quarantine_ms == 0 ? 0 : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
-  for (auto& core : cl.core) core->ranks.restart_quarantines(quarantine_until);
+  for (auto& core : cl.core) {
+    const auto c = static_cast<std::size_t>(core->index);
+    if (quarantine_until == 0 && core->ranks.quarantined_pages() > 0 &&
+        c < sum.reusable_snapshots.size())
+      sum.reusable_snapshots[c].clear();
+    core->ranks.restart_quarantines(quarantine_until);
+  }
 
   // The new generation: one snapshot and one empty log per current core.
+  auto t = std::chrono::steady_clock::now();
   dir.begin_generation();
   const std::uint64_t generation = dir.next_generation();
+  std::vector<double> serialize_ms(static_cast<std::size_t>(cl.cores));
   on_every_core(cl, [&](int c) {
     core_state& core = *cl.core[c];
-    dir.write_snapshot(generation, c, 1, serialize(core));
+    auto at = std::chrono::steady_clock::now();
+    const auto i = static_cast<std::size_t>(c);
+    if (i < sum.reusable_snapshots.size() && !sum.reusable_snapshots[i].empty()) {
+      dir.link_snapshot(sum.reusable_snapshots[i], generation, c, 1);
+    } else {
+      dir.write_snapshot(generation, c, 1, [&](const store::data_dir::piece_writer& write) {
+        std::string buffer;
+        buffer.reserve(kSpillBytes + (std::size_t{2} << 20));
+        auto spill = [&](std::string& out) {
+          write(out);
+          out.clear();
+        };
+        serialize(core, buffer, spill);
+        spill(buffer);
+      });
+    }
+    serialize_ms[static_cast<std::size_t>(c)] = lap(at);
     core.log_segment = 1;
     core.log.switch_segment(dir.create_log(generation, c, 1));
   });
+  const double write_ms = lap(t);
   dir.commit_generation();
+  metad::log::info(
+      "recovery: snapshots written in {:.0f} ms (the slowest core {:.0f} ms), committed in {:.0f} "
+      "ms",
+      write_ms, *std::max_element(serialize_ms.begin(), serialize_ms.end()), lap(t));
+  ::malloc_trim(0);  // what recovery allocated and freed goes back to the system
   for (auto& core : cl.core) core->publish_incomplete();  // incomplete keys restart their grace
   if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
   metad::log::info(

@@ -415,6 +415,141 @@ void directory::restore(std::string_view key, std::int32_t tp_world_size, std::i
   }
 }
 
+namespace {
+// A key staged by restore_key has count 0: in the packed map a word of tp << 16 (tp in
+// [1, packed_tp_max], so never 0), any other tp in the key_map.
+bool stageable_packed(std::int32_t tp) { return tp >= 1 && tp <= packed_tp_max; }
+}  // namespace
+
+void directory::restore_reserve(std::size_t n) {
+  impl_->packed.reserve(n);
+  impl_->packed.set_bulk(true);
+}
+
+void directory::restore_key(std::string_view key, std::int32_t tp_world_size) {
+  parsed_key p;
+  parse_key(key, p);
+  impl& m = *impl_;
+  if (const impl::entry e = m.find(key, p)) {
+    tp_world_size = std::min(tp_world_size, e.get().tp_world_size);
+    m.erase(e);
+  }
+  if (p.hex && stageable_packed(tp_world_size)) {
+    m.packed.insert_new(p.packed, p.hash, static_cast<std::uint32_t>(tp_world_size) << 16);
+  } else {
+    m.others.insert_new(key, impl::other_hash(key, p), completion{tp_world_size, 0});
+  }
+}
+
+void directory::restore_key(const packed_key& key, std::int32_t tp_world_size) {
+  impl& m = *impl_;
+  const std::uint64_t h = packed_hash(key);
+  if (stageable_packed(tp_world_size) && m.others.size() == 0) {
+    if (std::uint32_t* word = m.packed.find(key, h)) {
+      *word = static_cast<std::uint32_t>(
+                  std::min<std::int32_t>(tp_world_size, static_cast<std::int32_t>(*word >> 16)))
+              << 16;
+      return;
+    }
+    m.packed.insert_new(key, h, static_cast<std::uint32_t>(tp_world_size) << 16);
+    return;
+  }
+  char text[packed_key_chars];
+  unpack_hex_key(key, text);
+  restore_key(std::string_view(text, sizeof text), tp_world_size);
+}
+
+void directory::restore_forget(std::string_view key) {
+  parsed_key p;
+  parse_key(key, p);
+  if (const impl::entry e = impl_->find(key, p)) impl_->erase(e);
+}
+
+std::size_t directory::restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp) {
+  impl& m = *impl_;
+  std::size_t guessed = 0;
+  // Hashed and prefetched `ahead` keys before their turn: the cache misses overlap.
+  constexpr std::size_t ahead = 16;
+  std::uint64_t hashes[ahead];
+  auto start = [&](std::size_t i) {
+    hashes[i % ahead] = packed_hash(keys[i]);
+    m.packed.prefetch(hashes[i % ahead]);
+  };
+  for (std::size_t i = 0; i < std::min(ahead, keys.size()); ++i) start(i);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const std::uint64_t h = hashes[i % ahead];
+    if (i + ahead < keys.size()) start(i + ahead);
+    if (std::uint32_t* word = m.packed.find(keys[i], h)) {
+      if ((*word & packed_count_max) < packed_count_max) ++*word;
+      continue;
+    }
+    char text[packed_key_chars];
+    unpack_hex_key(keys[i], text);
+    guessed += restore_count(std::string_view(text, sizeof text), fallback_tp);
+  }
+  return guessed;
+}
+
+std::size_t directory::restore_count(std::string_view key, std::int32_t fallback_tp) {
+  impl& m = *impl_;
+  parsed_key p;
+  parse_key(key, p);
+  std::size_t guessed = 0;
+  impl::entry e = m.find(key, p);
+  if (!e) {
+    restore_key(key, fallback_tp);
+    e = m.find(key, p);
+    guessed = 1;
+  }
+  if (e.word != nullptr) {
+    if ((*e.word & packed_count_max) < packed_count_max) ++*e.word;
+  } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
+    ++e.slot->value.confirmed_count;
+  }
+  return guessed;
+}
+
+void directory::restore_finish(std::uint64_t now) {
+  impl& m = *impl_;
+  m.packed.set_bulk(false);
+  std::vector<packed_key> unbound;
+  std::vector<std::string> unbound_others;
+  char text[packed_key_chars];
+  m.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+    const completion c{static_cast<std::int32_t>(word >> 16),
+                       static_cast<std::int32_t>(word & packed_count_max)};
+    if (c.confirmed_count == 0) {
+      unbound.push_back(k);
+      return;
+    }
+    const parsed_key p{k, packed_hash(k), true};
+    unpack_hex_key(k, text);
+    const std::string_view key(text, sizeof text);
+    if (!impl::is_complete(c)) {
+      m.track(key, p, c.confirmed_count, now);
+    } else if (m.life.lru()) {
+      m.life.touch(key, p, now);
+    }
+  });
+  m.others.for_each([&](const key_map<completion>::slot& s) {
+    const std::string_view key = key_blob::view(s.key);
+    if (s.value.confirmed_count == 0) {
+      unbound_others.emplace_back(key);
+      return;
+    }
+    parsed_key p;
+    parse_key(key, p);
+    if (!impl::is_complete(s.value)) {
+      m.track(key, p, s.value.confirmed_count, now);
+    } else if (m.life.lru()) {
+      m.life.touch(key, p, now);
+    }
+  });
+  for (const packed_key& k : unbound) m.packed.erase(m.packed.find(k, packed_hash(k)));
+  for (const std::string& key : unbound_others) restore_forget(key);
+  m.packed.shrink_to_fit();
+}
+
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,
                                                             std::int32_t)) const {
   char text[packed_key_chars];

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shard/packed_key.hpp"
+
 namespace shard {
 
 class directory {
@@ -123,6 +125,22 @@ class directory {
   // Recovery: sets a key's entry outright (used at now).
   void restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
                std::uint64_t now);
+
+  // Recovery in bulk, into an empty directory that nothing else touches meanwhile: the
+  // keys' entries are built in place, counted where they lie (one lookup a binding).
+  // 1. restore_reserve(n) sizes the table for n keys; restore_key() for each key the
+  //    files name (its smallest tp_world_size wins), restore_forget() for each they drop.
+  // 2. restore_count() once per confirmed binding; a key that step 1 did not name
+  //    enters with fallback_tp. Returns how many keys did so.
+  // 3. restore_finish(now): keys with no binding leave; the others are complete (used
+  //    at now) or incomplete (last confirmed at now).
+  void restore_reserve(std::size_t n);
+  void restore_key(std::string_view key, std::int32_t tp_world_size);
+  void restore_key(const packed_key& key, std::int32_t tp_world_size);
+  void restore_forget(std::string_view key);
+  std::size_t restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp);
+  std::size_t restore_count(std::string_view key, std::int32_t fallback_tp);
+  void restore_finish(std::uint64_t now);
   void clear();
 
  private:

@@ -77,11 +77,18 @@ bool packed_map::move_one_aside(std::size_t b1, std::size_t b2, const packed_key
 
 void packed_map::insert_new(const packed_key& k, std::uint64_t h, std::uint32_t value) {
   METAD_ASSERT(value != 0);
-  if (growing())
-    migrate(migrate_per_insert);
-  else
-    prepare_growth();
-  if (size_ + 1 > max_size()) grow();
+  if (bulk_) {
+    if (size_ + 1 > max_size()) {
+      grow();
+      if (growing()) migrate(old_.buckets);
+    }
+  } else {
+    if (growing())
+      migrate(migrate_per_insert);
+    else
+      prepare_growth();
+    if (size_ + 1 > max_size()) grow();
+  }
   ++size_;
   const auto [b1, b2] = cur_.buckets_of(h);
   if (put_balanced(b1, b2, k, value)) return;
@@ -142,10 +149,33 @@ void packed_map::prepare_growth() {
   if (due > done) next_.prefault(due - done);
 }
 
+void packed_map::reserve(std::size_t n) {
+  if (size_ != 0 || growing()) return;
+  const std::size_t buckets = std::max<std::size_t>(4, (n * 10 / 8 + ways - 1) / ways);
+  if (buckets <= cur_.buckets) return;
+  METAD_ASSERT(buckets < (std::size_t{1} << 32));
+  table(buckets).swap(cur_);
+  table().swap(next_);
+  cur_.prefault(cur_.pages_left());
+}
+
+void packed_map::shrink_to_fit() {
+  if (growing() || cur_.buckets <= incremental_buckets || size_ * 10 >= capacity() * 7) return;
+  packed_map fit(hash_);
+  fit.bulk_ = true;
+  fit.reserve(size_);
+  for_each(
+      [&](const packed_key& k, const std::uint32_t& value) { fit.insert_new(k, hash_(k), value); });
+  fit.bulk_ = bulk_;
+  fit.rng_ = rng_;
+  swap(fit);
+}
+
 void packed_map::grow() {
   // A growth still under way finishes first (only a homeless entry can ask that early).
   if (growing()) migrate(old_.buckets);
   if (next_.buckets == 0) table(grown_buckets(cur_.buckets)).swap(next_);
+  if (bulk_) next_.prefault(next_.pages_left());  // all of it is written now
   old_.swap(cur_);
   cur_.swap(next_);  // next_ is now the empty table cur_ was
   migrated_ = 0;

@@ -60,6 +60,7 @@ class packed_map {
     std::swap(size_, other.size_);
     std::swap(rng_, other.rng_);
     std::swap(hash_, other.hash_);
+    std::swap(bulk_, other.bulk_);
   }
 
   std::size_t size() const { return size_; }
@@ -96,6 +97,18 @@ class packed_map {
 
   // Inserts `k`, which must be absent, with value != 0.
   void insert_new(const packed_key& k, std::uint64_t h, std::uint32_t value);
+
+  // Recovery (bulk building). reserve: an empty map takes a table for n entries at about
+  // 80% load, faulted in with one call, so that filling it neither grows nor faults page
+  // by page. bulk: while on, a growth happens at once (no table prepared ahead, nothing
+  // left for later inserts to move), which is cheaper in total when nothing is served.
+  void reserve(std::size_t n);
+  // After a reserve() that guessed high: a table under 70% full is rebuilt at ~80% load.
+  void shrink_to_fit();
+  void set_bulk(bool on) {
+    bulk_ = on;
+    if (on && growing()) migrate(old_.buckets);
+  }
   // Moves a growth under way along by up to tick_buckets old buckets (~30 µs): the
   // core's periodic tick calls it, so that a table which stops taking inserts mid-growth
   // still finishes and lets the old table go.
@@ -241,6 +254,7 @@ class packed_map {
   std::size_t size_ = 0;
   std::uint64_t rng_ = 0x9E3779B97F4A7C15ull;  // picks eviction victims
   hash_fn hash_ = packed_hash;                 // recomputes a stored key's buckets
+  bool bulk_ = false;
 };
 
 }  // namespace shard

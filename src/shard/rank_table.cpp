@@ -66,6 +66,7 @@ struct rank_state {
 struct rank_table::impl {
   std::unordered_map<std::int64_t, rank_state> ranks;
   std::uint64_t reservation_ttl = 0;  // 0: reservations never expire
+  bool bulk = false;                  // recovery: key tables grow at once
   std::uint64_t refused_releases = 0;
   std::uint64_t expired = 0;
   std::vector<std::int64_t> expired_pages;  // scratch of expire()
@@ -143,6 +144,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
   auto [it, created] = impl_->ranks.try_emplace(rank);
   rank_state& rs = it->second;
   if (created) {
+    if (impl_->bulk) rs.keys.packed.set_bulk(true);
     rs.pool.grow(pages);
     return {init_outcome::created, 0};
   }
@@ -438,6 +440,76 @@ bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t p
     *rs->keys.find(key, parsed) = entry_word::make(p, true);
   }
   return true;
+}
+
+bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
+                                std::span<const packed_binding> entries, std::uint64_t now) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr) return false;
+  packed_map& map = rs->keys.packed;
+  if (map.size() == 0) map.reserve(expected);
+  const std::uint32_t num_pages = rs->pool.num_pages();
+  const std::uint64_t deadline = impl_->deadline(now);
+  // Hashed and prefetched `ahead` entries before their turn: the cache misses overlap.
+  constexpr std::size_t ahead = 16;
+  parsed_key parsed[ahead];
+  auto start = [&](std::size_t i) {
+    parsed_key& p = parsed[i % ahead];
+    p.packed = entries[i].key;
+    p.hash = packed_hash(p.packed);
+    p.hex = true;
+    map.prefetch(p.hash);
+  };
+  for (std::size_t i = 0; i < std::min(ahead, entries.size()); ++i) start(i);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const packed_binding& e = entries[i];
+    const parsed_key p = parsed[i % ahead];
+    if (i + ahead < entries.size()) start(i + ahead);
+    if (e.page >= num_pages || rs->pool.state(e.page) != page_state::free ||
+        map.find(e.key, p.hash) != nullptr)
+      return false;
+    rs->pool.take(e.page);
+    if (e.confirmed) {
+      rs->pool.bind(e.page);
+      map.insert_new(e.key, p.hash, entry_word::make(e.page, true));
+    } else {
+      rs->reserve({}, p, e.page, deadline);
+    }
+  }
+  return true;
+}
+
+void rank_table::set_bulk(bool on) {
+  impl_->bulk = on;
+  for (auto& entry : impl_->ranks) {
+    packed_map& map = entry.second.keys.packed;
+    map.set_bulk(on);
+    if (!on) map.shrink_to_fit();
+  }
+}
+
+void rank_table::reserve_keys(std::int64_t rank, std::size_t n) {
+  if (rank_state* rs = impl_->find(rank))
+    rs->keys.packed.reserve(std::min<std::size_t>(n, rs->pool.num_pages()));
+}
+
+void rank_table::for_each_rank_packed_impl(
+    void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t),
+    void (*on_packed)(void*, const packed_binding&),
+    void (*on_other)(void*, std::string_view, std::int64_t, bool)) const {
+  for (const auto& [rank, rs] : impl_->ranks) {
+    const page_pool& pool = rs.pool;
+    on_rank(
+        v, rank,
+        rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()},
+        rs.keys.packed.size());
+    rs.keys.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+      on_packed(v, packed_binding{k, entry_word::page(word), entry_word::confirmed(word)});
+    });
+    rs.keys.others.for_each([&](const key_map<std::uint32_t>::slot& s) {
+      on_other(v, key_blob::view(s.key), entry_word::page(s.value), entry_word::confirmed(s.value));
+    });
+  }
 }
 
 bool rank_table::confirmed_pages(std::int64_t rank, std::span<const std::string_view> keys,

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shard/packed_key.hpp"
+
 namespace shard {
 
 enum class init_outcome : std::uint8_t { created, unchanged, grown, shrunk };
@@ -163,6 +165,43 @@ class rank_table {
   // taken, or the key already has one.
   bool restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed,
                std::uint64_t now);
+  // A binding of a key of 32 lowercase hex characters, packed (snapshots, recovery).
+  struct packed_binding {
+    packed_key key;
+    std::uint32_t page = 0;
+    bool confirmed = false;
+  };
+  // Recovery in bulk: restore() for each entry, in order. `expected` (the rank's entries
+  // in all) sizes the rank's empty key table first, so that filling it never grows it.
+  // False as restore() is (what came before the bad entry stays).
+  bool restore_packed(std::int64_t rank, std::size_t expected,
+                      std::span<const packed_binding> entries, std::uint64_t now);
+  // Recovery: while on, the key tables of every rank (and of ranks created meanwhile)
+  // grow at once instead of incrementally (see packed_map::set_bulk); turning it off
+  // rebuilds a table that a reserve_keys() guess left under 70% full.
+  void set_bulk(bool on);
+  // Recovery: sizes the empty key table of an initialised rank for n keys.
+  void reserve_keys(std::int64_t rank, std::size_t n);
+  // Snapshots, rank by rank: on_rank(rank, stats, packed_count), then on_packed(const
+  // packed_binding&) for each of its packed_count 32-hex keys, then on_other(key, page,
+  // confirmed) for each other key of the rank.
+  template <typename OnRank, typename OnPacked, typename OnOther>
+  void for_each_rank_packed(OnRank&& on_rank, OnPacked&& on_packed, OnOther&& on_other) const {
+    struct visitors {
+      OnRank& r;
+      OnPacked& p;
+      OnOther& o;
+    } v{on_rank, on_packed, on_other};
+    for_each_rank_packed_impl(
+        &v,
+        [](void* x, std::int64_t rank, const rank_stats& st, std::size_t n) {
+          static_cast<visitors*>(x)->r(rank, st, n);
+        },
+        [](void* x, const packed_binding& b) { static_cast<visitors*>(x)->p(b); },
+        [](void* x, std::string_view key, std::int64_t page, bool confirmed) {
+          static_cast<visitors*>(x)->o(key, page, confirmed);
+        });
+  }
 
   std::size_t rank_count() const;
   // Reserved pages over all ranks (sizing expire()'s log records), not quarantined.
@@ -186,6 +225,10 @@ class rank_table {
   void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;
   void for_each_entry_impl(void* visit, void (*call)(void*, std::int64_t, std::string_view,
                                                      std::int64_t, bool)) const;
+  void for_each_rank_packed_impl(
+      void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t),
+      void (*on_packed)(void*, const packed_binding&),
+      void (*on_other)(void*, std::string_view, std::int64_t, bool)) const;
   std::size_t expire_impl(std::uint64_t now, void* visit,
                           void (*call)(void*, std::int64_t, std::span<const std::int64_t>));
   std::size_t end_quarantines_impl(std::uint64_t now, void* visit,

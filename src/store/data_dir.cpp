@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,25 +23,7 @@ namespace {
   throw std::system_error(errno, std::generic_category(), what);
 }
 
-std::string read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("open " + path);
-  std::string bytes;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0) {
-      ::close(fd);
-      fail("read " + path);
-    }
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return bytes;
-}
-
-void write_all(int fd, const std::string& bytes, const std::string& path) {
+void write_all(int fd, std::string_view bytes, const std::string& path) {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -142,6 +125,31 @@ std::string data_dir::generation_dir(std::uint64_t generation) const {
   return path_ + "/g" + std::to_string(generation);
 }
 
+mapped_file::mapped_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("open " + path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("stat " + path);
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ != 0) {
+    // MAP_POPULATE: the page tables are filled in one call, not a fault per page.
+    void* at = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    if (at == MAP_FAILED) {
+      ::close(fd);
+      fail("mmap " + path);
+    }
+    data_ = static_cast<const char*>(at);
+  }
+  ::close(fd);
+}
+
+mapped_file::~mapped_file() {
+  if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+}
+
 std::vector<core_files> data_dir::load() const {
   std::vector<core_files> cores;
   if (generation_ == 0) return cores;
@@ -165,12 +173,14 @@ std::vector<core_files> data_dir::load() const {
       const auto newest = std::prev(f.snaps.end());
       from = newest->first;
       files.snapshot_path = newest->second;
-      files.snapshot = read_file(newest->second);
+      files.snapshot_file = mapped_file(newest->second);
+      files.snapshot = files.snapshot_file.bytes();
     }
     for (const auto& [segment, path] : f.logs) {
       if (segment < from) continue;  // already inside the snapshot
       files.log_paths.push_back(path);
-      files.logs.push_back(read_file(path));
+      files.log_files.emplace_back(path);
+      files.logs.push_back(files.log_files.back().bytes());
     }
     cores.push_back(std::move(files));
   }
@@ -188,6 +198,11 @@ void data_dir::begin_generation() {
 
 void data_dir::write_snapshot(std::uint64_t generation, int core, std::uint64_t segment,
                               const std::string& bytes) const {
+  write_snapshot(generation, core, segment, [&](const piece_writer& write) { write(bytes); });
+}
+
+void data_dir::write_snapshot(std::uint64_t generation, int core, std::uint64_t segment,
+                              const std::function<void(const piece_writer&)>& produce) const {
   const std::string dir = generation_dir(generation);
   const std::string final_path =
       dir + "/core-" + std::to_string(core) + ".snap-" + std::to_string(segment);
@@ -195,7 +210,7 @@ void data_dir::write_snapshot(std::uint64_t generation, int core, std::uint64_t 
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("open " + temp_path);
   try {
-    write_all(fd, bytes, temp_path);
+    produce([&](std::string_view piece) { write_all(fd, piece, temp_path); });
     if (::fdatasync(fd) != 0) fail("fdatasync " + temp_path);
   } catch (...) {
     ::close(fd);
@@ -204,6 +219,15 @@ void data_dir::write_snapshot(std::uint64_t generation, int core, std::uint64_t 
   }
   ::close(fd);
   if (::rename(temp_path.c_str(), final_path.c_str()) != 0) fail("rename " + temp_path);
+  sync_directory(dir);
+}
+
+void data_dir::link_snapshot(const std::string& path, std::uint64_t generation, int core,
+                             std::uint64_t segment) const {
+  const std::string dir = generation_dir(generation);
+  const std::string final_path =
+      dir + "/core-" + std::to_string(core) + ".snap-" + std::to_string(segment);
+  if (::link(path.c_str(), final_path.c_str()) != 0) fail("link " + path + " to " + final_path);
   sync_directory(dir);
 }
 

@@ -8,18 +8,48 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace store {
 
+// A whole file mapped read-only (its pages come from the page cache: no copy, and
+// nothing of it stays in the process once unmapped). Move-only.
+class mapped_file {
+ public:
+  mapped_file() = default;
+  explicit mapped_file(const std::string& path);  // throws std::system_error
+  ~mapped_file();
+  mapped_file(mapped_file&& o) noexcept : data_(o.data_), size_(o.size_) {
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  mapped_file& operator=(mapped_file&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  std::string_view bytes() const { return {data_, size_}; }
+
+ private:
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 // What one former core left: its newest complete snapshot and the log segments after it.
 struct core_files {
   int core = 0;
-  std::string snapshot;  // bytes (empty: none)
+  std::string_view snapshot;  // bytes (empty: none), in snapshot_file
   std::string snapshot_path;
-  std::vector<std::string> logs;  // bytes of each segment, oldest first
+  std::vector<std::string_view> logs;  // bytes of each segment, oldest first, in log_files
   std::vector<std::string> log_paths;
+  mapped_file snapshot_file;
+  std::vector<mapped_file> log_files;
 };
 
 class data_dir {
@@ -36,7 +66,7 @@ class data_dir {
 
   const std::string& path() const { return path_; }
   std::uint64_t generation() const { return generation_; }
-  // Reads every core's files of the committed generation (none on a fresh directory).
+  // Maps every core's files of the committed generation (none on a fresh directory).
   std::vector<core_files> load() const;
 
   // The next generation's directory (created empty; a leftover from a crash is wiped).
@@ -46,6 +76,15 @@ class data_dir {
   // fsync, rename, directory fsync. Throws std::system_error.
   void write_snapshot(std::uint64_t generation, int core, std::uint64_t segment,
                       const std::string& bytes) const;
+  // The same with the bytes produced in pieces (no whole copy in memory): produce(write)
+  // calls write(piece) for each piece, in order.
+  using piece_writer = std::function<void(std::string_view)>;
+  void write_snapshot(std::uint64_t generation, int core, std::uint64_t segment,
+                      const std::function<void(const piece_writer&)>& produce) const;
+  // Makes `path` (a snapshot of the committed generation, whole and unchanged) core c's
+  // snapshot S of `generation` too, by a hard link: no copy. Throws std::system_error.
+  void link_snapshot(const std::string& path, std::uint64_t generation, int core,
+                     std::uint64_t segment) const;
   // Creates (empty, fsynced) log segment S of core c; returns its fd (O_WRONLY).
   int create_log(std::uint64_t generation, int core, std::uint64_t segment) const;
   // Removes core c's snapshots and logs of `generation` older than `segment`.

@@ -78,6 +78,11 @@ class reader {
     return true;
   }
   bool done() const { return pos_ == bytes_.size(); }
+  std::string_view rest() {
+    const std::string_view r = bytes_.substr(pos_);
+    pos_ = bytes_.size();
+    return r;
+  }
 
  private:
   std::string_view bytes_;
@@ -109,6 +114,14 @@ bool decode_pages(reader& in, std::vector<std::int64_t>& pages) {
     pages.push_back(page);
   }
   return true;
+}
+
+// count, then count packed items to the end of the payload.
+bool decode_items(reader& in, record& out) {
+  std::uint32_t count = 0;
+  if (!in.get(count) || count > kPackedItemsMax) return false;
+  out.items = in.rest();
+  return out.items.size() == std::size_t{count} * kPackedItemBytes;
 }
 
 // The last field of snapshot_entry, directory_key and directory_remove: one key, then nothing.
@@ -219,6 +232,48 @@ void append_directory_remove(std::string& out, std::string_view key) {
   close_frame(out, frame);
 }
 
+packed_item packed_item_at(std::string_view items, std::size_t i) {
+  packed_item item;
+  const char* at = items.data() + i * kPackedItemBytes;
+  std::memcpy(&item.lo, at, 8);
+  std::memcpy(&item.hi, at + 8, 8);
+  std::memcpy(&item.value, at + 16, 4);
+  return item;
+}
+
+std::size_t begin_rank_keys(std::string& out, std::int64_t rank, std::uint64_t total) {
+  const std::size_t frame = open_frame(out, record_kind::snapshot_rank_keys);
+  put(out, rank);
+  put(out, total);
+  put<std::uint32_t>(out, 0);  // the count, filled in by end_packed
+  return frame;
+}
+
+std::size_t begin_directory_keys(std::string& out, std::uint64_t total) {
+  const std::size_t frame = open_frame(out, record_kind::snapshot_directory_keys);
+  put(out, total);
+  put<std::uint32_t>(out, 0);
+  return frame;
+}
+
+void add_packed_item(std::string& out, const packed_item& item) {
+  char bytes[kPackedItemBytes];
+  std::memcpy(bytes, &item.lo, 8);
+  std::memcpy(bytes + 8, &item.hi, 8);
+  std::memcpy(bytes + 16, &item.value, 4);
+  out.append(bytes, sizeof bytes);
+}
+
+void end_packed(std::string& out, std::size_t frame) {
+  const std::size_t payload = frame + kFrameHeaderBytes;
+  const auto kind = static_cast<record_kind>(out[payload]);
+  const std::size_t count_at = payload + 1 + (kind == record_kind::snapshot_rank_keys ? 16 : 8);
+  const std::size_t items = out.size() - count_at - 4;
+  const auto count = static_cast<std::uint32_t>(items / kPackedItemBytes);
+  std::memcpy(out.data() + count_at, &count, 4);
+  close_frame(out, frame);
+}
+
 frame_status next_frame(std::string_view bytes, std::size_t offset, std::string_view& payload,
                         std::size_t& frame_bytes) {
   if (bytes.size() - offset < kFrameHeaderBytes) return frame_status::short_read;
@@ -252,6 +307,7 @@ bool decode_payload(std::string_view payload, record& out) {
   out.keys.clear();
   out.pages.clear();
   out.releases.clear();
+  out.items = {};
   out.kind = static_cast<record_kind>(payload[0]);
   reader in(payload.substr(1));
   switch (out.kind) {
@@ -281,6 +337,10 @@ bool decode_payload(std::string_view payload, record& out) {
       return in.get(out.tp_world_size) && decode_last_key(in, out);
     case record_kind::directory_remove:
       return decode_last_key(in, out);
+    case record_kind::snapshot_rank_keys:
+      return in.get(out.rank) && in.get(out.total) && decode_items(in, out);
+    case record_kind::snapshot_directory_keys:
+      return in.get(out.total) && decode_items(in, out);
   }
   return false;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,7 +31,23 @@ enum class record_kind : std::uint8_t {
   confirm_quarantined = 11,
   quarantine_end = 12,       // rank, releases: the oldest quarantined pages became free
   snapshot_quarantine = 13,  // rank, releases: a snapshot's quarantined pages, oldest first
+  // Compact snapshots (additive: snapshot_entry and directory_key still load). Keys of 32
+  // lowercase hex characters as their 16 decoded bytes, in chunks of at most
+  // kPackedItemsMax items of kPackedItemBytes: [16 key bytes][u32 value]. (11-19 are
+  // log records.)
+  snapshot_rank_keys = 20,       // rank, total, items: value = page | confirmed << 31
+  snapshot_directory_keys = 21,  // total, items: value = tp_world_size (as u32)
 };
+
+// An item of snapshot_rank_keys / snapshot_directory_keys.
+inline constexpr std::size_t kPackedItemBytes = 20;
+inline constexpr std::uint32_t kPackedItemsMax = 65536;
+struct packed_item {
+  std::uint64_t lo = 0, hi = 0;  // the key's bytes 0..7 and 8..15, little-endian
+  std::uint32_t value = 0;
+};
+// Item i of a decoded record's `items`.
+packed_item packed_item_at(std::string_view items, std::size_t i);
 
 // A decoded record; views point into the buffer it was decoded from.
 struct record {
@@ -46,6 +63,11 @@ struct record {
   std::vector<std::int64_t> pages;  // confirm: pages[i] for keys[i]
   // confirm, release, quarantine_end, snapshot_quarantine: pages returned to the pool
   std::vector<std::int64_t> releases;
+  // snapshot_rank_keys: the rank's entries in the whole snapshot; snapshot_directory_keys:
+  // the core's directory keys in the whole snapshot (to size tables before filling them).
+  std::uint64_t total = 0;
+  std::string_view items;  // snapshot_rank_keys, snapshot_directory_keys: count x 20 bytes
+  std::size_t item_count() const { return items.size() / kPackedItemBytes; }
 };
 
 // Appenders write one whole frame at the end of `out`.
@@ -66,6 +88,12 @@ void append_quarantine_end(std::string& out, std::int64_t rank,
                            std::span<const std::int64_t> pages);
 void append_snapshot_quarantine(std::string& out, std::int64_t rank,
                                 std::span<const std::int64_t> pages);
+// A snapshot_rank_keys / snapshot_directory_keys record in pieces: begin_*, then
+// add_packed_item for each of at most kPackedItemsMax items, then end_packed.
+std::size_t begin_rank_keys(std::string& out, std::int64_t rank, std::uint64_t total);
+std::size_t begin_directory_keys(std::string& out, std::uint64_t total);
+void add_packed_item(std::string& out, const packed_item& item);
+void end_packed(std::string& out, std::size_t frame);
 
 enum class scan_status : std::uint8_t {
   ok,  // every frame was whole and valid
@@ -98,6 +126,38 @@ frame_status next_frame(std::string_view bytes, std::size_t offset, std::string_
 // tried (a damaged length says nothing about where the next frame is); a torn tail is
 // at most one group commit long, so its search is short.
 bool valid_frame_after(std::string_view bytes, std::size_t from);
+
+// scan() over bytes that scan() already found whole and valid (no checksums are
+// computed again). False if a frame does not decode after all (the bytes changed).
+template <typename Visit>
+bool scan_checked(std::string_view bytes, Visit&& visit) {
+  record rec;
+  std::size_t offset = 0;
+  while (bytes.size() - offset >= 8) {
+    std::uint32_t length = 0;
+    std::memcpy(&length, bytes.data() + offset, 4);
+    if (bytes.size() - offset - 8 < length ||
+        !decode_payload(bytes.substr(offset + 8, length), rec))
+      return false;
+    visit(static_cast<const record&>(rec), offset);
+    offset += 8 + std::size_t{length};
+  }
+  return offset == bytes.size();
+}
+
+// Calls visit(payload) for each frame, by the length fields alone (no checksum, no
+// decoding; stops where a length runs past the end): for estimates only.
+template <typename Visit>
+void walk_frames(std::string_view bytes, Visit&& visit) {
+  std::size_t offset = 0;
+  while (bytes.size() - offset >= 8) {
+    std::uint32_t length = 0;
+    std::memcpy(&length, bytes.data() + offset, 4);
+    if (length == 0 || bytes.size() - offset - 8 < length) return;
+    visit(bytes.substr(offset + 8, length));
+    offset += 8 + std::size_t{length};
+  }
+}
 
 template <typename Visit>
 scan_result scan(std::string_view bytes, Visit&& visit) {

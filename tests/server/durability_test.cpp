@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "node.hpp"
+#include "store/record.hpp"
 
 namespace {
 
@@ -231,6 +234,31 @@ TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
   }
 }
 
+// Restarting with --release-quarantine-ms 0 frees the quarantined pages for good: the
+// new generation must then not reuse (hard-link) the snapshot that still lists them, or
+// the next restart would replay later allocations against the wrong free pages.
+TEST_F(Durability, TurningTheQuarantineOffFreesItsPagesForGood) {
+  {
+    node n(dir_, 1);
+    n.post("/rank/0/initialize", R"({"num_pages":4})");
+    n.post("/keys/batch_allocate", R"({"rank":0,"keys":["a","b"]})");
+    n.post("/keys/confirm_write", R"({"rank":0,"confirmations":[],"pages_to_release":[0]})");
+  }
+  { node n(dir_, 1); }  // the next start finds a snapshot with nothing logged after it
+  {
+    metad::config cfg;
+    cfg.data_dir = dir_;
+    cfg.release_quarantine_ms = 0;
+    node n(cfg, 1);
+    EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["c"]})"),
+              R"({"rank":0,"results":[["c",0]]})");
+  }
+  node n(dir_, 1);
+  EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["c","d"]})"),
+            R"({"rank":0,"results":[["c",0],["d",2]]})");
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
   {
     node n(dir_, 1);
@@ -254,6 +282,128 @@ TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
     EXPECT_NE(std::string(e.what()).find(log_path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("offset 0"), std::string::npos) << e.what();
   }
+}
+
+// Keys of 32 lowercase hex characters take the compact path (packed snapshot chunks,
+// bulk-built tables); the same history must read the same after every kind of restart.
+std::string hex_key(int i) {
+  char text[33];
+  std::snprintf(text, sizeof text, "%016x%016x", 0xabcdefu + static_cast<unsigned>(i),
+                static_cast<unsigned>(i) * 2654435761u);
+  return text;
+}
+
+// Requests of at most kBatch keys (the test node's request buffer is bounded).
+constexpr int kBatch = 200;
+
+std::string hex_list(int first, int end, int step = 1) {
+  std::string list;
+  for (int i = first; i < end; i += step) list += (i > first ? ",\"" : "\"") + hex_key(i) + "\"";
+  return list;
+}
+
+std::string hex_state(node& n, int keys) {
+  std::string s;
+  for (int r = 0; r < 4; ++r) s += n.get("/rank/" + std::to_string(r)) + "\n";
+  for (int first = 0; first < keys; first += kBatch) {
+    const std::string list = hex_list(first, std::min(keys, first + kBatch));
+    s += n.post("/keys/batch_exists", "{\"keys\":[" + list + "]}") + "\n";
+    for (int r = 0; r < 4; ++r)
+      s += n.post("/keys/get_locations",
+                  "{\"rank\":" + std::to_string(r) + ",\"keys\":[" + list + "]}") +
+           "\n";
+  }
+  return s;
+}
+
+// Ranks 0-3 confirm keys 0..n-1 but rank 2 only the even ones (the odd keys stay
+// incomplete), and rank 3 holds reservations of two keys never confirmed.
+void hex_populate(node& n, int keys) {
+  for (int r = 0; r < 4; ++r)
+    n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4096})");
+  for (int r = 0; r < 4; ++r) {
+    const int step = r == 2 ? 2 : 1;
+    for (int first = 0; first < keys; first += kBatch) {
+      const int end = std::min(keys, first + kBatch);
+      const std::string reply =
+          n.post("/keys/batch_allocate", "{\"rank\":" + std::to_string(r) + ",\"keys\":[" +
+                                             hex_list(first, end, step) + "]}");
+      std::string confirmations;
+      for (int i = first; i < end; i += step) {
+        const std::string key = hex_key(i);
+        const std::size_t at = reply.find(key);
+        ASSERT_NE(at, std::string::npos) << reply;
+        const std::string page =
+            reply.substr(at + key.size() + 2, reply.find(']', at) - at - key.size() - 2);
+        confirmations += (i > first ? ",[\"" : "[\"") + key + "\"," + page + "]";
+      }
+      n.post("/keys/confirm_write",
+             "{\"rank\":" + std::to_string(r) + ",\"confirmations\":[" + confirmations + "]}");
+    }
+  }
+  n.post("/keys/batch_allocate",
+         "{\"rank\":3,\"keys\":[\"" + hex_key(keys) + "\",\"" + hex_key(keys + 1) + "\"]}");
+}
+
+TEST_F(Durability, HexKeysSurviveLogSnapshotAndCoreCountRestarts) {
+  constexpr int kKeys = 3000;  // several growths of each table when replayed from the log
+  std::string expected;
+  {
+    node reference(dir_ + "-reference", 1);
+    hex_populate(reference, kKeys);
+    expected = hex_state(reference, kKeys);
+  }
+  fs::remove_all(dir_ + "-reference");
+  {
+    node n(dir_, 2);
+    hex_populate(n, kKeys);
+  }
+  {
+    node n(dir_, 2);  // from the log
+    EXPECT_EQ(hex_state(n, kKeys), expected);
+  }
+  {
+    node n(dir_, 2);  // from the compact snapshots the previous start wrote (linked again)
+    EXPECT_EQ(hex_state(n, kKeys), expected);
+  }
+  {
+    node n(dir_, 3);  // the snapshots of two cores read by three
+    EXPECT_EQ(hex_state(n, kKeys), expected);
+  }
+  node n(dir_, 1);
+  EXPECT_EQ(hex_state(n, kKeys), expected);
+}
+
+// A data directory whose snapshot predates the compact records (one snapshot_entry per
+// binding, one directory_key per key) still loads.
+TEST_F(Durability, SnapshotOfTheFormerFormatStillLoads) {
+  fs::create_directories(dir_ + "/g1");
+  {
+    std::ofstream(dir_ + "/CURRENT") << "1\n";
+    std::string snap;
+    store::append_snapshot_rank(snap, 0, 16);
+    store::append_snapshot_rank(snap, 1, 16);
+    store::append_snapshot_entry(snap, 0, 3, true, hex_key(1));
+    store::append_snapshot_entry(snap, 1, 5, true, hex_key(1));
+    store::append_snapshot_entry(snap, 0, 4, true, hex_key(2));
+    store::append_snapshot_entry(snap, 1, 7, false, hex_key(3));
+    store::append_snapshot_entry(snap, 0, 9, true, "odd key");
+    store::append_directory_key(snap, 2, hex_key(1));
+    store::append_directory_key(snap, 2, hex_key(2));
+    store::append_directory_key(snap, 1, "odd key");
+    std::ofstream(dir_ + "/g1/core-0.snap-1", std::ios::binary) << snap;
+    std::ofstream(dir_ + "/g1/core-0.log-1", std::ios::binary);
+  }
+  node n(dir_, 2);
+  EXPECT_EQ(n.get("/rank/0"),
+            R"({"num_pages":16,"free":13,"reserved":0,"bound":3,"incomplete":1})");
+  EXPECT_EQ(n.get("/rank/1"),
+            R"({"num_pages":16,"free":14,"reserved":1,"bound":1,"incomplete":0})");
+  EXPECT_EQ(n.post("/keys/batch_exists", "{\"keys\":[\"" + hex_key(1) + "\",\"" + hex_key(2) +
+                                             "\",\"" + hex_key(3) + "\",\"odd key\"]}"),
+            R"({"exists":[true,false,false,true]})");
+  EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[\"" + hex_key(1) + "\"]}"),
+            R"({"locations":[5]})");
 }
 
 }  // namespace

@@ -342,3 +342,66 @@ TEST(Record, MixedLogWithTheNewKindsScansInOrder) {
   EXPECT_EQ(flipped.status, store::scan_status::corrupt);
   EXPECT_EQ(flipped.bad_offset, offsets[5]);
 }
+
+TEST(Record, PackedChunksRoundTripAndRejectCountsThatDisagree) {
+  std::string log;
+  std::size_t frame = store::begin_rank_keys(log, -3, 7);
+  store::add_packed_item(log, {1, 2, 5u | (1u << 31)});
+  store::add_packed_item(log, {3, 4, 6});
+  store::end_packed(log, frame);
+  frame = store::begin_directory_keys(log, 9);
+  store::add_packed_item(log, {7, 8, 8});
+  store::end_packed(log, frame);
+  frame = store::begin_directory_keys(log, 0);  // an empty chunk is valid
+  store::end_packed(log, frame);
+  std::vector<store::record> seen;
+  ASSERT_EQ(
+      store::scan(log, [&](const store::record& r, std::size_t) { seen.push_back(r); }).status,
+      store::scan_status::ok);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].kind, store::record_kind::snapshot_rank_keys);
+  EXPECT_EQ(seen[0].rank, -3);
+  EXPECT_EQ(seen[0].total, 7u);
+  ASSERT_EQ(seen[0].item_count(), 2u);
+  const store::packed_item a = store::packed_item_at(seen[0].items, 0);
+  const store::packed_item b = store::packed_item_at(seen[0].items, 1);
+  EXPECT_EQ(a.lo, 1u);
+  EXPECT_EQ(a.hi, 2u);
+  EXPECT_EQ(a.value, 5u | (1u << 31));
+  EXPECT_EQ(b.lo, 3u);
+  EXPECT_EQ(b.value, 6u);
+  EXPECT_EQ(seen[1].kind, store::record_kind::snapshot_directory_keys);
+  EXPECT_EQ(seen[1].total, 9u);
+  ASSERT_EQ(seen[1].item_count(), 1u);
+  EXPECT_EQ(store::packed_item_at(seen[1].items, 0).value, 8u);
+  EXPECT_EQ(seen[2].item_count(), 0u);
+
+  // Payload offsets: kind (1), rank (8), total (8), count (4) / kind, total, count.
+  std::string rank_keys, directory_keys;
+  frame = store::begin_rank_keys(rank_keys, 1, 2);
+  store::add_packed_item(rank_keys, {1, 2, 3});
+  store::add_packed_item(rank_keys, {4, 5, 6});
+  store::end_packed(rank_keys, frame);
+  frame = store::begin_directory_keys(directory_keys, 1);
+  store::add_packed_item(directory_keys, {1, 2, 3});
+  store::end_packed(directory_keys, frame);
+  const std::string rk = payload_of(rank_keys), dk = payload_of(directory_keys);
+  const auto with_u32 = [](std::string payload, std::size_t at, std::uint32_t value) {
+    std::memcpy(payload.data() + at, &value, 4);
+    return payload;
+  };
+  const std::vector<std::string> bad = {
+      with_u32(rk, 17, 3),
+      with_u32(rk, 17, 1),
+      with_u32(rk, 17, UINT32_MAX),
+      with_u32(rk, 17, 65537),
+      with_u32(dk, 9, 2),
+      with_u32(dk, 9, 0),
+      rk + '\0',
+      dk.substr(0, dk.size() - 1),
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    store::record r;
+    EXPECT_FALSE(store::decode_payload(bad[i], r)) << "case " << i;
+  }
+}
