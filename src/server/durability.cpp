@@ -14,6 +14,7 @@
 #include "metad/log.hpp"
 #include "shard/packed_key.hpp"
 #include "store/record.hpp"
+#include "store/recovery.hpp"
 
 namespace server {
 namespace {
@@ -28,149 +29,14 @@ struct replay_output {
   std::uint64_t records = 0;
 };
 
-struct position {
-  std::size_t segment = 0, offset = 0;
-};
-
 // Quarantines replayed from the log end where the log says (quarantine_end); after
 // recovery they all restart (rank_table::restart_quarantines).
 constexpr std::uint64_t kQuarantinedUntilLogged = UINT64_MAX;
 
-[[noreturn]] void corrupt(const std::string& path, std::size_t offset) {
-  throw std::runtime_error("corrupt record in " + path + " at offset " + std::to_string(offset) +
-                           ": refusing to start (move the file away to start without it)");
-}
-
-// What a file is: only the last log segment of a core may end in a torn write.
-enum class file_kind { last_log, earlier_log, snapshot };
-
-// Scans one file; returns the length of its whole, valid records. The last log
-// segment's torn tail (a crash mid-write) is dropped with a warning. Anything else is
-// damage, which stops start-up: a log segment is complete before the next one is
-// created, and a snapshot is renamed into place only once whole.
-template <typename Visit>
-std::size_t scan_file(std::string_view bytes, const std::string& path, Visit&& visit,
-                      file_kind kind) {
-  const store::scan_result result = store::scan(bytes, visit);
-  if (result.status == store::scan_status::corrupt ||
-      (result.status == store::scan_status::torn_tail && kind != file_kind::last_log))
-    corrupt(path, result.bad_offset);
-  if (result.status == store::scan_status::torn_tail)
-    metad::log::warn("{}: dropping a torn record at offset {} ({} bytes)", path, result.bad_offset,
-                     bytes.size() - result.bad_offset);
-  return result.valid_bytes;
-}
-
-file_kind log_kind(const store::core_files& files, std::size_t segment) {
-  return segment + 1 == files.logs.size() ? file_kind::last_log : file_kind::earlier_log;
-}
-
-// A file group after one full check (checksums, decoding, the torn-tail rule), which
-// one core does for each group before every core replays: the bytes holding its valid
-// records, and where its last clear record is (everything before it is void).
-struct checked_group {
-  bool cleared = false;
-  position clear_at;
-  std::string_view snapshot;  // empty when a clear voids it
-  std::vector<std::string_view> logs;
-  const store::core_files* files = nullptr;
-};
-
-checked_group check_group(const store::core_files& f) {
-  checked_group g;
-  g.files = &f;
-  for (std::size_t s = 0; s < f.logs.size(); ++s) {
-    const std::size_t valid = scan_file(
-        f.logs[s], f.log_paths[s],
-        [&](const store::record& r, std::size_t offset) {
-          if (r.kind != store::record_kind::clear) return;
-          g.cleared = true;
-          g.clear_at = {s, offset};
-        },
-        log_kind(f, s));
-    g.logs.push_back(f.logs[s].substr(0, valid));
-  }
-  if (!g.cleared && !f.snapshot.empty()) {
-    scan_file(
-        f.snapshot, f.snapshot_path, [](const store::record&, std::size_t) {}, file_kind::snapshot);
-    g.snapshot = f.snapshot;
-  }
-  return g;
-}
-
-// Upper bounds on what the files hold, from a walk over their frame headers (no
-// checksums, no decoding: a damaged frame only misguides the sizing; the replay proper
-// finds the damage): keys per rank (snapshot entries plus logged allocations) and
-// directory keys. Tables sized from them are rebuilt smaller when they overshot.
-struct file_sizes {
-  std::unordered_map<std::int64_t, std::size_t> rank_keys;
-  std::size_t directory_keys = 0;
-  // Per file group: a snapshot in the compact form (32-hex keys packed) and no log
-  // records after it. Recovery into as many cores links such a snapshot into the new
-  // generation instead of writing the same state again.
-  std::vector<bool> reusable;
-};
-
-file_sizes estimate_sizes(const std::vector<store::core_files>& files) {
-  file_sizes sizes;
-  auto visit = [&](std::string_view payload) {
-    const auto kind = static_cast<store::record_kind>(payload[0]);
-    auto field = [&](std::size_t at, auto& value) {
-      if (payload.size() < at + sizeof value) return false;
-      std::memcpy(&value, payload.data() + at, sizeof value);
-      return true;
-    };
-    std::int64_t rank = 0;
-    std::uint64_t total = 0;
-    std::uint32_t count = 0;
-    switch (kind) {
-      case store::record_kind::allocate:
-        if (field(1, rank) && field(9, count)) sizes.rank_keys[rank] += count;
-        break;
-      case store::record_kind::snapshot_entry:
-        if (field(1, rank)) ++sizes.rank_keys[rank];
-        break;
-      case store::record_kind::snapshot_rank_keys:
-        if (field(1, rank) && field(9, total) && field(17, count)) sizes.rank_keys[rank] += count;
-        break;
-      case store::record_kind::directory_key:
-        ++sizes.directory_keys;
-        break;
-      case store::record_kind::snapshot_directory_keys:
-        if (field(1, total) && field(9, count)) sizes.directory_keys += count;
-        break;
-      default:
-        break;
-    }
-  };
-  for (const store::core_files& f : files) {
-    bool compact = !f.snapshot.empty();
-    store::walk_frames(f.snapshot, [&](std::string_view payload) {
-      visit(payload);
-      // A 32-byte key as snapshot_entry / directory_key: the form before the compact one.
-      const auto kind = static_cast<store::record_kind>(payload[0]);
-      std::uint32_t length = 0;
-      const std::size_t at = kind == store::record_kind::snapshot_entry ? 18 : 5;
-      if ((kind == store::record_kind::snapshot_entry ||
-           kind == store::record_kind::directory_key) &&
-          payload.size() >= at + 4) {
-        std::memcpy(&length, payload.data() + at, 4);
-        if (length == shard::packed_key_chars) compact = false;
-      }
-    });
-    for (std::string_view log : f.logs) {
-      store::walk_frames(log, visit);
-      if (!log.empty()) compact = false;
-    }
-    sizes.reusable.push_back(compact);
-  }
-  return sizes;
-}
-
 class replayer {
  public:
   // sizes: what the files hold, to size the tables before filling them.
-  replayer(cluster& cl, int core, replay_output& out, const file_sizes& sizes)
+  replayer(cluster& cl, int core, replay_output& out, const store::file_sizes& sizes)
       : cl_(cl), core_(core), out_(out) {
     out_.packed_by_owner.resize(static_cast<std::size_t>(cl.cores));
     out_.others_by_owner.resize(static_cast<std::size_t>(cl.cores));
@@ -334,10 +200,10 @@ class replayer {
   std::string detail_;
 };
 
-void replay_files(cluster& cl, int core, const std::vector<checked_group>& groups,
-                  const file_sizes& sizes, replay_output& out) {
+void replay_files(cluster& cl, int core, const std::vector<store::checked_group>& groups,
+                  const store::file_sizes& sizes, replay_output& out) {
   replayer r(cl, core, out, sizes);
-  for (const checked_group& g : groups) {
+  for (const store::checked_group& g : groups) {
     const store::core_files& f = *g.files;
     auto replay = [&](std::string_view bytes, const std::string& path, std::size_t after) {
       if (!store::scan_checked(bytes, [&](const store::record& rec, std::size_t offset) {
@@ -489,7 +355,7 @@ replay_summary replay(cluster& cl, const store::data_dir& dir) {
   auto t = std::chrono::steady_clock::now();
   const std::vector<store::core_files> files = dir.load();
   const double load_ms = lap(t);
-  const file_sizes sizes = estimate_sizes(files);
+  const store::file_sizes sizes = store::estimate_sizes(files);
   replay_summary sum;
   if (files.size() == static_cast<std::size_t>(cl.cores)) {
     sum.reusable_snapshots.resize(files.size());
@@ -499,11 +365,11 @@ replay_summary replay(cluster& cl, const store::data_dir& dir) {
   }
   // Each file group is checked by one core, then replayed by every core from the bytes
   // found valid.
-  std::vector<checked_group> groups(files.size());
+  std::vector<store::checked_group> groups(files.size());
   on_every_core(cl, [&](int c) {
     for (std::size_t i = static_cast<std::size_t>(c); i < files.size();
          i += static_cast<std::size_t>(cl.cores))
-      groups[i] = check_group(files[i]);
+      groups[i] = store::check_group(files[i]);
   });
   const double check_ms = lap(t);
   std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
