@@ -75,6 +75,10 @@ metadata server; same HTTP API, default port 18000).
                             left, is removed on every rank N ms after its last
                             confirmation: no writer will complete it (default 30000; 0:
                             never)
+  --sglang-read-lease-ms N  SGLang API: keys get_page_indices returned are not evicted
+                            for N ms (default 0: the reference's eviction order)
+  --strict-reinit           SGLang API: initializing a pool again with fewer pages is a
+                            409 (default: 204, the pool unchanged, and a warning)
   --log-level LEVEL         error|warn|info|debug (default info)
   --verify-data-dir DIR     read DIR (stopped server) without serving: print its ranks,
                             pages, bindings and keys, or the damage with file and offset;
@@ -169,6 +173,10 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.access_log = true;
       continue;
     }
+    if (flag == "--strict-reinit") {
+      cfg.strict_reinit = true;
+      continue;
+    }
     if (flag == "--no-tcp") {
       cfg.tcp = false;
       continue;
@@ -246,6 +254,8 @@ metad::config parse_flags(int argc, char** argv) {
         throw usage_error("--eviction: expected none or lru");
     } else if (flag == "--read-lease-ms") {
       cfg.read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag == "--sglang-read-lease-ms") {
+      cfg.sglang_read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--incomplete-grace-ms") {
       cfg.incomplete_grace_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--log-level") {

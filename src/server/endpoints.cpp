@@ -513,7 +513,10 @@ request_task run_metrics(exchange& x) {
   snap = metrics_snapshot{};
   snap.connections.assign(static_cast<std::size_t>(cl.cores), connection_counts{});
   s.rank_rows.clear();
+  s.sg_rows.clear();
+  s.sg_sum = {};
   auto collect = [&cl, &s, &snap](const core_state& core) {
+    collect_sg_pools(core, s);
     snap.requests.add(core.metrics);
     snap.flushes.add(core.flushes);
     snap.keys += core.directory.size();
@@ -548,6 +551,7 @@ request_task run_metrics(exchange& x) {
     render_rank_headers(s.body);
     for (const api::rank_info_row& r : s.rank_rows.sorted())
       render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
+    render_sg_metrics(s.body, s);
     x.respond_metrics(s.body);
     x.complete();
   };

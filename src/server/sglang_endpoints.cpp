@@ -1,0 +1,359 @@
+// SGLang's HiCache metadata API (docs/sglang-api.md): one coroutine for its seven
+// operations. A pool lives on the core that owns its rank, in its tenant's registry;
+// the request hops there, runs the operation on the pool (shard::sglang_pool does the
+// work and the contract's checks), hops back and answers. Nothing here touches vLLM's
+// ranks or directory.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "metad/log.hpp"
+#include "server/endpoints.hpp"
+#include "server/steps.hpp"
+
+namespace server {
+
+void sg_pool_sample::clear() {
+  rows.clear();
+  pools = pages = free = in_flight = bound = 0;
+}
+
+void sg_pool_sample::add(std::string_view tenant, std::int64_t rank, std::string_view ns,
+                         const shard::sglang_pool_stats& stats) {
+  ++pools;
+  pages += stats.num_pages;
+  free += stats.free;
+  in_flight += stats.in_flight;
+  bound += stats.bound;
+  if (rows.size() == 2 * kRankRowsMax) {
+    auto middle = rows.begin() + static_cast<std::ptrdiff_t>(kRankRowsMax);
+    std::nth_element(
+        rows.begin(), middle, rows.end(),
+        [](const sg_pool_row& a, const sg_pool_row& b) { return a.order() < b.order(); });
+    rows.erase(middle, rows.end());
+  }
+  rows.push_back({std::string(tenant), rank, std::string(ns), stats});
+}
+
+std::span<const sg_pool_row> sg_pool_sample::sorted() {
+  std::sort(rows.begin(), rows.end(),
+            [](const sg_pool_row& a, const sg_pool_row& b) { return a.order() < b.order(); });
+  if (rows.size() > kRankRowsMax) rows.resize(kRankRowsMax);
+  return rows;
+}
+
+void collect_sg_pools(const core_state& core, scratch& s) {
+  const core_state::sglang_counters& c = core.sg_counters;
+  core_state::sglang_counters& sum = s.sg_sum;
+  sum.reinit_smaller += c.reinit_smaller;
+  sum.evicted += c.evicted;
+  sum.no_page += c.no_page;
+  sum.expired += c.expired;
+  sum.skipped += c.skipped;
+  sum.release_refused += c.release_refused;
+  sum.deleted += c.deleted;
+  for (const auto& [tenant, pools] : core.sg_tenants) {
+    pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+      s.sg_rows.add(tenant, rank, ns, pool.stats());
+    });
+  }
+}
+
+void append_sg_stats(std::string& out, scratch& s) {
+  sg_pool_sample& sample = s.sg_rows;
+  out.append(R"("sglang":{"pools":[)");
+  bool first = true;
+  for (const sg_pool_row& r : sample.sorted()) {
+    if (!first) out.push_back(',');
+    first = false;
+    out.append(R"({"tenant":")");
+    api::append_escaped(out, r.tenant);
+    out.append(R"(","rank":)");
+    out.append(fmt::format_int(r.rank).str());
+    out.append(R"(,"namespace":")");
+    api::append_escaped(out, r.ns);
+    fmt::format_to(std::back_inserter(out),
+                   R"(","num_pages":{},"free":{},"in_flight":{},"bound":{}}})", r.stats.num_pages,
+                   r.stats.free, r.stats.in_flight, r.stats.bound);
+  }
+  const core_state::sglang_counters& c = s.sg_sum;
+  fmt::format_to(std::back_inserter(out),
+                 R"(],"pools_total":{},"pools_truncated":{},"pages_total":{},"pages_free":{},)"
+                 R"("pages_in_flight":{},"pages_bound":{},"evicted_keys":{},)"
+                 R"("expired_reservations":{},"deleted_keys":{},"skipped_confirmations":{},)"
+                 R"("refused_releases":{},"smaller_reinitializations":{}}})",
+                 sample.pools, sample.pools > sample.rows.size(), sample.pages, sample.free,
+                 sample.in_flight, sample.bound, c.evicted, c.expired, c.deleted, c.skipped,
+                 c.release_refused, c.reinit_smaller);
+}
+
+namespace {
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+void append_label(std::string& out, std::string_view text) {
+  for (const char ch : text) {
+    if (ch == '\\' || ch == '"') {
+      out.push_back('\\');
+      out.push_back(ch);
+    } else if (ch == '\n') {
+      out.append("\\n");
+    } else {
+      out.push_back(ch);
+    }
+  }
+}
+
+}  // namespace
+
+void render_sg_metrics(std::string& out, scratch& s) {
+  sg_pool_sample& sample = s.sg_rows;
+  const core_state::sglang_counters& c = s.sg_sum;
+  auto to = std::back_inserter(out);
+  fmt::format_to(
+      to,
+      "# HELP hf3fs_metad_sglang_pools SGLang pools, every tenant, rank and namespace.\n"
+      "# TYPE hf3fs_metad_sglang_pools gauge\n"
+      "hf3fs_metad_sglang_pools {}\n"
+      "# HELP hf3fs_metad_sglang_pages_all Pages of every SGLang pool together, by state.\n"
+      "# TYPE hf3fs_metad_sglang_pages_all gauge\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"total\"}} {}\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"free\"}} {}\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"in_flight\"}} {}\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"bound\"}} {}\n"
+      "# HELP hf3fs_metad_sglang_events_total SGLang pool events: keys evicted by reserves, "
+      "reservations expired, keys deleted, confirmations skipped, releases of bound pages "
+      "refused, initializations with fewer pages than the pool has.\n"
+      "# TYPE hf3fs_metad_sglang_events_total counter\n"
+      "hf3fs_metad_sglang_events_total{{event=\"evicted\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"expired\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"deleted\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"confirm_skipped\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"release_refused\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"reinit_smaller\"}} {}\n"
+      "# HELP hf3fs_metad_sglang_pool_series_omitted SGLang pools without per-pool series.\n"
+      "# TYPE hf3fs_metad_sglang_pool_series_omitted gauge\n",
+      sample.pools, sample.pages, sample.free, sample.in_flight, sample.bound, c.evicted, c.expired,
+      c.deleted, c.skipped, c.release_refused, c.reinit_smaller);
+  const std::span<const sg_pool_row> rows = sample.sorted();
+  fmt::format_to(to, "hf3fs_metad_sglang_pool_series_omitted {}\n", sample.pools - rows.size());
+  out.append(
+      "# HELP hf3fs_metad_sglang_pool_pages Pages of an SGLang pool, by state (the first "
+      "pools by tenant, rank and namespace).\n"
+      "# TYPE hf3fs_metad_sglang_pool_pages gauge\n");
+  for (const sg_pool_row& r : rows) {
+    const std::pair<std::string_view, std::uint32_t> states[] = {{"total", r.stats.num_pages},
+                                                                 {"free", r.stats.free},
+                                                                 {"in_flight", r.stats.in_flight},
+                                                                 {"bound", r.stats.bound}};
+    for (const auto& [state, value] : states) {
+      out.append("hf3fs_metad_sglang_pool_pages{tenant=\"");
+      append_label(out, r.tenant);
+      fmt::format_to(to, "\",rank=\"{}\",namespace=\"", r.rank);
+      append_label(out, r.ns);
+      fmt::format_to(to, "\",state=\"{}\"}} {}\n", state, value);
+    }
+  }
+}
+
+namespace {
+
+enum class sg_answer : std::uint8_t {
+  no_content,       // 204
+  body,             // 200 with s.body
+  not_initialized,  // 404
+  bad_request,      // 400 with s.detail
+  conflict,         // 409 (--strict-reinit)
+  too_many_pools,   // 400: --ranks-max pools exist
+  over_budget,      // 507: --memory-max
+};
+
+const std::string& sg_namespace(const scratch& s) {
+  switch (s.sg) {
+    case sg_op::initialize:
+      return s.sg_init.ns;
+    case sg_op::confirm:
+      return s.sg_confirm.ns;
+    case sg_op::clear:
+      return s.sg_clear.ns;
+    default:
+      return s.sg_keys.ns;
+  }
+}
+
+// On the owner core: creates or grows a pool, within --ranks-max pools and the memory
+// budget.
+sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t& old_pages,
+                        std::uint64_t& needed) {
+  const api::sg_initialize_cmd& cmd = s.sg_init;
+  shard::sglang_pools* pools = core.sg_pools(s.tenant, false);
+  const shard::sglang_pool* pool = pools ? pools->find(s.sg_rank, cmd.ns) : nullptr;
+  const std::int64_t before = pool ? pool->num_pages() : 0;
+  const auto pages = static_cast<std::uint32_t>(cmd.num_pages);
+  if (!pool) {
+    std::int64_t count = cl.sglang_pools.load(std::memory_order_relaxed);
+    do {
+      if (count >= cl.cfg.ranks_max) return sg_answer::too_many_pools;
+    } while (!cl.sglang_pools.compare_exchange_weak(count, count + 1, std::memory_order_relaxed));
+  }
+  if (cmd.num_pages > before) {
+    needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(before);
+    if (!cl.memory.charge_kept(needed)) {
+      if (!pool) cl.sglang_pools.fetch_sub(1, std::memory_order_relaxed);
+      cl.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
+      return sg_answer::over_budget;
+    }
+  }
+  const shard::sglang_init_result r =
+      core.sg_pools(s.tenant, true)->initialize(s.sg_rank, cmd.ns, pages);
+  old_pages = r.old_pages;
+  switch (r.outcome) {
+    case shard::sglang_init::created:
+    case shard::sglang_init::unchanged:
+      return sg_answer::no_content;
+    case shard::sglang_init::grown:
+      metad::log::info("SGLang rank {} namespace '{}'{}{}: grown from {} to {} pages", s.sg_rank,
+                       cmd.ns, s.tenant.empty() ? "" : " tenant ", s.tenant, r.old_pages, pages);
+      return sg_answer::no_content;
+    case shard::sglang_init::smaller_ignored:
+    case shard::sglang_init::smaller_refused:
+      ++core.sg_counters.reinit_smaller;
+      metad::log::warn(
+          "SGLang rank {} namespace '{}'{}{} initialized with different num_pages. Existing: {}, "
+          "New: {} (kept{})",
+          s.sg_rank, cmd.ns, s.tenant.empty() ? "" : " tenant ", s.tenant, r.old_pages, pages,
+          r.outcome == shard::sglang_init::smaller_refused ? "; 409 with --strict-reinit" : "");
+      return r.outcome == shard::sglang_init::smaller_refused ? sg_answer::conflict
+                                                              : sg_answer::no_content;
+  }
+  return sg_answer::no_content;
+}
+
+// On the owner core: the operation on an existing pool.
+sg_answer sg_apply(cluster& cl, core_state& core, shard::sglang_pool& pool, scratch& s) {
+  const std::uint64_t now = cl.clock();
+  switch (s.sg) {
+    case sg_op::initialize:
+      break;
+    case sg_op::exists:
+      pool.exists(s.sg_keys.keys.views(), s.flags);
+      s.body.clear();
+      api::encode_exists(s.body, s.flags);
+      return sg_answer::body;
+    case sg_op::reserve: {
+      const shard::sglang_reserve_stats st = pool.reserve(s.sg_keys.keys.views(), now, s.slots);
+      core.sg_counters.evicted += st.evicted;
+      core.sg_counters.no_page += st.no_page;
+      core.sg_counters.expired += st.expired;
+      s.body.clear();
+      api::encode_sglang_reserved(s.body, s.slots);
+      return sg_answer::body;
+    }
+    case sg_op::confirm: {
+      const api::sg_confirm_cmd& cmd = s.sg_confirm;
+      shard::sglang_confirm_stats st;
+      if (pool.confirm(cmd.keys.views(), cmd.pages, cmd.releases, now, s.detail, st) ==
+          shard::sglang_confirm_outcome::bad_request)
+        return sg_answer::bad_request;
+      core.sg_counters.skipped += st.skipped + st.stale;
+      core.sg_counters.release_refused += st.release_refused;
+      core.sg_counters.expired += st.expired;
+      return sg_answer::no_content;
+    }
+    case sg_op::delete_keys:
+      core.sg_counters.deleted += pool.delete_keys(s.sg_keys.keys.views());
+      return sg_answer::no_content;
+    case sg_op::clear:
+      pool.clear();
+      return sg_answer::no_content;
+    case sg_op::get_page_indices:
+      pool.get_page_indices(s.sg_keys.keys.views(), now, s.pages);
+      s.body.clear();
+      api::encode_sglang_page_indices(s.body, s.pages);
+      return sg_answer::body;
+  }
+  return sg_answer::no_content;
+}
+
+}  // namespace
+
+request_task run_sglang(exchange& x) {
+  cluster& cl = x.shared();
+  const int home = x.home().index;
+  scratch& s = x.work();
+  const int owner = shard::owner_of_rank(s.sg_rank, cl.cores);
+  // Sized here, so that the owner core allocates nothing this core frees.
+  const std::size_t n = s.sg_keys.keys.size();
+  if (s.sg == sg_op::exists) s.flags.assign(n, 0);
+  if (s.sg == sg_op::get_page_indices) s.pages.assign(n, -1);
+  if (s.sg == sg_op::reserve) {
+    s.slots.clear();
+    s.slots.reserve(n);
+  }
+  s.body.reserve(64 + 24 * n);
+  s.detail.reserve(256);
+  std::uint32_t old_pages = 0;
+  std::uint64_t needed = 0;
+  co_await cl.mailbox.hop(home, owner);
+  core_state& core = *cl.core[owner];
+  sg_answer answer = sg_answer::not_initialized;
+  if (s.sg == sg_op::initialize) {
+    answer = sg_initialize(cl, core, s, old_pages, needed);
+  } else if (shard::sglang_pools* pools = core.sg_pools(s.tenant, false)) {
+    if (shard::sglang_pool* pool = pools->find(s.sg_rank, sg_namespace(s))) {
+      if (s.sg_error) {
+        s.detail = s.sg_error.detail;
+        answer = sg_answer::bad_request;
+      } else {
+        answer = sg_apply(cl, core, *pool, s);
+      }
+    }
+  }
+  co_await cl.mailbox.hop(owner, home);
+  switch (answer) {
+    case sg_answer::no_content:
+      x.respond_canned(http::canned::no_content);
+      break;
+    case sg_answer::body:
+      x.respond_json(200, s.body);
+      break;
+    case sg_answer::not_initialized:
+      s.body.clear();
+      api::encode_sglang_not_initialized(s.body, s.sg_rank, sg_namespace(s));
+      x.respond_json(404, s.body);
+      break;
+    case sg_answer::bad_request:
+      x.respond_error(s.sg_error ? s.sg_error.status : 400, s.detail);
+      break;
+    case sg_answer::conflict:
+      s.body.clear();
+      api::encode_sglang_already_initialized(s.body, s.sg_rank, s.sg_init.ns, old_pages);
+      x.respond_json(409, s.body);
+      break;
+    case sg_answer::too_many_pools:
+      s.detail = fmt::format(
+          "Rank {} namespace '{}' not initialized: {} SGLang pools exist already, the limit set "
+          "by --ranks-max",
+          s.sg_rank, s.sg_init.ns, cl.cfg.ranks_max);
+      x.respond_error(400, s.detail);
+      break;
+    case sg_answer::over_budget:
+      s.detail = fmt::format(
+          "Rank {} namespace '{}' not initialized: its {} pages need {} bytes more, over the "
+          "memory budget (--memory-max {} bytes, {} in use)",
+          s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, cl.memory.max(), cl.memory.used());
+      x.respond_error(507, s.detail);
+      break;
+  }
+  x.complete();
+}
+
+std::size_t expire_sg_due(cluster& cl, core_state& core) {
+  if (cl.cfg.reservation_ttl_ms == 0 || core.sg_tenants.empty()) return 0;
+  const std::uint64_t now = cl.clock();
+  std::size_t expired = 0;
+  for (auto& [tenant, pools] : core.sg_tenants) expired += pools.expire(now);
+  core.sg_counters.expired += expired;
+  return expired;
+}
+
+}  // namespace server
