@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "metad/log.hpp"
 #include "server/endpoints.hpp"
@@ -206,6 +207,13 @@ sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t
   const shard::sglang_init_result r =
       core.sg_pools(s.tenant, true)->initialize(s.sg_rank, cmd.ns, pages);
   old_pages = r.old_pages;
+  if (r.outcome == shard::sglang_init::created && cl.data) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      metad::log::warn(
+          "SGLang pools are kept in memory only, even with --data-dir: a restart loses them "
+          "(engines then get 404s until they restart)");
+  }
   switch (r.outcome) {
     case shard::sglang_init::created:
     case shard::sglang_init::unchanged:
