@@ -71,6 +71,7 @@ struct core_state {
   shard::sglang_config sg_config;  // in the clock's unit
   bool sg_strict_reinit = false;
   std::unordered_map<std::string, shard::sglang_pools> sg_tenants;
+  std::uint64_t sg_last_now = 0;  // the latest SGLang clock reading here (snapshots)
   // The tenant's registry; nullptr when it has none here and `create` is false.
   shard::sglang_pools* sg_pools(std::string_view tenant, bool create) {
     auto it = sg_tenants.find(std::string(tenant));
@@ -107,6 +108,9 @@ struct cluster {
   std::atomic<std::int64_t> worker_ranks{0};
   // SGLang pools on all cores and tenants (at most --ranks-max).
   std::atomic<std::int64_t> sglang_pools{0};
+  // Added to `clock` for SGLang's pools: recovery sets it so that their clock continues
+  // from the times its records were logged at (sglang_durability.hpp).
+  std::atomic<std::uint64_t> sglang_clock_offset{0};
   // --memory-max: what ranks and request bodies may still take.
   memory_budget memory;
   std::atomic<bool> stopping{false};

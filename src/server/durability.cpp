@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "metad/log.hpp"
+#include "server/sglang_durability.hpp"
 #include "store/record.hpp"
 
 namespace server {
@@ -150,6 +151,17 @@ class replayer {
           throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
                                    std::to_string(r.rank) + " cannot be restored");
         break;
+      case store::record_kind::sg_initialize:
+      case store::record_kind::sg_reserve:
+      case store::record_kind::sg_confirm:
+      case store::record_kind::sg_delete:
+      case store::record_kind::sg_clear:
+      case store::record_kind::sg_get:
+      case store::record_kind::sg_expire:
+      case store::record_kind::sg_snapshot_pool:
+        if (std::string e = apply_sg_record(cl_, *cl_.core[core_], r); !e.empty())
+          throw std::runtime_error("log replay: " + e);
+        break;
       default:
         break;
     }
@@ -238,6 +250,7 @@ std::string serialize(const core_state& core) {
   core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
     store::append_directory_key(bytes, tp, key);
   });
+  append_sg_snapshot(bytes, core);
   return bytes;
 }
 

@@ -6,6 +6,7 @@
 
 #include "metad/log.hpp"
 #include "server/lifecycle.hpp"
+#include "server/sglang_durability.hpp"
 #include "server/steps.hpp"
 #include "store/record.hpp"
 
@@ -418,6 +419,7 @@ request_task run_clear(exchange& x) {
     clear_core(cl, c);
     core_state& core = *cl.core[c];
     core.journal.clear();
+    log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
     if (!co_await core.journal.durable()) stored = false;
   }
   cl.clears_done.fetch_add(1);

@@ -6,10 +6,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "metad/log.hpp"
 #include "server/endpoints.hpp"
+#include "server/sglang_durability.hpp"
 #include "server/steps.hpp"
 
 namespace server {
@@ -166,6 +166,7 @@ enum class sg_answer : std::uint8_t {
   conflict,         // 409 (--strict-reinit)
   too_many_pools,   // 400: --ranks-max pools exist
   over_budget,      // 507: --memory-max
+  storage_failed,   // 503: the data directory refused the records
 };
 
 const std::string& sg_namespace(const scratch& s) {
@@ -207,13 +208,8 @@ sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t
   const shard::sglang_init_result r =
       core.sg_pools(s.tenant, true)->initialize(s.sg_rank, cmd.ns, pages);
   old_pages = r.old_pages;
-  if (r.outcome == shard::sglang_init::created && cl.data) {
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true))
-      metad::log::warn(
-          "SGLang pools are kept in memory only, even with --data-dir: a restart loses them "
-          "(engines then get 404s until they restart)");
-  }
+  if (r.outcome == shard::sglang_init::created || r.outcome == shard::sglang_init::grown)
+    core.journal.sg_initialize({s.tenant, s.sg_rank, cmd.ns}, pages);
   switch (r.outcome) {
     case shard::sglang_init::created:
     case shard::sglang_init::unchanged:
@@ -238,7 +234,9 @@ sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t
 
 // On the owner core: the operation on an existing pool.
 sg_answer sg_apply(cluster& cl, core_state& core, shard::sglang_pool& pool, scratch& s) {
-  const std::uint64_t now = cl.clock();
+  const std::uint64_t now = sg_now(cl, core);
+  const store::sg_pool_name name{s.tenant, s.sg_rank, sg_namespace(s)};
+  store::journal& journal = core.journal;
   switch (s.sg) {
     case sg_op::initialize:
       break;
@@ -249,6 +247,7 @@ sg_answer sg_apply(cluster& cl, core_state& core, shard::sglang_pool& pool, scra
       return sg_answer::body;
     case sg_op::reserve: {
       const shard::sglang_reserve_stats st = pool.reserve(s.sg_keys.keys.views(), now, s.slots);
+      if (s.sg_keys.keys.size() != 0) journal.sg_reserve(name, now, s.sg_keys.keys.views());
       core.sg_counters.evicted += st.evicted;
       core.sg_counters.no_page += st.no_page;
       core.sg_counters.expired += st.expired;
@@ -262,24 +261,42 @@ sg_answer sg_apply(cluster& cl, core_state& core, shard::sglang_pool& pool, scra
       if (pool.confirm(cmd.keys.views(), cmd.pages, cmd.releases, now, s.detail, st) ==
           shard::sglang_confirm_outcome::bad_request)
         return sg_answer::bad_request;
+      journal.sg_confirm(name, now, cmd.keys.views(), cmd.pages, cmd.releases);
       core.sg_counters.skipped += st.skipped + st.stale;
       core.sg_counters.release_refused += st.release_refused;
       core.sg_counters.expired += st.expired;
       return sg_answer::no_content;
     }
     case sg_op::delete_keys:
-      core.sg_counters.deleted += pool.delete_keys(s.sg_keys.keys.views());
+      if (const std::size_t deleted = pool.delete_keys(s.sg_keys.keys.views()); deleted > 0) {
+        core.sg_counters.deleted += deleted;
+        journal.sg_delete(name, s.sg_keys.keys.views());
+      }
       return sg_answer::no_content;
     case sg_op::clear:
       pool.clear();
+      journal.sg_clear(name);
       return sg_answer::no_content;
     case sg_op::get_page_indices:
       pool.get_page_indices(s.sg_keys.keys.views(), now, s.pages);
+      if (std::any_of(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }))
+        journal.sg_get(name, now, s.sg_keys.keys.views());
       s.body.clear();
       api::encode_sglang_page_indices(s.body, s.pages);
       return sg_answer::body;
   }
   return sg_answer::no_content;
+}
+
+// An upper bound of the bytes the request's record takes in the log.
+std::uint64_t sg_record_bytes(const scratch& s) {
+  std::uint64_t bytes = 128 + s.tenant.size() + sg_namespace(s).size();
+  const api::key_list& keys = s.sg == sg_op::confirm ? s.sg_confirm.keys : s.sg_keys.keys;
+  if (s.sg != sg_op::initialize && s.sg != sg_op::clear && s.sg != sg_op::exists) {
+    for (const std::string_view key : keys.views()) bytes += key.size() + 12;
+    bytes += 8 * s.sg_confirm.releases.size();
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -304,7 +321,10 @@ request_task run_sglang(exchange& x) {
   co_await cl.mailbox.hop(home, owner);
   core_state& core = *cl.core[owner];
   sg_answer answer = sg_answer::not_initialized;
-  if (s.sg == sg_op::initialize) {
+  bool stored = true;
+  if (!core.journal.reserve(sg_record_bytes(s))) {
+    answer = sg_answer::storage_failed;  // nothing changed
+  } else if (s.sg == sg_op::initialize) {
     answer = sg_initialize(cl, core, s, old_pages, needed);
   } else if (shard::sglang_pools* pools = core.sg_pools(s.tenant, false)) {
     if (shard::sglang_pool* pool = pools->find(s.sg_rank, sg_namespace(s))) {
@@ -316,7 +336,9 @@ request_task run_sglang(exchange& x) {
       }
     }
   }
+  if (answer != sg_answer::storage_failed) stored = co_await core.journal.durable();
   co_await cl.mailbox.hop(owner, home);
+  if (!stored) answer = sg_answer::storage_failed;
   switch (answer) {
     case sg_answer::no_content:
       x.respond_canned(http::canned::no_content);
@@ -351,17 +373,161 @@ request_task run_sglang(exchange& x) {
           s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, cl.memory.max(), cl.memory.used());
       x.respond_error(507, s.detail);
       break;
+    case sg_answer::storage_failed:
+      x.respond_error(503, kStorageFailed);
+      break;
   }
   x.complete();
 }
 
 std::size_t expire_sg_due(cluster& cl, core_state& core) {
   if (cl.cfg.reservation_ttl_ms == 0 || core.sg_tenants.empty()) return 0;
-  const std::uint64_t now = cl.clock();
+  std::size_t pools = 0;
+  for (const auto& entry : core.sg_tenants) pools += entry.second.size();
+  // One record per pool at most; without room, nothing expires this tick.
+  if (!core.journal.reserve(256 * pools + 64 * core.sg_tenants.size())) return 0;
+  const std::uint64_t now = sg_now(cl, core);
   std::size_t expired = 0;
-  for (auto& [tenant, pools] : core.sg_tenants) expired += pools.expire(now);
+  for (auto& [tenant, registry] : core.sg_tenants) {
+    const std::string_view name = tenant;
+    shard::sglang_pools& pools_of = registry;
+    registry.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool&) {
+      shard::sglang_pool* pool = pools_of.find(rank, ns);
+      if (const std::size_t n = pool->expire(now); n > 0) {
+        expired += n;
+        core.journal.sg_expire({name, rank, ns}, now);
+      }
+    });
+  }
   core.sg_counters.expired += expired;
   return expired;
+}
+
+std::uint64_t sg_now(cluster& cl, core_state& core) {
+  const std::uint64_t now = cl.clock() + cl.sglang_clock_offset.load(std::memory_order_relaxed);
+  core.sg_last_now = std::max(core.sg_last_now, now);
+  return now;
+}
+
+namespace {
+
+// Writes an sg_snapshot_pool record per pool of the core into sink().
+template <class Sink>
+void write_sg_pools(const core_state& core, Sink&& sink) {
+  std::vector<std::int64_t> free, bound_pages;
+  std::vector<std::string_view> bound_keys;
+  std::vector<store::sg_flight> flights;
+  for (const auto& [tenant, registry] : core.sg_tenants) {
+    const std::string_view name = tenant;
+    registry.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+      const shard::sglang_image image = pool.image();
+      free.assign(image.free.begin(), image.free.end());
+      bound_keys.clear();
+      bound_pages.clear();
+      for (const auto& [key, page] : image.bound) {
+        bound_keys.push_back(key);
+        bound_pages.push_back(page);
+      }
+      flights.clear();
+      for (const auto& f : image.reserved) flights.push_back({f.page, f.key, f.epoch, f.deadline});
+      store::append_sg_snapshot_pool(sink(), {name, rank, ns}, core.sg_last_now, image.num_pages,
+                                     image.epoch, free, bound_keys, bound_pages, flights);
+    });
+  }
+}
+
+}  // namespace
+
+void append_sg_snapshot(std::string& bytes, const core_state& core) {
+  write_sg_pools(core, [&bytes]() -> std::string& { return bytes; });
+}
+
+void log_sg_pools(core_state& core) {
+  core.journal.sg_snapshot([&core](std::string& pending) {
+    write_sg_pools(core, [&pending]() -> std::string& { return pending; });
+  });
+}
+
+std::string apply_sg_record(cluster& cl, core_state& core, const store::record& r) {
+  // The SGLang clock goes on from the latest time logged.
+  const std::uint64_t clock = cl.clock();
+  if (r.now >= clock) {
+    const std::uint64_t want = r.now - clock + 1;
+    std::uint64_t have = cl.sglang_clock_offset.load();
+    while (have < want && !cl.sglang_clock_offset.compare_exchange_weak(have, want)) {
+    }
+  }
+  core.sg_last_now = std::max(core.sg_last_now, r.now);
+  auto where = [&r] { return fmt::format("SGLang pool '{}' {} '{}'", r.tenant, r.rank, r.ns); };
+  if (r.kind == store::record_kind::sg_initialize) {
+    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
+      return where() + ": bad page count";
+    shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
+    const bool created = pools.find(r.rank, r.ns) == nullptr;
+    pools.initialize(r.rank, r.ns, static_cast<std::uint32_t>(r.num_pages));
+    if (created) cl.sglang_pools.fetch_add(1);
+    return {};
+  }
+  if (r.kind == store::record_kind::sg_snapshot_pool) {
+    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
+      return where() + ": bad page count";
+    shard::sglang_image image;
+    image.num_pages = static_cast<std::uint32_t>(r.num_pages);
+    image.epoch = r.sg_epoch;
+    for (const std::int64_t p : r.releases) image.free.push_back(static_cast<std::uint32_t>(p));
+    for (std::size_t i = 0; i < r.keys.size(); ++i)
+      image.bound.emplace_back(std::string(r.keys[i]), static_cast<std::uint32_t>(r.pages[i]));
+    for (std::size_t i = 0; i < r.sg_flight_keys.size(); ++i)
+      image.reserved.push_back({static_cast<std::uint32_t>(r.sg_flight_pages[i]),
+                                std::string(r.sg_flight_keys[i]), r.sg_flight_epochs[i],
+                                r.sg_flight_deadlines[i]});
+    std::string error;
+    shard::sglang_pool pool(0, core.sg_config);
+    if (!shard::sglang_pool::restore(image, core.sg_config, pool, error))
+      return where() + ": its snapshot cannot be restored: " + error;
+    shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
+    if (shard::sglang_pool* existing = pools.find(r.rank, r.ns)) {
+      *existing = std::move(pool);
+    } else {
+      pools.adopt(r.rank, r.ns, std::move(pool));
+      cl.sglang_pools.fetch_add(1);
+    }
+    return {};
+  }
+  shard::sglang_pools* pools = core.sg_pools(r.tenant, false);
+  shard::sglang_pool* pool = pools ? pools->find(r.rank, r.ns) : nullptr;
+  if (!pool) return where() + ": a record for a pool that does not exist";
+  switch (r.kind) {
+    case store::record_kind::sg_reserve: {
+      std::vector<shard::sglang_slot> slots;
+      pool->reserve(r.keys, r.now, slots);
+      return {};
+    }
+    case store::record_kind::sg_confirm: {
+      std::string detail;
+      shard::sglang_confirm_stats st;
+      if (pool->confirm(r.keys, r.pages, r.releases, r.now, detail, st) !=
+          shard::sglang_confirm_outcome::ok)
+        return where() + ": a logged confirm_write no longer applies: " + detail;
+      return {};
+    }
+    case store::record_kind::sg_delete:
+      pool->delete_keys(r.keys);
+      return {};
+    case store::record_kind::sg_clear:
+      pool->clear();
+      return {};
+    case store::record_kind::sg_get: {
+      std::vector<std::int64_t> pages(r.keys.size(), -1);
+      pool->get_page_indices(r.keys, r.now, pages);
+      return {};
+    }
+    case store::record_kind::sg_expire:
+      pool->expire(r.now);
+      return {};
+    default:
+      return where() + ": not an SGLang record";
+  }
 }
 
 }  // namespace server

@@ -461,6 +461,41 @@ class MixedTest(SglangTestCase):
         self.assertEqual(self.sg.exists(0, page_hashes(1, "s1.3")), [False])
 
 
+class PersistenceTest(unittest.TestCase):
+    """With --data-dir, SGLang pools survive a restart (SIGTERM and SIGKILL)."""
+
+    def test_pools_survive_restarts(self):
+        import shutil
+        import tempfile
+        from metad_harness import MetadServer
+        data = tempfile.mkdtemp(prefix="metad-sglang-")
+        self.addCleanup(shutil.rmtree, data, True)
+        args = ("--data-dir", data)
+        server = MetadServer(args)
+        sg = SglangClient(f"{server.base_url}/llama")
+        sg.initialize(0, 16)
+        sg.initialize(0, 4, "mamba")
+        ks = page_hashes(8)
+        batch_set(sg, 0, ks, fail={ks[3]})
+        in_flight = sg.reserve_and_allocate_page_indices(0, ["open"])
+        sg.close()
+        self.assertEqual(server.stop(), 0)
+        for stop in ("kill", "stop"):
+            server = MetadServer(args)
+            sg = SglangClient(f"{server.base_url}/llama")
+            self.assertEqual(sg.exists(0, ks), [True] * 3 + [False] + [True] * 4)
+            self.assertEqual(sg.get_page_indices(0, ks[:2]), [15, 14])
+            self.assertEqual(sg.exists(0, [], "mamba"), [])
+            if stop == "kill":
+                # The open reservation is still in flight: its writer may confirm it.
+                self.assertEqual(sg.exists(0, ["open"]), [False])
+                sg.confirm_write(0, [("open", in_flight[0][1])], [])
+            # ... and after a SIGKILL the binding is there.
+            self.assertEqual(sg.exists(0, ["open"]), [True])
+            sg.close()
+            getattr(server, stop)()
+
+
 class MonitoringTest(SglangTestCase):
 
     def test_stats_and_metrics_show_pools(self):
