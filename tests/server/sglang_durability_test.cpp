@@ -182,3 +182,27 @@ TEST_P(SglangDurability, ExpiredReservationsStayExpired) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_P(SglangDurability, AFailedSyncIsA503AndTheRetrySucceeds) {
+  node n(config(dir_, 1u << 30), GetParam());
+  EXPECT_EQ(n.post("/0/initialize", R"({"num_pages":2})"), "");
+  n.fail_sync = true;
+  EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a"]})"),
+            R"({"detail":"Storage unavailable: the data directory cannot be written (disk full or )"
+            R"(I/O error); nothing was changed or acknowledged, reads still work"})");
+  n.fail_sync = false;
+  n.tick();  // the failed bytes are retried at the tick's pace
+  // The reservation was made (its record stays queued and is written with the next
+  // flush), as the log will say: a retry reserves another page, and the first one
+  // returns when its TTL ends.
+  EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a"]})"),
+            R"({"indices":[[false,0]]})");
+  EXPECT_EQ(n.post("/0/confirm_write", R"({"written_keys_to_confirm":[["a",0]]})"), "");
+  n.now += 10'001;
+  n.tick();
+  EXPECT_NE(n.get("/stats").find(R"("free":1,"in_flight":0,"bound":1)"), std::string::npos);
+}
+
+}  // namespace
