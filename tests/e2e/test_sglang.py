@@ -496,6 +496,38 @@ class PersistenceTest(unittest.TestCase):
             getattr(server, stop)()
 
 
+    def test_sglang_persistence_flags(self):
+        import os
+        import shutil
+        import tempfile
+        from metad_harness import MetadServer, run_to_exit
+        data = tempfile.mkdtemp(prefix="metad-sglang-")
+        self.addCleanup(shutil.rmtree, data, True)
+        # The reference's JSON file is refused, and left as it was.
+        meta = os.path.join(data, "meta.json")
+        with open(meta, "w") as f:
+            f.write('{"0:kv": {"num_pages": 1, "free_pages": [0], "key_to_index": []}}')
+        code, err, started = run_to_exit(("--persistence-path", meta))
+        self.assertFalse(started)
+        self.assertEqual(code, 2)
+        self.assertIn("--persistence-path", err)
+        with open(meta) as f:
+            self.assertIn("free_pages", f.read())
+        # A directory: the state persists there.
+        args = ("--persistence-path", os.path.join(data, "state"), "--save-interval", "60")
+        server = MetadServer(args)
+        sg = SglangClient(server.base_url)
+        sg.initialize(0, 4)
+        batch_set(sg, 0, ["a"])
+        sg.close()
+        self.assertEqual(server.stop(), 0)
+        server = MetadServer(args)
+        sg = SglangClient(server.base_url)
+        self.assertEqual(sg.get_page_indices(0, ["a"]), [3])
+        sg.close()
+        self.assertEqual(server.stop(), 0)
+
+
 class MonitoringTest(SglangTestCase):
 
     def test_stats_and_metrics_show_pools(self):
