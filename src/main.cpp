@@ -2,6 +2,7 @@
 // bad flags print one line and exit 2.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 
 #include <atomic>
@@ -75,6 +76,13 @@ metadata server; same HTTP API, default port 18000).
                             left, is removed on every rank N ms after its last
                             confirmation: no writer will complete it (default 30000; 0:
                             never)
+  --persistence-path P      SGLang's server's flag: as --data-dir P (P must not be a file)
+  --save-interval S         SGLang's server's flag: accepted and not needed (every change
+                            is logged as it is made)
+  --sglang-read-lease-ms N  SGLang API: keys get_page_indices returned are not evicted
+                            for N ms (default 0: the reference's eviction order)
+  --strict-reinit           SGLang API: initializing a pool again with fewer pages is a
+                            409 (default: 204, the pool unchanged, and a warning)
   --log-level LEVEL         error|warn|info|debug (default info)
   --verify-data-dir DIR     read DIR (stopped server) without serving: print its ranks,
                             pages, bindings and keys, or the damage with file and offset;
@@ -169,6 +177,10 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.access_log = true;
       continue;
     }
+    if (flag == "--strict-reinit") {
+      cfg.strict_reinit = true;
+      continue;
+    }
     if (flag == "--no-tcp") {
       cfg.tcp = false;
       continue;
@@ -224,6 +236,20 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.summary_interval_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--data-dir") {
       cfg.data_dir = value;
+    } else if (flag == "--persistence-path") {
+      // SGLang's server: persistence in the file P. Here the state of both APIs goes to
+      // the data directory P; a file already there (the reference's JSON) is not read,
+      // and never overwritten.
+      struct stat st {};
+      if (::stat(std::string(value).c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+        throw usage_error("--persistence-path " + std::string(value) +
+                          ": is a file (SGLang's JSON?); hf3fs-metad keeps its state in a "
+                          "directory and does not read that format: name a directory");
+      cfg.data_dir = value;
+    } else if (flag == "--save-interval") {
+      // SGLang's server: seconds between saves. Every change is logged here as it is
+      // made (--durability), so the value is checked and not used.
+      parse_int<std::uint64_t>(flag, value, 0, std::uint64_t{1} << 32);
     } else if (flag == "--durability") {
       if (value == "sync")
         cfg.durable = metad::durability::sync;
@@ -246,6 +272,8 @@ metad::config parse_flags(int argc, char** argv) {
         throw usage_error("--eviction: expected none or lru");
     } else if (flag == "--read-lease-ms") {
       cfg.read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag == "--sglang-read-lease-ms") {
+      cfg.sglang_read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--incomplete-grace-ms") {
       cfg.incomplete_grace_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--log-level") {

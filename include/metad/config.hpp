@@ -86,6 +86,13 @@ struct config {
   // holds a reservation, is stale this long after its last confirmation: no writer will
   // complete it, no reader can use it, so it is removed on every rank (0: never).
   std::uint32_t incomplete_grace_ms = 30'000;
+
+  // SGLang's HiCache API (docs/sglang-api.md). Its pools use reservation_ttl_ms too.
+  // get_page_indices leases the keys it finds for this long (0: no lease, the reference's
+  // eviction order exactly, which SGLang's own tests assert).
+  std::uint32_t sglang_read_lease_ms = 0;
+  // Re-initializing a pool with fewer pages: 409 (else 204, unchanged, and a warning).
+  bool strict_reinit = false;
 };
 
 // The CPUs of a list such as "0-3,8,10-11" (the --cpus flag, sysfs cpulist files), each

@@ -1,4 +1,4 @@
-// SGLang HiCache API bodies (spec/sglang.md): simdjson DOM decoders for the seven request
+// SGLang HiCache API bodies (docs/sglang-api.md): simdjson DOM decoders for the seven request
 // bodies, each malformed shape a 400 with the contract's detail, and compact encoders for
 // the answers, byte-identical to the reference's (orjson). No server state is touched
 // here. One decoder per core; its parser is reused across requests. Decoded commands own

@@ -1,4 +1,4 @@
-// SGLang request decoders (spec/sglang.md): the simdjson DOM parser validates the whole
+// SGLang request decoders (docs/sglang-api.md): the simdjson DOM parser validates the whole
 // body before any field is read (see decode.cpp); each field is then checked for the
 // shape the contract's Fixes require. Runs on the core that owns the decoder.
 #include "api/sglang_codec.hpp"

@@ -7,10 +7,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "api/codec.hpp"
+#include "api/sglang_codec.hpp"
 #include "metad/config.hpp"
 #include "net/transport.hpp"
 #include "server/clock.hpp"
@@ -20,6 +23,7 @@
 #include "shard/mailbox.hpp"
 #include "shard/ownership.hpp"
 #include "shard/rank_table.hpp"
+#include "shard/sglang_pools.hpp"
 #include "store/data_dir.hpp"
 #include "store/journal.hpp"
 #include "store/log.hpp"
@@ -61,6 +65,32 @@ struct core_state {
   std::thread snapshot_writer;  // background write of the newest snapshot
   std::atomic<bool> snapshot_done{false};  // set by that thread when it finishes
   bool snapshot_failed = false;            // written by that thread, read after done
+
+  // SGLang's HiCache API (docs/sglang-api.md): the pools of the ranks this core owns, one
+  // registry per tenant ("" is the default tenant, /{rank}/{op}). Shares nothing with
+  // `ranks` and `directory`.
+  api::sglang_decoder sg_decoder;
+  shard::sglang_config sg_config;  // in the clock's unit
+  bool sg_strict_reinit = false;
+  std::unordered_map<std::string, shard::sglang_pools> sg_tenants;
+  std::uint64_t sg_last_now = 0;  // the latest SGLang clock reading here (snapshots)
+  // The tenant's registry; nullptr when it has none here and `create` is false.
+  shard::sglang_pools* sg_pools(std::string_view tenant, bool create) {
+    auto it = sg_tenants.find(std::string(tenant));
+    if (it != sg_tenants.end()) return &it->second;
+    if (!create) return nullptr;
+    return &sg_tenants.try_emplace(std::string(tenant), sg_config, sg_strict_reinit).first->second;
+  }
+  // Counters of this core's SGLang pools (metrics).
+  struct sglang_counters {
+    std::uint64_t reinit_smaller = 0;   // initialize with fewer pages than the pool has
+    std::uint64_t evicted = 0;          // bound keys evicted by reserves
+    std::uint64_t no_page = 0;          // reserve answers (false, -1)
+    std::uint64_t expired = 0;          // reservations expired (TTL)
+    std::uint64_t skipped = 0;          // confirmations that did not bind (stale included)
+    std::uint64_t release_refused = 0;  // released pages still bound: kept
+    std::uint64_t deleted = 0;          // keys dropped by delete_keys
+  } sg_counters;
 };
 
 struct cluster {
@@ -78,6 +108,11 @@ struct cluster {
   shard::mailbox mailbox;
   // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.
   std::atomic<std::int64_t> worker_ranks{0};
+  // SGLang pools on all cores and tenants (at most --ranks-max).
+  std::atomic<std::int64_t> sglang_pools{0};
+  // Added to `clock` for SGLang's pools: recovery sets it so that their clock continues
+  // from the times its records were logged at (sglang_durability.hpp).
+  std::atomic<std::uint64_t> sglang_clock_offset{0};
   // --memory-max: what ranks and request bodies may still take.
   memory_budget memory;
   std::atomic<bool> stopping{false};

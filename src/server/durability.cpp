@@ -13,6 +13,7 @@
 
 #include "metad/log.hpp"
 #include "shard/packed_key.hpp"
+#include "server/sglang_durability.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
@@ -123,6 +124,17 @@ class replayer {
         break;
       case store::record_kind::snapshot_rank_keys:
         restore_rank_keys(r, ranks);
+        break;
+      case store::record_kind::sg_initialize:
+      case store::record_kind::sg_reserve:
+      case store::record_kind::sg_confirm:
+      case store::record_kind::sg_delete:
+      case store::record_kind::sg_clear:
+      case store::record_kind::sg_get:
+      case store::record_kind::sg_expire:
+      case store::record_kind::sg_snapshot_pool:
+        if (std::string e = apply_sg_record(cl_, *cl_.core[core_], r); !e.empty())
+          throw std::runtime_error("log replay: " + e);
         break;
       default:
         break;
@@ -302,6 +314,9 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
     in_chunk = 0;
   });
   if (open) store::end_packed(out, frame);
+  // SGLang's pools (independent of the vLLM state above), one image record each.
+  if (out.size() >= kSpillBytes) spill(out);
+  append_sg_snapshot(out, core);
 }
 
 std::string serialize(const core_state& core) {

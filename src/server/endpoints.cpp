@@ -6,6 +6,7 @@
 
 #include "metad/log.hpp"
 #include "server/lifecycle.hpp"
+#include "server/sglang_durability.hpp"
 #include "server/steps.hpp"
 #include "store/record.hpp"
 
@@ -418,6 +419,7 @@ request_task run_clear(exchange& x) {
     clear_core(cl, c);
     core_state& core = *cl.core[c];
     core.journal.clear();
+    log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
     if (!co_await core.journal.durable()) stored = false;
   }
   cl.clears_done.fetch_add(1);
@@ -514,7 +516,10 @@ request_task run_metrics(exchange& x) {
   snap = metrics_snapshot{};
   snap.connections.assign(static_cast<std::size_t>(cl.cores), connection_counts{});
   s.rank_rows.clear();
+  s.sg_rows.clear();
+  s.sg_sum = {};
   auto collect = [&cl, &s, &snap](const core_state& core) {
+    collect_sg_pools(core, s);
     snap.requests.add(core.metrics);
     snap.flushes.add(core.flushes);
     snap.keys += core.directory.size();
@@ -549,6 +554,7 @@ request_task run_metrics(exchange& x) {
     render_rank_headers(s.body);
     for (const api::rank_info_row& r : s.rank_rows.sorted())
       render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
+    render_sg_metrics(s.body, s);
     x.respond_metrics(s.body);
     x.complete();
   };

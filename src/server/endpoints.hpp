@@ -20,6 +20,19 @@ request_task run_rank_info(exchange& x);
 // GET /metrics: gathers every core's counters and ranks, renders Prometheus text.
 request_task run_metrics(exchange& x);
 
+// SGLang's seven operations (sglang_endpoints.cpp): scratch::sg says which, with the
+// command, tenant and rank decoded; any decoding error in scratch::sg_error is answered
+// only if the pool exists (else its 404).
+request_task run_sglang(exchange& x);
+// /stats and /metrics: adds a core's SGLang pools and counters to s.sg_rows and s.sg_sum
+// (on that core); then, home, the /stats section ("sglang":{...}) or the metric families.
+void collect_sg_pools(const core_state& core, scratch& s);
+void append_sg_stats(std::string& out, scratch& s);
+void render_sg_metrics(std::string& out, scratch& s);
+// On core `core`'s thread, every loop tick: ends SGLang reservations past their
+// deadline (--reservation-ttl). Returns how many.
+std::size_t expire_sg_due(cluster& cl, core_state& core);
+
 // Calls visit(core) on each core's own thread in turn, starting at `home`, then done()
 // back on home (read-only walks: metrics, the periodic summary).
 request_task visit_cores(cluster& cl, int home, std::function<void(const core_state&)> visit,

@@ -5,10 +5,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "api/codec.hpp"
+#include "api/sglang_codec.hpp"
 #include "http/parser.hpp"
 #include "http/response.hpp"
 #include "http/router.hpp"
@@ -16,6 +20,7 @@
 #include "server/cluster.hpp"
 #include "server/rank_sample.hpp"
 #include "server/routes.hpp"
+#include "shard/sglang_pool.hpp"
 
 namespace server {
 
@@ -68,6 +73,39 @@ struct removal_job {
   void keep_members(const cluster& cl);
 };
 
+// SGLang's operations (docs/sglang-api.md).
+enum class sg_op : std::uint8_t {
+  initialize,
+  exists,
+  reserve,
+  confirm,
+  delete_keys,
+  clear,
+  get_page_indices
+};
+
+// One SGLang pool's row in /stats and /metrics.
+struct sg_pool_row {
+  std::string tenant;
+  std::int64_t rank = 0;
+  std::string ns;
+  shard::sglang_pool_stats stats{};
+  auto order() const { return std::tie(tenant, rank, ns); }
+};
+
+// What /stats and /metrics show of the SGLang pools: the kRankRowsMax first rows in
+// (tenant, rank, namespace) order, and sums over all of them. Memory stays bounded: the
+// rows are cut back to kRankRowsMax whenever twice that many have gathered.
+struct sg_pool_sample {
+  std::vector<sg_pool_row> rows;
+  std::uint64_t pools = 0, pages = 0, free = 0, in_flight = 0, bound = 0;
+  void clear();
+  void add(std::string_view tenant, std::int64_t rank, std::string_view ns,
+           const shard::sglang_pool_stats& stats);
+  // The kept rows in order; call once, after the last add.
+  std::span<const sg_pool_row> sorted();
+};
+
 // Per-connection buffers reused by every request: commands, results, encoder output.
 struct scratch {
   api::initialize_cmd init;
@@ -93,6 +131,19 @@ struct scratch {
   // /metrics' totals (~3.5 KB): made on the connection's first scrape, not by every
   // connection (16,384 idle connections per core would hold ~57 MB of zeros).
   std::unique_ptr<metrics_snapshot> snapshot;
+  // SGLang requests: the operation, its tenant ("" default) and rank, its command, and
+  // a decoding error answered only if the pool exists (else the pool's 404 goes first).
+  sg_op sg = sg_op::initialize;
+  std::string tenant;
+  std::int64_t sg_rank = 0;
+  api::sg_initialize_cmd sg_init;
+  api::sg_keys_cmd sg_keys;
+  api::sg_confirm_cmd sg_confirm;
+  api::sg_clear_cmd sg_clear;
+  api::error sg_error;
+  std::vector<shard::sglang_slot> slots;
+  sg_pool_sample sg_rows;  // /stats, /metrics
+  core_state::sglang_counters sg_sum;
 };
 
 class exchange final : public net::connection_handler {

@@ -46,6 +46,7 @@ void removal_job::keep_members(const cluster& cl) {
 
 std::size_t expire_due(cluster& cl, core_state& core) {
   const std::uint64_t now = cl.clock();
+  expire_sg_due(cl, core);  // SGLang's pools: not counted here (vLLM's ranks only)
   core.directory.sweep(now);
   // At most one record of each kind per rank, of 8 bytes per page.
   if (!core.journal.reserve(128 * core.ranks.rank_count() +
@@ -434,13 +435,27 @@ request_task run_delete(exchange& x) {
 
 std::string check_consistency(const cluster& cl) {
   std::unordered_map<std::string, std::int32_t> bound;
+  std::int64_t sg_pools = 0;
   for (const auto& core : cl.core) {
+    for (const auto& [tenant, pools] : core->sg_tenants) {
+      std::string e;
+      pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+        ++sg_pools;
+        if (e.empty() && shard::owner_of_rank(rank, cl.cores) != core->index)
+          e = fmt::format("SGLang rank {} is on core {}, not its owner", rank, core->index);
+        if (std::string p = pool.check(); e.empty() && !p.empty())
+          e = fmt::format("SGLang pool '{}' {} '{}': {}", tenant, rank, ns, p);
+      });
+      if (!e.empty()) return e;
+    }
     if (std::string e = core->ranks.check_invariants(); !e.empty()) return e;
     core->ranks.for_each_entry(
         [&bound](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
           if (confirmed) ++bound[std::string(key)];
         });
   }
+  if (sg_pools != cl.sglang_pools.load())
+    return fmt::format("{} SGLang pools exist, {} are counted", sg_pools, cl.sglang_pools.load());
   std::string error;
   std::size_t counted = 0;
   for (const auto& core : cl.core) {
@@ -473,8 +488,11 @@ request_task run_stats(exchange& x) {
   scratch& s = x.work();
   s.rank_rows.clear();
   s.totals = api::stats_totals{};
+  s.sg_rows.clear();
+  s.sg_sum = {};
   const std::uint64_t now = cl.clock();
   auto collect = [&s, now](const core_state& core) {
+    collect_sg_pools(core, s);
     api::stats_totals& t = s.totals;
     t.keys += core.directory.size();
     t.leased_keys += core.directory.leased_count(now);
@@ -492,6 +510,11 @@ request_task run_stats(exchange& x) {
   auto answer = [&x, &s] {
     s.body.clear();
     api::encode_stats(s.body, s.rank_rows.sorted(), s.rank_rows.pool(), s.totals);
+    if (s.sg_rows.pools > 0) {  // without SGLang pools, /stats is what it always was
+      s.body.back() = ',';
+      append_sg_stats(s.body, s);
+      s.body.push_back('}');
+    }
     x.respond_json(200, s.body);
     x.complete();
   };

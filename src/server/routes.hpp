@@ -47,6 +47,15 @@ void start_ready(exchange& x, const http::request& request, const http::route& r
 void start_metrics(exchange& x, const http::request& request, const http::route& route);
 void start_delete(exchange& x, const http::request& request, const http::route& route);
 void start_stats(exchange& x, const http::request& request, const http::route& route);
+// SGLang's HiCache API (docs/sglang-api.md): the rank is the path's, the tenant the
+// segment before it (none: the default tenant).
+void start_sg_initialize(exchange& x, const http::request& request, const http::route& route);
+void start_sg_exists(exchange& x, const http::request& request, const http::route& route);
+void start_sg_reserve(exchange& x, const http::request& request, const http::route& route);
+void start_sg_confirm(exchange& x, const http::request& request, const http::route& route);
+void start_sg_delete_keys(exchange& x, const http::request& request, const http::route& route);
+void start_sg_clear(exchange& x, const http::request& request, const http::route& route);
+void start_sg_get_page_indices(exchange& x, const http::request& request, const http::route& route);
 
 // "GET" rows answer HEAD too. The order is that of the metrics' lines. Paths of
 // different rows do not overlap (a request matches the first row whose path and method
@@ -65,6 +74,24 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"GET /metrics",                 "metrics",        access::token, start_metrics},
     {"POST /keys/delete",            "delete",         access::admin, start_delete},
     {"GET /stats",                   "stats",          access::token, start_stats},
+    // SGLang, default tenant: the first segment is an integer (vLLM's paths start with
+    // a word), so the two APIs never claim one path.
+    {"POST /{int}/initialize",                        "sglang_initialize",       access::token, start_sg_initialize},
+    {"POST /{int}/exists",                            "sglang_exists",           access::token, start_sg_exists},
+    {"POST /{int}/reserve_and_allocate_page_indices", "sglang_reserve",          access::token, start_sg_reserve},
+    {"POST /{int}/confirm_write",                     "sglang_confirm_write",    access::token, start_sg_confirm},
+    {"POST /{int}/delete_keys",                       "sglang_delete_keys",      access::token, start_sg_delete_keys},
+    {"POST /{int}/clear",                             "sglang_clear",            access::admin, start_sg_clear},
+    {"POST /{int}/get_page_indices",                  "sglang_get_page_indices", access::token, start_sg_get_page_indices},
+    // SGLang, a named tenant: its own pools. Any rank segment matches, so that a
+    // non-integer one is a 400 rather than a 404.
+    {"POST /{tenant}/{rank}/initialize",                        "sglang_tenant_initialize",       access::token, start_sg_initialize},
+    {"POST /{tenant}/{rank}/exists",                            "sglang_tenant_exists",           access::token, start_sg_exists},
+    {"POST /{tenant}/{rank}/reserve_and_allocate_page_indices", "sglang_tenant_reserve",          access::token, start_sg_reserve},
+    {"POST /{tenant}/{rank}/confirm_write",                     "sglang_tenant_confirm_write",    access::token, start_sg_confirm},
+    {"POST /{tenant}/{rank}/delete_keys",                       "sglang_tenant_delete_keys",      access::token, start_sg_delete_keys},
+    {"POST /{tenant}/{rank}/clear",                             "sglang_tenant_clear",            access::admin, start_sg_clear},
+    {"POST /{tenant}/{rank}/get_page_indices",                  "sglang_tenant_get_page_indices", access::token, start_sg_get_page_indices},
 };
 // clang-format on
 inline constexpr std::size_t kEndpointCount = std::size(kEndpoints);

@@ -44,6 +44,10 @@ cluster::cluster(const metad::config& config, int core_count)
     core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
     core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * kNsPerMs);
     core.back()->directory.set_lru(config.evict == metad::eviction::lru);
+    core.back()->sg_decoder.set_key_bytes_max(config.key_bytes_max);
+    core.back()->sg_config = {config.reservation_ttl_ms * kNsPerMs,
+                              std::uint64_t{config.sglang_read_lease_ms} * kNsPerMs};
+    core.back()->sg_strict_reinit = config.strict_reinit;
   }
 }
 

@@ -7,7 +7,7 @@
 
 #include "metad/assert.hpp"
 
-// sglang_pool: the operations of spec/sglang.md on one pool; see the header for the rules.
+// sglang_pool: the operations of docs/sglang-api.md on one pool; see the header for the rules.
 namespace shard {
 
 sglang_pool::sglang_pool(std::uint32_t num_pages, const sglang_config& config) : config_(config) {

@@ -1,4 +1,4 @@
-// sglang_pool: one SGLang HiCache pool (one (rank, namespace) of spec/sglang.md), sans-IO.
+// sglang_pool: one SGLang HiCache pool (one (rank, namespace) of docs/sglang-api.md), sans-IO.
 // Every page is in exactly one state: free (in the LIFO stack `free_`), in flight (handed
 // out by reserve; its key, clear-epoch and deadline in `owners_`), bound (the page of one
 // confirmed key, on the LRU list), or unowned (only after restore(): leaked, bindable by

@@ -61,6 +61,38 @@ class journal {
     if (enabled()) append_quarantine_end(log_.pending(), rank, pages);
   }
 
+  // SGLang pools (record.hpp's sg_* kinds).
+  void sg_initialize(const sg_pool_name& pool, std::int64_t num_pages) {
+    if (enabled()) append_sg_initialize(log_.pending(), pool, num_pages);
+  }
+  void sg_reserve(const sg_pool_name& pool, std::uint64_t now,
+                  std::span<const std::string_view> keys) {
+    if (enabled()) append_sg_keys_at(log_.pending(), record_kind::sg_reserve, pool, now, keys);
+  }
+  void sg_confirm(const sg_pool_name& pool, std::uint64_t now,
+                  std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
+                  std::span<const std::int64_t> releases) {
+    if (enabled()) append_sg_confirm(log_.pending(), pool, now, keys, pages, releases);
+  }
+  void sg_delete(const sg_pool_name& pool, std::span<const std::string_view> keys) {
+    if (enabled()) append_sg_delete(log_.pending(), pool, keys);
+  }
+  void sg_clear(const sg_pool_name& pool) {
+    if (enabled()) append_sg_clear(log_.pending(), pool);
+  }
+  void sg_get(const sg_pool_name& pool, std::uint64_t now, std::span<const std::string_view> keys) {
+    if (enabled()) append_sg_keys_at(log_.pending(), record_kind::sg_get, pool, now, keys);
+  }
+  void sg_expire(const sg_pool_name& pool, std::uint64_t now) {
+    if (enabled()) append_sg_expire(log_.pending(), pool, now);
+  }
+  // The whole pool, as written by `write` (append_sg_snapshot_pool into the given string):
+  // after a vLLM /clear, whose record voids everything before it in this core's log.
+  template <class Write>
+  void sg_snapshot(Write&& write) {
+    if (enabled()) write(log_.pending());
+  }
+
   // co_await: true once everything appended so far is durable (sync), false if a flush
   // failed first.
   log_writer::wait_awaiter durable() { return log_.durable_until(sync_ ? log_.end() : 0); }

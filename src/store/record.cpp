@@ -274,6 +274,90 @@ void end_packed(std::string& out, std::size_t frame) {
   close_frame(out, frame);
 }
 
+namespace {
+
+std::size_t open_sg_frame(std::string& out, record_kind kind, const sg_pool_name& pool) {
+  const std::size_t frame = open_frame(out, kind);
+  put_string(out, pool.tenant);
+  put(out, pool.rank);
+  put_string(out, pool.ns);
+  return frame;
+}
+
+void put_key_pages(std::string& out, std::span<const std::string_view> keys,
+                   std::span<const std::int64_t> pages) {
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(keys.size()));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    put_string(out, keys[i]);
+    put(out, pages[i]);
+  }
+}
+
+}  // namespace
+
+void append_sg_initialize(std::string& out, const sg_pool_name& pool, std::int64_t num_pages) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_initialize, pool);
+  put(out, num_pages);
+  close_frame(out, frame);
+}
+
+void append_sg_keys_at(std::string& out, record_kind kind, const sg_pool_name& pool,
+                       std::uint64_t now, std::span<const std::string_view> keys) {
+  const std::size_t frame = open_sg_frame(out, kind, pool);
+  put(out, now);
+  put_keys(out, keys);
+  close_frame(out, frame);
+}
+
+void append_sg_confirm(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                       std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
+                       std::span<const std::int64_t> releases) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_confirm, pool);
+  put(out, now);
+  put_key_pages(out, keys, pages);
+  put_pages(out, releases);
+  close_frame(out, frame);
+}
+
+void append_sg_delete(std::string& out, const sg_pool_name& pool,
+                      std::span<const std::string_view> keys) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_delete, pool);
+  put_keys(out, keys);
+  close_frame(out, frame);
+}
+
+void append_sg_clear(std::string& out, const sg_pool_name& pool) {
+  close_frame(out, open_sg_frame(out, record_kind::sg_clear, pool));
+}
+
+void append_sg_expire(std::string& out, const sg_pool_name& pool, std::uint64_t now) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_expire, pool);
+  put(out, now);
+  close_frame(out, frame);
+}
+
+void append_sg_snapshot_pool(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                             std::int64_t num_pages, std::uint32_t epoch,
+                             std::span<const std::int64_t> free,
+                             std::span<const std::string_view> bound_keys,
+                             std::span<const std::int64_t> bound_pages,
+                             std::span<const sg_flight> in_flight) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_snapshot_pool, pool);
+  put(out, now);
+  put(out, num_pages);
+  put(out, epoch);
+  put_pages(out, free);
+  put_key_pages(out, bound_keys, bound_pages);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(in_flight.size()));
+  for (const sg_flight& f : in_flight) {
+    put(out, f.page);
+    put_string(out, f.key);
+    put(out, f.epoch);
+    put(out, f.deadline);
+  }
+  close_frame(out, frame);
+}
+
 frame_status next_frame(std::string_view bytes, std::size_t offset, std::string_view& payload,
                         std::size_t& frame_bytes) {
   if (bytes.size() - offset < kFrameHeaderBytes) return frame_status::short_read;
@@ -341,8 +425,52 @@ bool decode_payload(std::string_view payload, record& out) {
       return in.get(out.rank) && in.get(out.total) && decode_items(in, out);
     case record_kind::snapshot_directory_keys:
       return in.get(out.total) && decode_items(in, out);
+    default:
+      break;
   }
-  return false;
+  // SGLang's records: the pool's name first.
+  if (!in.get_string(out.tenant) || !in.get(out.rank) || !in.get_string(out.ns)) return false;
+  switch (out.kind) {
+    case record_kind::sg_initialize:
+      return in.get(out.num_pages) && in.done();
+    case record_kind::sg_reserve:
+    case record_kind::sg_get:
+      return in.get(out.now) && decode_keys(in, out, false) && in.done();
+    case record_kind::sg_confirm:
+      return in.get(out.now) && decode_keys(in, out, true) && decode_pages(in, out.releases) &&
+             in.done();
+    case record_kind::sg_delete:
+      return decode_keys(in, out, false) && in.done();
+    case record_kind::sg_clear:
+      return in.done();
+    case record_kind::sg_expire:
+      return in.get(out.now) && in.done();
+    case record_kind::sg_snapshot_pool: {
+      out.sg_flight_keys.clear();
+      out.sg_flight_pages.clear();
+      out.sg_flight_epochs.clear();
+      out.sg_flight_deadlines.clear();
+      std::uint32_t count = 0;
+      if (!in.get(out.now) || !in.get(out.num_pages) || !in.get(out.sg_epoch) ||
+          !decode_pages(in, out.releases) || !decode_keys(in, out, true) || !in.get(count))
+        return false;
+      for (std::uint32_t i = 0; i < count; ++i) {
+        std::int64_t page = 0;
+        std::string_view key;
+        std::uint32_t epoch = 0;
+        std::uint64_t deadline = 0;
+        if (!in.get(page) || !in.get_string(key) || !in.get(epoch) || !in.get(deadline))
+          return false;
+        out.sg_flight_pages.push_back(page);
+        out.sg_flight_keys.push_back(key);
+        out.sg_flight_epochs.push_back(epoch);
+        out.sg_flight_deadlines.push_back(deadline);
+      }
+      return in.done();
+    }
+    default:
+      return false;
+  }
 }
 
 }  // namespace store

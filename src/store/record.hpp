@@ -37,6 +37,18 @@ enum class record_kind : std::uint8_t {
   // log records.)
   snapshot_rank_keys = 20,       // rank, total, items: value = page | confirmed << 31
   snapshot_directory_keys = 21,  // total, items: value = tp_world_size (as u32)
+
+  // SGLang pools (docs/sglang-api.md), each naming its pool by tenant, rank and namespace.
+  // A pool's calls are deterministic given their `now` (the SGLang clock), so the calls
+  // that changed it are the records, replayed with the same `now`.
+  sg_initialize = 32,     // num_pages: a pool created or grown
+  sg_reserve = 33,        // now, keys: reserve_and_allocate_page_indices
+  sg_confirm = 34,        // now, keys + pages, releases: a confirm_write that applied
+  sg_delete = 35,         // keys: delete_keys that dropped some
+  sg_clear = 36,          // clear of one pool
+  sg_get = 37,            // now, keys: get_page_indices that found some (recency, leases)
+  sg_expire = 38,         // now: the pool's reservations due at now expired
+  sg_snapshot_pool = 39,  // now, the pool's image (num_pages, epoch, free, bound, in flight)
 };
 
 // An item of snapshot_rank_keys / snapshot_directory_keys.
@@ -68,6 +80,31 @@ struct record {
   std::uint64_t total = 0;
   std::string_view items;  // snapshot_rank_keys, snapshot_directory_keys: count x 20 bytes
   std::size_t item_count() const { return items.size() / kPackedItemBytes; }
+  // sg_*: the pool (with `rank`) and the SGLang clock's time of the call. sg_initialize
+  // uses num_pages; sg_confirm keys, pages and releases; sg_snapshot_pool num_pages,
+  // sg_epoch, releases (the free stack, bottom first), keys + pages (bound, LRU first)
+  // and the sg_flight_* lists (in-flight pages, in reservation order).
+  std::string_view tenant, ns;
+  std::uint64_t now = 0;
+  std::uint32_t sg_epoch = 0;
+  std::vector<std::string_view> sg_flight_keys;
+  std::vector<std::int64_t> sg_flight_pages;
+  std::vector<std::uint32_t> sg_flight_epochs;
+  std::vector<std::uint64_t> sg_flight_deadlines;
+};
+
+// An SGLang pool's name in a record.
+struct sg_pool_name {
+  std::string_view tenant;
+  std::int64_t rank;
+  std::string_view ns;
+};
+// An in-flight page of an SGLang snapshot.
+struct sg_flight {
+  std::int64_t page;
+  std::string_view key;
+  std::uint32_t epoch;
+  std::uint64_t deadline;
 };
 
 // Appenders write one whole frame at the end of `out`.
@@ -94,6 +131,24 @@ std::size_t begin_rank_keys(std::string& out, std::int64_t rank, std::uint64_t t
 std::size_t begin_directory_keys(std::string& out, std::uint64_t total);
 void add_packed_item(std::string& out, const packed_item& item);
 void end_packed(std::string& out, std::size_t frame);
+
+void append_sg_initialize(std::string& out, const sg_pool_name& pool, std::int64_t num_pages);
+// sg_reserve, sg_get (kind says which): now, keys.
+void append_sg_keys_at(std::string& out, record_kind kind, const sg_pool_name& pool,
+                       std::uint64_t now, std::span<const std::string_view> keys);
+void append_sg_confirm(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                       std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
+                       std::span<const std::int64_t> releases);
+void append_sg_delete(std::string& out, const sg_pool_name& pool,
+                      std::span<const std::string_view> keys);
+void append_sg_clear(std::string& out, const sg_pool_name& pool);
+void append_sg_expire(std::string& out, const sg_pool_name& pool, std::uint64_t now);
+void append_sg_snapshot_pool(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                             std::int64_t num_pages, std::uint32_t epoch,
+                             std::span<const std::int64_t> free,
+                             std::span<const std::string_view> bound_keys,
+                             std::span<const std::int64_t> bound_pages,
+                             std::span<const sg_flight> in_flight);
 
 enum class scan_status : std::uint8_t {
   ok,  // every frame was whole and valid

@@ -1,4 +1,4 @@
-// SGLang bodies (spec/sglang.md): good shapes, namespace defaults, and every bad shape
+// SGLang bodies (docs/sglang-api.md): good shapes, namespace defaults, and every bad shape
 // with its exact detail; the answers byte for byte as the reference writes them.
 #include "api/sglang_codec.hpp"
 

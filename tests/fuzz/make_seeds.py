@@ -111,6 +111,35 @@ def http_streams():
                                      post("/keys/confirm_write", b'{"rank":4,"confirmations":[["a",9]]}') +
                                      post("/keys/confirm_write", b'{"rank":4,"pages_to_release":[5]}'))
     streams["bad_keys"] = post("/keys/batch_allocate", b'{"rank":0,"keys":[["a"],1,["a","b","c"]]}')
+    # SGLang's HiCache API (docs/sglang-api.md): a save, a failed write's release, a load,
+    # eviction, a tenant, and bad input.
+    h = [key(i, 64) for i in range(5)]
+    sg = [
+        ("/0/initialize", {"num_pages": 3, "namespace": "kv"}),
+        ("/0/initialize", {"num_pages": 2, "namespace": "mamba"}),
+        ("/0/reserve_and_allocate_page_indices", {"keys": [[k, ""] for k in h[:3]] + [[h[0], ""]],
+                                                  "namespace": "kv"}),
+        ("/0/confirm_write", {"written_keys_to_confirm": [[h[0], 2], [h[1], 1]],
+                              "pages_to_release": [0], "namespace": "kv"}),
+        ("/0/exists", {"keys": h, "namespace": "kv"}),
+        ("/0/get_page_indices", {"keys": h[:2], "namespace": "kv"}),
+        ("/0/reserve_and_allocate_page_indices", {"keys": [[k, ""] for k in h[2:]], "namespace": "kv"}),
+        ("/0/delete_keys", {"keys": [h[0]], "namespace": "kv"}),
+        ("/0/clear", {"namespace": "mamba"}),
+    ]
+    streams["sglang_flow"] = b"".join(post(p, body(o)) for p, o in sg)
+    streams["sglang_tenant"] = (post("/llama70b/1/initialize", b'{"num_pages":2}') +
+                                post("/llama70b/1/reserve_and_allocate_page_indices", b'{"keys":["a","b","c"]}') +
+                                post("/llama70b/x/exists", b'{}') + post("/1/exists", b'{"keys":["a"]}') +
+                                b"GET /stats HTTP/1.1\r\n\r\n")
+    streams["sglang_bad"] = (post("/2/exists", b'{"keys":"ab"}') + post("/2/clear", b"") +
+                             post("/2/initialize", b'{"num_pages":true}') +
+                             post("/2/initialize", b'{"num_pages":1,"namespace":null}') +
+                             post("/99999999999999999999/exists", b'{}') +
+                             post("/2/initialize", b'{"num_pages":2}') +
+                             post("/2/confirm_write", b'{"written_keys_to_confirm":[["a",5]]}') +
+                             post("/2/confirm_write", b'{"written_keys_to_confirm":[["a",1]],"pages_to_release":[1]}') +
+                             post("/+02/reserve_and_allocate_page_indices", b'{"keys":[["a"],"b"]}'))
     return streams
 
 

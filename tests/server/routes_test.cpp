@@ -45,7 +45,7 @@ TEST_P(RouterTable, MatchesPathAndMethod) {
   const route_case& c = GetParam();
   const http::route r = http::match(kPatterns, c.verb, c.path);
   EXPECT_EQ(outcome(r), c.target);
-  if (c.target == "initialize" || c.target == "rank_info") {
+  if (c.target == "initialize" || c.target == "rank_info" || !c.rank_text.empty()) {
     EXPECT_EQ(r.rank_text, c.rank_text);
   }
 }
@@ -106,7 +106,6 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::post, "/rank/3/initialize/", not_found},
         route_case{method::post, "/rank/3/init", not_found},
         route_case{method::post, "/rank/3/4/initialize", not_found},
-        route_case{method::post, "/ranks/3/initialize", not_found},
         route_case{method::get, "/docs", not_found},
         route_case{method::post, "/keys/delete/", not_found},
         route_case{method::post, "/keys/deletes", not_found},
@@ -117,27 +116,78 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::get, "/stat", not_found},
         route_case{method::get, "/keys/stats", not_found}));
 
-// SGLang's routes (spec/sglang.md) have no rows yet: 404 as any unknown path.
+// SGLang's routes (docs/sglang-api.md): an integer first segment is the default tenant;
+// a tenant name before the rank, a named tenant (whose rank segment is checked later).
 INSTANTIATE_TEST_SUITE_P(
-    SglangNotYet, RouterTable,
-    ::testing::Values(route_case{method::post, "/0/initialize", not_found},
-                      route_case{method::post, "/-1/exists", not_found},
-                      route_case{method::post, "/3/reserve_and_allocate_page_indices", not_found},
-                      route_case{method::post, "/3/confirm_write", not_found},
-                      route_case{method::post, "/3/delete_keys", not_found},
-                      route_case{method::post, "/3/clear", not_found},
-                      route_case{method::post, "/3/get_page_indices", not_found},
-                      route_case{method::post, "/llama70b/3/exists", not_found}));
+    Sglang, RouterTable,
+    ::testing::Values(
+        route_case{method::post, "/0/initialize", "sglang_initialize", "0"},
+        route_case{method::post, "/-1/exists", "sglang_exists", "-1"},
+        route_case{method::post, "/+01/exists", "sglang_exists", "+01"},
+        route_case{method::post, "/3/reserve_and_allocate_page_indices", "sglang_reserve", "3"},
+        route_case{method::post, "/3/confirm_write", "sglang_confirm_write", "3"},
+        route_case{method::post, "/3/delete_keys", "sglang_delete_keys", "3"},
+        route_case{method::post, "/3/clear", "sglang_clear", "3"},
+        route_case{method::post, "/3/get_page_indices", "sglang_get_page_indices", "3"},
+        route_case{method::post, "/99999999999999999999/exists", "sglang_exists",
+                   "99999999999999999999"},
+        route_case{method::post, "/llama70b/3/exists", "sglang_tenant_exists", "3"},
+        route_case{method::post, "/_a.b-c/3/initialize", "sglang_tenant_initialize", "3"},
+        route_case{method::post, "/t/x/clear", "sglang_tenant_clear", "x"},
+        route_case{method::post, "/t/0/reserve_and_allocate_page_indices", "sglang_tenant_reserve"},
+        route_case{method::post, "/t/0/confirm_write", "sglang_tenant_confirm_write"},
+        route_case{method::post, "/t/0/delete_keys", "sglang_tenant_delete_keys"},
+        route_case{method::post, "/t/0/get_page_indices", "sglang_tenant_get_page_indices"},
+        route_case{method::get, "/0/exists", method_not_allowed},
+        route_case{method::get, "/t/0/exists", method_not_allowed},
+        route_case{method::post, "/0/exists/", not_found},
+        route_case{method::post, "/x/exists", not_found},
+        route_case{method::post, "/1x/exists", not_found},
+        route_case{method::post, "/0/unknown", not_found},
+        route_case{method::post, "/0/0/exists", not_found},
+        route_case{method::post, "/keys/0/exists", not_found},
+        route_case{method::post, "/rank/0/exists", not_found},
+        route_case{method::post, "/clear/0/exists", not_found},
+        route_case{method::post, "/stats/0/exists", not_found},
+        route_case{method::post, "/9t/0/exists", not_found},
+        route_case{method::post, "/a b/0/exists", not_found},
+        route_case{method::post,
+                   "/t1234567890123456789012345678901234567890123456789012345678901234/0/exists",
+                   not_found},
+        route_case{method::post, "/t/u/0/exists", not_found},
+        // A tenant may be any name that does not start another row's path.
+        route_case{method::post, "/ranks/3/initialize", "sglang_tenant_initialize", "3"}));
 
 // The labels are the metrics' endpoint names, which dashboards use: they do not change.
 TEST(RouteTable, LabelsInMetricsOrder) {
-  const std::string_view names[] = {"initialize",    "batch_allocate",
-                                    "confirm_write", "batch_exists",
-                                    "get_locations", "clear",
-                                    "rank_info",     "health",
-                                    "ready",         "metrics",
-                                    "delete",        "stats",
-                                    "not_found",     "method_not_allowed",
+  const std::string_view names[] = {"initialize",
+                                    "batch_allocate",
+                                    "confirm_write",
+                                    "batch_exists",
+                                    "get_locations",
+                                    "clear",
+                                    "rank_info",
+                                    "health",
+                                    "ready",
+                                    "metrics",
+                                    "delete",
+                                    "stats",
+                                    "sglang_initialize",
+                                    "sglang_exists",
+                                    "sglang_reserve",
+                                    "sglang_confirm_write",
+                                    "sglang_delete_keys",
+                                    "sglang_clear",
+                                    "sglang_get_page_indices",
+                                    "sglang_tenant_initialize",
+                                    "sglang_tenant_exists",
+                                    "sglang_tenant_reserve",
+                                    "sglang_tenant_confirm_write",
+                                    "sglang_tenant_delete_keys",
+                                    "sglang_tenant_clear",
+                                    "sglang_tenant_get_page_indices",
+                                    "not_found",
+                                    "method_not_allowed",
                                     "invalid_http"};
   ASSERT_EQ(std::size(names), kRouteLabels);
   for (std::size_t i = 0; i < kRouteLabels; ++i)
@@ -146,9 +196,11 @@ TEST(RouteTable, LabelsInMetricsOrder) {
 
 TEST(RouteTable, Access) {
   for (const endpoint_row& row : kEndpoints) {
-    const access want = row.label == "health"                           ? access::open
-                        : row.label == "clear" || row.label == "delete" ? access::admin
-                                                                        : access::token;
+    const bool admin = row.label == "clear" || row.label == "delete" ||
+                       row.label == "sglang_clear" || row.label == "sglang_tenant_clear";
+    const access want = row.label == "health" ? access::open
+                        : admin               ? access::admin
+                                              : access::token;
     EXPECT_EQ(row.auth, want) << row.label;
   }
 }

@@ -1,4 +1,4 @@
-// sglang_pool: each rule of spec/sglang.md and each of its Fixes (B4, B5, B6, B7, B9, B10,
+// sglang_pool: each rule of docs/sglang-api.md and each of its Fixes (B4, B5, B6, B7, B9, B10,
 // B17, B18), with the reference's page numbers where the contract fixes them.
 #include "shard/sglang_pool.hpp"
 

@@ -405,3 +405,68 @@ TEST(Record, PackedChunksRoundTripAndRejectCountsThatDisagree) {
     EXPECT_FALSE(store::decode_payload(bad[i], r)) << "case " << i;
   }
 }
+
+TEST(Record, SglangKindsRoundTrip) {
+  using store::record_kind;
+  const store::sg_pool_name pool{"llama", -3, "mamba"};
+  const std::vector<std::string_view> keys = {"a", "bc"};
+  const std::vector<std::int64_t> pages = {4, 5}, releases = {6}, free = {0, 2};
+  const std::vector<store::sg_flight> flights = {{1, "f", 2, UINT64_MAX}, {3, "g", 3, 77}};
+  std::string log;
+  store::append_sg_initialize(log, pool, 9);
+  store::append_sg_keys_at(log, record_kind::sg_reserve, pool, 11, keys);
+  store::append_sg_confirm(log, pool, 12, keys, pages, releases);
+  store::append_sg_delete(log, pool, keys);
+  store::append_sg_clear(log, {"", 0, "kv"});
+  store::append_sg_keys_at(log, record_kind::sg_get, pool, 13, keys);
+  store::append_sg_expire(log, pool, 14);
+  store::append_sg_snapshot_pool(log, pool, 15, 7, 2, free, keys, pages, flights);
+  std::vector<store::record> seen;
+  std::vector<std::string> names;
+  const store::scan_result result = store::scan(log, [&](const store::record& r, std::size_t) {
+    seen.push_back(r);
+    names.push_back(std::string(r.tenant) + "/" + std::to_string(r.rank) + "/" + std::string(r.ns));
+  });
+  ASSERT_EQ(result.status, store::scan_status::ok);
+  ASSERT_EQ(seen.size(), 8u);
+  EXPECT_EQ(names[0], "llama/-3/mamba");
+  EXPECT_EQ(names[4], "/0/kv");
+  EXPECT_EQ(seen[0].kind, record_kind::sg_initialize);
+  EXPECT_EQ(seen[0].num_pages, 9);
+  EXPECT_EQ(seen[1].kind, record_kind::sg_reserve);
+  EXPECT_EQ(seen[1].now, 11u);
+  EXPECT_EQ(seen[1].keys, keys);
+  EXPECT_EQ(seen[2].kind, record_kind::sg_confirm);
+  EXPECT_EQ(seen[2].now, 12u);
+  EXPECT_EQ(seen[2].keys, keys);
+  EXPECT_EQ(seen[2].pages, pages);
+  EXPECT_EQ(seen[2].releases, releases);
+  EXPECT_EQ(seen[3].kind, record_kind::sg_delete);
+  EXPECT_EQ(seen[3].keys, keys);
+  EXPECT_EQ(seen[4].kind, record_kind::sg_clear);
+  EXPECT_EQ(seen[5].kind, record_kind::sg_get);
+  EXPECT_EQ(seen[5].now, 13u);
+  EXPECT_EQ(seen[6].kind, record_kind::sg_expire);
+  EXPECT_EQ(seen[6].now, 14u);
+  const store::record& snap = seen[7];
+  EXPECT_EQ(snap.kind, record_kind::sg_snapshot_pool);
+  EXPECT_EQ(snap.now, 15u);
+  EXPECT_EQ(snap.num_pages, 7);
+  EXPECT_EQ(snap.sg_epoch, 2u);
+  EXPECT_EQ(snap.releases, free);
+  EXPECT_EQ(snap.keys, keys);
+  EXPECT_EQ(snap.pages, pages);
+  EXPECT_EQ(snap.sg_flight_pages, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(snap.sg_flight_keys, (std::vector<std::string_view>{"f", "g"}));
+  EXPECT_EQ(snap.sg_flight_epochs, (std::vector<std::uint32_t>{2, 3}));
+  EXPECT_EQ(snap.sg_flight_deadlines, (std::vector<std::uint64_t>{UINT64_MAX, 77}));
+  // Every kind's payload, cut short, does not decode.
+  for (std::size_t at = 0, n = 0; at < log.size(); ++n) {
+    std::string_view payload;
+    std::size_t frame_bytes = 0;
+    ASSERT_EQ(store::next_frame(log, at, payload, frame_bytes), store::frame_status::whole);
+    store::record r;
+    EXPECT_FALSE(store::decode_payload(payload.substr(0, payload.size() - 1), r)) << n;
+    at += frame_bytes;
+  }
+}

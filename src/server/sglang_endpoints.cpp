@@ -1,0 +1,533 @@
+// SGLang's HiCache metadata API (docs/sglang-api.md): one coroutine for its seven
+// operations. A pool lives on the core that owns its rank, in its tenant's registry;
+// the request hops there, runs the operation on the pool (shard::sglang_pool does the
+// work and the contract's checks), hops back and answers. Nothing here touches vLLM's
+// ranks or directory.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "metad/log.hpp"
+#include "server/endpoints.hpp"
+#include "server/sglang_durability.hpp"
+#include "server/steps.hpp"
+
+namespace server {
+
+void sg_pool_sample::clear() {
+  rows.clear();
+  pools = pages = free = in_flight = bound = 0;
+}
+
+void sg_pool_sample::add(std::string_view tenant, std::int64_t rank, std::string_view ns,
+                         const shard::sglang_pool_stats& stats) {
+  ++pools;
+  pages += stats.num_pages;
+  free += stats.free;
+  in_flight += stats.in_flight;
+  bound += stats.bound;
+  if (rows.size() == 2 * kRankRowsMax) {
+    auto middle = rows.begin() + static_cast<std::ptrdiff_t>(kRankRowsMax);
+    std::nth_element(
+        rows.begin(), middle, rows.end(),
+        [](const sg_pool_row& a, const sg_pool_row& b) { return a.order() < b.order(); });
+    rows.erase(middle, rows.end());
+  }
+  rows.push_back({std::string(tenant), rank, std::string(ns), stats});
+}
+
+std::span<const sg_pool_row> sg_pool_sample::sorted() {
+  std::sort(rows.begin(), rows.end(),
+            [](const sg_pool_row& a, const sg_pool_row& b) { return a.order() < b.order(); });
+  if (rows.size() > kRankRowsMax) rows.resize(kRankRowsMax);
+  return rows;
+}
+
+void collect_sg_pools(const core_state& core, scratch& s) {
+  const core_state::sglang_counters& c = core.sg_counters;
+  core_state::sglang_counters& sum = s.sg_sum;
+  sum.reinit_smaller += c.reinit_smaller;
+  sum.evicted += c.evicted;
+  sum.no_page += c.no_page;
+  sum.expired += c.expired;
+  sum.skipped += c.skipped;
+  sum.release_refused += c.release_refused;
+  sum.deleted += c.deleted;
+  for (const auto& [tenant, pools] : core.sg_tenants) {
+    pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+      s.sg_rows.add(tenant, rank, ns, pool.stats());
+    });
+  }
+}
+
+void append_sg_stats(std::string& out, scratch& s) {
+  sg_pool_sample& sample = s.sg_rows;
+  out.append(R"("sglang":{"pools":[)");
+  bool first = true;
+  for (const sg_pool_row& r : sample.sorted()) {
+    if (!first) out.push_back(',');
+    first = false;
+    out.append(R"({"tenant":")");
+    api::append_escaped(out, r.tenant);
+    out.append(R"(","rank":)");
+    out.append(fmt::format_int(r.rank).str());
+    out.append(R"(,"namespace":")");
+    api::append_escaped(out, r.ns);
+    fmt::format_to(std::back_inserter(out),
+                   R"(","num_pages":{},"free":{},"in_flight":{},"bound":{}}})", r.stats.num_pages,
+                   r.stats.free, r.stats.in_flight, r.stats.bound);
+  }
+  const core_state::sglang_counters& c = s.sg_sum;
+  fmt::format_to(std::back_inserter(out),
+                 R"(],"pools_total":{},"pools_truncated":{},"pages_total":{},"pages_free":{},)"
+                 R"("pages_in_flight":{},"pages_bound":{},"evicted_keys":{},)"
+                 R"("expired_reservations":{},"deleted_keys":{},"skipped_confirmations":{},)"
+                 R"("refused_releases":{},"smaller_reinitializations":{}}})",
+                 sample.pools, sample.pools > sample.rows.size(), sample.pages, sample.free,
+                 sample.in_flight, sample.bound, c.evicted, c.expired, c.deleted, c.skipped,
+                 c.release_refused, c.reinit_smaller);
+}
+
+namespace {
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+void append_label(std::string& out, std::string_view text) {
+  for (const char ch : text) {
+    if (ch == '\\' || ch == '"') {
+      out.push_back('\\');
+      out.push_back(ch);
+    } else if (ch == '\n') {
+      out.append("\\n");
+    } else {
+      out.push_back(ch);
+    }
+  }
+}
+
+}  // namespace
+
+void render_sg_metrics(std::string& out, scratch& s) {
+  sg_pool_sample& sample = s.sg_rows;
+  const core_state::sglang_counters& c = s.sg_sum;
+  auto to = std::back_inserter(out);
+  fmt::format_to(
+      to,
+      "# HELP hf3fs_metad_sglang_pools SGLang pools, every tenant, rank and namespace.\n"
+      "# TYPE hf3fs_metad_sglang_pools gauge\n"
+      "hf3fs_metad_sglang_pools {}\n"
+      "# HELP hf3fs_metad_sglang_pages_all Pages of every SGLang pool together, by state.\n"
+      "# TYPE hf3fs_metad_sglang_pages_all gauge\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"total\"}} {}\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"free\"}} {}\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"in_flight\"}} {}\n"
+      "hf3fs_metad_sglang_pages_all{{state=\"bound\"}} {}\n"
+      "# HELP hf3fs_metad_sglang_events_total SGLang pool events: keys evicted by reserves, "
+      "reservations expired, keys deleted, confirmations skipped, releases of bound pages "
+      "refused, initializations with fewer pages than the pool has.\n"
+      "# TYPE hf3fs_metad_sglang_events_total counter\n"
+      "hf3fs_metad_sglang_events_total{{event=\"evicted\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"expired\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"deleted\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"confirm_skipped\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"release_refused\"}} {}\n"
+      "hf3fs_metad_sglang_events_total{{event=\"reinit_smaller\"}} {}\n"
+      "# HELP hf3fs_metad_sglang_pool_series_omitted SGLang pools without per-pool series.\n"
+      "# TYPE hf3fs_metad_sglang_pool_series_omitted gauge\n",
+      sample.pools, sample.pages, sample.free, sample.in_flight, sample.bound, c.evicted, c.expired,
+      c.deleted, c.skipped, c.release_refused, c.reinit_smaller);
+  const std::span<const sg_pool_row> rows = sample.sorted();
+  fmt::format_to(to, "hf3fs_metad_sglang_pool_series_omitted {}\n", sample.pools - rows.size());
+  out.append(
+      "# HELP hf3fs_metad_sglang_pool_pages Pages of an SGLang pool, by state (the first "
+      "pools by tenant, rank and namespace).\n"
+      "# TYPE hf3fs_metad_sglang_pool_pages gauge\n");
+  for (const sg_pool_row& r : rows) {
+    const std::pair<std::string_view, std::uint32_t> states[] = {{"total", r.stats.num_pages},
+                                                                 {"free", r.stats.free},
+                                                                 {"in_flight", r.stats.in_flight},
+                                                                 {"bound", r.stats.bound}};
+    for (const auto& [state, value] : states) {
+      out.append("hf3fs_metad_sglang_pool_pages{tenant=\"");
+      append_label(out, r.tenant);
+      fmt::format_to(to, "\",rank=\"{}\",namespace=\"", r.rank);
+      append_label(out, r.ns);
+      fmt::format_to(to, "\",state=\"{}\"}} {}\n", state, value);
+    }
+  }
+}
+
+namespace {
+
+enum class sg_answer : std::uint8_t {
+  no_content,       // 204
+  body,             // 200 with s.body
+  not_initialized,  // 404
+  bad_request,      // 400 with s.detail
+  conflict,         // 409 (--strict-reinit)
+  too_many_pools,   // 400: --ranks-max pools exist
+  over_budget,      // 507: --memory-max
+  storage_failed,   // 503: the data directory refused the records
+};
+
+const std::string& sg_namespace(const scratch& s) {
+  switch (s.sg) {
+    case sg_op::initialize:
+      return s.sg_init.ns;
+    case sg_op::confirm:
+      return s.sg_confirm.ns;
+    case sg_op::clear:
+      return s.sg_clear.ns;
+    default:
+      return s.sg_keys.ns;
+  }
+}
+
+// On the owner core: creates or grows a pool, within --ranks-max pools and the memory
+// budget.
+sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t& old_pages,
+                        std::uint64_t& needed) {
+  const api::sg_initialize_cmd& cmd = s.sg_init;
+  shard::sglang_pools* pools = core.sg_pools(s.tenant, false);
+  const shard::sglang_pool* pool = pools ? pools->find(s.sg_rank, cmd.ns) : nullptr;
+  const std::int64_t before = pool ? pool->num_pages() : 0;
+  const auto pages = static_cast<std::uint32_t>(cmd.num_pages);
+  if (!pool) {
+    std::int64_t count = cl.sglang_pools.load(std::memory_order_relaxed);
+    do {
+      if (count >= cl.cfg.ranks_max) return sg_answer::too_many_pools;
+    } while (!cl.sglang_pools.compare_exchange_weak(count, count + 1, std::memory_order_relaxed));
+  }
+  if (cmd.num_pages > before) {
+    needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(before);
+    if (!cl.memory.charge_kept(needed)) {
+      if (!pool) cl.sglang_pools.fetch_sub(1, std::memory_order_relaxed);
+      cl.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
+      return sg_answer::over_budget;
+    }
+  }
+  const shard::sglang_init_result r =
+      core.sg_pools(s.tenant, true)->initialize(s.sg_rank, cmd.ns, pages);
+  old_pages = r.old_pages;
+  if (r.outcome == shard::sglang_init::created || r.outcome == shard::sglang_init::grown)
+    core.journal.sg_initialize({s.tenant, s.sg_rank, cmd.ns}, pages);
+  switch (r.outcome) {
+    case shard::sglang_init::created:
+    case shard::sglang_init::unchanged:
+      return sg_answer::no_content;
+    case shard::sglang_init::grown:
+      metad::log::info("SGLang rank {} namespace '{}'{}{}: grown from {} to {} pages", s.sg_rank,
+                       cmd.ns, s.tenant.empty() ? "" : " tenant ", s.tenant, r.old_pages, pages);
+      return sg_answer::no_content;
+    case shard::sglang_init::smaller_ignored:
+    case shard::sglang_init::smaller_refused:
+      ++core.sg_counters.reinit_smaller;
+      metad::log::warn(
+          "SGLang rank {} namespace '{}'{}{} initialized with different num_pages. Existing: {}, "
+          "New: {} (kept{})",
+          s.sg_rank, cmd.ns, s.tenant.empty() ? "" : " tenant ", s.tenant, r.old_pages, pages,
+          r.outcome == shard::sglang_init::smaller_refused ? "; 409 with --strict-reinit" : "");
+      return r.outcome == shard::sglang_init::smaller_refused ? sg_answer::conflict
+                                                              : sg_answer::no_content;
+  }
+  return sg_answer::no_content;
+}
+
+// On the owner core: the operation on an existing pool.
+sg_answer sg_apply(cluster& cl, core_state& core, shard::sglang_pool& pool, scratch& s) {
+  const std::uint64_t now = sg_now(cl, core);
+  const store::sg_pool_name name{s.tenant, s.sg_rank, sg_namespace(s)};
+  store::journal& journal = core.journal;
+  switch (s.sg) {
+    case sg_op::initialize:
+      break;
+    case sg_op::exists:
+      pool.exists(s.sg_keys.keys.views(), s.flags);
+      s.body.clear();
+      api::encode_exists(s.body, s.flags);
+      return sg_answer::body;
+    case sg_op::reserve: {
+      const shard::sglang_reserve_stats st = pool.reserve(s.sg_keys.keys.views(), now, s.slots);
+      if (s.sg_keys.keys.size() != 0) journal.sg_reserve(name, now, s.sg_keys.keys.views());
+      core.sg_counters.evicted += st.evicted;
+      core.sg_counters.no_page += st.no_page;
+      core.sg_counters.expired += st.expired;
+      s.body.clear();
+      api::encode_sglang_reserved(s.body, s.slots);
+      return sg_answer::body;
+    }
+    case sg_op::confirm: {
+      const api::sg_confirm_cmd& cmd = s.sg_confirm;
+      shard::sglang_confirm_stats st;
+      if (pool.confirm(cmd.keys.views(), cmd.pages, cmd.releases, now, s.detail, st) ==
+          shard::sglang_confirm_outcome::bad_request)
+        return sg_answer::bad_request;
+      journal.sg_confirm(name, now, cmd.keys.views(), cmd.pages, cmd.releases);
+      core.sg_counters.skipped += st.skipped + st.stale;
+      core.sg_counters.release_refused += st.release_refused;
+      core.sg_counters.expired += st.expired;
+      return sg_answer::no_content;
+    }
+    case sg_op::delete_keys:
+      if (const std::size_t deleted = pool.delete_keys(s.sg_keys.keys.views()); deleted > 0) {
+        core.sg_counters.deleted += deleted;
+        journal.sg_delete(name, s.sg_keys.keys.views());
+      }
+      return sg_answer::no_content;
+    case sg_op::clear:
+      pool.clear();
+      journal.sg_clear(name);
+      return sg_answer::no_content;
+    case sg_op::get_page_indices:
+      pool.get_page_indices(s.sg_keys.keys.views(), now, s.pages);
+      if (std::any_of(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }))
+        journal.sg_get(name, now, s.sg_keys.keys.views());
+      s.body.clear();
+      api::encode_sglang_page_indices(s.body, s.pages);
+      return sg_answer::body;
+  }
+  return sg_answer::no_content;
+}
+
+// An upper bound of the bytes the request's record takes in the log.
+std::uint64_t sg_record_bytes(const scratch& s) {
+  std::uint64_t bytes = 128 + s.tenant.size() + sg_namespace(s).size();
+  const api::key_list& keys = s.sg == sg_op::confirm ? s.sg_confirm.keys : s.sg_keys.keys;
+  if (s.sg != sg_op::initialize && s.sg != sg_op::clear && s.sg != sg_op::exists) {
+    for (const std::string_view key : keys.views()) bytes += key.size() + 12;
+    bytes += 8 * s.sg_confirm.releases.size();
+  }
+  return bytes;
+}
+
+}  // namespace
+
+request_task run_sglang(exchange& x) {
+  cluster& cl = x.shared();
+  const int home = x.home().index;
+  scratch& s = x.work();
+  const int owner = shard::owner_of_rank(s.sg_rank, cl.cores);
+  // Sized here, so that the owner core allocates nothing this core frees.
+  const std::size_t n = s.sg_keys.keys.size();
+  if (s.sg == sg_op::exists) s.flags.assign(n, 0);
+  if (s.sg == sg_op::get_page_indices) s.pages.assign(n, -1);
+  if (s.sg == sg_op::reserve) {
+    s.slots.clear();
+    s.slots.reserve(n);
+  }
+  s.body.reserve(64 + 24 * n);
+  s.detail.reserve(256);
+  std::uint32_t old_pages = 0;
+  std::uint64_t needed = 0;
+  co_await cl.mailbox.hop(home, owner);
+  core_state& core = *cl.core[owner];
+  sg_answer answer = sg_answer::not_initialized;
+  bool stored = true;
+  if (!core.journal.reserve(sg_record_bytes(s))) {
+    answer = sg_answer::storage_failed;  // nothing changed
+  } else if (s.sg == sg_op::initialize) {
+    answer = sg_initialize(cl, core, s, old_pages, needed);
+  } else if (shard::sglang_pools* pools = core.sg_pools(s.tenant, false)) {
+    if (shard::sglang_pool* pool = pools->find(s.sg_rank, sg_namespace(s))) {
+      if (s.sg_error) {
+        s.detail = s.sg_error.detail;
+        answer = sg_answer::bad_request;
+      } else {
+        answer = sg_apply(cl, core, *pool, s);
+      }
+    }
+  }
+  if (answer != sg_answer::storage_failed) stored = co_await core.journal.durable();
+  co_await cl.mailbox.hop(owner, home);
+  if (!stored) answer = sg_answer::storage_failed;
+  switch (answer) {
+    case sg_answer::no_content:
+      x.respond_canned(http::canned::no_content);
+      break;
+    case sg_answer::body:
+      x.respond_json(200, s.body);
+      break;
+    case sg_answer::not_initialized:
+      s.body.clear();
+      api::encode_sglang_not_initialized(s.body, s.sg_rank, sg_namespace(s));
+      x.respond_json(404, s.body);
+      break;
+    case sg_answer::bad_request:
+      x.respond_error(s.sg_error ? s.sg_error.status : 400, s.detail);
+      break;
+    case sg_answer::conflict:
+      s.body.clear();
+      api::encode_sglang_already_initialized(s.body, s.sg_rank, s.sg_init.ns, old_pages);
+      x.respond_json(409, s.body);
+      break;
+    case sg_answer::too_many_pools:
+      s.detail = fmt::format(
+          "Rank {} namespace '{}' not initialized: {} SGLang pools exist already, the limit set "
+          "by --ranks-max",
+          s.sg_rank, s.sg_init.ns, cl.cfg.ranks_max);
+      x.respond_error(400, s.detail);
+      break;
+    case sg_answer::over_budget:
+      s.detail = fmt::format(
+          "Rank {} namespace '{}' not initialized: its {} pages need {} bytes more, over the "
+          "memory budget (--memory-max {} bytes, {} in use)",
+          s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, cl.memory.max(), cl.memory.used());
+      x.respond_error(507, s.detail);
+      break;
+    case sg_answer::storage_failed:
+      x.respond_error(503, kStorageFailed);
+      break;
+  }
+  x.complete();
+}
+
+std::size_t expire_sg_due(cluster& cl, core_state& core) {
+  if (cl.cfg.reservation_ttl_ms == 0 || core.sg_tenants.empty()) return 0;
+  std::size_t pools = 0;
+  for (const auto& entry : core.sg_tenants) pools += entry.second.size();
+  // One record per pool at most; without room, nothing expires this tick.
+  if (!core.journal.reserve(256 * pools + 64 * core.sg_tenants.size())) return 0;
+  const std::uint64_t now = sg_now(cl, core);
+  std::size_t expired = 0;
+  for (auto& [tenant, registry] : core.sg_tenants) {
+    const std::string_view name = tenant;
+    shard::sglang_pools& pools_of = registry;
+    registry.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool&) {
+      shard::sglang_pool* pool = pools_of.find(rank, ns);
+      if (const std::size_t n = pool->expire(now); n > 0) {
+        expired += n;
+        core.journal.sg_expire({name, rank, ns}, now);
+      }
+    });
+  }
+  core.sg_counters.expired += expired;
+  return expired;
+}
+
+std::uint64_t sg_now(cluster& cl, core_state& core) {
+  const std::uint64_t now = cl.clock() + cl.sglang_clock_offset.load(std::memory_order_relaxed);
+  core.sg_last_now = std::max(core.sg_last_now, now);
+  return now;
+}
+
+namespace {
+
+// Writes an sg_snapshot_pool record per pool of the core into sink().
+template <class Sink>
+void write_sg_pools(const core_state& core, Sink&& sink) {
+  std::vector<std::int64_t> free, bound_pages;
+  std::vector<std::string_view> bound_keys;
+  std::vector<store::sg_flight> flights;
+  for (const auto& [tenant, registry] : core.sg_tenants) {
+    const std::string_view name = tenant;
+    registry.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+      const shard::sglang_image image = pool.image();
+      free.assign(image.free.begin(), image.free.end());
+      bound_keys.clear();
+      bound_pages.clear();
+      for (const auto& [key, page] : image.bound) {
+        bound_keys.push_back(key);
+        bound_pages.push_back(page);
+      }
+      flights.clear();
+      for (const auto& f : image.reserved) flights.push_back({f.page, f.key, f.epoch, f.deadline});
+      store::append_sg_snapshot_pool(sink(), {name, rank, ns}, core.sg_last_now, image.num_pages,
+                                     image.epoch, free, bound_keys, bound_pages, flights);
+    });
+  }
+}
+
+}  // namespace
+
+void append_sg_snapshot(std::string& bytes, const core_state& core) {
+  write_sg_pools(core, [&bytes]() -> std::string& { return bytes; });
+}
+
+void log_sg_pools(core_state& core) {
+  core.journal.sg_snapshot([&core](std::string& pending) {
+    write_sg_pools(core, [&pending]() -> std::string& { return pending; });
+  });
+}
+
+std::string apply_sg_record(cluster& cl, core_state& core, const store::record& r) {
+  // The SGLang clock goes on from the latest time logged.
+  const std::uint64_t clock = cl.clock();
+  if (r.now >= clock) {
+    const std::uint64_t want = r.now - clock + 1;
+    std::uint64_t have = cl.sglang_clock_offset.load();
+    while (have < want && !cl.sglang_clock_offset.compare_exchange_weak(have, want)) {
+    }
+  }
+  core.sg_last_now = std::max(core.sg_last_now, r.now);
+  auto where = [&r] { return fmt::format("SGLang pool '{}' {} '{}'", r.tenant, r.rank, r.ns); };
+  if (r.kind == store::record_kind::sg_initialize) {
+    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
+      return where() + ": bad page count";
+    shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
+    const bool created = pools.find(r.rank, r.ns) == nullptr;
+    pools.initialize(r.rank, r.ns, static_cast<std::uint32_t>(r.num_pages));
+    if (created) cl.sglang_pools.fetch_add(1);
+    return {};
+  }
+  if (r.kind == store::record_kind::sg_snapshot_pool) {
+    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
+      return where() + ": bad page count";
+    shard::sglang_image image;
+    image.num_pages = static_cast<std::uint32_t>(r.num_pages);
+    image.epoch = r.sg_epoch;
+    for (const std::int64_t p : r.releases) image.free.push_back(static_cast<std::uint32_t>(p));
+    for (std::size_t i = 0; i < r.keys.size(); ++i)
+      image.bound.emplace_back(std::string(r.keys[i]), static_cast<std::uint32_t>(r.pages[i]));
+    for (std::size_t i = 0; i < r.sg_flight_keys.size(); ++i)
+      image.reserved.push_back({static_cast<std::uint32_t>(r.sg_flight_pages[i]),
+                                std::string(r.sg_flight_keys[i]), r.sg_flight_epochs[i],
+                                r.sg_flight_deadlines[i]});
+    std::string error;
+    shard::sglang_pool pool(0, core.sg_config);
+    if (!shard::sglang_pool::restore(image, core.sg_config, pool, error))
+      return where() + ": its snapshot cannot be restored: " + error;
+    shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
+    if (shard::sglang_pool* existing = pools.find(r.rank, r.ns)) {
+      *existing = std::move(pool);
+    } else {
+      pools.adopt(r.rank, r.ns, std::move(pool));
+      cl.sglang_pools.fetch_add(1);
+    }
+    return {};
+  }
+  shard::sglang_pools* pools = core.sg_pools(r.tenant, false);
+  shard::sglang_pool* pool = pools ? pools->find(r.rank, r.ns) : nullptr;
+  if (!pool) return where() + ": a record for a pool that does not exist";
+  switch (r.kind) {
+    case store::record_kind::sg_reserve: {
+      std::vector<shard::sglang_slot> slots;
+      pool->reserve(r.keys, r.now, slots);
+      return {};
+    }
+    case store::record_kind::sg_confirm: {
+      std::string detail;
+      shard::sglang_confirm_stats st;
+      if (pool->confirm(r.keys, r.pages, r.releases, r.now, detail, st) !=
+          shard::sglang_confirm_outcome::ok)
+        return where() + ": a logged confirm_write no longer applies: " + detail;
+      return {};
+    }
+    case store::record_kind::sg_delete:
+      pool->delete_keys(r.keys);
+      return {};
+    case store::record_kind::sg_clear:
+      pool->clear();
+      return {};
+    case store::record_kind::sg_get: {
+      std::vector<std::int64_t> pages(r.keys.size(), -1);
+      pool->get_page_indices(r.keys, r.now, pages);
+      return {};
+    }
+    case store::record_kind::sg_expire:
+      pool->expire(r.now);
+      return {};
+    default:
+      return where() + ": not an SGLang record";
+  }
+}
+
+}  // namespace server

@@ -1,0 +1,208 @@
+// SGLang pools in the data directory: a restart (with the same or another core count,
+// after a snapshot cut, after a vLLM /clear, after expiries) gives back every pool
+// exactly: the same free stack order, bindings, LRU order and reservations, so that the
+// next calls answer as on a server that never stopped.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "node.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using server_test::node;
+
+metad::config config(const std::string& dir, std::uint64_t snapshot_bytes) {
+  metad::config cfg;
+  cfg.data_dir = dir;
+  cfg.snapshot_log_bytes = snapshot_bytes;
+  cfg.reservation_ttl_ms = 10'000;
+  cfg.sglang_read_lease_ms = 500;
+  return cfg;
+}
+
+// A history on every kind of record: pools of two tenants and namespaces, a grown pool,
+// saves with failed writes, reads, evictions (with leases), a delete, a clear with a
+// write in flight across it, and vLLM traffic between them.
+void history(node& n) {
+  auto post = [&n](std::string_view path, std::string_view body) {
+    n.post(std::string(path), std::string(body));
+  };
+  post("/0/initialize", R"({"num_pages":8})");
+  post("/0/initialize", R"({"num_pages":4,"namespace":"mamba"})");
+  post("/t/1/initialize", R"({"num_pages":3})");
+  post("/2/initialize", R"({"num_pages":2})");
+  post("/2/initialize", R"({"num_pages":5})");
+  post("/rank/0/initialize", R"({"num_pages":4,"role":"worker"})");
+  post("/keys/batch_allocate", R"({"rank":0,"keys":["v1","v2"]})");
+  post("/0/reserve_and_allocate_page_indices", R"({"keys":["a","b","c","d"]})");
+  post("/0/confirm_write",
+       R"({"written_keys_to_confirm":[["a",7],["b",6]],"pages_to_release":[5]})");
+  post("/keys/confirm_write", R"({"rank":0,"confirmations":[["v1",0]]})");
+  post("/0/get_page_indices", R"({"keys":["a"]})");
+  n.now += 600;  // a's lease has ended
+  post("/0/reserve_and_allocate_page_indices", R"({"keys":["e","f","g","h","i","j"]})");
+  post("/0/confirm_write",
+       R"({"written_keys_to_confirm":[["e",5],["f",3],["g",2],["h",1],["i",0]]})");
+  post("/0/get_page_indices", R"({"keys":["f","a"]})");
+  post("/0/reserve_and_allocate_page_indices", R"({"keys":["k","l"]})");
+  post("/0/delete_keys", R"({"keys":["g","nope"]})");
+  post("/t/1/reserve_and_allocate_page_indices", R"({"keys":["x","y"]})");
+  post("/t/1/confirm_write", R"({"written_keys_to_confirm":[["x",2]]})");
+  post("/t/1/clear", "{}");
+  post("/t/1/confirm_write", R"({"written_keys_to_confirm":[["y",1]]})");
+  post("/0/reserve_and_allocate_page_indices", R"({"keys":["z"],"namespace":"mamba"})");
+  post("/2/reserve_and_allocate_page_indices", R"({"keys":["p","q"]})");
+  post("/2/confirm_write", R"({"written_keys_to_confirm":[["p",4]]})");
+}
+
+// What the pools answer from here: their rows, then calls that depend on every part of
+// their state (free order, bindings, LRU order, leases, reservations).
+std::string probe(node& n) {
+  std::string out;
+  const std::string stats = n.get("/stats");
+  const std::size_t begin = stats.find(R"("sglang":{"pools":)");
+  out +=
+      begin == std::string::npos ? "no pools" : stats.substr(begin, stats.find(']', begin) - begin);
+  out += "\n";
+  const char* calls[][2] = {
+      {"/0/exists", R"({"keys":["a","b","c","d","e","f","g","h","i","j","k","l"]})"},
+      {"/0/get_page_indices", R"({"keys":["a","b","e","f","h","i","j"]})"},
+      {"/0/confirm_write", R"({"written_keys_to_confirm":[["j",4],["k",6]]})"},
+      {"/0/reserve_and_allocate_page_indices", R"({"keys":["m","n","o","a","p"]})"},
+      {"/0/exists", R"({"keys":["z","w"],"namespace":"mamba"})"},
+      {"/0/reserve_and_allocate_page_indices",
+       R"({"keys":["w1","w2","w3","w4"],"namespace":"mamba"})"},
+      {"/t/1/get_page_indices", R"({"keys":["x","y"]})"},
+      {"/t/1/reserve_and_allocate_page_indices", R"({"keys":["r1","r2","r3","r4"]})"},
+      {"/2/reserve_and_allocate_page_indices", R"({"keys":["p","q","s1","s2","s3","s4"]})"},
+      {"/2/confirm_write", R"({"written_keys_to_confirm":[["q",3]]})"},
+      {"/keys/batch_exists", R"({"keys":["v1","v2"]})"},
+  };
+  for (const auto& [path, body] : calls) out += n.post(path, body) + "\n";
+  return out;
+}
+
+class SglangDurability : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::string safe;
+    for (char c : name) safe.push_back(c == '/' ? '_' : c);
+    dir_ = (fs::temp_directory_path() / ("metad-sglang-" + std::to_string(::getpid()) + "-" + safe))
+               .string();
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The probe's answers on a server that never stopped, after `history`.
+  std::string expected(int cores) {
+    node reference(config(dir_ + "-ref", 1u << 30), cores);
+    history(reference);
+    std::string want = probe(reference);
+    fs::remove_all(dir_ + "-ref");
+    return want;
+  }
+
+  std::string dir_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Cores, SglangDurability, ::testing::Values(1, 3));
+
+TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
+  const std::string want = expected(GetParam());
+  {
+    node n(config(dir_, 1u << 30), GetParam());
+    history(n);
+  }
+  for (int cores : {GetParam(), 4 - GetParam()}) {  // the same core count, then another
+    SCOPED_TRACE(cores);
+    std::string dir_copy = dir_ + "-copy";
+    fs::remove_all(dir_copy);
+    fs::copy(dir_, dir_copy, fs::copy_options::recursive);
+    node n(config(dir_copy, 1u << 30), cores);
+    EXPECT_EQ(probe(n), want);
+    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    fs::remove_all(dir_copy);
+  }
+}
+
+TEST_P(SglangDurability, SnapshotCutsKeepThePools) {
+  const std::string want = expected(GetParam());
+  {
+    node n(config(dir_, 4096), GetParam());  // a cut every few requests
+    history(n);
+    n.post("/0/exists", "{}");
+  }
+  node n(config(dir_, 4096), GetParam());
+  EXPECT_EQ(probe(n), want);
+  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+}
+
+TEST_P(SglangDurability, AVllmClearKeepsThePoolsAcrossARestart) {
+  std::string want;
+  {
+    node reference(config(dir_ + "-ref", 1u << 30), GetParam());
+    history(reference);
+    reference.post("/clear", "");
+    want = probe(reference);
+  }
+  fs::remove_all(dir_ + "-ref");
+  {
+    node n(config(dir_, 1u << 30), GetParam());
+    history(n);
+    n.post("/clear", "");
+  }
+  node n(config(dir_, 1u << 30), GetParam());
+  EXPECT_EQ(probe(n), want);
+  EXPECT_NE(want.find(R"({"exists":[false,false]})"), std::string::npos);  // vLLM's are gone
+}
+
+TEST_P(SglangDurability, ExpiredReservationsStayExpired) {
+  {
+    node n(config(dir_, 1u << 30), GetParam());
+    n.post("/0/initialize", R"({"num_pages":3})");
+    n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a","b"]})");
+    n.now += 10'001;
+    n.tick();
+    n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["c"]})");
+  }
+  node n(config(dir_, 1u << 30), GetParam());
+  // a's and b's pages went back (1 then 2 on top), c took 1... as before the restart.
+  EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["d","e","f"]})"),
+            R"({"indices":[[false,2],[false,0],[false,-1]]})");
+  EXPECT_EQ(n.post("/0/confirm_write", R"({"written_keys_to_confirm":[["a",2],["c",1]]})"), "");
+  EXPECT_EQ(n.post("/0/get_page_indices", R"({"keys":["a","c"]})"), R"({"indices":[null,1]})");
+}
+
+}  // namespace
+
+namespace {
+
+TEST_P(SglangDurability, AFailedSyncIsA503AndTheRetrySucceeds) {
+  node n(config(dir_, 1u << 30), GetParam());
+  EXPECT_EQ(n.post("/0/initialize", R"({"num_pages":2})"), "");
+  n.fail_sync = true;
+  EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a"]})"),
+            R"({"detail":"Storage unavailable: the data directory cannot be written (disk full or )"
+            R"(I/O error); nothing was changed or acknowledged, reads still work"})");
+  n.fail_sync = false;
+  n.tick();  // the failed bytes are retried at the tick's pace
+  // The reservation was made (its record stays queued and is written with the next
+  // flush), as the log will say: a retry reserves another page, and the first one
+  // returns when its TTL ends.
+  EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a"]})"),
+            R"({"indices":[[false,0]]})");
+  EXPECT_EQ(n.post("/0/confirm_write", R"({"written_keys_to_confirm":[["a",0]]})"), "");
+  n.now += 10'001;
+  n.tick();
+  EXPECT_NE(n.get("/stats").find(R"("free":1,"in_flight":0,"bound":1)"), std::string::npos);
+}
+
+}  // namespace
