@@ -21,6 +21,7 @@
 #                               kill -9 (from the log) and after a graceful stop (from the
 #                               snapshots the previous start wrote), VmRSS before and after
 #                               (RESTART_BINDINGS="1 2" picks the millions to run)
+#   scripts/bench.sh --sglang   ~1 minute: SGLang's calls against vLLM's at 128 keys
 # Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
@@ -32,10 +33,10 @@ mode=full
 do_build=1
 while (($#)); do
   case "$1" in
-    --quick | --memory | --micro | --scaling | --stale | --fanout | --restart) mode=${1#--} ;;
+    --quick | --memory | --micro | --scaling | --stale | --fanout | --restart | --sglang) mode=${1#--} ;;
     --no-build) do_build=0 ;;
     --build-dir) build=$(realpath -m "$2"); shift ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -44,7 +45,7 @@ done
 tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
-  scaling) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
+  scaling | sglang) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
   memory | stale | restart) tools+=" curl" ;;  # waits for the server's port with it
   fanout) tools+=" python3" ;;
 esac
@@ -63,7 +64,7 @@ load_bin="$build/bench/metad-load"
 wrk_dir="$root/bench/wrk"
 
 case $mode in
-  quick) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
+  quick | sglang) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
   scaling) seconds=3; warmup=2; runs=3; replay_seconds=5 ;;  # ~4 minutes on 16 CPUs
   *) seconds=10; warmup=2; runs=3; replay_seconds=10; replay_runs=3 ;;
 esac
@@ -533,7 +534,27 @@ run_restart() {
     "restarts' RSS; data dir: size after the kill."
 }
 
+# SGLang's calls against vLLM's at 128 keys, uring, one server core: the read of a
+# batch's pages and the save pair on the write-failure path (reserve/allocate 128 fresh
+# keys, then release them). Pools and ranks of 131,072 bound keys.
+run_sglang() {
+  local c
+  for c in "vLLM get_locations 128 keys:get_locations.lua:2:64" \
+    "SGLang get_page_indices 128 keys:sglang_get_page_indices.lua:2:64" \
+    "SGLang exists 128 keys:sglang_exists.lua:2:64" \
+    "vLLM alloc→release pair 128 keys (req = half pair):alloc_release.lua:8:8" \
+    "SGLang reserve→release pair 128 keys (req = half pair):sglang_reserve_release.lua:8:8"; do
+    IFS=: read -r name script threads conns <<<"$c"
+    start_server uring "$server_cpus"
+    METAD_BENCH_KEYS=131072 wrk_case "$name" uring "$server_port" "$script" "$threads" "$conns" \
+      "$load_cpus" "$server_pid"
+    stop_server
+  done
+  print_table
+}
+
 case $mode in
+  sglang) run_sglang ;;
   fanout) run_fanout ;;
   restart) run_restart ;;
   quick) run_wrk_suite ;;
