@@ -7,35 +7,15 @@
 package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua;" .. package.path
 local common = require("common")
 
-local threads = {}
-setup = common.numbered_setup(threads, function() common.init_rank(1, 1048576) end)
-
-local allocate_req, release_req, phase
-bad = 0
-function init(args)
-  local ids = common.ids((id + 1) * 1000000, 128)
-  allocate_req = wrk.format("POST", "/keys/batch_allocate", { ["Content-Type"] = "application/json" },
-                            '{"rank":1,"keys":' .. common.keys_json(ids, true) .. '}')
-  phase = "allocate"
-end
-
-function request()
-  if phase == "allocate" then return allocate_req end
-  return release_req
-end
-
-function response(status, headers, body)
-  if phase == "allocate" then
-    local pages = common.pages_of(body)
-    if status ~= 200 or #pages ~= 128 then bad = bad + 1 end
-    release_req = wrk.format("POST", "/keys/confirm_write", { ["Content-Type"] = "application/json" },
-                             '{"rank":1,"confirmations":[],"pages_to_release":[' ..
-                             table.concat(pages, ",") .. ']}')
-    phase = "release"
-  else
-    if status ~= 204 then bad = bad + 1 end
-    phase = "allocate"
-  end
-end
-
-done = common.done_counting_bad(threads)
+common.alternating_pair(
+  function() common.init_rank(1, 1048576) end,
+  function(id)
+    local ids = common.ids((id + 1) * 1000000, 128)
+    return "/keys/batch_allocate", '{"rank":1,"keys":' .. common.keys_json(ids, true) .. '}'
+  end,
+  function(status, body) return status == 200 and #common.pages_of(body) == 128 end,
+  function(body)
+    return "/keys/confirm_write", '{"rank":1,"confirmations":[],"pages_to_release":[' ..
+                                  table.concat(common.pages_of(body), ",") .. ']}'
+  end,
+  204)

@@ -174,4 +174,38 @@ function M.done_counting_bad(threads)
   end
 end
 
+-- The save pair on the write-failure path, for any API: each wrk thread (run -t N -c N,
+-- one strictly alternating stream per thread) sends `first` (a path and body: reserve 128
+-- fresh keys of its own), then the release that `second(body)` makes from the answer (a
+-- path and body), alternating. first(id) gets the thread's number; ok_first(status,
+-- body) and `second_status` check the answers (wrong ones count as errors). Sets the
+-- globals setup, init, request, response and done; `once` runs before any request.
+function M.alternating_pair(once, first, ok_first, second, second_status)
+  local threads = {}
+  setup = M.numbered_setup(threads, once)
+  local first_req, second_req, phase
+  bad = 0
+  local json = { ["Content-Type"] = "application/json" }
+  init = function(args)
+    local path, body = first(id)
+    first_req = wrk.format("POST", path, json, body)
+    phase = 1
+  end
+  request = function()
+    return phase == 1 and first_req or second_req
+  end
+  response = function(status, headers, body)
+    if phase == 1 then
+      if not ok_first(status, body) then bad = bad + 1 end
+      local path, release = second(body)
+      second_req = wrk.format("POST", path, json, release)
+      phase = 2
+    else
+      if status ~= second_status then bad = bad + 1 end
+      phase = 1
+    end
+  end
+  done = M.done_counting_bad(threads)
+end
+
 return M

@@ -35,4 +35,18 @@ end
 
 M.keys_total = math.floor(tonumber(os.getenv("METAD_BENCH_KEYS") or "") or 131072)
 
+-- A static POST of 128 keys spread over the pool to /1/<op>, with the pool of rank 1
+-- populated by the first thread's setup() (the read scripts).
+function M.read_keys(op)
+  common.static_post("/1/" .. op,
+                     '{"keys":' .. common.keys_json(common.ids(0, 128, 7919, M.keys_total), false) .. '}')
+  local populated = false
+  setup = function(thread)
+    if populated then return end
+    populated = true
+    M.populate(1, 1048576, M.keys_total, 16384)
+  end
+  done = common.done
+end
+
 return M

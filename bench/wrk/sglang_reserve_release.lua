@@ -6,39 +6,18 @@ package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "?.lua
 local common = require("common")
 local sglang = require("sglang_common")
 
-local threads = {}
-setup = common.numbered_setup(threads, function()
-  local code = common.post("/2/initialize", '{"num_pages":1048576}')
-  assert(code == 204, "sglang initialize answered " .. tostring(code))
-end)
-
-local reserve_req, release_req, phase
-bad = 0
-function init(args)
-  local ids = common.ids((id + 1) * 1000000, 128)
-  reserve_req = wrk.format("POST", "/2/reserve_and_allocate_page_indices",
-                           { ["Content-Type"] = "application/json" },
-                           '{"keys":' .. common.keys_json(ids, true) .. '}')
-  phase = "reserve"
-end
-
-function request()
-  if phase == "reserve" then return reserve_req end
-  return release_req
-end
-
-function response(status, headers, body)
-  if phase == "reserve" then
-    local pages = sglang.pages_of(body)
-    if status ~= 200 or #pages ~= 128 then bad = bad + 1 end
-    release_req = wrk.format("POST", "/2/confirm_write", { ["Content-Type"] = "application/json" },
-                             '{"written_keys_to_confirm":[],"pages_to_release":[' ..
-                             table.concat(pages, ",") .. ']}')
-    phase = "release"
-  else
-    if status ~= 204 then bad = bad + 1 end
-    phase = "reserve"
-  end
-end
-
-done = common.done_counting_bad(threads)
+common.alternating_pair(
+  function()
+    local code = common.post("/2/initialize", '{"num_pages":1048576}')
+    assert(code == 204, "sglang initialize answered " .. tostring(code))
+  end,
+  function(id)
+    local ids = common.ids((id + 1) * 1000000, 128)
+    return "/2/reserve_and_allocate_page_indices", '{"keys":' .. common.keys_json(ids, true) .. '}'
+  end,
+  function(status, body) return status == 200 and #sglang.pages_of(body) == 128 end,
+  function(body)
+    return "/2/confirm_write", '{"written_keys_to_confirm":[],"pages_to_release":[' ..
+                               table.concat(sglang.pages_of(body), ",") .. ']}'
+  end,
+  204)
