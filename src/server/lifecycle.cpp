@@ -437,7 +437,9 @@ std::string check_consistency(const cluster& cl) {
   std::unordered_map<std::string, std::int32_t> bound;
   std::int64_t sg_pools = 0;
   for (const auto& core : cl.core) {
-    for (const auto& [tenant, pools] : core->sg_tenants) {
+    for (const auto& entry : core->sg_tenants) {
+      const std::string_view tenant = entry.first;  // lambdas cannot capture bindings in C++20
+      const auto& pools = entry.second;
       std::string e;
       pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
         ++sg_pools;

@@ -53,10 +53,12 @@ void collect_sg_pools(const core_state& core, scratch& s) {
   sum.skipped += c.skipped;
   sum.release_refused += c.release_refused;
   sum.deleted += c.deleted;
-  for (const auto& [tenant, pools] : core.sg_tenants) {
-    pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
-      s.sg_rows.add(tenant, rank, ns, pool.stats());
-    });
+  for (const auto& entry : core.sg_tenants) {
+    const std::string_view tenant = entry.first;  // lambdas cannot capture bindings in C++20
+    entry.second.for_each(
+        [&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+          s.sg_rows.add(tenant, rank, ns, pool.stats());
+        });
   }
 }
 
@@ -417,9 +419,10 @@ void write_sg_pools(const core_state& core, Sink&& sink) {
   std::vector<std::int64_t> free, bound_pages;
   std::vector<std::string_view> bound_keys;
   std::vector<store::sg_flight> flights;
-  for (const auto& [tenant, registry] : core.sg_tenants) {
-    const std::string_view name = tenant;
-    registry.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+  for (const auto& entry : core.sg_tenants) {
+    const std::string_view name = entry.first;  // lambdas cannot capture bindings in C++20
+    entry.second.for_each([&](std::int64_t rank, std::string_view ns,
+                              const shard::sglang_pool& pool) {
       const shard::sglang_image image = pool.image();
       free.assign(image.free.begin(), image.free.end());
       bound_keys.clear();
