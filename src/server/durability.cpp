@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "metad/log.hpp"
-#include "shard/packed_key.hpp"
 #include "server/sglang_durability.hpp"
+#include "shard/packed_key.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
