@@ -21,7 +21,10 @@
 #                               kill -9 (from the log) and after a graceful stop (from the
 #                               snapshots the previous start wrote), VmRSS before and after
 #                               (RESTART_BINDINGS="1 2" picks the millions to run)
-#   scripts/bench.sh --sglang   ~1 minute: SGLang's calls against vLLM's at 128 keys
+#   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
+#                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
+#                               which is not in this repository) also against SGLang's own
+#                               server in the same run (Debian's python3-fastapi, uvicorn)
 # Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
@@ -31,12 +34,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-bench"
 mode=full
 do_build=1
+sglang_ref=""
 while (($#)); do
   case "$1" in
     --quick | --memory | --micro | --scaling | --stale | --fanout | --restart | --sglang) mode=${1#--} ;;
     --no-build) do_build=0 ;;
     --build-dir) build=$(realpath -m "$2"); shift ;;
-    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+    --sglang-ref) sglang_ref=$(realpath "$2"); shift ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,6 +54,7 @@ case $mode in
   memory | stale | restart) tools+=" curl" ;;  # waits for the server's port with it
   fanout) tools+=" python3" ;;
 esac
+[[ -z $sglang_ref ]] || tools+=" /usr/bin/python3"
 for tool in $tools; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool missing: run scripts/setup.sh --bench" >&2; exit 1; }
 done
@@ -64,7 +70,8 @@ load_bin="$build/bench/metad-load"
 wrk_dir="$root/bench/wrk"
 
 case $mode in
-  quick | sglang) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
+  quick) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
+  sglang) seconds=3; warmup=1; runs=3 ;;
   scaling) seconds=3; warmup=2; runs=3; replay_seconds=5 ;;  # ~4 minutes on 16 CPUs
   *) seconds=10; warmup=2; runs=3; replay_seconds=10; replay_runs=3 ;;
 esac
@@ -536,7 +543,17 @@ run_restart() {
 
 # SGLang's calls against vLLM's at 128 keys, uring, one server core: the read of a
 # batch's pages and the save pair on the write-failure path (reserve/allocate 128 fresh
-# keys, then release them). Pools and ranks of 131,072 bound keys.
+# keys, then release them). Pools and ranks of 131,072 bound keys. With --sglang-ref,
+# the SGLang rows run against SGLang's own server too (one uvicorn process on the same
+# CPU, as SGLang starts it).
+ref_port=18311
+start_reference() {
+  taskset -c "$server_cpus" /usr/bin/python3 "$root/bench/sglang_ref/run_reference.py" \
+    "$sglang_ref" --host 127.0.0.1 --port "$ref_port" >"$tmp/reference.log" 2>&1 &
+  server_pid=$!
+  pids+=("$server_pid")
+  wait_port "$ref_port"
+}
 run_sglang() {
   local c
   for c in "vLLM get_locations 128 keys:get_locations.lua:2:64" \
@@ -549,8 +566,15 @@ run_sglang() {
     METAD_BENCH_KEYS=131072 wrk_case "$name" uring "$server_port" "$script" "$threads" "$conns" \
       "$load_cpus" "$server_pid"
     stop_server
+    [[ -n $sglang_ref && $name == SGLang* ]] || continue
+    start_reference
+    METAD_BENCH_KEYS=131072 wrk_case "$name" "SGLang's server" "$ref_port" "$script" "$threads" \
+      "$conns" "$load_cpus" "$server_pid"
+    stop_server
   done
   print_table
+  [[ -z $sglang_ref ]] || echo "SGLang's server: $(head -1 "$tmp/reference.log" | sed 's/^run_reference: //')" \
+    "(uvicorn $(/usr/bin/python3 -c 'import uvicorn; print(uvicorn.__version__)'), its default access log on)."
 }
 
 case $mode in
