@@ -80,8 +80,10 @@ class sglang_decoder {
   error decode_get_page_indices(std::string_view body, sg_keys_cmd& out);
 
  private:
-  // A string-keys body; keys_first: report a keys error before a namespace error.
-  error decode_string_keys(std::string_view body, bool keys_first, sg_keys_cmd& out);
+  // A keys body; keys_first: report a keys error before a namespace error; prefixed: a
+  // key may also be a [key, prefix_key] pair (reserve).
+  error decode_keys(std::string_view body, bool keys_first, bool prefixed, sg_keys_cmd& out);
+  error read_key(simdjson::dom::element value, bool prefixed, std::size_t index);
   error add_key(std::string_view key, std::size_t index);
 
   simdjson::dom::parser parser_;

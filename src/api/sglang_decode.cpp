@@ -67,7 +67,24 @@ error sglang_decoder::decode_initialize(std::string_view body, std::int64_t page
   return {};
 }
 
-error sglang_decoder::decode_string_keys(std::string_view body, bool keys_first, sg_keys_cmd& out) {
+// One element of a keys list: a string, or (reserve) a [key, prefix_key] pair of strings.
+error sglang_decoder::read_key(element value, bool prefixed, std::size_t index) {
+  std::string_view key;
+  if (get_string(value, key)) return add_key(key, index);
+  if (!prefixed) return bad_request(kSglangInvalidKeys);
+  element first;
+  element second;
+  std::string_view prefix;
+  if (!get_pair(value, first, second) || !get_string(first, key) || !get_string(second, prefix)) {
+    return bad_request(fmt::format(
+        "Invalid key at index {}: expected a [key, prefix_key] pair of strings or a string",
+        index));
+  }
+  return add_key(key, index);
+}
+
+error sglang_decoder::decode_keys(std::string_view body, bool keys_first, bool prefixed,
+                                  sg_keys_cmd& out) {
   out.ns.clear();
   out.ns_valid = false;
   out.keys.clear();
@@ -84,9 +101,7 @@ error sglang_decoder::decode_string_keys(std::string_view body, bool keys_first,
     }
     std::size_t index = 0;
     for (element value : list) {
-      std::string_view key;
-      if (!get_string(value, key)) return bad_request(kSglangInvalidKeys);
-      if (error e = add_key(key, index++)) return e;
+      if (error e = read_key(value, prefixed, index++)) return e;
     }
   }
   if (ns_error) return ns_error;
@@ -95,50 +110,19 @@ error sglang_decoder::decode_string_keys(std::string_view body, bool keys_first,
 }
 
 error sglang_decoder::decode_exists(std::string_view body, sg_keys_cmd& out) {
-  return decode_string_keys(body, /*keys_first=*/true, out);
+  return decode_keys(body, /*keys_first=*/true, /*prefixed=*/false, out);
 }
 
 error sglang_decoder::decode_delete_keys(std::string_view body, sg_keys_cmd& out) {
-  return decode_string_keys(body, /*keys_first=*/false, out);
+  return decode_keys(body, /*keys_first=*/false, /*prefixed=*/false, out);
 }
 
 error sglang_decoder::decode_get_page_indices(std::string_view body, sg_keys_cmd& out) {
-  return decode_string_keys(body, /*keys_first=*/false, out);
+  return decode_keys(body, /*keys_first=*/false, /*prefixed=*/false, out);
 }
 
 error sglang_decoder::decode_reserve(std::string_view body, sg_keys_cmd& out) {
-  out.ns.clear();
-  out.ns_valid = false;
-  out.keys.clear();
-  simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
-  const auto [keys, ns] = find_fields<2>(object, {"keys", "namespace"});
-  if (error e = read_namespace(ns, out.ns, out.ns_valid)) return e;
-  scratch_.clear();
-  if (keys.present) {
-    simdjson::dom::array list;
-    if (keys.value.get_array().get(list) != simdjson::SUCCESS) {
-      return bad_request(kSglangInvalidKeys);
-    }
-    std::size_t index = 0;
-    for (element value : list) {
-      std::string_view key;
-      std::string_view prefix;
-      element first;
-      element second;
-      const bool ok =
-          get_string(value, key) ||
-          (get_pair(value, first, second) && get_string(first, key) && get_string(second, prefix));
-      if (!ok) {
-        return bad_request(fmt::format(
-            "Invalid key at index {}: expected a [key, prefix_key] pair of strings or a string",
-            index));
-      }
-      if (error e = add_key(key, index++)) return e;
-    }
-  }
-  out.keys.assign_within_one_buffer(scratch_);
-  return {};
+  return decode_keys(body, /*keys_first=*/false, /*prefixed=*/true, out);
 }
 
 error sglang_decoder::decode_confirm(std::string_view body, sg_confirm_cmd& out) {
