@@ -164,38 +164,53 @@ void control::run() {
     machine.on_etcd_failed(steady::now());
   };
 
+  // The leader key's watch stays open across actions (every role follows it: a
+  // standby to see the key go, a leader to see its own key deleted); it is reopened
+  // from the machine's revision after it ends, at most once per retry interval.
+  time_point watch_retry_at{};
+  auto follow_watch = [&](time_point now, time_point until) {
+    if (!watch.is_open()) {
+      if (machine.watch_revision() == 0 || now < watch_retry_at) return false;
+      if (!watch.open(etcd, leader, machine.watch_revision(),
+                      std::min(until, now + config_.connect_timeout), error)) {
+        metad::log::debug("ha: watch failed: {}", error);
+        watch_retry_at = now + config_.timings.retry_interval;
+        return false;
+      }
+    }
+    events.clear();
+    const auto status = watch.next(until, events, error);
+    now = steady::now();
+    for (const watch_event& event : events) {
+      if (event.type == watch_event::kind::del) {
+        machine.on_leader_deleted(now, event.kv.mod_revision);
+      } else {
+        machine.on_leader_put(now, *to_holder(event.kv), event.kv.mod_revision);
+      }
+    }
+    if (status == etcd_watch::status::ended) {
+      metad::log::debug("ha: watch ended: {}", error);
+      watch_retry_at = now + config_.timings.retry_interval;
+      return false;
+    }
+    return true;
+  };
+
   while (!stopping_.load()) {
     time_point now = steady::now();
     const action next = machine.next(now);
     publish(machine);
-    if (next.kind == action_kind::watch) {
-      if (!watch.is_open() && !watch.open(etcd, leader, machine.watch_revision(),
-                                          now + config_.request_timeout, error)) {
-        metad::log::debug("ha: watch failed: {}", error);
-        machine.on_watch_broken(steady::now());
-        continue;
-      }
+    if (next.kind == action_kind::watch || next.at > now) {
       // Short waits, so that stop() is not held up by a quiet watch.
-      events.clear();
       const auto until = std::min(next.at, now + milliseconds(100));
-      const auto status = watch.next(until, events, error);
-      now = steady::now();
-      for (const watch_event& event : events) {
-        if (event.type == watch_event::kind::del) {
-          machine.on_leader_deleted(now, event.kv.mod_revision);
+      if (!follow_watch(now, until)) {
+        if (next.kind == action_kind::watch && !watch.is_open()) {
+          machine.on_watch_broken(steady::now());
         } else {
-          machine.on_leader_put(now, *to_holder(event.kv), event.kv.mod_revision);
+          const auto retry = watch_retry_at > steady::now() ? watch_retry_at : until;
+          sleep_until(std::min(until, retry));
         }
       }
-      if (status == etcd_watch::status::ended) {
-        metad::log::debug("ha: watch ended: {}", error);
-        machine.on_watch_broken(now);
-      }
-      continue;
-    }
-    watch.close();  // reopened from the machine's revision after this action
-    if (next.at > now) {
-      sleep_until(next.at);
       continue;
     }
     const time_point sent = now;

@@ -55,10 +55,11 @@ action leadership::next(time_point now) {
   return step_;
 }
 
-void leadership::become_leader(std::int64_t epoch, time_point deadline) {
+void leadership::become_leader(std::int64_t epoch, time_point deadline, std::int64_t revision) {
   role_ = role::leader;
   epoch_ = epoch;
   deadline_ = deadline;
+  watch_revision_ = std::max(watch_revision_, revision + 1);
   schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
 }
 
@@ -67,18 +68,20 @@ void leadership::become_standby(time_point now, std::int64_t revision) {
   lease_ = 0;
   epoch_ = 0;
   deadline_ = time_point::min();
-  watch_revision_ = revision + 1;
+  watch_revision_ = std::max(watch_revision_, revision + 1);
   schedule(action_kind::watch, now + timing_.recheck_interval);
 }
 
 void leadership::on_observed(time_point now, const std::optional<holder>& leader,
                              const std::optional<std::string>& sync, std::int64_t revision) {
   known_ = leader;
+  watch_revision_ = std::max(watch_revision_, revision + 1);
   if (role_ == role::leader || role_ == role::fenced) {
     // Verifying after a renewal that followed the deadline: resume only if the key is
     // still the one this node created, under this lease.
     if (leader && leader->lease == lease_ && leader->epoch == epoch_) {
       role_ = role::leader;
+      watch_revision_ = std::max(watch_revision_, revision + 1);
       schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
       return;
     }
@@ -89,7 +92,7 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
   if (leader) {
     // A campaign whose answer was lost may have won: the key then carries our lease.
     if (lease_ != 0 && leader->lease == lease_) {
-      become_leader(leader->epoch, grant_deadline_);
+      become_leader(leader->epoch, grant_deadline_, revision);
       return;
     }
     become_standby(now, revision);
@@ -117,7 +120,7 @@ void leadership::on_campaign(time_point now, const std::optional<holder>& key,
   if (role_ != role::candidate) return;
   known_ = key;
   if (key && lease_ != 0 && key->lease == lease_) {
-    become_leader(key->epoch, grant_deadline_);
+    become_leader(key->epoch, grant_deadline_, revision);
     return;
   }
   // Lost: the unused lease expires by itself within its TTL.
@@ -145,16 +148,26 @@ void leadership::on_keepalive(time_point now, time_point sent_at, milliseconds t
 }
 
 void leadership::on_leader_deleted(time_point now, std::int64_t revision) {
+  if (revision < watch_revision_) return;  // older than what a read already showed
   known_.reset();
-  watch_revision_ = std::max(watch_revision_, revision + 1);
+  watch_revision_ = revision + 1;
+  if (role_ == role::leader || role_ == role::fenced) {
+    // Its own key is gone (its lease expired, or someone deleted the key): it stops
+    // serving now, before another node can win the key.
+    role_ = role::standby;
+    lease_ = 0;
+    epoch_ = 0;
+    deadline_ = time_point::min();
+  }
   // Re-read before campaigning: /sync decides whether this node may, and it may have
   // changed since the last read.
   schedule(action_kind::observe, now);
 }
 
 void leadership::on_leader_put(time_point now, const holder& key, std::int64_t revision) {
+  if (revision < watch_revision_) return;
   known_ = key;
-  watch_revision_ = std::max(watch_revision_, revision + 1);
+  watch_revision_ = revision + 1;
   if (role_ == role::leader || role_ == role::fenced) {
     if (key.lease != lease_ || key.epoch != epoch_) schedule(action_kind::observe, now);
   }

@@ -45,7 +45,8 @@ enum class action_kind {
   grant,      // grant a lease of timing.ttl → on_granted
   campaign,   // create-if-absent of the leader key with lease() → on_campaign
   keepalive,  // renew lease() → on_keepalive
-  watch,      // wait for changes of the leader key from watch_revision() until `at`
+  watch,      // standby: wait for changes of the leader key until `at` (every role
+              // follows the key's watch while it waits for its next action)
 };
 const char* to_string(action_kind k);
 
@@ -73,6 +74,8 @@ class leadership {
   void on_campaign(time_point now, const std::optional<holder>& key, std::int64_t revision);
   // ttl == 0: the lease no longer exists.
   void on_keepalive(time_point now, time_point sent_at, milliseconds ttl);
+  // Watch events, at their mod_revision; older than watch_revision() are ignored. A
+  // leader whose key is deleted stops serving at once.
   void on_leader_deleted(time_point now, std::int64_t revision);
   void on_leader_put(time_point now, const holder& key, std::int64_t revision);
   // The watch broke (member gone, cancelled): re-read, then watch again.
@@ -86,6 +89,7 @@ class leadership {
   time_point serving_until() const { return role_ == role::leader ? deadline_ : time_point::min(); }
   std::int64_t epoch() const { return role_ == role::leader ? epoch_ : 0; }
   std::int64_t lease() const { return lease_; }
+  // The first revision not yet seen (0: none read yet); a watch (re)opens from it.
   std::int64_t watch_revision() const { return watch_revision_; }
   const std::optional<holder>& known_leader() const { return known_; }
   time_point last_renewal_sent() const { return renewed_sent_; }
@@ -93,7 +97,7 @@ class leadership {
 
  private:
   void become_standby(time_point now, std::int64_t revision);
-  void become_leader(std::int64_t epoch, time_point deadline);
+  void become_leader(std::int64_t epoch, time_point deadline, std::int64_t revision);
   void schedule(action_kind kind, time_point at);
   time_point deadline_from(time_point sent_at, milliseconds ttl) const;
 

@@ -339,6 +339,40 @@ TEST(Leadership, ALeaderSeeingItsKeyReplacedChecksIt) {
   EXPECT_EQ(f.m.current(), role::standby);
 }
 
+TEST(Leadership, ALeaderWhoseKeyIsDeletedStopsServingAtOnce) {
+  for (const bool fenced_first : {false, true}) {
+    fixture f;
+    f.win(7, 100);
+    if (fenced_first) f.m.next(at(900));
+    f.m.on_leader_deleted(at(300), 130);
+    EXPECT_EQ(f.m.current(), role::standby);
+    EXPECT_FALSE(f.m.serving(at(300)));
+    EXPECT_EQ(f.m.lease(), 0);
+    EXPECT_EQ(f.m.next(at(300)).kind, action_kind::observe);
+    // The key is gone: it may campaign again (for a new epoch).
+    f.m.on_observed(at(301), std::nullopt, std::nullopt, 130);
+    EXPECT_EQ(f.m.next(at(301)).kind, action_kind::grant);
+  }
+}
+
+TEST(Leadership, WatchEventsOlderThanWhatWasReadAreIgnored) {
+  fixture f;
+  f.m.next(t0);
+  f.m.on_observed(at(1), std::nullopt, std::nullopt, 60);  // nobody leads at 60
+  ASSERT_EQ(f.m.next(at(1)).kind, action_kind::grant);
+  f.m.on_leader_deleted(at(2), 55);  // the stream catching up: already known
+  EXPECT_EQ(f.m.next(at(2)).kind, action_kind::grant);
+  f.m.on_granted(at(3), at(2), 7, ms(1000));
+  f.m.on_campaign(at(4), ha::holder{61, 7, "me"}, 61);
+  ASSERT_EQ(f.m.current(), role::leader);
+  EXPECT_EQ(f.m.watch_revision(), 62);
+  f.m.on_leader_deleted(at(5), 58);  // an older incarnation of the key
+  f.m.on_leader_put(at(5), ha::holder{59, 3, "old"}, 59);
+  EXPECT_EQ(f.m.current(), role::leader);
+  EXPECT_TRUE(f.m.serving(at(5)));
+  EXPECT_EQ(f.m.known_leader()->lease, 7);
+}
+
 TEST(Leadership, LateAnswersForAnotherRoleAreIgnored) {
   fixture f;
   f.m.next(t0);
@@ -461,22 +495,20 @@ void run_simulation(unsigned seed) {
           n.machine.on_observed(now, r.key, std::nullopt, r.revision);
         }
       }
-      if (p) continue;
-      const ha::action a = n.machine.next(now);
-      if (a.kind == action_kind::watch) {
-        if (now >= n.cut_until) {
-          for (const auto& [rev, deleted] : etcd.history) {
-            if (rev >= n.machine.watch_revision()) {
-              if (deleted) {
-                n.machine.on_leader_deleted(now, rev);
-              } else if (etcd.key && etcd.key->epoch == rev) {
-                n.machine.on_leader_put(now, *etcd.key, rev);
-              }
-            }
+      // Every node follows the key's watch (events arrive while it waits or works).
+      if (now >= n.cut_until && n.machine.watch_revision() > 0) {
+        for (const auto& [rev, deleted] : etcd.history) {
+          if (rev < n.machine.watch_revision()) continue;
+          if (deleted) {
+            n.machine.on_leader_deleted(now, rev);
+          } else if (etcd.key && etcd.key->epoch == rev) {
+            n.machine.on_leader_put(now, *etcd.key, rev);
           }
         }
-        continue;
       }
+      if (p) continue;
+      const ha::action a = n.machine.next(now);
+      if (a.kind == action_kind::watch) continue;
       if (a.kind == action_kind::wait || a.at > now) continue;
       const int latency = chance(0.1) ? pick(50, 400) : pick(0, 8);
       p.emplace();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "etcd_process.hpp"
+#include "ha/base64.hpp"
 #include "ha/control.hpp"
 #include "ha/etcd.hpp"
 
@@ -279,15 +280,69 @@ TEST_F(EtcdTest, LeaderFencesWhenEtcdDiesAndOneLeadsAfterItsRestart) {
   EXPECT_FALSE(h.nodes[0]->serving());
   EXPECT_FALSE(h.nodes[1]->serving());
 
-  ASSERT_TRUE(etcd_.start()) << "etcd did not restart";
   const auto restarted = steady::now();
+  ASSERT_TRUE(etcd_.start()) << "etcd did not restart";
   const int after = h.wait_for_leader(5s);
   ASSERT_GE(after, 0) << "no leader after etcd restarted";
-  std::printf("etcd restarted: node %s leads again after %.0f ms (it %s the old leader)\n",
-              after == 0 ? "a" : "b", ms_between(restarted, steady::now()),
-              after == leader ? "is" : "is not");
+  std::printf(
+      "etcd restarted: node %s leads again %.0f ms after the restart began (it %s the old "
+      "leader)\n",
+      after == 0 ? "a" : "b", ms_between(restarted, steady::now()),
+      after == leader ? "is" : "is not");
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(h.leader_index(), after);
+  EXPECT_EQ(h.overlaps.load(), 0) << "both nodes served at once";
+}
+
+TEST_F(EtcdTest, GracefulStopRevokesTheLeaseForAnImmediateHandover) {
+  pair_harness h(etcd_.url());
+  h.start(0);
+  h.start(1);
+  const int leader = h.wait_for_leader(3s);
+  ASSERT_GE(leader, 0);
+  std::shared_ptr<ha::control> node;
+  {
+    std::lock_guard lock(h.mutex);
+    node = h.nodes[leader];
+  }
+  const std::int64_t epoch = node->epoch();
+  ha::etcd_client etcd(*ha::parse_endpoints(etcd_.url()), 100ms);
+  auto read = etcd.read({ha::leader_key("t")}, in(1s));
+  ASSERT_TRUE(read && read->keys[0]);
+  const std::int64_t lease = read->keys[0]->lease;
+  const auto stopping = steady::now();
+  node->stop(true);
+  EXPECT_FALSE(node->serving());
+  node->stop(true);  // a second stop is a no-op
+  h.stop(leader);    // (the harness forgets it)
+  auto ttl = etcd.keepalive(lease, in(1s));
+  ASSERT_TRUE(ttl) << ttl.error;
+  EXPECT_EQ(*ttl, 0) << "the lease should be revoked";
+  const int next = h.wait_for_leader(3s);
+  EXPECT_EQ(next, 1 - leader);
+  EXPECT_GT(h.nodes[1 - leader]->epoch(), epoch);
+  std::printf("graceful stop with revoke: the other node leads %.0f ms after the stop began\n",
+              ms_between(stopping, steady::now()));
+  EXPECT_EQ(h.overlaps.load(), 0) << "both nodes served at once";
+}
+
+TEST_F(EtcdTest, ALeaderWhoseKeyIsDeletedByHandStopsServing) {
+  pair_harness h(etcd_.url());
+  h.start(0);
+  h.start(1);
+  const int leader = h.wait_for_leader(3s);
+  ASSERT_GE(leader, 0);
+  std::this_thread::sleep_for(100ms);  // its watch is open
+  ha::etcd_client etcd(*ha::parse_endpoints(etcd_.url()), 100ms);
+  // An operator's mistake: the key goes while the lease lives. The leader learns it
+  // from its watch and stops; the standby campaigns for a new epoch.
+  auto deleted = etcd.http().post(
+      "/v3/kv/deleterange", "{\"key\":\"" + ha::base64_encode(ha::leader_key("t")) + "\"}", in(1s));
+  ASSERT_TRUE(deleted.ok && deleted.status == 200) << deleted.error << deleted.body;
+  const int next = h.wait_for_leader(3s);
+  ASSERT_GE(next, 0);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(h.leader_index(), next);
   EXPECT_EQ(h.overlaps.load(), 0) << "both nodes served at once";
 }
 
