@@ -150,117 +150,138 @@ void control::publish(const leadership& machine) {
   }
 }
 
-void control::run() {
-  etcd_client etcd(config_.etcd, config_.connect_timeout);
-  etcd_watch watch;
-  leadership machine(config_.timings, may_campaign_, steady::now());
-  const std::string leader = leader_key(config_.cluster);
-  const std::vector<std::string> keys{leader, sync_key(config_.cluster)};
-  const std::int64_t ttl_s = config_.timings.ttl.count() / 1000;
-  std::string error;
-  std::vector<watch_event> events;
-  auto failed = [&](std::string_view what, const std::string& why) {
-    metad::log::debug("ha: {} failed: {}", what, why);
-    machine.on_etcd_failed(steady::now());
-  };
+namespace {
 
-  // The leader key's watch stays open across actions (every role follows it: a
-  // standby to see the key go, a leader to see its own key deleted); it is reopened
-  // from the machine's revision after it ends, at most once per retry interval.
-  time_point watch_retry_at{};
-  auto follow_watch = [&](time_point now, time_point until) {
-    if (!watch.is_open()) {
-      if (machine.watch_revision() == 0 || now < watch_retry_at) return false;
-      if (!watch.open(etcd, leader, machine.watch_revision(),
-                      std::min(until, now + config_.connect_timeout), error)) {
-        metad::log::debug("ha: watch failed: {}", error);
-        watch_retry_at = now + config_.timings.retry_interval;
-        return false;
-      }
-    }
-    events.clear();
-    const auto status = watch.next(until, events, error);
-    now = steady::now();
-    for (const watch_event& event : events) {
-      if (event.type == watch_event::kind::del) {
-        machine.on_leader_deleted(now, event.kv.mod_revision);
-      } else {
-        machine.on_leader_put(now, *to_holder(event.kv), event.kv.mod_revision);
-      }
-    }
-    if (status == etcd_watch::status::ended) {
-      metad::log::debug("ha: watch ended: {}", error);
-      watch_retry_at = now + config_.timings.retry_interval;
+// What the ha thread holds while it runs: the etcd client, the leader key's watch and
+// the state machine; perform() does one action and feeds the answer back.
+class session {
+ public:
+  session(const config& c, const leadership::may_campaign_fn& may_campaign)
+      : config_(c),
+        etcd_(c.etcd, c.connect_timeout),
+        machine_(c.timings, may_campaign, steady::now()),
+        leader_(leader_key(c.cluster)),
+        keys_{leader_, sync_key(c.cluster)} {}
+
+  leadership& machine() { return machine_; }
+  // Waits until `until` (or less) on the watch, or sleeps through `sleep` if it has none.
+  template <typename Sleep>
+  void wait(const action& next, time_point now, time_point until, Sleep&& sleep);
+  void perform(const action& next, time_point sent);
+
+ private:
+  bool follow_watch(time_point now, time_point until);
+  void failed(std::string_view what, const std::string& why) {
+    metad::log::debug("ha: {} failed: {}", what, why);
+    machine_.on_etcd_failed(steady::now());
+  }
+
+  const config& config_;
+  etcd_client etcd_;
+  etcd_watch watch_;
+  leadership machine_;
+  const std::string leader_;
+  const std::vector<std::string> keys_;
+  std::string error_;
+  std::vector<watch_event> events_;
+  time_point watch_retry_at_{};
+};
+
+// The leader key's watch stays open across actions (every role follows it: a standby
+// to see the key go, a leader to see its own key deleted); it is reopened from the
+// machine's revision after it ends, at most once per retry interval.
+bool session::follow_watch(time_point now, time_point until) {
+  if (!watch_.is_open()) {
+    if (machine_.watch_revision() == 0 || now < watch_retry_at_) return false;
+    if (!watch_.open(etcd_, leader_, machine_.watch_revision(),
+                     std::min(until, now + config_.connect_timeout), error_)) {
+      metad::log::debug("ha: watch failed: {}", error_);
+      watch_retry_at_ = now + config_.timings.retry_interval;
       return false;
     }
-    return true;
-  };
+  }
+  events_.clear();
+  const auto status = watch_.next(until, events_, error_);
+  now = steady::now();
+  for (const watch_event& event : events_) {
+    if (event.type == watch_event::kind::del) {
+      machine_.on_leader_deleted(now, event.kv.mod_revision);
+    } else {
+      machine_.on_leader_put(now, *to_holder(event.kv), event.kv.mod_revision);
+    }
+  }
+  if (status == etcd_watch::status::ended) {
+    metad::log::debug("ha: watch ended: {}", error_);
+    watch_retry_at_ = now + config_.timings.retry_interval;
+    return false;
+  }
+  return true;
+}
 
+template <typename Sleep>
+void session::wait(const action& next, time_point now, time_point until, Sleep&& sleep) {
+  if (follow_watch(now, until)) return;
+  if (next.kind == action_kind::watch && !watch_.is_open()) {
+    machine_.on_watch_broken(steady::now());
+    return;
+  }
+  const auto retry = watch_retry_at_ > steady::now() ? watch_retry_at_ : until;
+  sleep(std::min(until, retry));
+}
+
+void session::perform(const action& next, time_point sent) {
+  const time_point by = sent + config_.request_timeout;
+  switch (next.kind) {
+    case action_kind::wait:
+    case action_kind::watch:
+      return;
+    case action_kind::observe: {
+      auto read = etcd_.read(keys_, by);
+      if (!read) return failed("read", read.error);
+      std::optional<std::string> sync;
+      if (read->keys[1]) sync = read->keys[1]->value;
+      machine_.on_observed(steady::now(), to_holder(read->keys[0]), sync, read->revision);
+      return;
+    }
+    case action_kind::grant: {
+      auto granted = etcd_.grant(config_.timings.ttl.count() / 1000, by);
+      if (!granted) return failed("grant", granted.error);
+      machine_.on_granted(steady::now(), sent, granted->id, std::chrono::seconds(granted->ttl_s));
+      return;
+    }
+    case action_kind::campaign: {
+      auto outcome = etcd_.create_if_absent(leader_, config_.advertise, machine_.lease(), by);
+      if (!outcome) return failed("campaign", outcome.error);
+      machine_.on_campaign(steady::now(), to_holder(outcome->holder), outcome->revision);
+      return;
+    }
+    case action_kind::keepalive: {
+      // Bounded by the renew interval so a hung member is left for the next one in time.
+      auto ttl = etcd_.keepalive(machine_.lease(), sent + config_.timings.renew_interval);
+      if (!ttl) return failed("keepalive", ttl.error);
+      machine_.on_keepalive(steady::now(), sent, std::chrono::seconds(*ttl));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void control::run() {
+  session s(config_, may_campaign_);
   while (!stopping_.load()) {
-    time_point now = steady::now();
-    const action next = machine.next(now);
-    publish(machine);
+    const time_point now = steady::now();
+    const action next = s.machine().next(now);
+    publish(s.machine());
     if (next.kind == action_kind::watch || next.at > now) {
       // Short waits, so that stop() is not held up by a quiet watch.
       const auto until = std::min(next.at, now + milliseconds(100));
-      if (!follow_watch(now, until)) {
-        if (next.kind == action_kind::watch && !watch.is_open()) {
-          machine.on_watch_broken(steady::now());
-        } else {
-          const auto retry = watch_retry_at > steady::now() ? watch_retry_at : until;
-          sleep_until(std::min(until, retry));
-        }
-      }
+      s.wait(next, now, until, [this](time_point at) { sleep_until(at); });
       continue;
     }
-    const time_point sent = now;
-    switch (next.kind) {
-      case action_kind::wait:
-      case action_kind::watch:
-        break;
-      case action_kind::observe: {
-        auto read = etcd.read(keys, sent + config_.request_timeout);
-        if (!read) {
-          failed("read", read.error);
-          break;
-        }
-        std::optional<std::string> sync;
-        if (read->keys[1]) sync = read->keys[1]->value;
-        machine.on_observed(steady::now(), to_holder(read->keys[0]), sync, read->revision);
-        break;
-      }
-      case action_kind::grant: {
-        auto granted = etcd.grant(ttl_s, sent + config_.request_timeout);
-        if (!granted) {
-          failed("grant", granted.error);
-          break;
-        }
-        machine.on_granted(steady::now(), sent, granted->id, std::chrono::seconds(granted->ttl_s));
-        break;
-      }
-      case action_kind::campaign: {
-        auto outcome = etcd.create_if_absent(leader, config_.advertise, machine.lease(),
-                                             sent + config_.request_timeout);
-        if (!outcome) {
-          failed("campaign", outcome.error);
-          break;
-        }
-        machine.on_campaign(steady::now(), to_holder(outcome->holder), outcome->revision);
-        break;
-      }
-      case action_kind::keepalive: {
-        // Bounded by the renew interval so a hung member is left for the next one in time.
-        auto ttl = etcd.keepalive(machine.lease(), sent + config_.timings.renew_interval);
-        if (!ttl) {
-          failed("keepalive", ttl.error);
-          break;
-        }
-        machine.on_keepalive(steady::now(), sent, std::chrono::seconds(*ttl));
-        break;
-      }
-    }
+    s.perform(next, now);
   }
-  publish(machine);
+  publish(s.machine());
 }
 
 }  // namespace ha
