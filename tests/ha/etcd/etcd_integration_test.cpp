@@ -178,12 +178,13 @@ struct pair_harness {
     }
     return found;
   }
-  // Waits (up to `limit`) until exactly one node leads and serves.
-  int wait_for_leader(std::chrono::milliseconds limit) {
+  // Waits (up to `limit`) until exactly one node leads and serves, at an epoch after
+  // `after`.
+  int wait_for_leader(std::chrono::milliseconds limit, std::int64_t after = 0) {
     const auto until = steady::now() + limit;
     while (steady::now() < until) {
       const int i = leader_index();
-      if (i >= 0 && nodes[i]->serving()) return i;
+      if (i >= 0 && nodes[i]->serving() && nodes[i]->epoch() > after) return i;
       std::this_thread::sleep_for(1ms);
     }
     return -1;
@@ -318,7 +319,7 @@ TEST_F(EtcdTest, GracefulStopRevokesTheLeaseForAnImmediateHandover) {
   auto ttl = etcd.keepalive(lease, in(1s));
   ASSERT_TRUE(ttl) << ttl.error;
   EXPECT_EQ(*ttl, 0) << "the lease should be revoked";
-  const int next = h.wait_for_leader(3s);
+  const int next = h.wait_for_leader(3s, epoch);
   EXPECT_EQ(next, 1 - leader);
   EXPECT_GT(h.nodes[1 - leader]->epoch(), epoch);
   std::printf("graceful stop with revoke: the other node leads %.0f ms after the stop began\n",
@@ -332,6 +333,7 @@ TEST_F(EtcdTest, ALeaderWhoseKeyIsDeletedByHandStopsServing) {
   h.start(1);
   const int leader = h.wait_for_leader(3s);
   ASSERT_GE(leader, 0);
+  const std::int64_t epoch = h.nodes[leader]->epoch();
   std::this_thread::sleep_for(100ms);  // its watch is open
   ha::etcd_client etcd(*ha::parse_endpoints(etcd_.url()), 100ms);
   // An operator's mistake: the key goes while the lease lives. The leader learns it
@@ -339,7 +341,7 @@ TEST_F(EtcdTest, ALeaderWhoseKeyIsDeletedByHandStopsServing) {
   auto deleted = etcd.http().post(
       "/v3/kv/deleterange", "{\"key\":\"" + ha::base64_encode(ha::leader_key("t")) + "\"}", in(1s));
   ASSERT_TRUE(deleted.ok && deleted.status == 200) << deleted.error << deleted.body;
-  const int next = h.wait_for_leader(3s);
+  const int next = h.wait_for_leader(3s, epoch);
   ASSERT_GE(next, 0);
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(h.leader_index(), next);
