@@ -1,0 +1,287 @@
+#include "ha/control.hpp"
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include "ha/etcd.hpp"
+#include "ha/parse_int.hpp"
+#include "metad/assert.hpp"
+#include "metad/log.hpp"
+
+namespace ha {
+namespace {
+
+bool parse_ms(std::string_view text, milliseconds& out) {
+  long long value = 0;
+  if (!parse_whole(text, value) || value <= 0 || value > 3'600'000) {
+    return false;
+  }
+  out = milliseconds(value);
+  return true;
+}
+
+bool valid_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::int64_t ticks(time_point t) { return t.time_since_epoch().count(); }
+
+std::optional<holder> to_holder(const std::optional<key_value>& kv) {
+  if (!kv) return std::nullopt;
+  return holder{kv->create_revision, kv->lease, kv->value};
+}
+
+}  // namespace
+
+std::string leader_key(std::string_view cluster) {
+  return fmt::format("/hf3fs-metad/{}/leader", cluster);
+}
+std::string sync_key(std::string_view cluster) {
+  return fmt::format("/hf3fs-metad/{}/sync", cluster);
+}
+
+std::string set_flag(config& c, std::string_view name, std::string_view value) {
+  if (name == "--ha-etcd") {
+    auto endpoints = parse_endpoints(value);
+    if (!endpoints) return fmt::format("--ha-etcd: expected http://HOST:PORT[,...], got {}", value);
+    c.etcd = std::move(*endpoints);
+  } else if (name == "--ha-cluster") {
+    if (!valid_name(value)) return "--ha-cluster: 1-64 of A-Za-z0-9._-";
+    c.cluster = value;
+  } else if (name == "--ha-node") {
+    if (!valid_name(value)) return "--ha-node: 1-64 of A-Za-z0-9._-";
+    c.node = value;
+  } else if (name == "--ha-ttl-ms") {
+    if (!parse_ms(value, c.timings.ttl)) return "--ha-ttl-ms: a positive number of ms";
+  } else if (name == "--ha-renew-ms") {
+    if (!parse_ms(value, c.timings.renew_interval)) return "--ha-renew-ms: a positive number of ms";
+  } else if (name == "--ha-margin-ms") {
+    if (!parse_ms(value, c.timings.margin)) return "--ha-margin-ms: a positive number of ms";
+  } else {
+    return fmt::format("unknown flag {}", name);
+  }
+  return {};
+}
+
+std::string validate(const config& c) {
+  if (c.etcd.empty()) return "--ha-etcd is required";
+  if (c.cluster.empty()) return "--ha-cluster is required";
+  if (c.node.empty()) return "--ha-node is required";
+  const timing& t = c.timings;
+  // etcd leases are whole seconds.
+  if (t.ttl.count() % 1000 != 0) return "--ha-ttl-ms must be whole seconds";
+  // At least one renewal must be able to land before the deadline.
+  if (t.renew_interval + t.margin >= t.ttl) return "--ha-renew-ms + --ha-margin-ms must be < TTL";
+  return {};
+}
+
+bool listed_in_sync(const std::optional<std::string>& sync, std::string_view node) {
+  if (!sync) return true;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(*sync).get(doc)) return false;
+  std::string_view leader;
+  if (!doc["leader"].get(leader) && leader == node) return true;
+  simdjson::dom::array members;
+  if (doc["sync"].get(members)) return false;
+  for (simdjson::dom::element member : members) {
+    std::string_view name;
+    if (!member.get(name) && name == node) return true;
+  }
+  return false;
+}
+
+control::control(config c, role_callback on_role, leadership::may_campaign_fn may_campaign)
+    : config_(std::move(c)), on_role_(std::move(on_role)), may_campaign_(std::move(may_campaign)) {
+  if (config_.advertise.empty())
+    config_.advertise = fmt::format(R"({{"node":"{}"}})", config_.node);
+  if (!may_campaign_) {
+    may_campaign_ = [node = config_.node](const std::optional<std::string>& sync) {
+      return listed_in_sync(sync, node);
+    };
+  }
+}
+
+control::~control() { stop(); }
+
+void control::start() {
+  METAD_ASSERT(!thread_.joinable());
+  stopping_ = false;
+  thread_ = std::thread([this] { run(); });
+}
+
+void control::stop(bool revoke_lease) {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  if (revoke_lease && lease_.load() != 0) {
+    serving_until_.store(INT64_MIN, std::memory_order_release);  // stop serving first
+    etcd_client etcd(config_.etcd, config_.connect_timeout);
+    auto revoked = etcd.revoke(lease_.load(), steady::now() + config_.request_timeout);
+    if (!revoked) metad::log::warn("ha: lease revoke failed: {}", revoked.error);
+  }
+}
+
+void control::sleep_until(time_point at) {
+  std::unique_lock lock(mutex_);
+  wake_.wait_until(lock, at, [this] { return stopping_.load(); });
+}
+
+void control::publish(const leadership& machine) {
+  serving_until_.store(ticks(machine.serving_until()), std::memory_order_release);
+  epoch_.store(machine.epoch(), std::memory_order_release);
+  lease_.store(machine.lease(), std::memory_order_release);
+  renewed_sent_.store(ticks(machine.last_renewal_sent()), std::memory_order_release);
+  const role was = role_.exchange(machine.current(), std::memory_order_acq_rel);
+  if (was != machine.current()) {
+    metad::log::info("ha: node {} {} -> {} (epoch {})", config_.node, to_string(was),
+                     to_string(machine.current()), machine.epoch());
+    if (on_role_) on_role_(was, machine.current(), machine.epoch());
+  }
+}
+
+namespace {
+
+// What the ha thread holds while it runs: the etcd client, the leader key's watch and
+// the state machine; perform() does one action and feeds the answer back.
+class session {
+ public:
+  session(const config& c, const leadership::may_campaign_fn& may_campaign)
+      : config_(c),
+        etcd_(c.etcd, c.connect_timeout),
+        machine_(c.timings, may_campaign, steady::now()),
+        leader_(leader_key(c.cluster)),
+        keys_{leader_, sync_key(c.cluster)} {}
+
+  leadership& machine() { return machine_; }
+  // Waits until `until` (or less) on the watch, or sleeps through `sleep` if it has none.
+  template <typename Sleep>
+  void wait(const action& next, time_point now, time_point until, Sleep&& sleep);
+  void perform(const action& next, time_point sent);
+
+ private:
+  bool follow_watch(time_point now, time_point until);
+  void failed(std::string_view what, const std::string& why) {
+    metad::log::debug("ha: {} failed: {}", what, why);
+    machine_.on_etcd_failed(steady::now());
+  }
+
+  const config& config_;
+  etcd_client etcd_;
+  etcd_watch watch_;
+  leadership machine_;
+  const std::string leader_;
+  const std::vector<std::string> keys_;
+  std::string error_;
+  std::vector<watch_event> events_;
+  time_point watch_retry_at_{};
+};
+
+// The leader key's watch stays open across actions (every role follows it: a standby
+// to see the key go, a leader to see its own key deleted); it is reopened from the
+// machine's revision after it ends, at most once per retry interval.
+bool session::follow_watch(time_point now, time_point until) {
+  if (!watch_.is_open()) {
+    if (machine_.watch_revision() == 0 || now < watch_retry_at_) return false;
+    if (!watch_.open(etcd_, leader_, machine_.watch_revision(),
+                     std::min(until, now + config_.connect_timeout), error_)) {
+      metad::log::debug("ha: watch failed: {}", error_);
+      watch_retry_at_ = now + config_.timings.retry_interval;
+      return false;
+    }
+  }
+  events_.clear();
+  const auto status = watch_.next(until, events_, error_);
+  now = steady::now();
+  for (const watch_event& event : events_) {
+    if (event.type == watch_event::kind::del) {
+      machine_.on_leader_deleted(now, event.kv.mod_revision);
+    } else {
+      machine_.on_leader_put(now, *to_holder(event.kv), event.kv.mod_revision);
+    }
+  }
+  if (status == etcd_watch::status::ended) {
+    metad::log::debug("ha: watch ended: {}", error_);
+    watch_retry_at_ = now + config_.timings.retry_interval;
+    return false;
+  }
+  return true;
+}
+
+template <typename Sleep>
+void session::wait(const action& next, time_point now, time_point until, Sleep&& sleep) {
+  if (follow_watch(now, until)) return;
+  if (next.kind == action_kind::watch && !watch_.is_open()) {
+    machine_.on_watch_broken(steady::now());
+    return;
+  }
+  const auto retry = watch_retry_at_ > steady::now() ? watch_retry_at_ : until;
+  sleep(std::min(until, retry));
+}
+
+void session::perform(const action& next, time_point sent) {
+  const time_point by = sent + config_.request_timeout;
+  switch (next.kind) {
+    case action_kind::wait:
+    case action_kind::watch:
+      return;
+    case action_kind::observe: {
+      auto read = etcd_.read(keys_, by);
+      if (!read) return failed("read", read.error);
+      std::optional<std::string> sync;
+      if (read->keys[1]) sync = read->keys[1]->value;
+      machine_.on_observed(steady::now(), to_holder(read->keys[0]), sync, read->revision);
+      return;
+    }
+    case action_kind::grant: {
+      auto granted = etcd_.grant(config_.timings.ttl.count() / 1000, by);
+      if (!granted) return failed("grant", granted.error);
+      machine_.on_granted(steady::now(), sent, granted->id, std::chrono::seconds(granted->ttl_s));
+      return;
+    }
+    case action_kind::campaign: {
+      auto outcome = etcd_.create_if_absent(leader_, config_.advertise, machine_.lease(), by);
+      if (!outcome) return failed("campaign", outcome.error);
+      machine_.on_campaign(steady::now(), to_holder(outcome->holder), outcome->revision);
+      return;
+    }
+    case action_kind::keepalive: {
+      // Bounded by the renew interval so a hung member is left for the next one in time.
+      auto ttl = etcd_.keepalive(machine_.lease(), sent + config_.timings.renew_interval);
+      if (!ttl) return failed("keepalive", ttl.error);
+      machine_.on_keepalive(steady::now(), sent, std::chrono::seconds(*ttl));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void control::run() {
+  session s(config_, may_campaign_);
+  while (!stopping_.load()) {
+    const time_point now = steady::now();
+    const action next = s.machine().next(now);
+    publish(s.machine());
+    if (next.kind == action_kind::watch || next.at > now) {
+      // Short waits, so that stop() is not held up by a quiet watch.
+      const auto until = std::min(next.at, now + milliseconds(100));
+      s.wait(next, now, until, [this](time_point at) { sleep_until(at); });
+      continue;
+    }
+    s.perform(next, now);
+  }
+  publish(s.machine());
+}
+
+}  // namespace ha

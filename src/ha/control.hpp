@@ -1,0 +1,94 @@
+// The ha control thread: one std::thread that holds (or waits for) the leader lease in
+// etcd, driving the leadership state machine with the etcd client. Any thread may read
+// serving() (one atomic); the callback runs on the ha thread. Not wired into the server
+// yet: its flags are parsed into ha::config by set_flag().
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "ha/http_client.hpp"
+#include "ha/leadership.hpp"
+
+namespace ha {
+
+struct config {
+  std::vector<endpoint> etcd;  // --ha-etcd URL[,URL...]
+  std::string cluster;         // --ha-cluster NAME
+  std::string node;            // --ha-node ID
+  std::string advertise;       // the leader key's value; empty: {"node":"<ID>"}
+  ha::timing timings;          // --ha-ttl-ms, --ha-renew-ms, --ha-margin-ms
+  milliseconds connect_timeout{100};
+  milliseconds request_timeout{500};  // reads, grants and campaigns
+};
+
+// Applies one flag (name without its value, e.g. "--ha-etcd"). Returns an error message,
+// empty on success; "unknown" names are reported as such.
+std::string set_flag(config& c, std::string_view name, std::string_view value);
+// Checks the whole configuration; empty when usable.
+std::string validate(const config& c);
+
+std::string leader_key(std::string_view cluster);
+std::string sync_key(std::string_view cluster);
+
+// The /sync rule (Patroni's): with no /sync key anyone may campaign (bootstrap); else
+// only its "leader" and the nodes in its "sync" list. A malformed value allows no one.
+bool listed_in_sync(const std::optional<std::string>& sync, std::string_view node);
+
+class control {
+ public:
+  using role_callback = std::function<void(role from, role to, std::int64_t epoch)>;
+
+  // `may_campaign` defaults to listed_in_sync(…, node).
+  explicit control(config c, role_callback on_role = {},
+                   leadership::may_campaign_fn may_campaign = {});
+  ~control();
+  control(const control&) = delete;
+  control& operator=(const control&) = delete;
+
+  void start();
+  // Ends the thread. The lease is left to expire, as after a crash, unless
+  // `revoke_lease`: then serving ends first and the lease is revoked, so that another
+  // node can take over at once.
+  void stop(bool revoke_lease = false);
+
+  bool serving() const { return serving(std::chrono::steady_clock::now()); }
+  bool serving(time_point at) const {
+    return at.time_since_epoch().count() < serving_until_.load(std::memory_order_acquire);
+  }
+  role current() const { return role_.load(std::memory_order_acquire); }
+  std::int64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  // The send time of the last successful renewal (the fencing rule counts from it).
+  time_point last_renewal_sent() const {
+    return time_point(time_point::duration(renewed_sent_.load(std::memory_order_acquire)));
+  }
+  const config& settings() const { return config_; }
+
+ private:
+  void run();
+  void publish(const leadership& machine);
+  void sleep_until(time_point at);
+
+  config config_;
+  role_callback on_role_;
+  leadership::may_campaign_fn may_campaign_;
+  std::atomic<std::int64_t> serving_until_{INT64_MIN};
+  std::atomic<role> role_{role::candidate};
+  std::atomic<std::int64_t> epoch_{0};
+  std::atomic<std::int64_t> renewed_sent_{INT64_MIN};
+  std::atomic<std::int64_t> lease_{0};
+  std::atomic<bool> stopping_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread thread_;
+};
+
+}  // namespace ha

@@ -1,0 +1,188 @@
+#include "ha/leadership.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace ha {
+
+const char* to_string(role r) {
+  switch (r) {
+    case role::candidate:
+      return "candidate";
+    case role::leader:
+      return "leader";
+    case role::standby:
+      return "standby";
+    case role::fenced:
+      return "fenced";
+  }
+  return "?";
+}
+
+const char* to_string(action_kind k) {
+  switch (k) {
+    case action_kind::wait:
+      return "wait";
+    case action_kind::observe:
+      return "observe";
+    case action_kind::grant:
+      return "grant";
+    case action_kind::campaign:
+      return "campaign";
+    case action_kind::keepalive:
+      return "keepalive";
+    case action_kind::watch:
+      return "watch";
+  }
+  return "?";
+}
+
+leadership::leadership(timing t, may_campaign_fn may_campaign, time_point now)
+    : timing_(t), may_campaign_(std::move(may_campaign)), step_{action_kind::observe, now} {}
+
+void leadership::schedule(action_kind kind, time_point at) { step_ = {kind, at}; }
+
+time_point leadership::deadline_from(time_point sent_at, milliseconds ttl) const {
+  return sent_at + ttl - timing_.margin;
+}
+
+action leadership::next(time_point now) {
+  if (role_ == role::leader && now >= deadline_) role_ = role::fenced;
+  if (step_.kind == action_kind::watch && now >= step_.at) {
+    schedule(action_kind::observe, now);  // a quiet watch still re-reads now and then
+  }
+  if (role_ == role::leader && deadline_ < step_.at) return {action_kind::wait, deadline_};
+  return step_;
+}
+
+void leadership::become_leader(std::int64_t epoch, time_point deadline, std::int64_t revision) {
+  role_ = role::leader;
+  epoch_ = epoch;
+  deadline_ = deadline;
+  watch_revision_ = std::max(watch_revision_, revision + 1);
+  schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+}
+
+void leadership::become_standby(time_point now, std::int64_t revision) {
+  role_ = role::standby;
+  lease_ = 0;
+  epoch_ = 0;
+  deadline_ = time_point::min();
+  watch_revision_ = std::max(watch_revision_, revision + 1);
+  schedule(action_kind::watch, now + timing_.recheck_interval);
+}
+
+void leadership::on_observed(time_point now, const std::optional<holder>& leader,
+                             const std::optional<std::string>& sync, std::int64_t revision) {
+  known_ = leader;
+  watch_revision_ = std::max(watch_revision_, revision + 1);
+  if (role_ == role::leader || role_ == role::fenced) {
+    // Verifying after a renewal that followed the deadline: resume only if the key is
+    // still the one this node created, under this lease.
+    if (leader && leader->lease == lease_ && leader->epoch == epoch_) {
+      role_ = role::leader;
+      watch_revision_ = std::max(watch_revision_, revision + 1);
+      schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+      return;
+    }
+    become_standby(now, revision);
+    if (!leader) schedule(action_kind::observe, now);  // nobody leads: maybe campaign
+    return;
+  }
+  if (leader) {
+    // A campaign whose answer was lost may have won: the key then carries our lease.
+    if (lease_ != 0 && leader->lease == lease_) {
+      become_leader(leader->epoch, grant_deadline_, revision);
+      return;
+    }
+    become_standby(now, revision);
+    return;
+  }
+  if (may_campaign_(sync)) {
+    role_ = role::candidate;
+    schedule(action_kind::grant, now);
+  } else {
+    become_standby(now, revision);
+  }
+}
+
+void leadership::on_granted(time_point now, time_point sent_at, std::int64_t lease,
+                            milliseconds ttl) {
+  if (role_ != role::candidate) return;
+  lease_ = lease;
+  grant_deadline_ = deadline_from(sent_at, ttl);
+  renewed_sent_ = sent_at;
+  schedule(action_kind::campaign, now);
+}
+
+void leadership::on_campaign(time_point now, const std::optional<holder>& key,
+                             std::int64_t revision) {
+  if (role_ != role::candidate) return;
+  known_ = key;
+  if (key && lease_ != 0 && key->lease == lease_) {
+    become_leader(key->epoch, grant_deadline_, revision);
+    return;
+  }
+  // Lost: the unused lease expires by itself within its TTL.
+  become_standby(now, revision);
+}
+
+void leadership::on_keepalive(time_point now, time_point sent_at, milliseconds ttl) {
+  if (role_ != role::leader && role_ != role::fenced) return;
+  if (ttl.count() <= 0) {
+    // The lease expired, and the key bound to it with it: someone else may lead now.
+    role_ = role::standby;
+    lease_ = 0;
+    epoch_ = 0;
+    deadline_ = time_point::min();
+    schedule(action_kind::observe, now);
+    return;
+  }
+  renewed_sent_ = std::max(renewed_sent_, sent_at);
+  deadline_ = std::max(deadline_, deadline_from(sent_at, ttl));
+  if (role_ == role::leader) {
+    schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+  } else {
+    schedule(action_kind::observe, now);
+  }
+}
+
+void leadership::on_leader_deleted(time_point now, std::int64_t revision) {
+  if (revision < watch_revision_) return;  // older than what a read already showed
+  known_.reset();
+  watch_revision_ = revision + 1;
+  if (role_ == role::leader || role_ == role::fenced) {
+    // Its own key is gone (its lease expired, or someone deleted the key): it stops
+    // serving now, before another node can win the key.
+    role_ = role::standby;
+    lease_ = 0;
+    epoch_ = 0;
+    deadline_ = time_point::min();
+  }
+  // Re-read before campaigning: /sync decides whether this node may, and it may have
+  // changed since the last read.
+  schedule(action_kind::observe, now);
+}
+
+void leadership::on_leader_put(time_point now, const holder& key, std::int64_t revision) {
+  if (revision < watch_revision_) return;
+  known_ = key;
+  watch_revision_ = revision + 1;
+  if (role_ == role::leader || role_ == role::fenced) {
+    if (key.lease != lease_ || key.epoch != epoch_) schedule(action_kind::observe, now);
+  }
+}
+
+void leadership::on_watch_broken(time_point now) {
+  schedule(action_kind::observe, now + timing_.retry_interval);
+}
+
+void leadership::on_etcd_failed(time_point now) {
+  if (step_.kind == action_kind::keepalive) {
+    schedule(action_kind::keepalive, now + timing_.retry_interval);
+  } else {
+    schedule(action_kind::observe, now + timing_.retry_interval);
+  }
+}
+
+}  // namespace ha

@@ -1,0 +1,117 @@
+// The leadership state machine (sans-IO): fed what etcd answered and the time, it says
+// what to do next and whether this node may serve. Fencing rule (design-ha §4): a
+// leader serves only while now < send time of its last successful keepalive + TTL −
+// margin, so it stops before etcd can expire its key. Owned by the ha thread; other
+// threads read the published deadline, never this object.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace ha {
+
+using std::chrono::milliseconds;
+using time_point = std::chrono::steady_clock::time_point;
+
+enum class role {
+  candidate,  // starting, or campaigning after the leader key went away
+  leader,     // holds the leader key; serving while before its deadline
+  standby,    // someone else leads (or nobody, and this node may not campaign)
+  fenced,     // was leader, passed its deadline without a renewal: must not answer
+};
+const char* to_string(role r);
+
+struct timing {
+  milliseconds ttl{1000};               // lease TTL asked for (etcd may grant more)
+  milliseconds renew_interval{200};     // keepalive period while leading
+  milliseconds margin{150};             // the deadline ends this long before the lease
+  milliseconds retry_interval{50};      // after a failed etcd call
+  milliseconds recheck_interval{1000};  // standby: re-read the keys even if the watch is quiet
+};
+
+// The leader key as read from etcd: its create_revision is the epoch.
+struct holder {
+  std::int64_t epoch = 0;
+  std::int64_t lease = 0;
+  std::string value;
+};
+
+enum class action_kind {
+  wait,       // nothing to do before `at`
+  observe,    // read the leader and /sync keys → on_observed
+  grant,      // grant a lease of timing.ttl → on_granted
+  campaign,   // create-if-absent of the leader key with lease() → on_campaign
+  keepalive,  // renew lease() → on_keepalive
+  watch,      // standby: wait for changes of the leader key until `at` (every role
+              // follows the key's watch while it waits for its next action)
+};
+const char* to_string(action_kind k);
+
+struct action {
+  action_kind kind = action_kind::wait;
+  time_point at{};  // when to do it; for watch: how long to wait for events
+};
+
+class leadership {
+ public:
+  // Decides, from the /sync key's value (nullopt: no such key), whether this node may
+  // campaign when no one leads.
+  using may_campaign_fn = std::function<bool(const std::optional<std::string>& sync)>;
+
+  leadership(timing t, may_campaign_fn may_campaign, time_point now);
+
+  // What to do next; first moves a leader past its deadline to fenced.
+  action next(time_point now);
+
+  // Answers. `sent_at` is when the request was sent (the fencing rule counts from it).
+  void on_observed(time_point now, const std::optional<holder>& leader,
+                   const std::optional<std::string>& sync, std::int64_t revision);
+  void on_granted(time_point now, time_point sent_at, std::int64_t lease, milliseconds ttl);
+  // `key` is the leader key after the txn (won iff it carries our lease).
+  void on_campaign(time_point now, const std::optional<holder>& key, std::int64_t revision);
+  // ttl == 0: the lease no longer exists.
+  void on_keepalive(time_point now, time_point sent_at, milliseconds ttl);
+  // Watch events, at their mod_revision; older than watch_revision() are ignored. A
+  // leader whose key is deleted stops serving at once.
+  void on_leader_deleted(time_point now, std::int64_t revision);
+  void on_leader_put(time_point now, const holder& key, std::int64_t revision);
+  // The watch broke (member gone, cancelled): re-read, then watch again.
+  void on_watch_broken(time_point now);
+  // etcd did not answer the last action (unreachable, timeout, error answer).
+  void on_etcd_failed(time_point now);
+
+  role current() const { return role_; }
+  bool serving(time_point now) const { return role_ == role::leader && now < deadline_; }
+  // The instant up to which this node may serve (time_point::min() when it may not).
+  time_point serving_until() const { return role_ == role::leader ? deadline_ : time_point::min(); }
+  std::int64_t epoch() const { return role_ == role::leader ? epoch_ : 0; }
+  std::int64_t lease() const { return lease_; }
+  // The first revision not yet seen (0: none read yet); a watch (re)opens from it.
+  std::int64_t watch_revision() const { return watch_revision_; }
+  const std::optional<holder>& known_leader() const { return known_; }
+  time_point last_renewal_sent() const { return renewed_sent_; }
+  const timing& config() const { return timing_; }
+
+ private:
+  void become_standby(time_point now, std::int64_t revision);
+  void become_leader(std::int64_t epoch, time_point deadline, std::int64_t revision);
+  void schedule(action_kind kind, time_point at);
+  time_point deadline_from(time_point sent_at, milliseconds ttl) const;
+
+  timing timing_;
+  may_campaign_fn may_campaign_;
+  role role_ = role::candidate;
+  action step_;
+  std::int64_t lease_ = 0;
+  std::int64_t epoch_ = 0;
+  time_point deadline_ = time_point::min();
+  time_point grant_deadline_ = time_point::min();  // deadline the granted lease allows
+  time_point renewed_sent_ = time_point::min();
+  std::int64_t watch_revision_ = 0;
+  std::optional<holder> known_;
+};
+
+}  // namespace ha
