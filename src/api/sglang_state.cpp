@@ -64,7 +64,7 @@ std::string read_page(element value, const sg_state_pool& pool, std::string_view
 }
 
 // What each page is listed as while a pool is read.
-enum class listed : std::uint8_t { nowhere, bound, free };
+enum class listed : std::uint8_t { nowhere, bound, free, bound_and_free };
 
 std::string read_bound(element list, const sg_state_limits& limits, sg_state_pool& pool,
                        std::vector<listed>& pages) {
@@ -110,10 +110,11 @@ std::string read_free(element list, sg_state_pool& pool, std::vector<listed>& pa
     std::uint32_t page = 0;
     if (std::string e = read_page(item, pool, fmt::format("free_pages[{}]", i), page); !e.empty())
       return e;
-    if (pages[page] == listed::free)
+    if (pages[page] == listed::free || pages[page] == listed::bound_and_free)
       return fmt::format("pool {}: free_pages[{}]: page {} is listed free twice", shown(pool.name),
                          i, page);
     if (pages[page] == listed::bound) {
+      pages[page] = listed::bound_and_free;
       ++pool.free_and_bound;  // the key's data is in it: it stays bound
     } else {
       pages[page] = listed::free;

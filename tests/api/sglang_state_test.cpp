@@ -148,6 +148,8 @@ TEST(SglangState, RefusesEveryMalformedFileNamingWhatAndWhere) {
        "num_pages must be an integer"},
       {pool(R"({"num_pages": 2.0, "free_pages": [], "key_to_index": []})"),
        "num_pages must be an integer"},
+      {pool(R"({"num_pages": 2, "free_pages": [1, 1], "key_to_index": [["a", 1]]})"),
+       R"(pool "0:kv": free_pages[1]: page 1 is listed free twice)"},
       {pool(R"({"num_pages": 2, "free_pages": {}, "key_to_index": []})"),
        R"(pool "0:kv": free_pages must be a list of pages)"},
       {pool(R"({"num_pages": 2, "free_pages": [0, "1"], "key_to_index": []})"),
