@@ -18,9 +18,9 @@ using before_commit_fn = std::function<bool(cluster&, const store::data_dir&)>;
 void recover(cluster& cl, const before_commit_fn& before_commit = {});
 
 // --verify-data-dir: replays the directory's committed state without serving or writing
-// anything, prints what it holds (ranks, pages, bindings, keys) or the damage (file and
-// offset) on stdout. Returns the exit status: 0 readable (a torn tail is only warned
-// about), 1 damaged or unreadable.
+// anything, prints what it holds (ranks, pages, bindings, keys, SGLang pools) or the damage
+// (file and offset) on stdout. Returns the exit status: 0 readable (a torn tail is only
+// warned about), 1 damaged or unreadable.
 int verify_data_dir(const std::string& path);
 
 // On core c's thread, each tick: marks a snapshot due when the log segment has grown
