@@ -50,15 +50,17 @@ std::string parse_name(std::string_view name, sg_state_pool& pool) {
   return {};
 }
 
-// A page number of this pool: a JSON integer in 0..num_pages-1.
-std::string read_page(element value, const sg_state_pool& pool, std::string_view where,
-                      std::uint32_t& page) {
+// A page number of this pool, item `index` of `list`: a JSON integer in 0..num_pages-1.
+std::string read_page(element value, const sg_state_pool& pool, std::string_view list,
+                      std::size_t index, std::uint32_t& page) {
+  // Formatted only for an error: a file may hold millions of pages.
+  auto where = [&] { return fmt::format("{}[{}]", list, index); };
   std::int64_t p = 0;
   if (!get_int64(value, p))
-    return fmt::format("pool {}: {}: a page must be an integer", shown(pool.name), where);
+    return fmt::format("pool {}: {}: a page must be an integer", shown(pool.name), where());
   if (p < 0 || p >= pool.num_pages)
     return fmt::format("pool {}: {}: page {} is outside 0..{} (num_pages {})", shown(pool.name),
-                       where, p, std::int64_t{pool.num_pages} - 1, pool.num_pages);
+                       where(), p, std::int64_t{pool.num_pages} - 1, pool.num_pages);
   page = static_cast<std::uint32_t>(p);
   return {};
 }
@@ -73,24 +75,26 @@ std::string read_bound(element list, const sg_state_limits& limits, sg_state_poo
     return fmt::format("pool {}: key_to_index must be a list of [key, page] pairs",
                        shown(pool.name));
   std::unordered_map<std::string_view, std::size_t> seen;
+  seen.reserve(array.size());
+  pool.bound.reserve(array.size());
   std::size_t i = 0;
   for (element item : array) {
-    const std::string where = fmt::format("key_to_index[{}]", i);
+    auto where = [&i] { return fmt::format("key_to_index[{}]", i); };
     element key_value, page_value;
     std::string_view key;
     if (!get_pair(item, key_value, page_value) || !detail::get_string(key_value, key))
       return fmt::format("pool {}: {}: not a [key, page] pair with a string key", shown(pool.name),
-                         where);
+                         where());
     if (key.size() > limits.key_bytes_max)
       return fmt::format("pool {}: {}: the key is {} bytes long; the limit is {}", shown(pool.name),
-                         where, key.size(), limits.key_bytes_max);
+                         where(), key.size(), limits.key_bytes_max);
     std::uint32_t page = 0;
-    if (std::string e = read_page(page_value, pool, where, page); !e.empty()) return e;
+    if (std::string e = read_page(page_value, pool, "key_to_index", i, page); !e.empty()) return e;
     if (const auto [it, fresh] = seen.try_emplace(key, i); !fresh)
       return fmt::format("pool {}: {}: the key {} is listed twice (also key_to_index[{}])",
-                         shown(pool.name), where, shown(key), it->second);
+                         shown(pool.name), where(), shown(key), it->second);
     if (pages[page] == listed::bound)
-      return fmt::format("pool {}: {}: page {} is bound to two keys", shown(pool.name), where,
+      return fmt::format("pool {}: {}: page {} is bound to two keys", shown(pool.name), where(),
                          page);
     pages[page] = listed::bound;
     pool.bound.emplace_back(key, page);
@@ -108,8 +112,7 @@ std::string read_free(element list, sg_state_pool& pool, std::vector<listed>& pa
   std::size_t i = 0;
   for (element item : array) {
     std::uint32_t page = 0;
-    if (std::string e = read_page(item, pool, fmt::format("free_pages[{}]", i), page); !e.empty())
-      return e;
+    if (std::string e = read_page(item, pool, "free_pages", i, page); !e.empty()) return e;
     if (pages[page] == listed::free || pages[page] == listed::bound_and_free)
       return fmt::format("pool {}: free_pages[{}]: page {} is listed free twice", shown(pool.name),
                          i, page);
