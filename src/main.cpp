@@ -76,7 +76,13 @@ metadata server; same HTTP API, default port 18000).
                             left, is removed on every rank N ms after its last
                             confirmation: no writer will complete it (default 30000; 0:
                             never)
-  --persistence-path P      SGLang's server's flag: as --data-dir P (P must not be a file)
+  --persistence-path P      SGLang's server's flag. P a directory or absent: as --data-dir
+                            P. P a file (the state SGLang's server saved): the data
+                            directory is P.metad beside it, and P is imported into it on
+                            the first start (P is only read, never written)
+  --import-sglang-state F   import F, a state file of SGLang's own metadata server, into
+                            the default tenant when --data-dir holds no state yet (the
+                            first start); an invalid F stops the start
   --save-interval S         SGLang's server's flag: accepted and not needed (every change
                             is logged as it is made)
   --sglang-read-lease-ms N  SGLang API: keys get_page_indices returned are not evicted
@@ -238,14 +244,21 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.data_dir = value;
     } else if (flag == "--persistence-path") {
       // SGLang's server: persistence in the file P. Here the state of both APIs goes to
-      // the data directory P; a file already there (the reference's JSON) is not read,
-      // and never overwritten.
+      // a data directory: P itself, or P.metad beside the reference's file P, which is
+      // imported on the first start and never written.
+      const std::string path(value);
       struct stat st {};
-      if (::stat(std::string(value).c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
-        throw usage_error("--persistence-path " + std::string(value) +
-                          ": is a file (SGLang's JSON?); hf3fs-metad keeps its state in a "
-                          "directory and does not read that format: name a directory");
-      cfg.data_dir = value;
+      const bool exists = ::stat(path.c_str(), &st) == 0;
+      if (exists && S_ISREG(st.st_mode)) {
+        cfg.data_dir = path + ".metad";
+        cfg.sglang_import_path = path;
+      } else if (exists && !S_ISDIR(st.st_mode)) {
+        throw usage_error("--persistence-path " + path + ": neither a file nor a directory");
+      } else {
+        cfg.data_dir = path;
+      }
+    } else if (flag == "--import-sglang-state") {
+      cfg.sglang_import_path = value;
     } else if (flag == "--save-interval") {
       // SGLang's server: seconds between saves. Every change is logged here as it is
       // made (--durability), so the value is checked and not used.
@@ -292,6 +305,8 @@ metad::config parse_flags(int argc, char** argv) {
     }
   }
   if (!cfg.tcp && cfg.unix_path.empty()) throw usage_error("--no-tcp needs --unix PATH");
+  if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
+    throw usage_error("--import-sglang-state needs --data-dir (the imported state lives there)");
   return cfg;
 }
 

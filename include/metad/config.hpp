@@ -67,6 +67,10 @@ struct config {
 
   // Empty: state lives in memory only.
   std::string data_dir;
+  // The state file of SGLang's own metadata server (its --persistence-path), imported
+  // into the default tenant when data_dir holds no committed state yet; only read.
+  // Needs data_dir. Empty: none.
+  std::string sglang_import_path;
   durability durable = durability::sync;
   // A core snapshots its state and starts a new log segment past this many log bytes.
   std::uint64_t snapshot_log_bytes = 256u << 20;

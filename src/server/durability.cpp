@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -407,7 +408,7 @@ replay_summary replay(cluster& cl, const store::data_dir& dir) {
 
 }  // namespace
 
-void recover(cluster& cl) {
+void recover(cluster& cl, const before_commit_fn& before_commit) {
   if (cl.cfg.data_dir.empty()) {
     metad::log::info("no --data-dir: state lives in memory only and is lost on restart");
     return;
@@ -427,6 +428,7 @@ void recover(cluster& cl) {
       sum.reusable_snapshots[c].clear();
     core->ranks.restart_quarantines(quarantine_until);
   }
+  if (before_commit && before_commit(cl, dir)) sum.reusable_snapshots.clear();
 
   // The new generation: one snapshot and one empty log per current core.
   auto t = std::chrono::steady_clock::now();
@@ -471,6 +473,47 @@ void recover(cluster& cl) {
       cl.cfg.durable == metad::durability::sync ? "sync" : "none");
 }
 
+namespace {
+
+// --verify-data-dir's SGLang part: a total line, then one line per pool (tenant, rank,
+// namespace order).
+void print_sg_pools(const core_state& core) {
+  struct row {
+    std::string tenant;
+    std::int64_t rank;
+    std::string ns;
+    shard::sglang_pool_stats stats;
+  };
+  std::vector<row> rows;
+  for (const auto& entry : core.sg_tenants) {
+    const std::string& tenant = entry.first;  // lambdas cannot capture bindings in C++20
+    entry.second.for_each(
+        [&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
+          rows.push_back({tenant, rank, std::string(ns), pool.stats()});
+        });
+  }
+  std::sort(rows.begin(), rows.end(), [](const row& a, const row& b) {
+    return std::tie(a.tenant, a.rank, a.ns) < std::tie(b.tenant, b.rank, b.ns);
+  });
+  std::uint64_t pages = 0, bound = 0, in_flight = 0;
+  for (const row& r : rows) {
+    pages += r.stats.num_pages;
+    bound += r.stats.bound;
+    in_flight += r.stats.in_flight;
+  }
+  std::printf("sglang pools %zu, pages %llu, bound %llu, in flight %llu\n", rows.size(),
+              static_cast<unsigned long long>(pages), static_cast<unsigned long long>(bound),
+              static_cast<unsigned long long>(in_flight));
+  for (const row& r : rows)
+    std::printf(
+        "sglang pool tenant '%s' rank %lld namespace '%s': pages %u, bound %u, in flight "
+        "%u, free %u\n",
+        r.tenant.c_str(), static_cast<long long>(r.rank), r.ns.c_str(), r.stats.num_pages,
+        r.stats.bound, r.stats.in_flight, r.stats.free);
+}
+
+}  // namespace
+
 int verify_data_dir(const std::string& path) {
   metad::config cfg;
   cfg.data_dir = path;
@@ -488,13 +531,15 @@ int verify_data_dir(const std::string& path) {
     std::printf(
         "%s: generation %llu, %zu file group(s), %llu records replayed\n"
         "ranks %lld, pages %lld, bound %lld, reserved %lld\n"
-        "keys %llu (complete %llu, incomplete %zu)\nok\n",
+        "keys %llu (complete %llu, incomplete %zu)\n",
         path.c_str(), static_cast<unsigned long long>(dir.generation()), sum.file_groups,
         static_cast<unsigned long long>(sum.records), static_cast<long long>(sum.ranks),
         static_cast<long long>(pages), static_cast<long long>(bound),
         static_cast<long long>(reserved), static_cast<unsigned long long>(sum.keys),
         static_cast<unsigned long long>(sum.keys - directory.incomplete_count()),
         directory.incomplete_count());
+    print_sg_pools(*cl.core[0]);
+    std::printf("ok\n");
     return 0;
   } catch (const std::exception& e) {
     std::printf("%s: FAILED: %s\n", path.c_str(), e.what());

@@ -4,18 +4,23 @@
 // rebuilt and a new generation — one snapshot and one empty log per core — is committed.
 #pragma once
 
+#include <functional>
+
 #include "server/cluster.hpp"
 
 namespace server {
 
 // Before any core serves. Throws std::runtime_error naming the file and offset of a
-// corrupt record.
-void recover(cluster& cl);
+// corrupt record. before_commit, if set, runs after the replay and before the new
+// generation is written, on the calling thread: what it adds to the cores' state (it
+// returns true then) is in that generation's snapshots when recover returns.
+using before_commit_fn = std::function<bool(cluster&, const store::data_dir&)>;
+void recover(cluster& cl, const before_commit_fn& before_commit = {});
 
 // --verify-data-dir: replays the directory's committed state without serving or writing
-// anything, prints what it holds (ranks, pages, bindings, keys) or the damage (file and
-// offset) on stdout. Returns the exit status: 0 readable (a torn tail is only warned
-// about), 1 damaged or unreadable.
+// anything, prints what it holds (ranks, pages, bindings, keys, SGLang pools) or the damage
+// (file and offset) on stdout. Returns the exit status: 0 readable (a torn tail is only
+// warned about), 1 damaged or unreadable.
 int verify_data_dir(const std::string& path);
 
 // On core c's thread, each tick: marks a snapshot due when the log segment has grown

@@ -25,6 +25,7 @@
 #include "server/exchange.hpp"
 #include "server/lifecycle.hpp"
 #include "server/request_task.hpp"
+#include "server/sglang_import.hpp"
 
 namespace server {
 
@@ -266,7 +267,10 @@ void server::run() {
     use_uring = false;
   }
   // Listeners open only after recovery: a client that connects sees the recovered state.
-  ::server::recover(cl);
+  if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
+    throw std::runtime_error("importing an SGLang state file needs a data directory");
+  ::server::recover(cl, cfg.sglang_import_path.empty() ? ::server::before_commit_fn{}
+                                                       : ::server::import_sglang_state);
   cl.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", cl.memory.max(), cl.memory.used());
   if (cl.memory.used() > cl.memory.max())

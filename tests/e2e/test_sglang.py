@@ -503,16 +503,14 @@ class PersistenceTest(unittest.TestCase):
         from metad_harness import MetadServer, run_to_exit
         data = tempfile.mkdtemp(prefix="metad-sglang-")
         self.addCleanup(shutil.rmtree, data, True)
-        # The reference's JSON file is refused, and left as it was.
-        meta = os.path.join(data, "meta.json")
-        with open(meta, "w") as f:
-            f.write('{"0:kv": {"num_pages": 1, "free_pages": [0], "key_to_index": []}}')
-        code, err, started = run_to_exit(("--persistence-path", meta))
+        # A file at P (the reference's JSON) is imported: test_sglang_import.py. Neither
+        # a file nor a directory is refused.
+        fifo = os.path.join(data, "fifo")
+        os.mkfifo(fifo)
+        code, err, started = run_to_exit(("--persistence-path", fifo))
         self.assertFalse(started)
         self.assertEqual(code, 2)
         self.assertIn("--persistence-path", err)
-        with open(meta) as f:
-            self.assertIn("free_pages", f.read())
         # A directory: the state persists there.
         args = ("--persistence-path", os.path.join(data, "state"), "--save-interval", "60")
         server = MetadServer(args)

@@ -160,6 +160,22 @@ JSON_BODIES = [
     b'{"keys":[], "a": 1e999}', b'{"keys":[],"a":-0}', b'{"keys":[],"a":123456789012345678901234567890}',
 ]
 
+# sglang_state_fuzz: state files of SGLang's own metadata server, as its save_to_disk
+# writes them (json.dump, indent=4), and broken ones.
+SGLANG_STATES = [
+    {"0:kv": {"num_pages": 6, "free_pages": [1, 0], "key_to_index": [[key(1, 64), 5], [key(2, 64), 3]]},
+     "3": {"num_pages": 3, "free_pages": [2], "key_to_index": [["a", 0], ["b", 1]]},
+     "0:indexer": {"num_pages": 2, "free_pages": [0, 1], "key_to_index": []}},
+    {"-1:ns:with:colons": {"num_pages": 0, "free_pages": [], "key_to_index": []}},
+    {"0:kv": {"num_pages": 3, "free_pages": [2, 1, 0], "key_to_index": [["a", 1]]}},
+    {"0:kv": {"num_pages": 2, "free_pages": [0, 0], "key_to_index": []}},
+    {"0:kv": {"num_pages": 2, "free_pages": [], "key_to_index": [["a", 0], ["a", 1]]}},
+    {"0:kv": {"num_pages": 2, "free_pages": [], "key_to_index": [["a", 0], ["b", 0]]}},
+    {"0": {"num_pages": 1, "free_pages": [0], "key_to_index": []},
+     "0:kv": {"num_pages": 1, "free_pages": [0], "key_to_index": []}},
+    {"x:kv": {}}, {"0:": {}}, {"0:kv": []}, {"0:kv": {"num_pages": True}}, {},
+]
+
 
 def write(harness, name, data):
     d = os.path.join(CORPUS, harness)
@@ -186,6 +202,9 @@ def main():
                     write("json_decode_fuzz", f"{i:02d}-init-{rank.decode()}", bytes([0, len(rank)]) + rank + b)
             else:
                 write("json_decode_fuzz", f"{i:02d}-{endpoint}", bytes([endpoint]) + b)
+    for i, state in enumerate(SGLANG_STATES):
+        write("sglang_state_fuzz", f"{i:02d}", json.dumps(state, indent=4).encode())
+    write("sglang_state_fuzz", "truncated", json.dumps(SGLANG_STATES[0], indent=4).encode()[:-20])
 
 
 if __name__ == "__main__":
