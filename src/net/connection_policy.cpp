@@ -19,51 +19,6 @@ connection_policy::connection_policy(std::unique_ptr<connection_handler> handler
       limits_(limits),
       deadline_ms_(now_ms + limits.idle_timeout_ms) {}
 
-action connection_policy::next() {
-  if (failed_ || ended_) return action::close;
-  switch (flow_) {
-    case flow::close:
-      if (!lingering_) return action::linger;
-      if (discards_ < limits_.linger_reads_max && !shut_) return action::discard;
-      return action::close;
-    case flow::wait:
-      return action::park;
-    case flow::drain:
-      return action::drain;
-    case flow::read:
-      break;
-  }
-  return next_read();
-}
-
-action connection_policy::next_read() {
-  const bool mid = handler_->mid_request();
-  // Stopping: an idle connection closes, unless the client sent more before it could
-  // know (those requests are served first).
-  if (stopping_ && !mid && !peer_.input_pending()) return action::close;
-  idle_ = !mid;
-  if (idle_) handler_->trim();
-  reading_ = true;
-  return action::read;
-}
-
-void connection_policy::read_done(read_status status, std::size_t bytes, std::uint64_t now_ms) {
-  reading_ = false;
-  if (status == read_status::cancelled && !shut_) return;  // stop(): read again, or close
-  if (status != read_status::data || shut_ || failed_) {
-    ended_ = true;
-    return;
-  }
-  flow_ = handler_->on_bytes(bytes);
-  const bool mid = handler_->mid_request();
-  if (!mid) {
-    deadline_ms_ = now_ms + limits_.idle_timeout_ms;
-  } else if (!mid_request_) {
-    deadline_ms_ = now_ms + limits_.header_timeout_ms;  // whole request, not per byte
-  }
-  mid_request_ = mid;
-}
-
 bool connection_policy::parking() {
   if (woken_) return false;
   waiting_ = true;

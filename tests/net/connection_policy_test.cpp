@@ -44,21 +44,21 @@ struct fake_peer final : waker {
 };
 
 enum class ev {
-  start,         // the loop's first next()
-  data,          // a read brought bytes
-  cancelled,     // a read the loop cancelled (stop)
-  ended,         // a read saw the end of the stream or an error
-  parking,       // the loop is about to suspend (question)
-  resumed,       // the loop resumed the parked connection
-  drained,       // every byte of the output was sent
-  linger,        // the write side is shut: linger_started()
-  discard,       // a discarding read brought bytes
-  discard_end,   // a discarding read saw the end
-  send_failed,   // a send failed
-  wake,          // waker::wake() (question: must the loop resume it?)
-  shut,          // the loop shuts the socket (question: the first time?)
-  stop,          // the loop stops (question: cancel the pending read?)
-  sweep,         // the sweep (question: time is up?)
+  start,        // the loop's first next()
+  data,         // a read brought bytes
+  cancelled,    // a read the loop cancelled (stop)
+  ended,        // a read saw the end of the stream or an error
+  parking,      // the loop is about to suspend (question)
+  resumed,      // the loop resumed the parked connection
+  drained,      // every byte of the output was sent
+  linger,       // the write side is shut: linger_started()
+  discard,      // a discarding read brought bytes
+  discard_end,  // a discarding read saw the end
+  send_failed,  // a send failed
+  wake,         // waker::wake() (question: must the loop resume it?)
+  shut,         // the loop shuts the socket (question: the first time?)
+  stop,         // the loop stops (question: cancel the pending read?)
+  sweep,        // the sweep (question: time is up?)
 };
 
 struct step {
@@ -72,12 +72,18 @@ struct step {
 
 const char* name(action a) {
   switch (a) {
-    case action::read: return "read";
-    case action::park: return "park";
-    case action::drain: return "drain";
-    case action::linger: return "linger";
-    case action::discard: return "discard";
-    case action::close: return "close";
+    case action::read:
+      return "read";
+    case action::park:
+      return "park";
+    case action::drain:
+      return "drain";
+    case action::linger:
+      return "linger";
+    case action::discard:
+      return "discard";
+    case action::close:
+      return "close";
   }
   return "?";
 }
@@ -113,21 +119,50 @@ void run(const std::vector<step>& steps) {
     peer.input = s.input;
     const char* answer = nullptr;  // a question's; else next() is asked
     switch (s.event) {
-      case ev::start: break;
-      case ev::data: policy.read_done(read_status::data, 5, s.now); break;
-      case ev::cancelled: policy.read_done(read_status::cancelled, 0, s.now); break;
-      case ev::ended: policy.read_done(read_status::ended, 0, s.now); break;
-      case ev::parking: answer = yes(policy.parking()); break;
-      case ev::resumed: policy.resumed(); break;
-      case ev::drained: policy.drained(); break;
-      case ev::linger: policy.linger_started(s.now); break;
-      case ev::discard: policy.discarded(read_status::data); break;
-      case ev::discard_end: policy.discarded(read_status::ended); break;
-      case ev::send_failed: policy.send_failed(); break;
-      case ev::wake: answer = yes(policy.wake()); break;
-      case ev::shut: answer = yes(policy.shut()); break;
-      case ev::stop: answer = yes(policy.stop(s.now)); break;
-      case ev::sweep: answer = yes(policy.expired(s.now)); break;
+      case ev::start:
+        break;
+      case ev::data:
+        policy.read_done(read_status::data, 5, s.now);
+        break;
+      case ev::cancelled:
+        policy.read_done(read_status::cancelled, 0, s.now);
+        break;
+      case ev::ended:
+        policy.read_done(read_status::ended, 0, s.now);
+        break;
+      case ev::parking:
+        answer = yes(policy.parking());
+        break;
+      case ev::resumed:
+        policy.resumed();
+        break;
+      case ev::drained:
+        policy.drained();
+        break;
+      case ev::linger:
+        policy.linger_started(s.now);
+        break;
+      case ev::discard:
+        policy.discarded(read_status::data);
+        break;
+      case ev::discard_end:
+        policy.discarded(read_status::ended);
+        break;
+      case ev::send_failed:
+        policy.send_failed();
+        break;
+      case ev::wake:
+        answer = yes(policy.wake());
+        break;
+      case ev::shut:
+        answer = yes(policy.shut());
+        break;
+      case ev::stop:
+        answer = yes(policy.stop(s.now));
+        break;
+      case ev::sweep:
+        answer = yes(policy.expired(s.now));
+        break;
     }
     std::string decided;
     if (answer != nullptr) {
@@ -315,7 +350,7 @@ TEST(ConnectionPolicy, BytesAfterShutAreNotHandedOver) {
       {ev::start, "trim → read(idle)"},
       {ev::sweep, "→ yes", flow::read, false, 1000},
       {ev::shut, "→ yes"},
-      {ev::shut, "→ no"},  // once
+      {ev::shut, "→ no"},                            // once
       {ev::sweep, "→ no", flow::read, false, 2000},  // counted once
       {ev::data, "→ close"},
   });
@@ -345,7 +380,7 @@ TEST(ConnectionPolicy, StopWhileMidRequestFinishesTheRequest) {
   run({
       {ev::start, "trim → read(idle)"},
       {ev::data, "on_bytes → read", flow::read, true, 90},
-      {ev::stop, "→ no", flow::read, true, 100},  // the read is not cancelled
+      {ev::stop, "→ no", flow::read, true, 100},             // the read is not cancelled
       {ev::data, "on_bytes → read", flow::read, true, 120},  // still reading the body
       {ev::data, "on_bytes → park", flow::wait, false, 130},
       {ev::parking, "→ yes"},
@@ -358,7 +393,7 @@ TEST(ConnectionPolicy, DrainDeadlineCutsAReadingConnection) {
   run({
       {ev::start, "trim → read(idle)"},
       {ev::data, "on_bytes → read", flow::read, true, 100},  // header deadline 200
-      {ev::stop, "→ no", flow::read, true, 120},              // drain deadline 170
+      {ev::stop, "→ no", flow::read, true, 120},             // drain deadline 170
       {ev::sweep, "→ no", flow::read, true, 169},
       {ev::sweep, "→ yes", flow::read, true, 170},
       {ev::shut, "→ yes"},
