@@ -16,6 +16,7 @@
 
 #include "metad/log.hpp"
 #include "net/accept_backoff.hpp"
+#include "net/connection_policy.hpp"
 #include "net/input.hpp"
 #include "net/transport.hpp"
 
@@ -26,28 +27,32 @@ using asio::awaitable;
 using stream = asio::generic::stream_protocol;  // TCP and unix sockets alike
 constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
 using clock = std::chrono::steady_clock;
-constexpr int kLingerMs = 1'000;
-constexpr int kLingerReadsMax = 64;
 
 class asio_loop;
+
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(clock::now().time_since_epoch())
+          .count());
+}
+
+read_status status_of(const asio::error_code& ec, std::size_t bytes) {
+  if (ec == asio::error::operation_aborted) return read_status::cancelled;
+  return ec || bytes == 0 ? read_status::ended : read_status::data;
+}
 
 struct connection final : waker {
   stream::socket socket;
   asio::steady_timer parked;  // waits "forever" while the request is on another core
-  std::unique_ptr<connection_handler> handler;
-  clock::time_point deadline;
-  bool mid_request = false;
-  bool waiting = false;
-  bool woken = false;
-  bool shut = false;
-  bool reading = false;  // serve() awaits a read, which a stop cancels
   std::size_t index = 0;
+  connection_policy policy;  // owns the handler
 
-  explicit connection(stream::socket s)
-      : socket(std::move(s)), parked(socket.get_executor(), clock::time_point::max()) {}
+  connection(stream::socket s, core_hooks& hooks, const policy_limits& limits)
+      : socket(std::move(s)),
+        parked(socket.get_executor(), clock::time_point::max()),
+        policy(hooks.open(*this), *this, limits, now_ms()) {}
   void wake() override {
-    woken = true;
-    if (waiting) parked.cancel();
+    if (policy.wake()) parked.cancel();
   }
   bool input_pending() override { return input_waiting(socket.native_handle()); }
 };
@@ -56,6 +61,7 @@ class asio_loop {
  public:
   asio_loop(const loop_options& options, core_hooks& hooks)
       : options_(options),
+        limits_(limits_of(options)),
         hooks_(hooks),
         stats_(options.stats),
         ctx_(ASIO_CONCURRENCY_HINT_UNSAFE),
@@ -99,11 +105,7 @@ class asio_loop {
       if (ec) {
         if (ec == asio::error::operation_aborted) break;
         if (accept_backoff::out_of_descriptors(ec.value())) {
-          backoff_.failed(
-              static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                             std::chrono::steady_clock::now().time_since_epoch())
-                                             .count()),
-              ec.value());
+          backoff_.failed(now_ms(), ec.value());
           asio::steady_timer pause(ctx_, std::chrono::milliseconds(accept_backoff::pause_ms));
           co_await pause.async_wait(use_tuple);
           continue;
@@ -117,75 +119,58 @@ class asio_loop {
       }
       ++stats_->accepted;
       socket.set_option(asio::ip::tcp::no_delay(true), ec);  // fails harmlessly on unix sockets
-      auto* c = new connection(std::move(socket));
-      c->handler = hooks_.open(*c);
-      c->deadline = clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
+      auto* c = new connection(std::move(socket), hooks_, limits_);
       c->index = connections_.size();
       connections_.push_back(c);
       asio::co_spawn(ctx_, serve(c), asio::detached);
     }
   }
 
+  // Carries out what the connection's policy decides; it starts each step by writing
+  // what the handler wrote, in full.
   awaitable<void> serve(connection* c) {
-    flow next = flow::read;
+    connection_policy& policy = c->policy;
     for (;;) {
-      std::string& out = c->handler->output();
+      std::string& out = policy.handler().output();
       if (!out.empty()) {
         auto [ec, n] = co_await asio::async_write(c->socket, asio::buffer(out), use_tuple);
         out.clear();
-        if (ec) break;
+        if (ec) policy.send_failed();
       }
-      if (next == flow::close) {
-        // Lingering close, as in the uring loop: stop writing, drop the client's
-        // remaining bytes until it closes or kLingerMs passes (the sweep cuts it).
-        asio::error_code ignored;
-        c->socket.shutdown(stream::socket::shutdown_send, ignored);
-        c->deadline = clock::now() + std::chrono::milliseconds(kLingerMs);
-        c->mid_request = true;
-        for (int reads = 0; reads < kLingerReadsMax && !c->shut; ++reads) {
+      switch (policy.next()) {
+        case action::read: {
+          std::span<char> space = policy.handler().read_space();
+          auto [ec, n] = co_await c->socket.async_read_some(
+              asio::buffer(space.data(), space.size()), use_tuple);
+          policy.read_done(status_of(ec, n), n, now_ms());
+          break;
+        }
+        case action::park:
+          if (policy.parking()) {
+            c->parked.expires_at(clock::time_point::max());
+            co_await c->parked.async_wait(use_tuple);
+          }
+          policy.resumed();
+          break;
+        case action::drain:  // the output was written in full above
+          policy.drained();
+          break;
+        case action::linger: {
+          asio::error_code ignored;
+          c->socket.shutdown(stream::socket::shutdown_send, ignored);
+          policy.linger_started(now_ms());  // the sweep enforces the deadline
+          break;
+        }
+        case action::discard: {
           auto [ec, n] = co_await c->socket.async_read_some(asio::buffer(discard_), use_tuple);
-          if (ec || n == 0) break;
+          policy.discarded(ec || n == 0 ? read_status::ended : read_status::data);
+          break;
         }
-        break;
+        case action::close:
+          close(c);
+          co_return;
       }
-      if (next == flow::wait) {
-        if (!c->woken) {
-          c->waiting = true;
-          c->parked.expires_at(clock::time_point::max());
-          co_await c->parked.async_wait(use_tuple);
-          c->waiting = false;
-        }
-        c->woken = false;
-        next = c->handler->on_resume();
-        continue;
-      }
-      if (next == flow::drain) {  // the output was written in full above
-        next = c->handler->on_drained();
-        continue;
-      }
-      // Stopping: an idle connection closes, unless the client sent more before it could
-      // know (those requests are served first).
-      if (stopping_ && !c->handler->mid_request() && !input_waiting(c->socket.native_handle()))
-        break;
-      if (!c->handler->mid_request()) c->handler->trim();
-      std::span<char> space = c->handler->read_space();
-      c->reading = true;
-      auto [ec, n] =
-          co_await c->socket.async_read_some(asio::buffer(space.data(), space.size()), use_tuple);
-      c->reading = false;
-      // begin_stop() cancelled the read: look at the socket again.
-      if (ec == asio::error::operation_aborted && !c->shut) continue;
-      if (ec || n == 0 || c->shut) break;
-      next = c->handler->on_bytes(n);
-      const bool mid = c->handler->mid_request();
-      if (!mid) {
-        c->deadline = clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
-      } else if (!c->mid_request) {
-        c->deadline = clock::now() + std::chrono::milliseconds(options_.header_timeout_ms);
-      }
-      c->mid_request = mid;
     }
-    close(c);
   }
 
   awaitable<void> wake_loop() {
@@ -232,20 +217,16 @@ class asio_loop {
   }
 
   void sweep() {
-    const auto now = clock::now();
-    const bool draining_over = stopping_ && now >= stop_deadline_;
+    const std::uint64_t now = now_ms();
     for (connection* c : connections_) {
-      if (c->waiting) continue;
-      if (draining_over || now >= c->deadline) {
-        if (!c->shut) ++stats_->timed_out;
-        shut(c);
-      }
+      if (!c->policy.expired(now)) continue;
+      ++stats_->timed_out;
+      shut(c);
     }
   }
 
   void shut(connection* c) {
-    if (c->shut) return;
-    c->shut = true;
+    if (!c->policy.shut()) return;
     asio::error_code ignored;
     c->socket.shutdown(stream::socket::shutdown_both, ignored);
     c->socket.cancel(ignored);
@@ -262,16 +243,17 @@ class asio_loop {
 
   void begin_stop() {
     stopping_ = true;
-    stop_deadline_ = clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
+    const std::uint64_t now = now_ms();
     asio::error_code ignored;
     for (auto& acceptor : acceptors_) acceptor.close(ignored);
     // Idle keep-alive connections are woken, not shut: a request may already be in the
     // socket; serve() answers it before closing.
     for (connection* c : connections_)
-      if (c->reading && !c->mid_request) c->socket.cancel(ignored);
+      if (c->policy.stop(now)) c->socket.cancel(ignored);
   }
 
   loop_options options_;
+  policy_limits limits_;
   core_hooks& hooks_;
   loop_stats* stats_;
   asio::io_context ctx_;
@@ -283,7 +265,6 @@ class asio_loop {
   std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   bool stopping_ = false;
   bool retry_flush_ = false;
-  clock::time_point stop_deadline_;
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "metad/log.hpp"
 #include "net/accept_backoff.hpp"
+#include "net/connection_policy.hpp"
 #include "net/detached.hpp"
 #include "net/input.hpp"
 #include "net/transport.hpp"
@@ -25,14 +26,15 @@
 namespace net {
 namespace {
 
-// How long and how much a closing connection's remaining input is read and dropped.
-constexpr std::uint64_t kLingerMs = 1'000;
-constexpr int kLingerReadsMax = 64;
-
 std::uint64_t now_ms() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
+}
+
+read_status status_of(int recv_result) {
+  if (recv_result > 0) return read_status::data;
+  return recv_result == -ECANCELED ? read_status::cancelled : read_status::ended;
 }
 
 std::uint64_t now_ns() {
@@ -92,7 +94,6 @@ struct loop_completion : completion {
 struct connection final : waker {
   uring_loop& loop;
   int fd;
-  std::unique_ptr<connection_handler> handler;
   // Sending runs beside the serve coroutine, so a response and the next recv go out in
   // the same submission: `sending` holds the bytes on their way, `sent` of them done.
   struct send_completion final : completion {
@@ -101,18 +102,15 @@ struct connection final : waker {
   std::string sending;
   std::size_t sent = 0;
   bool send_in_flight = false;
-  bool send_failed = false;
   std::coroutine_handle<> drain_waiter;  // serve() waiting for every byte to be sent
-  std::uint64_t deadline_ms = 0;
-  bool mid_request = false;
-  bool waiting = false;
-  bool woken = false;
-  bool shut = false;
-  completion* reading = nullptr;   // serve()'s pending recv, which a stop cancels
-  std::coroutine_handle<> parked;  // the serve coroutine while waiting
-  std::size_t index = 0;           // position in the loop's connection list
+  completion* reading = nullptr;         // serve()'s pending recv, which a stop cancels
+  std::coroutine_handle<> parked;        // the serve coroutine while waiting
+  std::size_t index = 0;                 // position in the loop's connection list
+  connection_policy policy;              // owns the handler
 
-  connection(uring_loop& l, int f) : loop(l), fd(f) {}
+  connection(uring_loop& l, int f, core_hooks& hooks, const policy_limits& limits,
+             std::uint64_t now)
+      : loop(l), fd(f), policy(hooks.open(*this), *this, limits, now) {}
   void wake() override;
   bool input_pending() override { return input_waiting(fd); }
 };
@@ -174,6 +172,7 @@ class uring_loop {
   void on_sync(const io_uring_cqe& cqe);
 
   loop_options options_;
+  policy_limits limits_;
   core_hooks& hooks_;
   loop_stats* stats_;
   io_uring ring_{};
@@ -192,17 +191,15 @@ class uring_loop {
   bool stopping_ = false;
   accept_backoff backoff_;
   std::uint64_t oldest_send_ns_ = 0;  // when the oldest unsubmitted send was queued; 0: none
-  std::uint64_t stop_deadline_ms_ = 0;
   std::uint64_t now_ms_ = now_ms();
 };
 
 void connection::wake() {
-  woken = true;
-  if (parked) loop.ready(this);
+  if (policy.wake()) loop.ready(this);
 }
 
 uring_loop::uring_loop(const loop_options& options, core_hooks& hooks)
-    : options_(options), hooks_(hooks), stats_(options.stats) {
+    : options_(options), limits_(limits_of(options)), hooks_(hooks), stats_(options.stats) {
   io_uring_params params{};
   params.flags =
       IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_COOP_TASKRUN;
@@ -280,22 +277,19 @@ void uring_loop::open(int fd) {
   ++stats_->accepted;
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  auto* c = new connection(*this, fd);
+  auto* c = new connection(*this, fd, hooks_, limits_, now_ms_);
   c->send_done.owner = c;
   c->send_done.on_cqe = [](completion* self, const io_uring_cqe& cqe) {
     connection* owner = static_cast<connection::send_completion*>(self)->owner;
     owner->loop.on_send(owner, cqe.res);
   };
-  c->handler = hooks_.open(*c);
-  c->deadline_ms = now_ms_ + options_.idle_timeout_ms;
   c->index = connections_.size();
   connections_.push_back(c);
   serve(c);
 }
 
 void uring_loop::shut(connection* c) {
-  if (c->shut) return;
-  c->shut = true;
+  if (!c->policy.shut()) return;
   ::shutdown(c->fd, SHUT_RDWR);  // the pending recv/send completes; serve() then closes
 }
 
@@ -312,9 +306,9 @@ void uring_loop::close(connection* c) {
 // Starts sending what the handler wrote, unless a send is already on its way (its
 // completion picks the new bytes up, keeping them in order).
 void uring_loop::send_output(connection* c) {
-  if (c->send_in_flight || c->send_failed) return;
+  if (c->send_in_flight || c->policy.failed()) return;
   if (c->sent == c->sending.size()) {
-    std::string& out = c->handler->output();
+    std::string& out = c->policy.handler().output();
     if (out.empty()) return;
     c->sending.clear();
     c->sending.swap(out);  // the handler gets the old buffer back, capacity and all
@@ -335,7 +329,7 @@ void uring_loop::submit_held_sends(bool now) {
 void uring_loop::on_send(connection* c, int result) {
   c->send_in_flight = false;
   if (result <= 0) {
-    c->send_failed = true;
+    c->policy.send_failed();
     shut(c);  // serve() sees the failure through its recv
   } else {
     c->sent += static_cast<std::size_t>(result);
@@ -344,83 +338,62 @@ void uring_loop::on_send(connection* c, int result) {
   if (!c->send_in_flight && c->drain_waiter) std::exchange(c->drain_waiter, {}).resume();
 }
 
+// Carries out what the connection's policy decides; it starts each step by sending
+// what the handler wrote.
 detached uring_loop::serve(connection* c) {
-  flow next = flow::read;
+  connection_policy& policy = c->policy;
   for (;;) {
     send_output(c);
-    if (c->send_failed) break;
-    if (next == flow::close) {
-      co_await drained{c};
-      // Lingering close: a client still sending (a refused body) would get a reset that
-      // can destroy our answer before it reads it. Stop writing, discard its bytes until
-      // it closes, for at most kLingerMs (the sweep enforces the deadline).
-      ::shutdown(c->fd, SHUT_WR);
-      c->deadline_ms = now_ms_ + kLingerMs;
-      c->mid_request = true;  // no longer idle: only the deadline ends it
-      for (int reads = 0; reads < kLingerReadsMax && !c->shut; ++reads) {
+    switch (policy.next()) {
+      case action::read: {
+        if (policy.idle() && !c->send_in_flight && c->sending.capacity() > kIdleBufferBytes) {
+          std::string().swap(c->sending);
+          // `sent` counts bytes of `sending`: left at the old size, the next send would
+          // start past the end of the empty buffer (EFAULT, or heap bytes to the client).
+          c->sent = 0;
+        }
+        std::span<char> space = policy.handler().read_space();
+        op o(*this);
+        io_uring_prep_recv(sqe(&o), c->fd, space.data(), space.size(), 0);
+        c->reading = &o;
+        const int n = co_await o;
+        c->reading = nullptr;
+        policy.read_done(status_of(n), n > 0 ? static_cast<std::size_t>(n) : 0, now_ms_);
+        break;
+      }
+      case action::park:
+        if (policy.parking()) co_await parked_awaiter{c->parked};
+        policy.resumed();
+        break;
+      case action::drain:
+        co_await drained{c};
+        policy.drained();
+        break;
+      case action::linger:
+        co_await drained{c};
+        ::shutdown(c->fd, SHUT_WR);  // the sweep enforces the linger deadline
+        policy.linger_started(now_ms_);
+        break;
+      case action::discard: {
         op o(*this);
         io_uring_prep_recv(sqe(&o), c->fd, discard_.data(), discard_.size(), 0);
-        if (co_await o <= 0) break;
+        const int n = co_await o;
+        policy.discarded(n > 0 ? read_status::data : read_status::ended);
+        break;
       }
-      break;
+      case action::close:
+        co_await drained{c};
+        close(c);
+        co_return;
     }
-    if (next == flow::wait) {
-      if (!c->woken) {
-        c->waiting = true;
-        co_await parked_awaiter{c->parked};
-        c->waiting = false;
-      }
-      c->woken = false;
-      next = c->handler->on_resume();
-      continue;
-    }
-    if (next == flow::drain) {
-      co_await drained{c};
-      if (c->send_failed) break;
-      next = c->handler->on_drained();
-      continue;
-    }
-    // Stopping: an idle connection closes, unless the client sent more before it could
-    // know (those requests are served first).
-    if (stopping_ && !c->handler->mid_request() && !input_waiting(c->fd)) break;
-    if (!c->handler->mid_request()) {
-      c->handler->trim();
-      if (!c->send_in_flight && c->sending.capacity() > kIdleBufferBytes) {
-        std::string().swap(c->sending);
-        // `sent` counts bytes of `sending`: left at the old size, the next send would
-        // start past the end of the empty buffer (EFAULT, or heap bytes to the client).
-        c->sent = 0;
-      }
-    }
-    std::span<char> space = c->handler->read_space();
-    op o(*this);
-    io_uring_prep_recv(sqe(&o), c->fd, space.data(), space.size(), 0);
-    c->reading = &o;
-    const int n = co_await o;
-    c->reading = nullptr;
-    if (n == -ECANCELED && !c->shut) continue;  // begin_stop(): look at the socket again
-    if (n <= 0 || c->shut || c->send_failed) break;
-    next = c->handler->on_bytes(static_cast<std::size_t>(n));
-    const bool mid = c->handler->mid_request();
-    if (!mid) {
-      c->deadline_ms = now_ms_ + options_.idle_timeout_ms;
-    } else if (!c->mid_request) {
-      c->deadline_ms = now_ms_ + options_.header_timeout_ms;  // whole request, not per byte
-    }
-    c->mid_request = mid;
   }
-  co_await drained{c};
-  close(c);
 }
 
 void uring_loop::sweep() {
-  const bool draining_over = stopping_ && now_ms_ >= stop_deadline_ms_;
   for (connection* c : connections_) {
-    if (c->waiting) continue;  // its request is on another core; it finishes quickly
-    if (draining_over || now_ms_ >= c->deadline_ms) {
-      if (!c->shut) ++stats_->timed_out;
-      shut(c);
-    }
+    if (!c->policy.expired(now_ms_)) continue;
+    ++stats_->timed_out;
+    shut(c);
   }
 }
 
@@ -469,13 +442,12 @@ void uring_loop::on_sync(const io_uring_cqe& cqe) {
 
 void uring_loop::begin_stop() {
   stopping_ = true;
-  stop_deadline_ms_ = now_ms_ + options_.drain_timeout_ms;
   for (listener& l : listeners_)
     if (l.armed) io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(&l), 0);
   // Idle keep-alive connections are woken, not shut: a request may already be in the
   // socket, or in a recv completion not yet handled; serve() answers it before closing.
   for (connection* c : connections_)
-    if (c->reading != nullptr && !c->mid_request)
+    if (c->policy.stop(now_ms_) && c->reading != nullptr)
       io_uring_prep_cancel64(sqe(&ignored_), reinterpret_cast<std::uint64_t>(c->reading), 0);
 }
 
