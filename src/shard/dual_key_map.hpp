@@ -56,6 +56,10 @@ class dual_key_map {
     std::conditional_t<Const, const std::uint32_t*, std::uint32_t*> word = nullptr;
     std::conditional_t<Const, const other_slot*, other_slot*> slot = nullptr;
     explicit operator bool() const { return word != nullptr || slot != nullptr; }
+    // The value in whichever form holds it (a map whose two forms hold the same word).
+    auto* value() const requires std::same_as<Other, std::uint32_t> {
+      return word != nullptr ? word : slot != nullptr ? &slot->value : nullptr;
+    }
   };
   using entry = basic_entry<false>;
   using const_entry = basic_entry<true>;

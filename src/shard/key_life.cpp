@@ -32,7 +32,8 @@ void key_life::drop(std::uint32_t i) {
   node& n = nodes_[i];
   unlink(i);
   keys_.erase(keys_.find(n.key));  // frees n.key.blob
-  if (n.lease_until != 0) {        // its lease ended, not yet swept: freed when its entry is
+  // Its lease ended, not yet swept: the node is freed when its entry is.
+  if (n.lease_until != 0) {
     --leased_;
     n.key.blob = nullptr;
     n.prev = dead;

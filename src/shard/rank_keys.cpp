@@ -10,15 +10,14 @@ void rank_keys::release_reserved(std::uint32_t page) {
   const key_owner owner = owners.take(page);
   METAD_ASSERT(owner.set);
   const auto e = map.find(owner.key);
-  const std::uint32_t word = e.word != nullptr ? *e.word : e.slot != nullptr ? e.slot->value : 0;
-  METAD_ASSERT(e && !entry_word::confirmed(word) && entry_word::page(word) == page);
+  METAD_ASSERT(e && !entry_word::confirmed(*e.value()) && entry_word::page(*e.value()) == page);
   map.erase(e);  // frees owner.key.blob
 }
 
 std::int64_t rank_keys::remove_confirmed(std::string_view key, const parsed_key& p) {
   const auto e = map.find(key, p);
   if (!e) return -1;
-  const std::uint32_t word = e.word != nullptr ? *e.word : e.slot->value;
+  const std::uint32_t word = *e.value();
   if (!entry_word::confirmed(word)) return -1;
   map.erase(e);
   return entry_word::page(word);

@@ -137,6 +137,9 @@ TEST(DualKeyMap, HandlesNameKeysOfBothFormsUntilTheyAreErased) {
 
   EXPECT_EQ(*m.find(hex).word, 1u);
   EXPECT_EQ(m.find(other).slot->value, 2u);
+  EXPECT_EQ(*m.find(hex).value(), 1u);
+  EXPECT_EQ(*m.find(other).value(), 2u);
+  EXPECT_EQ(m.find("absent", parsed("absent")).value(), nullptr);
   EXPECT_EQ(m.find(other).slot->key, other.blob);
   std::string text;
   map32::key_text(hex, text);
