@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <limits>
 
+#include "shard/dual_key_map.hpp"
 #include "shard/key_life.hpp"
 #include "shard/key_map.hpp"
-#include "shard/packed_map.hpp"
-#include "shard/rank_keys.hpp"
 
 // directory: this core's slice of key completeness (keys whose key_hash maps here).
 // A 32-lowercase-hex key whose tp_world_size fits 16 bits (all of them in practice) is
-// one packed_map slot, {tp, count} packed into its 4-byte word; any other key, or a
-// larger tp, goes to a key_map with heap key bytes and full int32 counts. Beside it:
+// stored packed, {tp, count} in its 4-byte word; any other key, or a larger tp, is
+// stored with heap key bytes and full int32 counts (dual_key_map's two forms). Beside it:
 // key_life (recency and read leases), the incomplete keys by their last confirmation
 // (for stale-key reclamation) and the bookkeeping of removals in progress.
 namespace shard {
@@ -38,8 +37,7 @@ std::uint32_t packed_word(std::int32_t tp, std::int32_t count) {
 }  // namespace
 
 struct directory::impl {
-  packed_map packed;           // hex keys with tp <= packed_tp_max
-  key_map<completion> others;  // every other key
+  dual_key_map<completion> keys;  // packed: hex keys with tp <= packed_tp_max
   key_life life;
   // The incomplete keys (fewer confirmations than their tp_world_size, not being
   // removed), least recently confirmed first: a key_life with recency on and no leases.
@@ -55,39 +53,21 @@ struct directory::impl {
   impl() { incomplete.set_lru(true); }
 
   // The key's entry in whichever map holds it.
-  struct entry {
-    std::uint32_t* word = nullptr;
-    key_map<completion>::slot* slot = nullptr;
-    explicit operator bool() const { return word != nullptr || slot != nullptr; }
+  struct entry : dual_key_map<completion>::entry {
     completion get() const {
       if (slot != nullptr) return slot->value;
       return {static_cast<std::int32_t>(*word >> 16),
               static_cast<std::int32_t>(*word & packed_count_max)};
     }
   };
-  entry find(std::string_view key, const parsed_key& p) {
-    if (p.hex) {
-      if (std::uint32_t* word = packed.find(p.packed, p.hash)) return {word, nullptr};
-      if (others.size() == 0) return {};
-    }
-    return {nullptr, others.find(key, other_hash(key, p))};
-  }
-  static std::uint32_t other_hash(std::string_view key, const parsed_key& p) {
-    return p.hex ? table_hash(key) : static_cast<std::uint32_t>(p.hash);
-  }
-  void erase(const entry& e) {
-    if (e.word != nullptr) {
-      packed.erase(e.word);
-    } else {
-      others.erase(*e.slot);
-    }
-  }
+  entry find(std::string_view key, const parsed_key& p) { return {keys.find(key, p)}; }
+  void erase(const entry& e) { keys.erase(e); }
   // Stores a new entry in the form its tp calls for.
   void insert(std::string_view key, const parsed_key& p, std::int32_t tp, std::int32_t count) {
     if (p.hex && tp <= packed_tp_max && count >= 1) {
-      packed.insert_new(p.packed, p.hash, packed_word(tp, count));
+      keys.insert_packed(p, packed_word(tp, count));
     } else {
-      others.insert_new(key, other_hash(key, p), completion{tp, count});
+      keys.insert_other(key, p, completion{tp, count});
     }
   }
   static bool is_complete(const completion& c) {
@@ -168,16 +148,16 @@ struct directory::impl {
   // lease table's) are prefetched before the first is visited, so their cache misses
   // overlap instead of queueing one after another (as in rank_table::confirmed_pages).
   template <class Visit>
-  void grouped(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
+  void grouped(std::span<const std::string_view> asked, std::span<const std::uint32_t> at,
                bool life_too, Visit&& visit) {
     constexpr std::size_t group = 16;
     parsed_key parsed[group];
     for (std::size_t first = 0; first < at.size(); first += group) {
       const std::size_t n = std::min(group, at.size() - first);
       for (std::size_t g = 0; g < n; ++g) {
-        parse_key(keys[at[first + g]], parsed[g]);
+        parse_key(asked[at[first + g]], parsed[g]);
         if (!parsed[g].hex) continue;
-        packed.prefetch(parsed[g].hash);
+        keys.prefetch(parsed[g]);
         if (life_too) life.prefetch(parsed[g]);
       }
       for (std::size_t g = 0; g < n; ++g) visit(at[first + g], parsed[g]);
@@ -391,7 +371,7 @@ std::size_t directory::leased_count(std::uint64_t now) const {
 void directory::sweep(std::uint64_t now) { impl_->life.sweep(now); }
 
 void directory::advance_growth() {
-  impl_->packed.advance_growth();
+  impl_->keys.advance_growth();
   impl_->life.advance_growth();
 }
 
@@ -422,8 +402,8 @@ bool stageable_packed(std::int32_t tp) { return tp >= 1 && tp <= packed_tp_max; 
 }  // namespace
 
 void directory::restore_reserve(std::size_t n) {
-  impl_->packed.reserve(n);
-  impl_->packed.set_bulk(true);
+  impl_->keys.reserve(n);
+  impl_->keys.set_bulk(true);
 }
 
 void directory::restore_key(std::string_view key, std::int32_t tp_world_size) {
@@ -435,23 +415,24 @@ void directory::restore_key(std::string_view key, std::int32_t tp_world_size) {
     m.erase(e);
   }
   if (p.hex && stageable_packed(tp_world_size)) {
-    m.packed.insert_new(p.packed, p.hash, static_cast<std::uint32_t>(tp_world_size) << 16);
+    m.keys.insert_packed(p, static_cast<std::uint32_t>(tp_world_size) << 16);
   } else {
-    m.others.insert_new(key, impl::other_hash(key, p), completion{tp_world_size, 0});
+    m.keys.insert_other(key, p, completion{tp_world_size, 0});
   }
 }
 
 void directory::restore_key(const packed_key& key, std::int32_t tp_world_size) {
   impl& m = *impl_;
-  const std::uint64_t h = packed_hash(key);
-  if (stageable_packed(tp_world_size) && m.others.size() == 0) {
-    if (std::uint32_t* word = m.packed.find(key, h)) {
+  // With no hex key in the other form, the packed one is the only place the key can be.
+  if (stageable_packed(tp_world_size) && m.keys.hex_others() == 0) {
+    const parsed_key p{key, packed_hash(key), true};
+    if (std::uint32_t* word = m.keys.find_packed(key, p.hash)) {
       *word = static_cast<std::uint32_t>(
                   std::min<std::int32_t>(tp_world_size, static_cast<std::int32_t>(*word >> 16)))
               << 16;
       return;
     }
-    m.packed.insert_new(key, h, static_cast<std::uint32_t>(tp_world_size) << 16);
+    m.keys.insert_packed(p, static_cast<std::uint32_t>(tp_world_size) << 16);
     return;
   }
   char text[packed_key_chars];
@@ -470,16 +451,19 @@ std::size_t directory::restore_count(std::span<const packed_key> keys, std::int3
   std::size_t guessed = 0;
   // Hashed and prefetched `ahead` keys before their turn: the cache misses overlap.
   constexpr std::size_t ahead = 16;
-  std::uint64_t hashes[ahead];
+  parsed_key parsed[ahead];
   auto start = [&](std::size_t i) {
-    hashes[i % ahead] = packed_hash(keys[i]);
-    m.packed.prefetch(hashes[i % ahead]);
+    parsed_key& p = parsed[i % ahead];
+    p.packed = keys[i];
+    p.hash = packed_hash(p.packed);
+    p.hex = true;
+    m.keys.prefetch(p);
   };
   for (std::size_t i = 0; i < std::min(ahead, keys.size()); ++i) start(i);
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    const std::uint64_t h = hashes[i % ahead];
+    const std::uint64_t h = parsed[i % ahead].hash;
     if (i + ahead < keys.size()) start(i + ahead);
-    if (std::uint32_t* word = m.packed.find(keys[i], h)) {
+    if (std::uint32_t* word = m.keys.find_packed(keys[i], h)) {
       if ((*word & packed_count_max) < packed_count_max) ++*word;
       continue;
     }
@@ -511,11 +495,11 @@ std::size_t directory::restore_count(std::string_view key, std::int32_t fallback
 
 void directory::restore_finish(std::uint64_t now) {
   impl& m = *impl_;
-  m.packed.set_bulk(false);
+  m.keys.set_bulk(false);
   std::vector<packed_key> unbound;
   std::vector<std::string> unbound_others;
   char text[packed_key_chars];
-  m.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+  m.keys.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
     const completion c{static_cast<std::int32_t>(word >> 16),
                        static_cast<std::int32_t>(word & packed_count_max)};
     if (c.confirmed_count == 0) {
@@ -531,7 +515,7 @@ void directory::restore_finish(std::uint64_t now) {
       m.life.touch(key, p, now);
     }
   });
-  m.others.for_each([&](const key_map<completion>::slot& s) {
+  m.keys.for_each_other([&](const key_map<completion>::slot& s) {
     const std::string_view key = key_blob::view(s.key);
     if (s.value.confirmed_count == 0) {
       unbound_others.emplace_back(key);
@@ -545,29 +529,28 @@ void directory::restore_finish(std::uint64_t now) {
       m.life.touch(key, p, now);
     }
   });
-  for (const packed_key& k : unbound) m.packed.erase(m.packed.find(k, packed_hash(k)));
+  for (const packed_key& k : unbound) m.keys.erase(m.keys.find(key_handle{k, nullptr}));
   for (const std::string& key : unbound_others) restore_forget(key);
-  m.packed.shrink_to_fit();
+  m.keys.shrink_to_fit();
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,
                                                             std::int32_t)) const {
   char text[packed_key_chars];
-  impl_->packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+  impl_->keys.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
     unpack_hex_key(k, text);
     call(visit, std::string_view(text, sizeof text), static_cast<std::int32_t>(word >> 16),
          static_cast<std::int32_t>(word & packed_count_max));
   });
-  impl_->others.for_each([&](const key_map<completion>::slot& s) {
+  impl_->keys.for_each_other([&](const key_map<completion>::slot& s) {
     call(visit, key_blob::view(s.key), s.value.tp_world_size, s.value.confirmed_count);
   });
 }
 
-std::size_t directory::size() const { return impl_->packed.size() + impl_->others.size(); }
+std::size_t directory::size() const { return impl_->keys.size(); }
 void directory::clear() {
   impl& m = *impl_;
-  m.packed.clear();
-  m.others.clear();
+  m.keys.clear();
   m.life.clear();
   m.incomplete.clear();
   m.incomplete_bindings = 0;

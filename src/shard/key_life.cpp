@@ -9,13 +9,8 @@ namespace shard {
 key_life::key_life() { nodes_.emplace_back(); }  // the sentinel
 
 std::uint32_t key_life::find(std::string_view key, const parsed_key& p) const {
-  if (p.hex) {
-    const std::uint32_t* v = hex_.find(p.packed, p.hash);
-    return v == nullptr ? 0 : *v;
-  }
-  if (others_.size() == 0) return 0;
-  const auto* s = others_.find(key, static_cast<std::uint32_t>(p.hash));
-  return s == nullptr ? 0 : s->value;
+  const std::uint32_t* v = keys_.find_value(key, p);
+  return v == nullptr ? 0 : *v;
 }
 
 std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
@@ -28,13 +23,7 @@ std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
     i = static_cast<std::uint32_t>(nodes_.size());
     nodes_.emplace_back();
   }
-  node& n = nodes_[i];
-  if (p.hex) {
-    n.packed = p.packed;
-    hex_.insert_new(p.packed, p.hash, i);
-  } else {
-    n.blob = others_.insert_new(key, static_cast<std::uint32_t>(p.hash), i).key;
-  }
+  nodes_[i].key = keys_.insert(key, p, i);
   link_last(i);
   return i;
 }
@@ -42,15 +31,11 @@ std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
 void key_life::drop(std::uint32_t i) {
   node& n = nodes_[i];
   unlink(i);
-  if (n.blob == nullptr) {
-    hex_.erase(hex_.find(n.packed, packed_hash(n.packed)));
-  } else {
-    const std::string_view key = key_blob::view(n.blob);
-    others_.erase(*others_.find(key, table_hash(key)));  // frees n.blob
-  }
-  if (n.lease_until != 0) {  // its lease ended, not yet swept: freed when its entry is
+  keys_.erase(keys_.find(n.key));  // frees n.key.blob
+  // Its lease ended, not yet swept: the node is freed when its entry is.
+  if (n.lease_until != 0) {
     --leased_;
-    n.blob = nullptr;
+    n.key.blob = nullptr;
     n.prev = dead;
     return;
   }
@@ -87,13 +72,7 @@ void key_life::link_last(std::uint32_t i) {
 }
 
 void key_life::key_text(std::uint32_t i, std::string& out) const {
-  const node& n = nodes_[i];
-  if (n.blob != nullptr) {
-    out.assign(key_blob::view(n.blob));
-  } else {
-    out.resize(packed_key_chars);
-    unpack_hex_key(n.packed, out.data());
-  }
+  dual_key_map<std::uint32_t>::key_text(nodes_[i].key, out);
 }
 
 void key_life::touch(std::string_view key, const parsed_key& p, std::uint64_t now) {
@@ -243,8 +222,7 @@ void key_life::sweep(std::uint64_t now, std::size_t max) {
 }
 
 void key_life::clear() {
-  hex_.clear();
-  others_.clear();
+  keys_.clear();
   nodes_.clear();
   nodes_.emplace_back();
   free_ = 0;

@@ -18,9 +18,7 @@
 #include <vector>
 
 #include "shard/chunked_vector.hpp"
-#include "shard/key_map.hpp"
-#include "shard/packed_map.hpp"
-#include "shard/rank_keys.hpp"
+#include "shard/dual_key_map.hpp"
 
 namespace shard {
 
@@ -33,7 +31,7 @@ class key_life {
   // On: every complete key is tracked (touch() inserts). Off: only leased keys are.
   void set_lru(bool on) { lru_ = on; }
   bool lru() const { return lru_; }
-  std::size_t size() const { return hex_.size() + others_.size(); }
+  std::size_t size() const { return keys_.size(); }
 
   // The complete key was used at now: it becomes the most recently used (inserted
   // when LRU tracking is on).
@@ -42,9 +40,7 @@ class key_life {
   void lease(std::string_view key, const parsed_key& p, std::uint64_t now, std::uint64_t until);
   bool leased(std::string_view key, std::uint64_t now) const;
   // Starts loading what touch() or lease() of the key will read first.
-  void prefetch(const parsed_key& p) const {
-    if (p.hex && hex_.size() != 0) hex_.prefetch(p.hash);
-  }
+  void prefetch(const parsed_key& p) const { keys_.prefetch(p); }
   // Keys under a lease at now: O(leases ended since the last sweep).
   std::size_t leased_count(std::uint64_t now) const;
   // The key leaves (deleted, evicted).
@@ -101,13 +97,12 @@ class key_life {
   static constexpr std::size_t sweep_batch = 4096;
   void sweep(std::uint64_t now, std::size_t max = sweep_batch);
   // Periodic: see packed_map::advance_growth.
-  void advance_growth() { hex_.advance_growth(); }
+  void advance_growth() { keys_.advance_growth(); }
   void clear();
 
  private:
   struct node {
-    packed_key packed{};
-    const char* blob = nullptr;  // others_' copy of a non-hex key
+    key_handle key;  // how keys_ names it
     // List links; prev == dead: the key left while its entry was queued (the node is
     // freed when the entry comes due, so no entry ever names a reused node).
     std::uint32_t prev = 0, next = 0;
@@ -117,6 +112,7 @@ class key_life {
     // (unless dead) the node is counted in leased_.
     std::uint64_t lease_until = 0;
   };
+  static_assert(sizeof(node) == 48, "a node's size is its recency cost per key");
   static constexpr std::uint32_t dead = UINT32_MAX;
   struct lease_entry {
     std::uint64_t until;
@@ -150,8 +146,7 @@ class key_life {
   // never move: a core that grows this to millions of nodes does not stop for a copy.
   chunked_vector<node> nodes_;
   std::uint32_t free_ = 0;
-  packed_map hex_;                 // 32-lowercase-hex key → node index
-  key_map<std::uint32_t> others_;  // any other key → node index
+  dual_key_map<std::uint32_t> keys_;  // key → node index
   // New leases, in order of their ends (a lease granted out of order goes to extended_),
   // each with the end it had then. A deque: entries leave from the front, and growing it
   // never copies the queue.

@@ -9,39 +9,23 @@ namespace shard {
 void rank_keys::release_reserved(std::uint32_t page) {
   const key_owner owner = owners.take(page);
   METAD_ASSERT(owner.set);
-  if (owner.blob == nullptr) {
-    std::uint32_t* word = packed.find(owner.packed, packed_hash(owner.packed));
-    METAD_ASSERT(word != nullptr && !entry_word::confirmed(*word) &&
-                 entry_word::page(*word) == page);
-    packed.erase(word);
-    return;
-  }
-  const std::string_view key = key_blob::view(owner.blob);
-  auto* s = others.find(key, table_hash(key));
-  METAD_ASSERT(s != nullptr && s->key == owner.blob && !entry_word::confirmed(s->value) &&
-               entry_word::page(s->value) == page);
-  others.erase(*s);  // frees owner.blob
+  const auto e = map.find(owner.key);
+  METAD_ASSERT(e && !entry_word::confirmed(*e.value()) && entry_word::page(*e.value()) == page);
+  map.erase(e);  // frees owner.key.blob
 }
 
 std::int64_t rank_keys::remove_confirmed(std::string_view key, const parsed_key& p) {
-  if (p.hex) {
-    std::uint32_t* word = packed.find(p.packed, p.hash);
-    if (word == nullptr || !entry_word::confirmed(*word)) return -1;
-    const std::uint32_t page = entry_word::page(*word);
-    packed.erase(word);
-    return page;
-  }
-  auto* s = others.find(key, static_cast<std::uint32_t>(p.hash));
-  if (s == nullptr || !entry_word::confirmed(s->value)) return -1;
-  const std::uint32_t page = entry_word::page(s->value);
-  others.erase(*s);
-  return page;
+  const auto e = map.find(key, p);
+  if (!e) return -1;
+  const std::uint32_t word = *e.value();
+  if (!entry_word::confirmed(word)) return -1;
+  map.erase(e);
+  return entry_word::page(word);
 }
 
 std::string rank_keys::key_text(const key_owner& owner) {
-  if (owner.blob != nullptr) return std::string(key_blob::view(owner.blob));
-  std::string text(packed_key_chars, '\0');
-  unpack_hex_key(owner.packed, text.data());
+  std::string text;
+  dual_key_map<std::uint32_t>::key_text(owner.key, text);
   return text;
 }
 
@@ -76,15 +60,16 @@ std::string rank_keys::check(const page_pool& pool, std::size_t quarantined) con
     held[page / 64] |= std::uint64_t{1} << (page % 64);
     ++(is_confirmed ? confirmed : reserved);
   };
-  packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
-    visit(key_owner{k, nullptr, true}, word, packed.find(k, packed_hash(k)) == &word);
+  map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
+    visit(key_owner{{k, nullptr}, true}, word, map.find(key_handle{k, nullptr}).word == &word);
   });
-  others.for_each([&](const key_map<std::uint32_t>::slot& s) {
+  map.for_each_other([&](const key_map<std::uint32_t>::slot& s) {
     const std::string_view key = key_blob::view(s.key);
-    packed_key unused;
-    const bool reachable =
-        !pack_hex_key(key, unused) && s.hash == table_hash(key) && others.find(key, s.hash) == &s;
-    visit(key_owner{{}, s.key, true}, s.value, reachable);
+    parsed_key p;
+    parse_key(key, p);
+    // A hex key is stored packed here, never in the other form.
+    const bool reachable = !p.hex && s.hash == table_hash(key) && map.find(key, p).slot == &s;
+    visit(key_owner{{{}, s.key}, true}, s.value, reachable);
   });
   if (!error.empty()) return error;
   if (confirmed != pool.bound_count()) {

@@ -144,7 +144,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
   auto [it, created] = impl_->ranks.try_emplace(rank);
   rank_state& rs = it->second;
   if (created) {
-    if (impl_->bulk) rs.keys.packed.set_bulk(true);
+    if (impl_->bulk) rs.keys.map.set_bulk(true);
     rs.pool.grow(pages);
     return {init_outcome::created, 0};
   }
@@ -446,8 +446,8 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
                                 std::span<const packed_binding> entries, std::uint64_t now) {
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
-  packed_map& map = rs->keys.packed;
-  if (map.size() == 0) map.reserve(expected);
+  dual_key_map<std::uint32_t>& map = rs->keys.map;
+  if (map.packed_size() == 0) map.reserve(expected);
   const std::uint32_t num_pages = rs->pool.num_pages();
   const std::uint64_t deadline = impl_->deadline(now);
   // Hashed and prefetched `ahead` entries before their turn: the cache misses overlap.
@@ -458,7 +458,7 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
     p.packed = entries[i].key;
     p.hash = packed_hash(p.packed);
     p.hex = true;
-    map.prefetch(p.hash);
+    map.prefetch(p);
   };
   for (std::size_t i = 0; i < std::min(ahead, entries.size()); ++i) start(i);
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -466,12 +466,12 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
     const parsed_key p = parsed[i % ahead];
     if (i + ahead < entries.size()) start(i + ahead);
     if (e.page >= num_pages || rs->pool.state(e.page) != page_state::free ||
-        map.find(e.key, p.hash) != nullptr)
+        map.find_packed(e.key, p.hash) != nullptr)
       return false;
     rs->pool.take(e.page);
     if (e.confirmed) {
       rs->pool.bind(e.page);
-      map.insert_new(e.key, p.hash, entry_word::make(e.page, true));
+      map.insert_packed(p, entry_word::make(e.page, true));
     } else {
       rs->reserve({}, p, e.page, deadline);
     }
@@ -482,7 +482,7 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
 void rank_table::set_bulk(bool on) {
   impl_->bulk = on;
   for (auto& entry : impl_->ranks) {
-    packed_map& map = entry.second.keys.packed;
+    dual_key_map<std::uint32_t>& map = entry.second.keys.map;
     map.set_bulk(on);
     if (!on) map.shrink_to_fit();
   }
@@ -490,7 +490,7 @@ void rank_table::set_bulk(bool on) {
 
 void rank_table::reserve_keys(std::int64_t rank, std::size_t n) {
   if (rank_state* rs = impl_->find(rank))
-    rs->keys.packed.reserve(std::min<std::size_t>(n, rs->pool.num_pages()));
+    rs->keys.map.reserve(std::min<std::size_t>(n, rs->pool.num_pages()));
 }
 
 void rank_table::for_each_rank_packed_impl(
@@ -502,11 +502,11 @@ void rank_table::for_each_rank_packed_impl(
     on_rank(
         v, rank,
         rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()},
-        rs.keys.packed.size());
-    rs.keys.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+        rs.keys.map.packed_size());
+    rs.keys.map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
       on_packed(v, packed_binding{k, entry_word::page(word), entry_word::confirmed(word)});
     });
-    rs.keys.others.for_each([&](const key_map<std::uint32_t>::slot& s) {
+    rs.keys.map.for_each_other([&](const key_map<std::uint32_t>::slot& s) {
       on_other(v, key_blob::view(s.key), entry_word::page(s.value), entry_word::confirmed(s.value));
     });
   }
@@ -570,12 +570,12 @@ void rank_table::for_each_entry_impl(void* visit,
   for (const auto& entry : impl_->ranks) {
     const std::int64_t rank = entry.first;  // lambdas cannot capture bindings in C++20
     const rank_keys& keys = entry.second.keys;
-    keys.packed.for_each([&](const packed_key& k, const std::uint32_t& word) {
+    keys.map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
       unpack_hex_key(k, text);
       call(visit, rank, std::string_view(text, sizeof text), entry_word::page(word),
            entry_word::confirmed(word));
     });
-    keys.others.for_each([&](const key_map<std::uint32_t>::slot& s) {
+    keys.map.for_each_other([&](const key_map<std::uint32_t>::slot& s) {
       call(visit, rank, key_blob::view(s.key), entry_word::page(s.value),
            entry_word::confirmed(s.value));
     });
@@ -596,7 +596,7 @@ std::size_t rank_table::quarantined_pages() const {
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }
 std::uint64_t rank_table::expired_reservations() const { return impl_->expired; }
 void rank_table::advance_growth() {
-  for (auto& entry : impl_->ranks) entry.second.keys.packed.advance_growth();
+  for (auto& entry : impl_->ranks) entry.second.keys.map.advance_growth();
 }
 
 void rank_table::clear() { impl_->ranks.clear(); }
