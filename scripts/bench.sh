@@ -71,7 +71,7 @@ wrk_dir="$root/bench/wrk"
 
 case $mode in
   quick) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
-  sglang) seconds=3; warmup=1; runs=3 ;;
+  sglang) seconds=3; warmup=1; runs=3; replay_seconds=0; replay_runs=0 ;;
   scaling) seconds=3; warmup=2; runs=3; replay_seconds=5 ;;  # ~4 minutes on 16 CPUs
   *) seconds=10; warmup=2; runs=3; replay_seconds=10; replay_runs=3 ;;
 esac
