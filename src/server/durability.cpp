@@ -419,7 +419,8 @@ void recover(cluster& cl) {
   // restart); with the quarantine off, those pages are free now, and a core whose
   // state that changed cannot reuse the snapshot it was recovered from.
   const std::uint64_t quarantine_until =
-      cl.cfg.release_quarantine_ms == 0 ? 0 : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
+      cl.cfg.release_quarantine_ms == 0 ? 0
+                                        : cl.clock() + cl.cfg.release_quarantine_ms * smp::kNsPerMs;
   for (auto& core : cl.core) {
     const auto c = static_cast<std::size_t>(core->index);
     if (quarantine_until == 0 && core->ranks.quarantined_pages() > 0 &&
@@ -463,7 +464,7 @@ void recover(cluster& cl) {
       write_ms, *std::max_element(serialize_ms.begin(), serialize_ms.end()), lap(t));
   ::malloc_trim(0);  // what recovery allocated and freed goes back to the system
   for (auto& core : cl.core) core->publish_incomplete();  // incomplete keys restart their grace
-  if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
+  if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * smp::kNsPerMs;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
       "durability {}",

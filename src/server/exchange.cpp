@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "http/response.hpp"
+#include "metad/assert.hpp"
 #include "metad/log.hpp"
-#include "server/clock.hpp"
+#include "smp/clock.hpp"
+#include "smp/core.hpp"
 
 namespace server {
 namespace {
@@ -140,11 +142,11 @@ std::size_t exchange::buffer_bytes() const {
 void exchange::start(route_label route) {
   route_ = route;
   status_ = 0;
-  started_ns_ = monotonic_ns();
+  started_ns_ = smp::monotonic_ns();
 }
 
 void exchange::complete() {
-  const std::uint64_t elapsed_ns = monotonic_ns() - started_ns_;
+  const std::uint64_t elapsed_ns = smp::monotonic_ns() - started_ns_;
   if (buffer_bytes() > kRetainedBytesMax) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
   if (cluster_.cfg.access_log) {
@@ -236,6 +238,8 @@ bool exchange::decoded(const api::error& err) {
 // Requests no row answers (unknown path, wrong method) are answered here; they need the
 // token as any endpoint does.
 void exchange::dispatch(const http::request& request) {
+  // Endpoint coroutines hop from this_core(): it must be the connection's core.
+  METAD_ASSERT(smp::this_core() == home_.index);
   const http::route route = http::match(kPatterns, request.verb, request.target);
   const bool found = route.result == http::match_result::found;
   const bool unknown = route.result == http::match_result::not_found;

@@ -303,7 +303,7 @@ std::uint64_t sg_record_bytes(const scratch& s) {
 
 }  // namespace
 
-request_task run_sglang(exchange& x) {
+smp::request_task run_sglang(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -320,7 +320,7 @@ request_task run_sglang(exchange& x) {
   s.detail.reserve(256);
   std::uint32_t old_pages = 0;
   std::uint64_t needed = 0;
-  co_await cl.mailbox.hop(home, owner);
+  co_await cl.mailbox.hop_to(owner);
   core_state& core = *cl.core[owner];
   sg_answer answer = sg_answer::not_initialized;
   bool stored = true;
@@ -339,7 +339,7 @@ request_task run_sglang(exchange& x) {
     }
   }
   if (answer != sg_answer::storage_failed) stored = co_await core.journal.durable();
-  co_await cl.mailbox.hop(owner, home);
+  co_await cl.mailbox.hop_to(home);
   if (!stored) answer = sg_answer::storage_failed;
   switch (answer) {
     case sg_answer::no_content:

@@ -26,6 +26,7 @@
 #include "server/cluster.hpp"
 #include "server/exchange.hpp"
 #include "server/lifecycle.hpp"
+#include "smp/core.hpp"
 
 namespace {
 
@@ -54,7 +55,7 @@ metad::config make_config() {
 
 struct world {
   world() {
-    cl.clock = [this] { return now_ms * server::kNsPerMs; };
+    cl.clock = [this] { return now_ms * smp::kNsPerMs; };
   }
   metad::config cfg = make_config();
   server::cluster cl{cfg, kCores};
@@ -74,6 +75,11 @@ world& the_world() {
 std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split,
                      bool& closed) {
   server::exchange x(w.cl, *w.cl.core[static_cast<std::size_t>(home)], w.waker);
+  // Calls into the connection as its home core would (drains run the other cores).
+  auto on_home = [home](auto call) {
+    const smp::core_scope as_home(home);
+    return call();
+  };
   std::string answers;
   std::size_t at = 0;
   closed = false;
@@ -83,18 +89,18 @@ std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter&
     const std::size_t n = std::min({split.next_piece(), space.size(), bytes.size() - at});
     std::memcpy(space.data(), bytes.data() + at, n);
     at += n;
-    net::flow flow = x.on_bytes(n);
+    net::flow flow = on_home([&] { return x.on_bytes(n); });
     for (;;) {
       if (flow == net::flow::wait) {
         const int before = w.waker.wakes;
         for (int spin = 0; spin < 64 && w.waker.wakes == before; ++spin)
           for (int c = 0; c < w.cl.cores; ++c) w.cl.mailbox.drain(c);
         fuzz::require(w.waker.wakes == before + 1, "a parked request wakes its connection once");
-        flow = x.on_resume();
+        flow = on_home([&] { return x.on_resume(); });
       } else if (flow == net::flow::drain) {  // the transport sends, then goes on
         answers += x.output();
         x.output().clear();
-        flow = x.on_drained();
+        flow = on_home([&] { return x.on_drained(); });
       } else {
         break;
       }
@@ -261,6 +267,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The loops' tick: expiry and lease sweeps, stale-key walks run to their end, then the
   // clock moves on.
   for (auto& core : w.cl.core) {
+    const smp::core_scope as_core(core->index);  // as core's own loop would
     server::expire_due(w.cl, *core);
     server::reclaim_stale_due(w.cl, *core, w.sweepers[core->index]);
   }

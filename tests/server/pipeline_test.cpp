@@ -10,6 +10,7 @@
 
 #include "server/cluster.hpp"
 #include "server/exchange.hpp"
+#include "smp/core.hpp"
 
 namespace {
 
@@ -34,11 +35,17 @@ class Pipeline : public ::testing::TestWithParam<int> {
       const std::size_t n = std::min(space.size(), bytes.size() - at);
       std::copy_n(bytes.data() + at, n, space.begin());
       at += n;
-      last_flow_ = x_.on_bytes(n);
+      last_flow_ = on_home([&] { return x_.on_bytes(n); });
       settle(answers);
     }
     largest_unsent_ = std::max(largest_unsent_, x_.output().size());
     return answers + std::exchange(x_.output(), {});
+  }
+  // Calls into the connection as its home, core 0, would (drains run the other cores).
+  template <typename Call>
+  static net::flow on_home(Call call) {
+    const smp::core_scope home(0);
+    return call();
   }
   void settle(std::string& answers) {
     for (;;) {
@@ -47,12 +54,12 @@ class Pipeline : public ::testing::TestWithParam<int> {
         for (int spin = 0; spin < 100 && waker_.wakes == before; ++spin)
           for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.drain(c);
         EXPECT_EQ(waker_.wakes, before + 1) << "a parked request must wake its connection";
-        last_flow_ = x_.on_resume();
+        last_flow_ = on_home([&] { return x_.on_resume(); });
       } else if (last_flow_ == net::flow::drain) {  // as a transport: send it all, go on
         largest_unsent_ = std::max(largest_unsent_, x_.output().size());
         answers += std::exchange(x_.output(), {});
         ++drains_;
-        last_flow_ = x_.on_drained();
+        last_flow_ = on_home([&] { return x_.on_drained(); });
       } else {
         return;
       }
