@@ -104,7 +104,7 @@ smp::subtask<bool> count_lost_bindings(cluster& cl, const std::vector<std::strin
 
 }  // namespace
 
-smp::request_task run_initialize(exchange& x) {
+endpoint_task run_initialize(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   const api::initialize_cmd& cmd = x.work().init;
@@ -132,24 +132,24 @@ smp::request_task run_initialize(exchange& x) {
   co_await cl.mailbox.hop_to(home);
   scratch& s = x.work();
   if (!stored) {
-    x.respond_error(503, kStorageFailed);
-  } else if (refusal == init_refusal::too_many_ranks) {
+    co_return answer::error(503, kStorageFailed);
+  }
+  if (refusal == init_refusal::too_many_ranks) {
     s.detail =
         fmt::format("Rank {} not initialized: {} ranks exist already, the limit set by --ranks-max",
                     cmd.rank, cl.cfg.ranks_max);
-    x.respond_error(400, s.detail);
-  } else if (refusal == init_refusal::over_budget) {
+    co_return answer::error(400, s.detail);
+  }
+  if (refusal == init_refusal::over_budget) {
     s.detail = fmt::format(
         "Rank {} not initialized: its {} pages need {} bytes more, over the memory budget "
         "(--memory-max {} bytes, {} in use)",
         cmd.rank, cmd.num_pages, needed, cl.memory.max(), cl.memory.used());
-    x.respond_error(507, s.detail);
-  } else {
-    s.body.clear();
-    api::encode_initialized(s.body, cmd.rank, cmd.num_pages);
-    x.respond_json(200, s.body);
+    co_return answer::error(507, s.detail);
   }
-  x.complete();
+  s.body.clear();
+  api::encode_initialized(s.body, cmd.rank, cmd.num_pages);
+  co_return answer::json(200, s.body);
 }
 
 namespace {
@@ -186,7 +186,7 @@ constexpr std::uint64_t kSettleNs = 1'000 * smp::kNsPerMs;
 
 }  // namespace
 
-smp::request_task run_allocate(exchange& x) {
+endpoint_task run_allocate(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -249,21 +249,20 @@ smp::request_task run_allocate(exchange& x) {
   if (stored) stored = co_await core.journal.durable();
   co_await cl.mailbox.hop_to(home);
   if (!stored) {
-    x.respond_error(503, kStorageFailed);
-  } else if (!r.found) {
-    s.detail = fmt::format("Allocation failed: Rank {} not initialized", cmd.rank);
-    x.respond_error(404, s.detail);
-  } else {
-    s.selected.clear();
-    for (std::uint32_t i : s.indices) s.selected.push_back(cmd.keys[i]);
-    s.body.clear();
-    api::encode_allocation(s.body, cmd.rank, s.selected, s.pages);
-    x.respond_json(200, s.body);
+    co_return answer::error(503, kStorageFailed);
   }
-  x.complete();
+  if (!r.found) {
+    s.detail = fmt::format("Allocation failed: Rank {} not initialized", cmd.rank);
+    co_return answer::error(404, s.detail);
+  }
+  s.selected.clear();
+  for (std::uint32_t i : s.indices) s.selected.push_back(cmd.keys[i]);
+  s.body.clear();
+  api::encode_allocation(s.body, cmd.rank, s.selected, s.pages);
+  co_return answer::json(200, s.body);
 }
 
-smp::request_task run_confirm(exchange& x) {
+endpoint_task run_confirm(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -322,27 +321,20 @@ smp::request_task run_confirm(exchange& x) {
     }
   }
   co_await cl.mailbox.hop_to(home);
-  if (!stored) {
-    x.respond_error(503, kStorageFailed);
-    x.complete();
-    co_return;
-  }
+  if (!stored) co_return answer::error(503, kStorageFailed);
   switch (outcome) {
     case shard::confirm_outcome::ok:
-      x.respond_canned(http::canned::no_content);
-      break;
+      co_return answer::canned(http::canned::no_content);
     case shard::confirm_outcome::not_initialized:
       s.detail = fmt::format("Confirm failed: Rank {} not initialized", cmd.rank);
-      x.respond_error(404, s.detail);
-      break;
+      co_return answer::error(404, s.detail);
     case shard::confirm_outcome::bad_request:
-      x.respond_error(400, s.detail);
       break;
   }
-  x.complete();
+  co_return answer::error(400, s.detail);
 }
 
-smp::request_task run_lookup(exchange& x, bool with_rank) {
+endpoint_task run_lookup(exchange& x, bool with_rank) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -385,20 +377,19 @@ smp::request_task run_lookup(exchange& x, bool with_rank) {
   s.body.clear();
   if (!with_rank) {
     api::encode_exists(s.body, s.flags);
-    x.respond_json(200, s.body);
-  } else if (!found) {
-    s.detail = fmt::format("Failed to get key locations: Rank {} not initialized", rank);
-    x.respond_error(404, s.detail);
-  } else {
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      if (!s.flags[i]) s.pages[i] = -1;
-    api::encode_locations(s.body, s.pages);
-    x.respond_json(200, s.body);
+    co_return answer::json(200, s.body);
   }
-  x.complete();
+  if (!found) {
+    s.detail = fmt::format("Failed to get key locations: Rank {} not initialized", rank);
+    co_return answer::error(404, s.detail);
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (!s.flags[i]) s.pages[i] = -1;
+  api::encode_locations(s.body, s.pages);
+  co_return answer::json(200, s.body);
 }
 
-smp::request_task run_clear(exchange& x) {
+endpoint_task run_clear(exchange& x) {
   cluster& cl = x.shared();
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
   cl.clears_begun.fetch_add(1);
@@ -413,14 +404,12 @@ smp::request_task run_clear(exchange& x) {
       });
   cl.clears_done.fetch_add(1);
   if (stored) {
-    x.respond_canned(http::canned::no_content);
-  } else {
-    x.respond_error(503, kStorageFailed);
+    co_return answer::canned(http::canned::no_content);
   }
-  x.complete();
+  co_return answer::error(503, kStorageFailed);
 }
 
-smp::request_task run_rank_info(exchange& x) {
+endpoint_task run_rank_info(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -469,18 +458,15 @@ smp::request_task run_rank_info(exchange& x) {
   s.body.clear();
   if (!stats) {
     s.detail = fmt::format("Rank {} not initialized", rank);
-    x.respond_error(404, s.detail);
-  } else {
-    const auto held = static_cast<std::uint64_t>(
-        std::count_if(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }));
-    api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound,
-                          held);
-    x.respond_json(200, s.body);
+    co_return answer::error(404, s.detail);
   }
-  x.complete();
+  const auto held = static_cast<std::uint64_t>(
+      std::count_if(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }));
+  api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound, held);
+  co_return answer::json(200, s.body);
 }
 
-smp::request_task run_metrics(exchange& x) {
+endpoint_task run_metrics(exchange& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
   if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
@@ -528,8 +514,7 @@ smp::request_task run_metrics(exchange& x) {
   for (const api::rank_info_row& r : s.rank_rows.sorted())
     render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
   render_sg_metrics(s.body, s);
-  x.respond_metrics(s.body);
-  x.complete();
+  co_return answer::metrics(s.body);
 }
 
 }  // namespace server

@@ -1,6 +1,6 @@
 // One coroutine per endpoint that touches state. Each starts on the connection's home
 // core with its command decoded into exchange::work(), hops to the owning cores, comes
-// back home, writes the answer and calls exchange::complete().
+// back home and co_returns its answer (answer.hpp), which the connection writes.
 #pragma once
 
 #include "server/exchange.hpp"
@@ -8,20 +8,20 @@
 
 namespace server {
 
-smp::request_task run_initialize(exchange& x);
-smp::request_task run_allocate(exchange& x);
-smp::request_task run_confirm(exchange& x);
+endpoint_task run_initialize(exchange& x);
+endpoint_task run_allocate(exchange& x);
+endpoint_task run_confirm(exchange& x);
 // batch_exists (with_rank == false) and get_locations (true) share the directory walk.
-smp::request_task run_lookup(exchange& x, bool with_rank);
-smp::request_task run_clear(exchange& x);
-smp::request_task run_rank_info(exchange& x);
+endpoint_task run_lookup(exchange& x, bool with_rank);
+endpoint_task run_clear(exchange& x);
+endpoint_task run_rank_info(exchange& x);
 // GET /metrics: gathers every core's counters and ranks, renders Prometheus text.
-smp::request_task run_metrics(exchange& x);
+endpoint_task run_metrics(exchange& x);
 
 // SGLang's seven operations (sglang_endpoints.cpp): scratch::sg says which, with the
 // command, tenant and rank decoded; any decoding error in scratch::sg_error is answered
 // only if the pool exists (else its 404).
-smp::request_task run_sglang(exchange& x);
+endpoint_task run_sglang(exchange& x);
 // /stats and /metrics: adds a core's SGLang pools and counters to s.sg_rows and s.sg_sum
 // (on that core); then, home, the /stats section ("sglang":{...}) or the metric families.
 void collect_sg_pools(const core_state& core, scratch& s);

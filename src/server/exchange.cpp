@@ -65,9 +65,7 @@ net::flow exchange::advance() {
       case http::parse_status::error:
         head_ = false;
         start(kInvalidHttp);
-        out_.append(http::parse_error_bytes(parser_.error()));
-        status_ = http::status_of(http::parse_error_bytes(parser_.error()));
-        complete();
+        finish(answer::raw(http::parse_error_bytes(parser_.error())));
         return net::flow::close;
       case http::parse_status::ready:
         break;
@@ -109,8 +107,7 @@ net::flow exchange::refuse_body() {
       "Request body of {} bytes refused: it does not fit the memory budget (--memory-max {} "
       "bytes, {} in use)",
       parser_.body_bytes_announced(), cluster_.memory.max(), cluster_.memory.used());
-  respond_error(503, scratch_.detail);
-  complete();
+  finish(answer::error(503, scratch_.detail));
   return net::flow::close;
 }
 
@@ -205,7 +202,7 @@ void exchange::drop_body_of_head(std::size_t body_bytes) {
   if (head_) out_.resize(out_.size() - body_bytes);
 }
 
-bool exchange::authorized(const http::request& request, access auth) {
+bool exchange::authorized(const http::request& request, access auth) const {
   const metad::config& cfg = cluster_.cfg;
   if (auth == access::open) return true;
   const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
@@ -217,21 +214,43 @@ bool exchange::authorized(const http::request& request, access auth) {
   bool scheme_ok = given.size() > scheme.size();
   for (std::size_t i = 0; scheme_ok && i < scheme.size(); ++i)
     scheme_ok = (given[i] | 0x20) == scheme[i];
-  if (scheme_ok && same_secret(given.substr(scheme.size()), token)) return true;
-  respond_canned(http::canned::unauthorized);
-  return false;
+  return scheme_ok && same_secret(given.substr(scheme.size()), token);
 }
 
-void exchange::answer(http::canned what) {
-  respond_canned(what);
+answer exchange::refused(api::error err) {
+  scratch_.detail = std::move(err.detail);
+  return answer::error(err.status, scratch_.detail);
+}
+
+void exchange::finish(const answer& a) {
+  METAD_ASSERT(!a.is_later());
+  switch (a.kind_) {
+    case answer::kind::later:
+      return;
+    case answer::kind::canned:
+      respond_canned(a.canned_);
+      break;
+    case answer::kind::json:
+      respond_json(a.status_, a.text_);
+      break;
+    case answer::kind::error:
+      respond_error(a.status_, a.text_);
+      break;
+    case answer::kind::metrics:
+      respond_metrics(a.text_);
+      break;
+    case answer::kind::raw:
+      status_ = http::status_of(a.text_);
+      out_.append(a.text_);
+      break;
+  }
   complete();
 }
 
-bool exchange::decoded(const api::error& err) {
-  if (!err) return true;
-  respond_error(err.status, err.detail);
-  complete();
-  return false;
+void endpoint_task::promise_type::return_value(const answer& a) {
+  // Endpoints answer on their connection's core.
+  METAD_ASSERT(smp::this_core() == x.home().index);
+  x.finish(a);
 }
 
 // Routes on the home core and hands the request to its row's start function (routes.cpp).
@@ -245,11 +264,16 @@ void exchange::dispatch(const http::request& request) {
   const bool unknown = route.result == http::match_result::not_found;
   start(found ? route.row : unknown ? kNotFound : kMethodNotAllowed);
   target_ = request.target;
-  if (!authorized(request, found ? kEndpoints[route.row].auth : access::token)) return complete();
-  if (found) return kEndpoints[route.row].start(*this, request, route);
-  if (unknown) return answer(http::canned::not_found);
-  answer(route.allow == http::methods::get ? http::canned::method_not_allowed_get
-                                           : http::canned::method_not_allowed);
+  if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
+    return finish(answer::canned(http::canned::unauthorized));
+  if (!found) {
+    return finish(answer::canned(unknown ? http::canned::not_found
+                                 : route.allow == http::methods::get
+                                     ? http::canned::method_not_allowed_get
+                                     : http::canned::method_not_allowed));
+  }
+  const answer a = kEndpoints[route.row].start(*this, request, route);
+  if (!a.is_later()) finish(a);
 }
 
 }  // namespace server

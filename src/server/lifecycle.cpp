@@ -388,15 +388,13 @@ constexpr std::string_view kRestarting =
 
 }  // namespace
 
-smp::request_task run_delete(exchange& x) {
+endpoint_task run_delete(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = s.remove.keys;
   if (cl.clock() < cl.removal_floor) {
-    x.respond_error(503, kRestarting);
-    x.complete();
-    co_return;
+    co_return answer::error(503, kRestarting);
   }
   removal_job& job = s.removal;
   std::size_t key_bytes = 0;
@@ -432,13 +430,11 @@ smp::request_task run_delete(exchange& x) {
     if (!busy) break;
   }
   if (!stored) {
-    x.respond_error(503, kDeleteStorageFailed);
-  } else {
-    s.body.clear();
-    api::encode_deleted(s.body, deleted);
-    x.respond_json(200, s.body);
+    co_return answer::error(503, kDeleteStorageFailed);
   }
-  x.complete();
+  s.body.clear();
+  api::encode_deleted(s.body, deleted);
+  co_return answer::json(200, s.body);
 }
 
 std::string check_consistency(const cluster& cl) {
@@ -493,7 +489,7 @@ std::string check_consistency(const cluster& cl) {
   return error;
 }
 
-smp::request_task run_stats(exchange& x) {
+endpoint_task run_stats(exchange& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
   s.rank_rows.clear();
@@ -526,8 +522,7 @@ smp::request_task run_stats(exchange& x) {
     append_sg_stats(s.body, s);
     s.body.push_back('}');
   }
-  x.respond_json(200, s.body);
-  x.complete();
+  co_return answer::json(200, s.body);
 }
 
 }  // namespace server

@@ -65,7 +65,7 @@ void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper);
 std::string check_consistency(const cluster& cl);
 
 // POST /keys/delete and GET /stats.
-smp::request_task run_delete(exchange& x);
-smp::request_task run_stats(exchange& x);
+endpoint_task run_delete(exchange& x);
+endpoint_task run_stats(exchange& x);
 
 }  // namespace server

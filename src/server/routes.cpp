@@ -1,5 +1,5 @@
-// The route table's start functions: decode on the home core, then start the endpoint
-// coroutine (endpoints.cpp, lifecycle.cpp) or answer at once.
+// The route table's start functions: decode on the home core, then answer at once or
+// start the endpoint coroutine (endpoints.cpp, lifecycle.cpp), which answers later.
 #include "server/routes.hpp"
 
 #include <algorithm>
@@ -10,137 +10,148 @@
 
 namespace server {
 
-void start_initialize(exchange& x, const http::request& request, const http::route& route) {
+answer start_initialize(exchange& x, const http::request& request, const http::route& route) {
   api::initialize_cmd& cmd = x.work().init;
-  if (!x.decoded(x.home().decoder.decode_initialize(route.rank_text, request.body,
-                                                    x.shared().cfg.pages_per_rank_max, cmd)))
-    return;
-  if (cmd.kind == api::init_kind::scheduler) return x.answer(http::canned::scheduler_initialized);
+  if (api::error err = x.home().decoder.decode_initialize(route.rank_text, request.body,
+                                                          x.shared().cfg.pages_per_rank_max, cmd))
+    return x.refused(std::move(err));
+  if (cmd.kind == api::init_kind::scheduler)
+    return answer::canned(http::canned::scheduler_initialized);
   if (cmd.kind == api::init_kind::invalid_parameters)
-    return x.answer(http::canned::invalid_initialization);
-  run_initialize(x);
+    return answer::canned(http::canned::invalid_initialization);
+  return run_initialize(x);
 }
 
-void start_allocate(exchange& x, const http::request& request, const http::route&) {
-  if (x.decoded(x.home().decoder.decode_allocate(request.body, x.work().allocate))) run_allocate(x);
+answer start_allocate(exchange& x, const http::request& request, const http::route&) {
+  if (api::error err = x.home().decoder.decode_allocate(request.body, x.work().allocate))
+    return x.refused(std::move(err));
+  return run_allocate(x);
 }
 
-void start_confirm(exchange& x, const http::request& request, const http::route&) {
-  if (x.decoded(x.home().decoder.decode_confirm(request.body, x.work().confirm))) run_confirm(x);
+answer start_confirm(exchange& x, const http::request& request, const http::route&) {
+  if (api::error err = x.home().decoder.decode_confirm(request.body, x.work().confirm))
+    return x.refused(std::move(err));
+  return run_confirm(x);
 }
 
-void start_exists(exchange& x, const http::request& request, const http::route&) {
-  if (x.decoded(x.home().decoder.decode_exists(request.body, x.work().exists)))
-    run_lookup(x, false);
+answer start_exists(exchange& x, const http::request& request, const http::route&) {
+  if (api::error err = x.home().decoder.decode_exists(request.body, x.work().exists))
+    return x.refused(std::move(err));
+  return run_lookup(x, false);
 }
 
-void start_locations(exchange& x, const http::request& request, const http::route&) {
-  if (x.decoded(x.home().decoder.decode_locations(request.body, x.work().locations)))
-    run_lookup(x, true);
+answer start_locations(exchange& x, const http::request& request, const http::route&) {
+  if (api::error err = x.home().decoder.decode_locations(request.body, x.work().locations))
+    return x.refused(std::move(err));
+  return run_lookup(x, true);
 }
 
-void start_clear(exchange& x, const http::request&, const http::route&) { run_clear(x); }
+answer start_clear(exchange& x, const http::request&, const http::route&) { return run_clear(x); }
 
-void start_rank_info(exchange& x, const http::request&, const http::route& route) {
+answer start_rank_info(exchange& x, const http::request&, const http::route& route) {
   if (!api::parse_rank(route.rank_text, x.work().init.rank))
-    return x.answer(http::canned::invalid_rank_in_path);
-  run_rank_info(x);
+    return answer::canned(http::canned::invalid_rank_in_path);
+  return run_rank_info(x);
 }
 
-void start_health(exchange& x, const http::request&, const http::route&) {
-  x.answer(http::canned::health_ok);
+answer start_health(exchange&, const http::request&, const http::route&) {
+  return answer::canned(http::canned::health_ok);
 }
 
-void start_ready(exchange& x, const http::request&, const http::route&) {
+answer start_ready(exchange& x, const http::request&, const http::route&) {
   const bool stopping = x.shared().stopping.load(std::memory_order_relaxed);
-  x.answer(stopping ? http::canned::not_ready : http::canned::ready_ok);
+  return answer::canned(stopping ? http::canned::not_ready : http::canned::ready_ok);
 }
 
-void start_metrics(exchange& x, const http::request&, const http::route&) { run_metrics(x); }
-
-void start_delete(exchange& x, const http::request& request, const http::route&) {
-  if (x.decoded(x.home().decoder.decode_delete(request.body, x.work().remove))) run_delete(x);
+answer start_metrics(exchange& x, const http::request&, const http::route&) {
+  return run_metrics(x);
 }
 
-void start_stats(exchange& x, const http::request&, const http::route&) { run_stats(x); }
+answer start_delete(exchange& x, const http::request& request, const http::route&) {
+  if (api::error err = x.home().decoder.decode_delete(request.body, x.work().remove))
+    return x.refused(std::move(err));
+  return run_delete(x);
+}
+
+answer start_stats(exchange& x, const http::request&, const http::route&) { return run_stats(x); }
 
 namespace {
 
-// An SGLang request's operation, rank and tenant; false (and the 400 answered) when the
-// rank segment is not an int64.
+// An SGLang request's operation, rank and tenant; false when the rank segment is not an
+// int64.
 bool sg_target(exchange& x, const http::route& route, sg_op op) {
   scratch& s = x.work();
-  if (!api::parse_rank(route.rank_text, s.sg_rank)) {
-    x.answer(http::canned::invalid_rank_in_path);
-    return false;
-  }
+  if (!api::parse_rank(route.rank_text, s.sg_rank)) return false;
   s.sg = op;
   s.tenant.assign(route.tenant);
   s.sg_error = {};
   return true;
 }
 
+answer invalid_rank() { return answer::canned(http::canned::invalid_rank_in_path); }
+
 // For the operations whose pool is looked up before their fields are read: a decoding
 // error is answered at once only when the namespace itself could not be read; otherwise
 // it waits for the pool (a missing pool's 404 comes first).
-void sg_start_on_pool(exchange& x, api::error err, bool ns_valid) {
-  if (err && !ns_valid) {
-    x.decoded(err);
-    return;
-  }
+answer sg_start_on_pool(exchange& x, api::error err, bool ns_valid) {
+  if (err && !ns_valid) return x.refused(std::move(err));
   x.work().sg_error = std::move(err);
-  run_sglang(x);
+  return run_sglang(x);
 }
 
 }  // namespace
 
-void start_sg_initialize(exchange& x, const http::request& request, const http::route& route) {
-  if (!sg_target(x, route, sg_op::initialize)) return;
+answer start_sg_initialize(exchange& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::initialize)) return invalid_rank();
   const std::int64_t pages_max =
       std::min<std::int64_t>(x.shared().cfg.pages_per_rank_max, shard::sglang_pool::pages_max);
-  if (x.decoded(x.home().sg_decoder.decode_initialize(request.body, pages_max, x.work().sg_init)))
-    run_sglang(x);
+  if (api::error err =
+          x.home().sg_decoder.decode_initialize(request.body, pages_max, x.work().sg_init))
+    return x.refused(std::move(err));
+  return run_sglang(x);
 }
 
-void start_sg_exists(exchange& x, const http::request& request, const http::route& route) {
-  if (!sg_target(x, route, sg_op::exists)) return;
-  if (x.decoded(x.home().sg_decoder.decode_exists(request.body, x.work().sg_keys))) run_sglang(x);
+answer start_sg_exists(exchange& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::exists)) return invalid_rank();
+  if (api::error err = x.home().sg_decoder.decode_exists(request.body, x.work().sg_keys))
+    return x.refused(std::move(err));
+  return run_sglang(x);
 }
 
-void start_sg_reserve(exchange& x, const http::request& request, const http::route& route) {
-  if (!sg_target(x, route, sg_op::reserve)) return;
+answer start_sg_reserve(exchange& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::reserve)) return invalid_rank();
   api::sg_keys_cmd& cmd = x.work().sg_keys;
   api::error err = x.home().sg_decoder.decode_reserve(request.body, cmd);
-  sg_start_on_pool(x, std::move(err), cmd.ns_valid);
+  return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 
-void start_sg_confirm(exchange& x, const http::request& request, const http::route& route) {
-  if (!sg_target(x, route, sg_op::confirm)) return;
+answer start_sg_confirm(exchange& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::confirm)) return invalid_rank();
   api::sg_confirm_cmd& cmd = x.work().sg_confirm;
   api::error err = x.home().sg_decoder.decode_confirm(request.body, cmd);
-  sg_start_on_pool(x, std::move(err), cmd.ns_valid);
+  return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 
-void start_sg_delete_keys(exchange& x, const http::request& request, const http::route& route) {
-  if (!sg_target(x, route, sg_op::delete_keys)) return;
+answer start_sg_delete_keys(exchange& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::delete_keys)) return invalid_rank();
   api::sg_keys_cmd& cmd = x.work().sg_keys;
   api::error err = x.home().sg_decoder.decode_delete_keys(request.body, cmd);
-  sg_start_on_pool(x, std::move(err), cmd.ns_valid);
+  return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 
-void start_sg_clear(exchange& x, const http::request& request, const http::route& route) {
-  if (!sg_target(x, route, sg_op::clear)) return;
+answer start_sg_clear(exchange& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::clear)) return invalid_rank();
   api::sg_clear_cmd& cmd = x.work().sg_clear;
   api::error err = x.home().sg_decoder.decode_clear(request.body, cmd);
-  sg_start_on_pool(x, std::move(err), cmd.ns_valid);
+  return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 
-void start_sg_get_page_indices(exchange& x, const http::request& request,
-                               const http::route& route) {
-  if (!sg_target(x, route, sg_op::get_page_indices)) return;
+answer start_sg_get_page_indices(exchange& x, const http::request& request,
+                                 const http::route& route) {
+  if (!sg_target(x, route, sg_op::get_page_indices)) return invalid_rank();
   api::sg_keys_cmd& cmd = x.work().sg_keys;
   api::error err = x.home().sg_decoder.decode_get_page_indices(request.body, cmd);
-  sg_start_on_pool(x, std::move(err), cmd.ns_valid);
+  return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 
 }  // namespace server

@@ -11,6 +11,7 @@
 
 #include "http/parser.hpp"
 #include "http/router.hpp"
+#include "server/answer.hpp"
 
 namespace server {
 
@@ -23,9 +24,9 @@ enum class access : std::uint8_t {
   admin,  // --admin-token-file's token when set, else as `token`
 };
 
-// Decodes the request into exchange::work() and starts the endpoint (an endpoint
-// coroutine, or an answer at once); every path ends in exchange::complete().
-using start_fn = void (*)(exchange& x, const http::request& request, const http::route& route);
+// Decodes the request into exchange::work() and answers it, or starts the endpoint
+// coroutine that will (and returns it: answer::later()).
+using start_fn = answer (*)(exchange& x, const http::request& request, const http::route& route);
 
 struct endpoint_row {
   http::path_pattern pattern;
@@ -35,27 +36,28 @@ struct endpoint_row {
 };
 
 // The start functions (routes.cpp).
-void start_initialize(exchange& x, const http::request& request, const http::route& route);
-void start_allocate(exchange& x, const http::request& request, const http::route& route);
-void start_confirm(exchange& x, const http::request& request, const http::route& route);
-void start_exists(exchange& x, const http::request& request, const http::route& route);
-void start_locations(exchange& x, const http::request& request, const http::route& route);
-void start_clear(exchange& x, const http::request& request, const http::route& route);
-void start_rank_info(exchange& x, const http::request& request, const http::route& route);
-void start_health(exchange& x, const http::request& request, const http::route& route);
-void start_ready(exchange& x, const http::request& request, const http::route& route);
-void start_metrics(exchange& x, const http::request& request, const http::route& route);
-void start_delete(exchange& x, const http::request& request, const http::route& route);
-void start_stats(exchange& x, const http::request& request, const http::route& route);
+answer start_initialize(exchange& x, const http::request& request, const http::route& route);
+answer start_allocate(exchange& x, const http::request& request, const http::route& route);
+answer start_confirm(exchange& x, const http::request& request, const http::route& route);
+answer start_exists(exchange& x, const http::request& request, const http::route& route);
+answer start_locations(exchange& x, const http::request& request, const http::route& route);
+answer start_clear(exchange& x, const http::request& request, const http::route& route);
+answer start_rank_info(exchange& x, const http::request& request, const http::route& route);
+answer start_health(exchange& x, const http::request& request, const http::route& route);
+answer start_ready(exchange& x, const http::request& request, const http::route& route);
+answer start_metrics(exchange& x, const http::request& request, const http::route& route);
+answer start_delete(exchange& x, const http::request& request, const http::route& route);
+answer start_stats(exchange& x, const http::request& request, const http::route& route);
 // SGLang's HiCache API (docs/sglang-api.md): the rank is the path's, the tenant the
 // segment before it (none: the default tenant).
-void start_sg_initialize(exchange& x, const http::request& request, const http::route& route);
-void start_sg_exists(exchange& x, const http::request& request, const http::route& route);
-void start_sg_reserve(exchange& x, const http::request& request, const http::route& route);
-void start_sg_confirm(exchange& x, const http::request& request, const http::route& route);
-void start_sg_delete_keys(exchange& x, const http::request& request, const http::route& route);
-void start_sg_clear(exchange& x, const http::request& request, const http::route& route);
-void start_sg_get_page_indices(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_initialize(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_exists(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_reserve(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_confirm(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_delete_keys(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_clear(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_get_page_indices(exchange& x, const http::request& request,
+                                 const http::route& route);
 
 // "GET" rows answer HEAD too. The order is that of the metrics' lines. Paths of
 // different rows do not overlap (a request matches the first row whose path and method

@@ -303,7 +303,7 @@ std::uint64_t sg_record_bytes(const scratch& s) {
 
 }  // namespace
 
-smp::request_task run_sglang(exchange& x) {
+endpoint_task run_sglang(exchange& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -322,64 +322,56 @@ smp::request_task run_sglang(exchange& x) {
   std::uint64_t needed = 0;
   co_await cl.mailbox.hop_to(owner);
   core_state& core = *cl.core[owner];
-  sg_answer answer = sg_answer::not_initialized;
+  sg_answer outcome = sg_answer::not_initialized;
   bool stored = true;
   if (!core.journal.reserve(sg_record_bytes(s))) {
-    answer = sg_answer::storage_failed;  // nothing changed
+    outcome = sg_answer::storage_failed;  // nothing changed
   } else if (s.sg == sg_op::initialize) {
-    answer = sg_initialize(cl, core, s, old_pages, needed);
+    outcome = sg_initialize(cl, core, s, old_pages, needed);
   } else if (shard::sglang_pools* pools = core.sg_pools(s.tenant, false)) {
     if (shard::sglang_pool* pool = pools->find(s.sg_rank, sg_namespace(s))) {
       if (s.sg_error) {
         s.detail = s.sg_error.detail;
-        answer = sg_answer::bad_request;
+        outcome = sg_answer::bad_request;
       } else {
-        answer = sg_apply(cl, core, *pool, s);
+        outcome = sg_apply(cl, core, *pool, s);
       }
     }
   }
-  if (answer != sg_answer::storage_failed) stored = co_await core.journal.durable();
+  if (outcome != sg_answer::storage_failed) stored = co_await core.journal.durable();
   co_await cl.mailbox.hop_to(home);
-  if (!stored) answer = sg_answer::storage_failed;
-  switch (answer) {
+  if (!stored) outcome = sg_answer::storage_failed;
+  switch (outcome) {
     case sg_answer::no_content:
-      x.respond_canned(http::canned::no_content);
-      break;
+      co_return answer::canned(http::canned::no_content);
     case sg_answer::body:
-      x.respond_json(200, s.body);
-      break;
+      co_return answer::json(200, s.body);
     case sg_answer::not_initialized:
       s.body.clear();
       api::encode_sglang_not_initialized(s.body, s.sg_rank, sg_namespace(s));
-      x.respond_json(404, s.body);
-      break;
+      co_return answer::json(404, s.body);
     case sg_answer::bad_request:
-      x.respond_error(s.sg_error ? s.sg_error.status : 400, s.detail);
-      break;
+      co_return answer::error(s.sg_error ? s.sg_error.status : 400, s.detail);
     case sg_answer::conflict:
       s.body.clear();
       api::encode_sglang_already_initialized(s.body, s.sg_rank, s.sg_init.ns, old_pages);
-      x.respond_json(409, s.body);
-      break;
+      co_return answer::json(409, s.body);
     case sg_answer::too_many_pools:
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: {} SGLang pools exist already, the limit set "
           "by --ranks-max",
           s.sg_rank, s.sg_init.ns, cl.cfg.ranks_max);
-      x.respond_error(400, s.detail);
-      break;
+      co_return answer::error(400, s.detail);
     case sg_answer::over_budget:
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: its {} pages need {} bytes more, over the "
           "memory budget (--memory-max {} bytes, {} in use)",
           s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, cl.memory.max(), cl.memory.used());
-      x.respond_error(507, s.detail);
-      break;
+      co_return answer::error(507, s.detail);
     case sg_answer::storage_failed:
-      x.respond_error(503, kStorageFailed);
       break;
   }
-  x.complete();
+  co_return answer::error(503, kStorageFailed);
 }
 
 std::size_t expire_sg_due(cluster& cl, core_state& core) {
