@@ -12,12 +12,17 @@
 #include <utility>
 
 #include "metad/log.hpp"
+#include "pipeline/sglang_journal.hpp"
 #include "server/sglang_durability.hpp"
 #include "shard/packed_key.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
 namespace server {
+
+using pipeline::cluster;
+using pipeline::core_state;
+
 namespace {
 
 // What one core learns while replaying, for the directory phase: the confirmed
@@ -316,7 +321,7 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
   if (open) store::end_packed(out, frame);
   // SGLang's pools (independent of the vLLM state above), one image record each.
   if (out.size() >= kSpillBytes) spill(out);
-  append_sg_snapshot(out, core);
+  pipeline::append_sg_snapshot(out, core);
 }
 
 std::string serialize(const core_state& core) {

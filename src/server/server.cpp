@@ -18,11 +18,11 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
-#include "server/cluster.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/connection.hpp"
+#include "pipeline/endpoints.hpp"
+#include "pipeline/removal.hpp"
 #include "server/durability.hpp"
-#include "server/endpoints.hpp"
-#include "server/exchange.hpp"
-#include "server/lifecycle.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/for_each_core.hpp"
@@ -30,28 +30,11 @@
 
 namespace server {
 
+using pipeline::cluster;
+using pipeline::core_state;
+
 static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
               "request bodies must be readable by simdjson without a copy");
-
-cluster::cluster(const metad::config& config, int core_count)
-    : cfg(config),
-      cores(core_count),
-      directory_cores(std::clamp(config.directory_cores, 1, core_count)),
-      mailbox(core_count, 4096),
-      memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
-      draining_cores(core_count) {
-  for (int i = 0; i < core_count; ++i) {
-    core.push_back(std::make_unique<core_state>(config.durable == metad::durability::sync));
-    core.back()->index = i;
-    core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
-    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * smp::kNsPerMs);
-    core.back()->directory.set_lru(config.evict == metad::eviction::lru);
-    core.back()->sg_decoder.set_key_bytes_max(config.key_bytes_max);
-    core.back()->sg_config = {config.reservation_ttl_ms * smp::kNsPerMs,
-                              std::uint64_t{config.sglang_read_lease_ms} * smp::kNsPerMs};
-    core.back()->sg_strict_reinit = config.strict_reinit;
-  }
-}
 
 namespace {
 
@@ -61,7 +44,7 @@ class core_runner final : public net::core_hooks {
   core_runner(cluster& cl, int index) : cluster_(cl), index_(index) {}
 
   std::unique_ptr<net::connection_handler> open(net::waker& w) override {
-    return std::make_unique<exchange>(cluster_, *cluster_.core[index_], w);
+    return std::make_unique<pipeline::connection>(cluster_, *cluster_.core[index_], w);
   }
   std::size_t poll() override { return cluster_.mailbox.drain(index_); }
   bool prepare_sleep() override { return cluster_.mailbox.prepare_sleep(index_); }
@@ -111,7 +94,7 @@ class core_runner final : public net::core_hooks {
   int index_;
   bool drained_ = false;
   std::uint64_t flush_started_ns_ = 0;
-  stale_sweeper stale_;  // this core's background reclamation of stale keys
+  pipeline::stale_sweeper stale_;  // this core's background reclamation of stale keys
   // The periodic summary (core 0 only).
   std::uint64_t next_summary_ms_ = 0;
   std::uint64_t last_summary_ms_ = 0;
@@ -156,8 +139,8 @@ void core_runner::tick() {
   core_state& core = *cluster_.core[index_];
   if (index_ == 0) cluster_.memory.sample();
   snapshot_tick(cluster_, core);
-  expire_due(cluster_, core);
-  reclaim_stale_due(cluster_, core, stale_);
+  pipeline::expire_due(cluster_, core);
+  pipeline::reclaim_stale_due(cluster_, core, stale_);
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
   core.directory.advance_growth();
   core.ranks.advance_growth();
@@ -234,7 +217,7 @@ namespace metad {
 
 struct server::impl {
   config cfg;
-  std::unique_ptr<::server::cluster> cluster;
+  std::unique_ptr<::pipeline::cluster> cluster;
   std::vector<int> listeners;
 };
 
@@ -243,7 +226,7 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->cluster =
-      std::make_unique<::server::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+      std::make_unique<::pipeline::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
 }
 
 server::~server() {
@@ -253,7 +236,7 @@ server::~server() {
 
 void server::run() {
   config& cfg = impl_->cfg;
-  ::server::cluster& cl = *impl_->cluster;
+  ::pipeline::cluster& cl = *impl_->cluster;
   bool use_uring = cfg.io != io_mode::epoll;
   if (use_uring && !net::uring_available()) {
     if (cfg.io == io_mode::uring)
@@ -352,7 +335,7 @@ int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(
 bool uring_usable() { return net::uring_available(); }
 
 void server::stop() noexcept {
-  ::server::cluster& cl = *impl_->cluster;
+  ::pipeline::cluster& cl = *impl_->cluster;
   cl.stopping.store(true);
   for (int c = 0; c < cl.cores; ++c) cl.mailbox.wake(c);
 }

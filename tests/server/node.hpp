@@ -1,4 +1,4 @@
-// A whole server without sockets or threads: one connection's exchange fed requests,
+// A whole server without sockets or threads: one connection's connection fed requests,
 // every core's mailbox drained and log group-committed by hand, on a fake clock.
 #pragma once
 
@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "server/cluster.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/connection.hpp"
+#include "pipeline/consistency.hpp"
+#include "pipeline/removal.hpp"
 #include "server/durability.hpp"
-#include "server/exchange.hpp"
-#include "server/lifecycle.hpp"
 #include "smp/core.hpp"
 
 namespace server_test {
@@ -33,10 +34,10 @@ class node {
   // Any configuration; state in memory unless cfg.data_dir is set.
   node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
     cfg_.log = metad::log_level::error;
-    cluster_ = std::make_unique<server::cluster>(cfg_, cores);
+    cluster_ = std::make_unique<pipeline::cluster>(cfg_, cores);
     cluster_->clock = [this] { return now * smp::kNsPerMs; };
     server::recover(*cluster_);
-    x_ = std::make_unique<server::exchange>(*cluster_, *cluster_->core[0], waker_);
+    x_ = std::make_unique<pipeline::connection>(*cluster_, *cluster_->core[0], waker_);
   }
   ~node() {
     for (auto& core : cluster_->core) server::finish_snapshot(*core);
@@ -80,8 +81,9 @@ class node {
     sweepers_.resize(cluster_->core.size());
     for (auto& core : cluster_->core) {
       const smp::core_scope as_core(core->index);  // as core's own loop would
-      server::expire_due(*cluster_, *core);
-      server::reclaim_stale_due(*cluster_, *core, sweepers_[static_cast<std::size_t>(core->index)]);
+      pipeline::expire_due(*cluster_, *core);
+      pipeline::reclaim_stale_due(*cluster_, *core,
+                                  sweepers_[static_cast<std::size_t>(core->index)]);
       flush(*core);
     }
     for (int spin = 0; spin < 1000 && walking(); ++spin) {
@@ -92,7 +94,7 @@ class node {
     }
     EXPECT_FALSE(walking());
   }
-  server::cluster& cluster() { return *cluster_; }
+  pipeline::cluster& cluster() { return *cluster_; }
   // While set, every group commit's fdatasync fails with EIO (its write succeeds).
   bool fail_sync = false;
 
@@ -107,7 +109,7 @@ class node {
   }
 
   // What a loop does once per iteration: the group commit, through the server's hooks.
-  void flush(server::core_state& core) {
+  void flush(pipeline::core_state& core) {
     const smp::core_scope as_core(core.index);  // resumes the requests that waited for it
     store::log_writer::flush_job job;
     if (!server::take_flush(*cluster_, core, true, job)) return;
@@ -129,10 +131,10 @@ class node {
   }
 
   metad::config cfg_;
-  std::unique_ptr<server::cluster> cluster_;
-  std::vector<server::stale_sweeper> sweepers_;
+  std::unique_ptr<pipeline::cluster> cluster_;
+  std::vector<pipeline::stale_sweeper> sweepers_;
   counting_waker waker_;
-  std::unique_ptr<server::exchange> x_;
+  std::unique_ptr<pipeline::connection> x_;
 };
 
 }  // namespace server_test

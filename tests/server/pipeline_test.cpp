@@ -1,4 +1,4 @@
-// The whole request pipeline byte-in/byte-out, without sockets: an exchange fed raw
+// The whole request pipeline byte-in/byte-out, without sockets: an connection fed raw
 // HTTP, its endpoint coroutines hopping between simulated cores that this one thread
 // drains in turn.
 #include <fmt/format.h>
@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "server/cluster.hpp"
-#include "server/exchange.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/connection.hpp"
 #include "smp/core.hpp"
 
 namespace {
@@ -83,9 +83,9 @@ class Pipeline : public ::testing::TestWithParam<int> {
   static constexpr std::string_view kNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
 
   metad::config cfg_;
-  server::cluster cluster_;
+  pipeline::cluster cluster_;
   counting_waker waker_;
-  server::exchange x_;
+  pipeline::connection x_;
   net::flow last_flow_ = net::flow::read;
   int drains_ = 0;                  // flow::drain answers in the last send()
   std::size_t largest_unsent_ = 0;  // the most output held before it was taken

@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <string>
 
-#include "server/exchange.hpp"
+#include "pipeline/connection.hpp"
 #include "smp/request_task.hpp"
 
-namespace server {
+namespace pipeline {
 
 // On core `core`'s thread, every loop tick and when an allocation comes up short:
 // returns reservations past their deadline to the pool (logging them) and forgets ended
@@ -59,13 +59,8 @@ struct stale_sweeper {
 // them (it runs on while the loop serves; `sweeper.running` until it ends).
 void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper);
 
-// Whole-cluster consistency (tests, fuzzers; every core idle): each rank's pages agree
-// with its keys (rank_table::check_invariants), and each directory count is the number
-// of ranks holding the key bound. "" when consistent, else the first violation.
-std::string check_consistency(const cluster& cl);
-
 // POST /keys/delete and GET /stats.
-endpoint_task run_delete(exchange& x);
-endpoint_task run_stats(exchange& x);
+endpoint_task run_delete(connection& x);
+endpoint_task run_stats(connection& x);
 
-}  // namespace server
+}  // namespace pipeline

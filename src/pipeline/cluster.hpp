@@ -16,8 +16,8 @@
 #include "api/sglang_codec.hpp"
 #include "metad/config.hpp"
 #include "net/transport.hpp"
-#include "server/memory_budget.hpp"
-#include "server/metrics.hpp"
+#include "pipeline/memory_budget.hpp"
+#include "pipeline/metrics.hpp"
 #include "shard/directory.hpp"
 #include "shard/ownership.hpp"
 #include "shard/rank_table.hpp"
@@ -28,7 +28,7 @@
 #include "store/journal.hpp"
 #include "store/log.hpp"
 
-namespace server {
+namespace pipeline {
 
 struct core_state {
   // sync: --durability sync (the journal's durable() waits for fdatasync).
@@ -133,4 +133,4 @@ struct cluster {
   std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
 };
 
-}  // namespace server
+}  // namespace pipeline

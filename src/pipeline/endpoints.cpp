@@ -1,16 +1,16 @@
-#include "server/endpoints.hpp"
+#include "pipeline/endpoints.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "metad/log.hpp"
-#include "server/lifecycle.hpp"
-#include "server/sglang_durability.hpp"
-#include "server/steps.hpp"
+#include "pipeline/removal.hpp"
+#include "pipeline/sglang_journal.hpp"
+#include "pipeline/walk.hpp"
 #include "store/record.hpp"
 
-namespace server {
+namespace pipeline {
 namespace {
 
 // Drops core c's ranks and directory slice (on core c).
@@ -104,7 +104,7 @@ smp::subtask<bool> count_lost_bindings(cluster& cl, const std::vector<std::strin
 
 }  // namespace
 
-endpoint_task run_initialize(exchange& x) {
+endpoint_task run_initialize(connection& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   const api::initialize_cmd& cmd = x.work().init;
@@ -186,7 +186,7 @@ constexpr std::uint64_t kSettleNs = 1'000 * smp::kNsPerMs;
 
 }  // namespace
 
-endpoint_task run_allocate(exchange& x) {
+endpoint_task run_allocate(connection& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -262,7 +262,7 @@ endpoint_task run_allocate(exchange& x) {
   co_return answer::json(200, s.body);
 }
 
-endpoint_task run_confirm(exchange& x) {
+endpoint_task run_confirm(connection& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -334,7 +334,7 @@ endpoint_task run_confirm(exchange& x) {
   co_return answer::error(400, s.detail);
 }
 
-endpoint_task run_lookup(exchange& x, bool with_rank) {
+endpoint_task run_lookup(connection& x, bool with_rank) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -389,7 +389,7 @@ endpoint_task run_lookup(exchange& x, bool with_rank) {
   co_return answer::json(200, s.body);
 }
 
-endpoint_task run_clear(exchange& x) {
+endpoint_task run_clear(connection& x) {
   cluster& cl = x.shared();
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
   cl.clears_begun.fetch_add(1);
@@ -409,7 +409,7 @@ endpoint_task run_clear(exchange& x) {
   co_return answer::error(503, kStorageFailed);
 }
 
-endpoint_task run_rank_info(exchange& x) {
+endpoint_task run_rank_info(connection& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -466,7 +466,7 @@ endpoint_task run_rank_info(exchange& x) {
   co_return answer::json(200, s.body);
 }
 
-endpoint_task run_metrics(exchange& x) {
+endpoint_task run_metrics(connection& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
   if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
@@ -517,4 +517,4 @@ endpoint_task run_metrics(exchange& x) {
   co_return answer::metrics(s.body);
 }
 
-}  // namespace server
+}  // namespace pipeline

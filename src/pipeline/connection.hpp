@@ -17,13 +17,13 @@
 #include "http/response.hpp"
 #include "http/router.hpp"
 #include "net/transport.hpp"
-#include "server/answer.hpp"
-#include "server/cluster.hpp"
-#include "server/rank_sample.hpp"
-#include "server/routes.hpp"
+#include "pipeline/answer.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/rank_sample.hpp"
+#include "pipeline/routes.hpp"
 #include "shard/sglang_pool.hpp"
 
-namespace server {
+namespace pipeline {
 
 // Why keys leave every rank, for the counters.
 enum class removal_kind : std::uint8_t { deleted, evicted, stale };
@@ -147,12 +147,12 @@ struct scratch {
   core_state::sglang_counters sg_sum;
 };
 
-class exchange final : public net::connection_handler {
+class connection final : public net::connection_handler {
  public:
-  exchange(cluster& cl, core_state& home, net::waker& waker);
-  ~exchange() override;
-  exchange(const exchange&) = delete;
-  exchange& operator=(const exchange&) = delete;
+  connection(cluster& cl, core_state& home, net::waker& waker);
+  ~connection() override;
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
 
   std::span<char> read_space() override { return parser_.read_space(); }
   net::flow on_bytes(std::size_t bytes) override;
@@ -215,4 +215,4 @@ class exchange final : public net::connection_handler {
   bool parked_ = false;      // ... and the connection was told to wait for it
 };
 
-}  // namespace server
+}  // namespace pipeline

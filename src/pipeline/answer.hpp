@@ -1,6 +1,6 @@
 // What an endpoint answers, and the coroutine type of the endpoints that hop. An
 // endpoint returns its answer; the connection writes it and completes the request
-// (exchange::finish, the one place that does), so no path of an endpoint can leave its
+// (connection::finish, the one place that does), so no path of an endpoint can leave its
 // connection waiting. Home core only.
 #pragma once
 
@@ -12,9 +12,9 @@
 #include "http/response.hpp"
 #include "smp/request_task.hpp"
 
-namespace server {
+namespace pipeline {
 
-class exchange;
+class connection;
 
 // A status and a body, or a fixed answer, or "later". Its text is a view (of the
 // connection's scratch, or of a constant) that must live until the connection writes
@@ -47,32 +47,32 @@ class answer {
   http::canned canned_;
   int status_;
   std::string_view text_;
-  friend class exchange;
+  friend class connection;
 };
 
 // An endpoint that hops (endpoints.cpp): a coroutine whose first parameter is its
 // connection. It starts on the connection's home core, with its command decoded into
-// exchange::work(), and co_returns its answer back home. Its start function returns it
+// connection::work(), and co_returns its answer back home. Its start function returns it
 // as answer::later(). Frames come from the core's frame pool.
 class endpoint_task {
  public:
   struct promise_type {
     template <typename... Args>
-    explicit promise_type(exchange& x, Args&&...) noexcept : x(x) {}
+    explicit promise_type(connection& x, Args&&...) noexcept : x(x) {}
     endpoint_task get_return_object() noexcept { return {}; }
     std::suspend_never initial_suspend() noexcept { return {}; }
     std::suspend_never final_suspend() noexcept { return {}; }
-    void return_value(const answer& a);  // exchange::finish (exchange.cpp)
+    void return_value(const answer& a);  // connection::finish (connection.cpp)
     void unhandled_exception() noexcept { std::terminate(); }
     static void* operator new(std::size_t bytes) { return smp::frame_pool::allocate(bytes); }
     static void operator delete(void* frame, std::size_t bytes) noexcept {
       smp::frame_pool::release(frame, bytes);
     }
 
-    exchange& x;
+    connection& x;
   };
   // What the start function answers: the coroutine answers when it ends.
   operator answer() const { return answer::later(); }  // NOLINT: implicit on purpose
 };
 
-}  // namespace server
+}  // namespace pipeline

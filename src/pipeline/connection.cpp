@@ -1,4 +1,4 @@
-#include "server/exchange.hpp"
+#include "pipeline/connection.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 
-namespace server {
+namespace pipeline {
 namespace {
 
 // Equal-length comparison whose time does not depend on where the first difference is.
@@ -23,18 +23,18 @@ bool same_secret(std::string_view given, std::string_view expected) {
 
 }  // namespace
 
-exchange::exchange(cluster& cl, core_state& home, net::waker& waker)
+connection::connection(cluster& cl, core_state& home, net::waker& waker)
     : cluster_(cl),
       home_(home),
       waker_(waker),
       parser_(http::limits{cl.cfg.header_bytes_max, cl.cfg.body_bytes_max}) {}
 
-net::flow exchange::on_bytes(std::size_t bytes) {
+net::flow connection::on_bytes(std::size_t bytes) {
   parser_.commit(bytes);
   return advance();
 }
 
-net::flow exchange::on_resume() {
+net::flow connection::on_resume() {
   parser_.consume();
   if (!keep_alive_) return net::flow::close;
   return advance();
@@ -53,7 +53,7 @@ constexpr std::size_t kSteadyBytes = 64 * 1024;
 // a bigger request's buffers go back at the next trim().
 constexpr std::size_t kRetainedBytesMax = 256 * 1024;
 
-net::flow exchange::advance() {
+net::flow connection::advance() {
   for (;;) {
     if (out_.size() >= kUnsentBytesMax) return net::flow::drain;
     switch (parser_.next()) {
@@ -86,7 +86,7 @@ net::flow exchange::advance() {
 
 // A body past the steady size is charged to the memory budget as soon as its size is
 // announced, and stays charged until the connection gives its buffers back.
-bool exchange::charge_body() {
+bool connection::charge_body() {
   const std::size_t announced = parser_.body_bytes_announced();
   if (announced <= kSteadyBytes || announced <= body_charge_) return true;
   if (!cluster_.memory.charge_body(announced - body_charge_)) return false;
@@ -94,11 +94,11 @@ bool exchange::charge_body() {
   return true;
 }
 
-void exchange::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
+void connection::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
 
 // The body does not fit the budget: a 503 before it is read, and the connection closes
 // (what the client still sends is dropped by the transport's lingering close).
-net::flow exchange::refuse_body() {
+net::flow connection::refuse_body() {
   cluster_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
   head_ = false;
   keep_alive_ = false;
@@ -111,9 +111,9 @@ net::flow exchange::refuse_body() {
   return net::flow::close;
 }
 
-exchange::~exchange() { release_body(); }
+connection::~connection() { release_body(); }
 
-void exchange::trim() {
+void connection::trim() {
   if (in_flight_) return;
   release_body();
   if (!grew_) return;
@@ -125,7 +125,7 @@ void exchange::trim() {
   std::swap(scratch_, old);
 }
 
-std::size_t exchange::buffer_bytes() const {
+std::size_t connection::buffer_bytes() const {
   const scratch& s = scratch_;
   return parser_.buffer_bytes() + out_.capacity() + s.exists.keys.capacity_bytes() +
          s.locations.keys.capacity_bytes() + s.allocate.keys.capacity_bytes() +
@@ -136,13 +136,13 @@ std::size_t exchange::buffer_bytes() const {
          s.selected.capacity() * sizeof(s.selected[0]) + s.removal.bytes.capacity();
 }
 
-void exchange::start(route_label route) {
+void connection::start(route_label route) {
   route_ = route;
   status_ = 0;
   started_ns_ = smp::monotonic_ns();
 }
 
-void exchange::complete() {
+void connection::complete() {
   const std::uint64_t elapsed_ns = smp::monotonic_ns() - started_ns_;
   if (buffer_bytes() > kRetainedBytesMax) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
@@ -162,26 +162,26 @@ void exchange::complete() {
 // when the stop began is answered after it. Stopping, the last request the connection
 // has received says `connection: close`, so that the client sends no more on it; one
 // received after it (buffered, or already in the socket) is answered first.
-bool exchange::answer_keeps_alive() {
+bool connection::answer_keeps_alive() {
   if (keep_alive_ && cluster_.stopping.load(std::memory_order_relaxed))
     keep_alive_ = parser_.more_buffered() || waker_.input_pending();
   return keep_alive_;
 }
 
-void exchange::respond_json(int status, std::string_view body) {
+void connection::respond_json(int status, std::string_view body) {
   status_ = status;
   http::append_json(out_, status, body, answer_keeps_alive());
   drop_body_of_head(body.size());
 }
 
-void exchange::respond_metrics(std::string_view text) {
+void connection::respond_metrics(std::string_view text) {
   status_ = 200;
   http::append_body(out_, 200, "text/plain; version=0.0.4; charset=utf-8", text,
                     answer_keeps_alive());
   drop_body_of_head(text.size());
 }
 
-void exchange::respond_error(int status, std::string_view detail) {
+void connection::respond_error(int status, std::string_view detail) {
   status_ = status;
   scratch_.body.clear();
   api::encode_error(scratch_.body, detail);
@@ -189,20 +189,20 @@ void exchange::respond_error(int status, std::string_view detail) {
   drop_body_of_head(scratch_.body.size());
 }
 
-void exchange::respond_canned(http::canned what) {
+void connection::respond_canned(http::canned what) {
   const std::string_view bytes = http::canned_bytes(what, answer_keeps_alive());
   status_ = http::status_of(bytes);
   out_.append(bytes);
   drop_body_of_head(bytes.size() - (bytes.find("\r\n\r\n") + 4));
 }
 
-void exchange::drop_body_of_head(std::size_t body_bytes) {
+void connection::drop_body_of_head(std::size_t body_bytes) {
   // The answer to HEAD has the headers GET's would have (content-length included) and
   // no content (RFC 9110 9.3.2): a body would be read as the start of the next answer.
   if (head_) out_.resize(out_.size() - body_bytes);
 }
 
-bool exchange::authorized(const http::request& request, access auth) const {
+bool connection::authorized(const http::request& request, access auth) const {
   const metad::config& cfg = cluster_.cfg;
   if (auth == access::open) return true;
   const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
@@ -217,12 +217,12 @@ bool exchange::authorized(const http::request& request, access auth) const {
   return scheme_ok && same_secret(given.substr(scheme.size()), token);
 }
 
-answer exchange::refused(api::error err) {
+answer connection::refused(api::error err) {
   scratch_.detail = std::move(err.detail);
   return answer::error(err.status, scratch_.detail);
 }
 
-void exchange::finish(const answer& a) {
+void connection::finish(const answer& a) {
   METAD_ASSERT(!a.is_later());
   switch (a.kind_) {
     case answer::kind::later:
@@ -256,7 +256,7 @@ void endpoint_task::promise_type::return_value(const answer& a) {
 // Routes on the home core and hands the request to its row's start function (routes.cpp).
 // Requests no row answers (unknown path, wrong method) are answered here; they need the
 // token as any endpoint does.
-void exchange::dispatch(const http::request& request) {
+void connection::dispatch(const http::request& request) {
   // Endpoint coroutines hop from this_core(): it must be the connection's core.
   METAD_ASSERT(smp::this_core() == home_.index);
   const http::route route = http::match(kPatterns, request.verb, request.target);
@@ -276,4 +276,4 @@ void exchange::dispatch(const http::request& request) {
   if (!a.is_later()) finish(a);
 }
 
-}  // namespace server
+}  // namespace pipeline
