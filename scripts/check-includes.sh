@@ -1,18 +1,37 @@
 #!/usr/bin/env bash
-# Fails on a sideways include: the leaf modules (http, api, shard, store, net, ha) include
-# only themselves and the shared headers in include/metad; server/ wires them; only
-# main.cpp includes server's public header. Prints each offending line.
+# Fails on an include that breaks the module layering, and prints each offending line:
+#   smp                           includes only itself (and include/metad)
+#   http, api, shard, store, net, ha  include only themselves and smp (the leaves)
+#   pipeline                      includes itself, the leaves and smp
+#   server                        may include everything
+# "metad/..." is include/metad, which any module may include; only main.cpp includes
+# server's public header (metad/server.hpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+allowed_smp="smp"
+allowed_leaf="smp"
+allowed_pipeline="smp|http|api|shard|store|net"
 status=0
-for module in http api shard store net ha; do
-  # "metad/..." is include/metad; any other quoted project include must be the module's own.
-  bad=$(grep -rnE '^#include "(http|api|shard|store|net|ha|server)/' "src/$module" |
-        grep -vE "^[^:]+:[0-9]+:#include \"$module/" || true)
+check() {  # module allowed-others
+  local module=$1 allowed=$2 bad
+  # Any quoted include of a project module (a src/ directory) must be the module's own
+  # or an allowed one.
+  bad=$(grep -rnE '^#include "(smp|http|api|shard|store|net|ha|pipeline|server)/' "src/$module" |
+        grep -vE "^[^:]+:[0-9]+:#include \"($module|$allowed)/" || true)
   if [[ -n "$bad" ]]; then
-    echo "sideways include in src/$module (a leaf module includes only itself and metad/):"
+    echo "src/$module includes a module it may not (it may include itself, ${allowed//|/, } and metad/):"
     echo "$bad"
     status=1
   fi
-done
+}
+check smp "$allowed_smp"
+for module in http api shard store net ha; do check "$module" "$allowed_leaf"; done
+check pipeline "$allowed_pipeline"
+# metad/server.hpp is the embedding API: only main.cpp and server/ use it.
+bad=$(grep -rn '^#include "metad/server.hpp"' src | grep -vE '^src/(main\.cpp|server/)' || true)
+if [[ -n "$bad" ]]; then
+  echo "only src/main.cpp and src/server/ include metad/server.hpp:"
+  echo "$bad"
+  status=1
+fi
 exit $status

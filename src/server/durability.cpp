@@ -13,12 +13,17 @@
 #include <utility>
 
 #include "metad/log.hpp"
+#include "pipeline/sglang_journal.hpp"
 #include "server/sglang_durability.hpp"
 #include "shard/packed_key.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
 namespace server {
+
+using pipeline::cluster;
+using pipeline::core_state;
+
 namespace {
 
 // What one core learns while replaying, for the directory phase: the confirmed
@@ -317,7 +322,7 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
   if (open) store::end_packed(out, frame);
   // SGLang's pools (independent of the vLLM state above), one image record each.
   if (out.size() >= kSpillBytes) spill(out);
-  append_sg_snapshot(out, core);
+  pipeline::append_sg_snapshot(out, core);
 }
 
 std::string serialize(const core_state& core) {
@@ -420,7 +425,8 @@ void recover(cluster& cl, const before_commit_fn& before_commit) {
   // restart); with the quarantine off, those pages are free now, and a core whose
   // state that changed cannot reuse the snapshot it was recovered from.
   const std::uint64_t quarantine_until =
-      cl.cfg.release_quarantine_ms == 0 ? 0 : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
+      cl.cfg.release_quarantine_ms == 0 ? 0
+                                        : cl.clock() + cl.cfg.release_quarantine_ms * smp::kNsPerMs;
   for (auto& core : cl.core) {
     const auto c = static_cast<std::size_t>(core->index);
     if (quarantine_until == 0 && core->ranks.quarantined_pages() > 0 &&
@@ -465,7 +471,7 @@ void recover(cluster& cl, const before_commit_fn& before_commit) {
       write_ms, *std::max_element(serialize_ms.begin(), serialize_ms.end()), lap(t));
   ::malloc_trim(0);  // what recovery allocated and freed goes back to the system
   for (auto& core : cl.core) core->publish_incomplete();  // incomplete keys restart their grace
-  if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * kNsPerMs;
+  if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * smp::kNsPerMs;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
       "durability {}",

@@ -18,39 +18,24 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
-#include "server/clock.hpp"
-#include "server/cluster.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/connection.hpp"
+#include "pipeline/endpoints.hpp"
+#include "pipeline/removal.hpp"
 #include "server/durability.hpp"
-#include "server/endpoints.hpp"
-#include "server/exchange.hpp"
-#include "server/lifecycle.hpp"
-#include "server/request_task.hpp"
 #include "server/sglang_import.hpp"
+#include "smp/clock.hpp"
+#include "smp/core.hpp"
+#include "smp/for_each_core.hpp"
+#include "smp/request_task.hpp"
 
 namespace server {
 
+using pipeline::cluster;
+using pipeline::core_state;
+
 static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
               "request bodies must be readable by simdjson without a copy");
-
-cluster::cluster(const metad::config& config, int core_count)
-    : cfg(config),
-      cores(core_count),
-      directory_cores(std::clamp(config.directory_cores, 1, core_count)),
-      mailbox(core_count, 4096),
-      memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
-      draining_cores(core_count) {
-  for (int i = 0; i < core_count; ++i) {
-    core.push_back(std::make_unique<core_state>(config.durable == metad::durability::sync));
-    core.back()->index = i;
-    core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
-    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * kNsPerMs);
-    core.back()->directory.set_lru(config.evict == metad::eviction::lru);
-    core.back()->sg_decoder.set_key_bytes_max(config.key_bytes_max);
-    core.back()->sg_config = {config.reservation_ttl_ms * kNsPerMs,
-                              std::uint64_t{config.sglang_read_lease_ms} * kNsPerMs};
-    core.back()->sg_strict_reinit = config.strict_reinit;
-  }
-}
 
 namespace {
 
@@ -60,7 +45,7 @@ class core_runner final : public net::core_hooks {
   core_runner(cluster& cl, int index) : cluster_(cl), index_(index) {}
 
   std::unique_ptr<net::connection_handler> open(net::waker& w) override {
-    return std::make_unique<exchange>(cluster_, *cluster_.core[index_], w);
+    return std::make_unique<pipeline::connection>(cluster_, *cluster_.core[index_], w);
   }
   std::size_t poll() override { return cluster_.mailbox.drain(index_); }
   bool prepare_sleep() override { return cluster_.mailbox.prepare_sleep(index_); }
@@ -71,7 +56,7 @@ class core_runner final : public net::core_hooks {
   bool take_flush(net::flush_job& job, bool retry_failed) override {
     store::log_writer::flush_job j;
     if (!::server::take_flush(cluster_, *cluster_.core[index_], retry_failed, j)) return false;
-    flush_started_ns_ = monotonic_ns();
+    flush_started_ns_ = smp::monotonic_ns();
     job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == metad::durability::sync};
     return true;
   }
@@ -79,7 +64,7 @@ class core_runner final : public net::core_hooks {
     store::log_writer& log = cluster_.core[index_]->log;
     const bool was_failing = log.failing();
     ::server::flush_done(cluster_, *cluster_.core[index_], written, synced);
-    cluster_.core[index_]->flushes.record(monotonic_ns() - flush_started_ns_, !log.failing());
+    cluster_.core[index_]->flushes.record(smp::monotonic_ns() - flush_started_ns_, !log.failing());
     if (log.failing() && !was_failing) {
       // A short write (disk full) cancels the linked fdatasync: name the write's failure.
       const std::string cause = written < 0
@@ -110,7 +95,7 @@ class core_runner final : public net::core_hooks {
   int index_;
   bool drained_ = false;
   std::uint64_t flush_started_ns_ = 0;
-  stale_sweeper stale_;  // this core's background reclamation of stale keys
+  pipeline::stale_sweeper stale_;  // this core's background reclamation of stale keys
   // The periodic summary (core 0 only).
   std::uint64_t next_summary_ms_ = 0;
   std::uint64_t last_summary_ms_ = 0;
@@ -118,58 +103,52 @@ class core_runner final : public net::core_hooks {
   std::array<std::uint64_t, 4> last_pools_{};  // ranks, free pages, pages, keys
   bool summary_running_ = false;
 
-  friend void log_summary(core_runner& self);
+  friend smp::request_task log_summary(core_runner& self);
 };
 
 // One info line with the load and the pools, summed over all cores; none when nothing
 // happened since the last one (no request, pools as they were), so an idle server's log
 // holds its last state instead of a line every interval.
-void log_summary(core_runner& self) {
-  struct sums {
-    std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
-  };
-  auto total = std::make_shared<sums>();  // lives until the walk's last step
-  auto add = [total](const core_state& core) {
-    total->requests += core.metrics.total();
-    total->ranks += core.ranks.rank_count();
-    total->keys += core.directory.size();
+smp::request_task log_summary(core_runner& self) {
+  std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
+  co_await smp::for_each_core(self.cluster_.mailbox, self.index_, smp::every_core, [&](int c) {
+    const core_state& core = *self.cluster_.core[c];
+    requests += core.metrics.total();
+    ranks += core.ranks.rank_count();
+    keys += core.directory.size();
     core.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
-      total->free_pages += static_cast<std::uint64_t>(st.free);
-      total->pages += static_cast<std::uint64_t>(st.num_pages);
+      free_pages += static_cast<std::uint64_t>(st.free);
+      pages += static_cast<std::uint64_t>(st.num_pages);
     });
-  };
-  auto report = [&self, total] {
-    const std::uint64_t now = monotonic_ms();
-    const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
-    const std::array<std::uint64_t, 4> pools{total->ranks, total->free_pages, total->pages,
-                                             total->keys};
-    // Expiry and reclamation change the pools without a request: those still show.
-    if (total->requests != self.last_requests_ || pools != self.last_pools_)
-      metad::log::info(
-          "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-          seconds > 0 ? static_cast<double>(total->requests - self.last_requests_) / seconds : 0.0,
-          total->ranks, total->free_pages, total->pages, total->keys);
-    self.last_requests_ = total->requests;
-    self.last_pools_ = pools;
-    self.last_summary_ms_ = now;
-    self.summary_running_ = false;
-  };
-  visit_cores(self.cluster_, self.index_, add, report);
+  });
+  const std::uint64_t now = smp::monotonic_ms();
+  const double seconds = static_cast<double>(now - self.last_summary_ms_) / 1000.0;
+  const std::array<std::uint64_t, 4> pools{ranks, free_pages, pages, keys};
+  // Expiry and reclamation change the pools without a request: those still show.
+  if (requests != self.last_requests_ || pools != self.last_pools_)
+    metad::log::info(
+        "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+        seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
+        free_pages, pages, keys);
+  self.last_requests_ = requests;
+  self.last_pools_ = pools;
+  self.last_summary_ms_ = now;
+  self.summary_running_ = false;
 }
 
 void core_runner::tick() {
   core_state& core = *cluster_.core[index_];
   if (index_ == 0) cluster_.memory.sample();
   snapshot_tick(cluster_, core);
-  expire_due(cluster_, core);
-  reclaim_stale_due(cluster_, core, stale_);
+  pipeline::expire_due(cluster_, core);
+  pipeline::reclaim_stale_due(cluster_, core, stale_);
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
   core.directory.advance_growth();
   core.ranks.advance_growth();
   const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
   if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
-  const std::uint64_t now = monotonic_ms();
+  const std::uint64_t now = smp::monotonic_ms();
   if (next_summary_ms_ == 0) {
     last_summary_ms_ = now;
     next_summary_ms_ = now + interval;
@@ -239,7 +218,7 @@ namespace metad {
 
 struct server::impl {
   config cfg;
-  std::unique_ptr<::server::cluster> cluster;
+  std::unique_ptr<::pipeline::cluster> cluster;
   std::vector<int> listeners;
 };
 
@@ -248,7 +227,7 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->cluster =
-      std::make_unique<::server::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+      std::make_unique<::pipeline::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
 }
 
 server::~server() {
@@ -258,7 +237,7 @@ server::~server() {
 
 void server::run() {
   config& cfg = impl_->cfg;
-  ::server::cluster& cl = *impl_->cluster;
+  ::pipeline::cluster& cl = *impl_->cluster;
   bool use_uring = cfg.io != io_mode::epoll;
   if (use_uring && !net::uring_available()) {
     if (cfg.io == io_mode::uring)
@@ -306,7 +285,7 @@ void server::run() {
   std::vector<std::thread> threads;
   for (int i = 0; i < cl.cores; ++i) {
     threads.emplace_back([&, i] {
-      log::current_core = i;
+      const smp::core_scope as_core(i);  // this thread is core i for its whole life
       ::server::pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
       net::loop_options options;
       options.listen_fds = listen_fds[static_cast<std::size_t>(i)];
@@ -360,7 +339,7 @@ int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(
 bool uring_usable() { return net::uring_available(); }
 
 void server::stop() noexcept {
-  ::server::cluster& cl = *impl_->cluster;
+  ::pipeline::cluster& cl = *impl_->cluster;
   cl.stopping.store(true);
   for (int c = 0; c < cl.cores; ++c) cl.mailbox.wake(c);
 }

@@ -54,7 +54,7 @@ shard::sglang_image image_of(api::sg_state_pool& pool) {
 
 }  // namespace
 
-bool import_sglang_state(cluster& cl, const store::data_dir& dir) {
+bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir) {
   const std::string& path = cl.cfg.sglang_import_path;
   if (dir.generation() != 0) {
     metad::log::info(
@@ -84,7 +84,7 @@ bool import_sglang_state(cluster& cl, const store::data_dir& dir) {
     pages += pool.num_pages;
     keys += pool.bound.size();
     reclaimed += pool.reclaimed;
-    core_state& core = *cl.core[shard::owner_of_rank(pool.rank, cl.cores)];
+    pipeline::core_state& core = *cl.core[shard::owner_of_rank(pool.rank, cl.cores)];
     std::string error;
     shard::sglang_pool restored(0, core.sg_config);
     if (!shard::sglang_pool::restore(image_of(pool), core.sg_config, restored, error))

@@ -5,7 +5,7 @@
 // imported pools are in that generation's snapshots before a client can connect.
 #pragma once
 
-#include "server/cluster.hpp"
+#include "pipeline/cluster.hpp"
 #include "store/data_dir.hpp"
 
 namespace server {
@@ -14,6 +14,6 @@ namespace server {
 // start); otherwise only logs that the directory's state is used instead. The file is
 // only read. Returns whether any core's state changed. Throws std::runtime_error naming
 // the file and what is wrong with it (unreadable, invalid, or a pool that exists).
-bool import_sglang_state(cluster& cl, const store::data_dir& dir);
+bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir);
 
 }  // namespace server

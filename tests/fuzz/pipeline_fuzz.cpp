@@ -1,4 +1,4 @@
-// libFuzzer harness for the whole sans-IO pipeline: one server::cluster of 3 simulated
+// libFuzzer harness for the whole sans-IO pipeline: one pipeline::cluster of 3 simulated
 // cores lives across inputs (state is kept, like a long-running server); each input is one
 // connection's bytes, delivered in pieces whose sizes come from the input, with cross-core
 // work drained on this thread. After each input: every response is a well-formed
@@ -23,9 +23,11 @@
 #include "fuzz_input.hpp"
 #include "http/parser.hpp"
 #include "metad/config.hpp"
-#include "server/cluster.hpp"
-#include "server/exchange.hpp"
-#include "server/lifecycle.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/connection.hpp"
+#include "pipeline/consistency.hpp"
+#include "pipeline/removal.hpp"
+#include "smp/core.hpp"
 
 namespace {
 
@@ -54,12 +56,12 @@ metad::config make_config() {
 
 struct world {
   world() {
-    cl.clock = [this] { return now_ms * server::kNsPerMs; };
+    cl.clock = [this] { return now_ms * smp::kNsPerMs; };
   }
   metad::config cfg = make_config();
-  server::cluster cl{cfg, kCores};
+  pipeline::cluster cl{cfg, kCores};
   counting_waker waker;
-  server::stale_sweeper sweepers[kCores];
+  pipeline::stale_sweeper sweepers[kCores];
   std::uint64_t inputs = 0;
   std::uint64_t now_ms = 1'000'000;
 };
@@ -73,7 +75,12 @@ world& the_world() {
 // whether the connection ended closed.
 std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split,
                      bool& closed) {
-  server::exchange x(w.cl, *w.cl.core[static_cast<std::size_t>(home)], w.waker);
+  pipeline::connection x(w.cl, *w.cl.core[static_cast<std::size_t>(home)], w.waker);
+  // Calls into the connection as its home core would (drains run the other cores).
+  auto on_home = [home](auto call) {
+    const smp::core_scope as_home(home);
+    return call();
+  };
   std::string answers;
   std::size_t at = 0;
   closed = false;
@@ -83,18 +90,18 @@ std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter&
     const std::size_t n = std::min({split.next_piece(), space.size(), bytes.size() - at});
     std::memcpy(space.data(), bytes.data() + at, n);
     at += n;
-    net::flow flow = x.on_bytes(n);
+    net::flow flow = on_home([&] { return x.on_bytes(n); });
     for (;;) {
       if (flow == net::flow::wait) {
         const int before = w.waker.wakes;
         for (int spin = 0; spin < 64 && w.waker.wakes == before; ++spin)
           for (int c = 0; c < w.cl.cores; ++c) w.cl.mailbox.drain(c);
         fuzz::require(w.waker.wakes == before + 1, "a parked request wakes its connection once");
-        flow = x.on_resume();
+        flow = on_home([&] { return x.on_resume(); });
       } else if (flow == net::flow::drain) {  // the transport sends, then goes on
         answers += x.output();
         x.output().clear();
-        flow = x.on_drained();
+        flow = on_home([&] { return x.on_drained(); });
       } else {
         break;
       }
@@ -223,7 +230,7 @@ bool check_answers(std::string_view out, const std::vector<bool>& heads) {
 }
 
 void check_state(world& w) {
-  const std::string problem = server::check_consistency(w.cl);
+  const std::string problem = pipeline::check_consistency(w.cl);
   fuzz::require(problem.empty(), "cluster consistency", problem);
   std::size_t ranks = 0;
   for (const auto& core : w.cl.core) ranks += core->ranks.rank_count();
@@ -261,8 +268,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The loops' tick: expiry and lease sweeps, stale-key walks run to their end, then the
   // clock moves on.
   for (auto& core : w.cl.core) {
-    server::expire_due(w.cl, *core);
-    server::reclaim_stale_due(w.cl, *core, w.sweepers[core->index]);
+    const smp::core_scope as_core(core->index);  // as core's own loop would
+    pipeline::expire_due(w.cl, *core);
+    pipeline::reclaim_stale_due(w.cl, *core, w.sweepers[core->index]);
   }
   for (int spin = 0; spin < 1000; ++spin) {
     bool running = false;

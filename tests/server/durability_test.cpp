@@ -192,7 +192,7 @@ TEST_F(Durability, QuarantinesSurviveRestartsFromTheLogAndFromSnapshots) {
                 R"({"rank":1,"results":[["c",0],["d",2],["e",3],["f",1]]})")
           << "free pages lowest first, then the quarantined one";
     }
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   }
 }
 
@@ -225,12 +225,12 @@ TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
     EXPECT_EQ(n.post("/rank/1/initialize", R"({"num_pages":2})"),
               R"({"message":"Rank 1 initialized with 2 pages"})");
     EXPECT_EQ(state(n), want);
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   }
   for (int restart = 0; restart < 2; ++restart) {
     node n(dir_, 3 - restart);
     EXPECT_EQ(state(n), want);
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   }
 }
 
@@ -256,7 +256,7 @@ TEST_F(Durability, TurningTheQuarantineOffFreesItsPagesForGood) {
   node n(dir_, 1);
   EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["c","d"]})"),
             R"({"rank":0,"results":[["c",0],["d",2]]})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "node.hpp"
-#include "server/rank_sample.hpp"
+#include "pipeline/rank_sample.hpp"
 
 namespace {
 
@@ -120,7 +120,7 @@ TEST_P(Lifecycle, DeleteRemovesTheKeyOnEveryRank) {
   // The writer of rank 2 can still confirm: its key starts over in the directory.
   EXPECT_EQ(
       n.post("/keys/confirm_write", "{\"rank\":2,\"confirmations\":[[\"" + key(4) + "\",3]]}"), "");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   EXPECT_EQ(n.post("/keys/delete", R"({"keys":"x"})"), R"({"detail":"Invalid keys format"})");
   EXPECT_NE(n.get("/stats").find(R"("deleted_keys":2)"), std::string::npos);
 }
@@ -138,7 +138,7 @@ TEST_P(Lifecycle, AReadLeaseBlocksDeleteUntilItEnds) {
   EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1)}) + "]}"), R"({"deleted":0})");
   n.now += 1;
   EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1)}) + "]}"), R"({"deleted":1})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
@@ -156,7 +156,7 @@ TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
             R"({"exists":[true,false,false,true,true,true]})");
   EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":0})");
   EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2)"), std::string::npos);
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
@@ -176,7 +176,7 @@ TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
       "{\"rank\":1,\"results\":[[\"" + key(7) + "\",0],[\"" + key(8) + "\",2]]}");
   EXPECT_EQ(exists(n, {key(1), key(2), key(3)}), R"({"exists":[false,true,false]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":3,"free":1,"reserved":0,"bound":2,"incomplete":1})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Lifecycle, AnAllocationHitLeasesItsKeyAgainstEviction) {
@@ -236,7 +236,7 @@ TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
       n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + key(60) + "\"]}").find("-1"),
       std::string::npos);
   EXPECT_EQ(exists(n, {key(1), key(2)}), R"({"exists":[false,true]})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
@@ -259,7 +259,7 @@ TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
       n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list(fresh) + "]}").find("-1"),
       std::string::npos);
   EXPECT_EQ(exists(n, {key(3), key(8)}), R"({"exists":[false,false]})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Lifecycle, AVllmFlowWithAPoolFarSmallerThanTheWorkingSetKeepsSaving) {
@@ -277,7 +277,7 @@ TEST_P(Lifecycle, AVllmFlowWithAPoolFarSmallerThanTheWorkingSetKeepsSaving) {
       exists(n, keys);
       n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[" + list(keys) + "]}");
       n.now += 50;
-      ASSERT_EQ(server::check_consistency(n.cluster()), "");
+      ASSERT_EQ(pipeline::check_consistency(n.cluster()), "");
     }
     if (evict == metad::eviction::lru) {
       EXPECT_EQ(failed, 0);
@@ -314,7 +314,7 @@ TEST_P(Lifecycle, DeletesEvictionsAndExpiriesSurviveARestart) {
   EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(4), key(5)}),
             R"({"exists":[false,false,false,true,true,true]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":1,"reserved":0,"bound":3,"incomplete":0})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   // The readers' leases were not kept: nothing is removed for one lease after start-up.
   EXPECT_EQ(
       n.post("/keys/delete", "{\"keys\":[\"" + key(3) + "\"]}"),
@@ -345,7 +345,7 @@ TEST_P(Lifecycle, StatsListEveryRankInOrderWithTheCounters) {
 // series; the totals still count every rank.
 TEST_P(Lifecycle, StatsAndMetricsListTheLowestRanksAndSumThemAll) {
   node n(config(metad::eviction::none), GetParam());
-  const int ranks = static_cast<int>(server::kRankRowsMax) + 7;
+  const int ranks = static_cast<int>(pipeline::kRankRowsMax) + 7;
   for (int i = 0; i < ranks; ++i) {  // highest first: the first seen are not the lowest
     const int rank = ranks - 1 - i - 3;
     ASSERT_EQ(n.post(fmt::format("/rank/{}/initialize", rank), R"({"num_pages":2})"),
@@ -353,7 +353,7 @@ TEST_P(Lifecycle, StatsAndMetricsListTheLowestRanksAndSumThemAll) {
   }
   const std::string stats = n.get("/stats");
   std::string rows;
-  for (int rank = -3; rank < -3 + static_cast<int>(server::kRankRowsMax); ++rank)
+  for (int rank = -3; rank < -3 + static_cast<int>(pipeline::kRankRowsMax); ++rank)
     rows += fmt::format(R"({}{{"rank":{},"num_pages":2,"free":2,"reserved":0,"bound":0}})",
                         rows.empty() ? "" : ",", rank);
   EXPECT_TRUE(stats.starts_with(R"({"ranks":[)" + rows + "],")) << stats.substr(0, 300);
@@ -367,7 +367,7 @@ TEST_P(Lifecycle, StatsAndMetricsListTheLowestRanksAndSumThemAll) {
   EXPECT_NE(
       metrics.find(fmt::format("\nhf3fs_metad_pool_pages{{state=\"total\"}} {}\n", 2 * ranks)),
       std::string::npos);
-  const int last = -3 + static_cast<int>(server::kRankRowsMax) - 1;
+  const int last = -3 + static_cast<int>(pipeline::kRankRowsMax) - 1;
   EXPECT_NE(
       metrics.find(fmt::format("\nhf3fs_metad_pages{{rank=\"{}\",state=\"free\"}} 2\n", last)),
       std::string::npos);

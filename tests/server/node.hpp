@@ -1,4 +1,4 @@
-// A whole server without sockets or threads: one connection's exchange fed requests,
+// A whole server without sockets or threads: one connection's connection fed requests,
 // every core's mailbox drained and log group-committed by hand, on a fake clock.
 #pragma once
 
@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "server/cluster.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/connection.hpp"
+#include "pipeline/consistency.hpp"
+#include "pipeline/removal.hpp"
 #include "server/durability.hpp"
-#include "server/exchange.hpp"
-#include "server/lifecycle.hpp"
+#include "smp/core.hpp"
 
 namespace server_test {
 
@@ -32,10 +34,10 @@ class node {
   // Any configuration; state in memory unless cfg.data_dir is set.
   node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
     cfg_.log = metad::log_level::error;
-    cluster_ = std::make_unique<server::cluster>(cfg_, cores);
-    cluster_->clock = [this] { return now * server::kNsPerMs; };
+    cluster_ = std::make_unique<pipeline::cluster>(cfg_, cores);
+    cluster_->clock = [this] { return now * smp::kNsPerMs; };
     server::recover(*cluster_);
-    x_ = std::make_unique<server::exchange>(*cluster_, *cluster_->core[0], waker_);
+    x_ = std::make_unique<pipeline::connection>(*cluster_, *cluster_->core[0], waker_);
   }
   ~node() {
     for (auto& core : cluster_->core) server::finish_snapshot(*core);
@@ -44,9 +46,10 @@ class node {
   std::string send(const std::string& bytes) {
     std::span<char> space = x_->read_space();
     std::copy(bytes.begin(), bytes.end(), space.begin());
-    net::flow f = x_->on_bytes(bytes.size());
+    net::flow f = on_home([&] { return x_->on_bytes(bytes.size()); });
     std::string drained;  // answers a drain handed over (flow::drain: sent, then go on)
-    for (; f == net::flow::drain; f = x_->on_drained()) drained += std::exchange(x_->output(), {});
+    for (; f == net::flow::drain; f = on_home([&] { return x_->on_drained(); }))
+      drained += std::exchange(x_->output(), {});
     while (f == net::flow::wait) {
       const int before = waker_.wakes;
       for (int spin = 0; spin < 1000 && waker_.wakes == before; ++spin) {
@@ -56,7 +59,7 @@ class node {
         }
       }
       EXPECT_EQ(waker_.wakes, before + 1);
-      f = x_->on_resume();
+      f = on_home([&] { return x_->on_resume(); });
     }
     for (auto& core : cluster_->core) server::snapshot_tick(*cluster_, *core);
     return drained + std::exchange(x_->output(), {});
@@ -77,8 +80,10 @@ class node {
   void tick() {
     sweepers_.resize(cluster_->core.size());
     for (auto& core : cluster_->core) {
-      server::expire_due(*cluster_, *core);
-      server::reclaim_stale_due(*cluster_, *core, sweepers_[static_cast<std::size_t>(core->index)]);
+      const smp::core_scope as_core(core->index);  // as core's own loop would
+      pipeline::expire_due(*cluster_, *core);
+      pipeline::reclaim_stale_due(*cluster_, *core,
+                                  sweepers_[static_cast<std::size_t>(core->index)]);
       flush(*core);
     }
     for (int spin = 0; spin < 1000 && walking(); ++spin) {
@@ -89,7 +94,7 @@ class node {
     }
     EXPECT_FALSE(walking());
   }
-  server::cluster& cluster() { return *cluster_; }
+  pipeline::cluster& cluster() { return *cluster_; }
   // While set, every group commit's fdatasync fails with EIO (its write succeeds).
   bool fail_sync = false;
 
@@ -104,11 +109,19 @@ class node {
   }
 
   // What a loop does once per iteration: the group commit, through the server's hooks.
-  void flush(server::core_state& core) {
+  void flush(pipeline::core_state& core) {
+    const smp::core_scope as_core(core.index);  // resumes the requests that waited for it
     store::log_writer::flush_job job;
     if (!server::take_flush(*cluster_, core, true, job)) return;
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
     server::flush_done(*cluster_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
+  }
+
+  // Calls into the connection as its home, core 0, would (drains run the other cores).
+  template <typename Call>
+  static net::flow on_home(Call call) {
+    const smp::core_scope home(0);
+    return call();
   }
 
   bool walking() const {
@@ -118,10 +131,10 @@ class node {
   }
 
   metad::config cfg_;
-  std::unique_ptr<server::cluster> cluster_;
-  std::vector<server::stale_sweeper> sweepers_;
+  std::unique_ptr<pipeline::cluster> cluster_;
+  std::vector<pipeline::stale_sweeper> sweepers_;
   counting_waker waker_;
-  std::unique_ptr<server::exchange> x_;
+  std::unique_ptr<pipeline::connection> x_;
 };
 
 }  // namespace server_test

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "node.hpp"
-#include "server/lifecycle.hpp"
+#include "pipeline/removal.hpp"
 
 namespace {
 
@@ -140,7 +140,7 @@ int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
       }
       send("/keys/delete", R"({"keys":[)" + json_list(gone) + "]}");
     }
-    const std::string consistency = server::check_consistency(n.cluster());
+    const std::string consistency = pipeline::check_consistency(n.cluster());
     if (!consistency.empty()) {
       ADD_FAILURE() << "seed " << seed << " step " << step << ": " << consistency;
       return violations + 1;
@@ -191,7 +191,7 @@ TEST_P(Replay, TheDocumentedCase) {
   n.tick();
   EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["F"]})"),
             R"({"rank":0,"results":[["F",3]]})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cores, Replay, ::testing::Values(1, 3));

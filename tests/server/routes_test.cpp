@@ -1,4 +1,4 @@
-#include "server/routes.hpp"
+#include "pipeline/routes.hpp"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace server {
+namespace pipeline {
 namespace {
 
 using http::method;
@@ -206,4 +206,4 @@ TEST(RouteTable, Access) {
 }
 
 }  // namespace
-}  // namespace server
+}  // namespace pipeline

@@ -128,7 +128,7 @@ TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
     fs::copy(dir_, dir_copy, fs::copy_options::recursive);
     node n(config(dir_copy, 1u << 30), cores);
     EXPECT_EQ(probe(n), want);
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
     fs::remove_all(dir_copy);
   }
 }
@@ -142,7 +142,7 @@ TEST_P(SglangDurability, SnapshotCutsKeepThePools) {
   }
   node n(config(dir_, 4096), GetParam());
   EXPECT_EQ(probe(n), want);
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(SglangDurability, AVllmClearKeepsThePoolsAcrossARestart) {

@@ -114,7 +114,7 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
     EXPECT_TRUE(pages[0] >= 0 && pages[0] < pages[1] && pages[1] < 4) << pages[0] << pages[1];
     EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
     EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2,)"), std::string::npos);
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
     return;
   }
   EXPECT_EQ(allocate(n, 0, keys(10, 2)), (std::vector<long>{-1, -1}));
@@ -128,7 +128,7 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
   EXPECT_EQ(exists(n, keys(10, 2)), R"({"exists":[true,true]})");
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":4})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2,"incomplete":0})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Stale, TheTickReclaimsStaleKeysOnEveryRank) {
@@ -148,7 +148,7 @@ TEST_P(Stale, TheTickReclaimsStaleKeysOnEveryRank) {
   EXPECT_NE(metrics.find("\nhf3fs_metad_stale_keys_total 3\n"), std::string::npos);
   EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_keys 0\n"), std::string::npos);
   EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_pages 0\n"), std::string::npos);
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Stale, ALaggingWriterThatCompletesJustBeforeTheGraceKeepsTheKey) {
@@ -179,7 +179,7 @@ TEST_P(Stale, AKeyARankStillReservesIsKeptUntilAGraceAfterTheWriterGaveUp) {
   n.now += 1;
   n.tick();
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":1})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Stale, AWriterThatFinishesAfterBeingLookedAtCompletesTheKey) {
@@ -220,7 +220,7 @@ TEST_P(Stale, EvictionTakesIncompleteKeysOnTheShortRankOnly) {
   n.tick();
   EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":2,"free":2,"reserved":0,"bound":0,"incomplete":0})");
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":2})");
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 // Eviction takes the dead before the living: incomplete keys nobody reserves go before
@@ -243,7 +243,7 @@ TEST_P(Stale, SettledIncompleteKeysAreEvictedBeforeCompleteOnes) {
     EXPECT_EQ(stats_tail(n), settled
                                  ? R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})"
                                  : R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   }
 }
 
@@ -292,7 +292,7 @@ TEST_P(Stale, AReplayWithFailingRanksNeverSpiralsIntoRefusals) {
   n.tick();
   EXPECT_NE(n.get("/stats").find(R"("incomplete_keys":0,"incomplete_pages":0,)"),
             std::string::npos);
-  EXPECT_EQ(server::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
 }
 
 TEST_P(Stale, ZeroGraceNeverReclaims) {
@@ -345,7 +345,7 @@ TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) 
     n.tick();
     EXPECT_EQ(n.get("/rank/0"),
               R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
-    EXPECT_EQ(server::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
   }
   fs::remove_all(dir);
 }

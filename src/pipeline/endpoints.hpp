@@ -1,29 +1,27 @@
 // One coroutine per endpoint that touches state. Each starts on the connection's home
-// core with its command decoded into exchange::work(), hops to the owning cores, comes
-// back home, writes the answer and calls exchange::complete().
+// core with its command decoded into connection::work(), hops to the owning cores, comes
+// back home and co_returns its answer (answer.hpp), which the connection writes.
 #pragma once
 
-#include <functional>
+#include "pipeline/connection.hpp"
+#include "smp/request_task.hpp"
 
-#include "server/exchange.hpp"
-#include "server/request_task.hpp"
+namespace pipeline {
 
-namespace server {
-
-request_task run_initialize(exchange& x);
-request_task run_allocate(exchange& x);
-request_task run_confirm(exchange& x);
+endpoint_task run_initialize(connection& x);
+endpoint_task run_allocate(connection& x);
+endpoint_task run_confirm(connection& x);
 // batch_exists (with_rank == false) and get_locations (true) share the directory walk.
-request_task run_lookup(exchange& x, bool with_rank);
-request_task run_clear(exchange& x);
-request_task run_rank_info(exchange& x);
+endpoint_task run_lookup(connection& x, bool with_rank);
+endpoint_task run_clear(connection& x);
+endpoint_task run_rank_info(connection& x);
 // GET /metrics: gathers every core's counters and ranks, renders Prometheus text.
-request_task run_metrics(exchange& x);
+endpoint_task run_metrics(connection& x);
 
 // SGLang's seven operations (sglang_endpoints.cpp): scratch::sg says which, with the
 // command, tenant and rank decoded; any decoding error in scratch::sg_error is answered
 // only if the pool exists (else its 404).
-request_task run_sglang(exchange& x);
+endpoint_task run_sglang(connection& x);
 // /stats and /metrics: adds a core's SGLang pools and counters to s.sg_rows and s.sg_sum
 // (on that core); then, home, the /stats section ("sglang":{...}) or the metric families.
 void collect_sg_pools(const core_state& core, scratch& s);
@@ -33,9 +31,4 @@ void render_sg_metrics(std::string& out, scratch& s);
 // deadline (--reservation-ttl). Returns how many.
 std::size_t expire_sg_due(cluster& cl, core_state& core);
 
-// Calls visit(core) on each core's own thread in turn, starting at `home`, then done()
-// back on home (read-only walks: metrics, the periodic summary).
-request_task visit_cores(cluster& cl, int home, std::function<void(const core_state&)> visit,
-                         std::function<void()> done);
-
-}  // namespace server
+}  // namespace pipeline

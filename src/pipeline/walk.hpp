@@ -5,10 +5,10 @@
 #include <span>
 #include <string_view>
 
-#include "server/exchange.hpp"
-#include "server/request_task.hpp"
+#include "pipeline/connection.hpp"
+#include "smp/for_each_core.hpp"
 
-namespace server {
+namespace pipeline {
 
 // Groups the keys (all of them, or those at only[0..only_count)) by the core that holds
 // their directory slice: walk_of(s, c) lists the indices of core c's keys, in order.
@@ -67,28 +67,9 @@ inline std::uint64_t record_bytes(std::span<const std::string_view> keys, std::s
   return bytes;
 }
 
-// Calls visit(c) on each core c for which wanted(c), in order from core `at`, on that
-// core's thread, and comes back to `at`. Stops early (returns false) on the first core
-// where valid() is false.
-template <typename Wanted, typename Visit, typename Valid>
-subtask<bool> on_cores(cluster& cl, int at, Wanted wanted, Visit visit, Valid valid) {
-  const int start = at;
-  bool ok = true;
-  for (int step = 0; step < cl.cores && ok; ++step) {
-    const int c = (start + step) % cl.cores;
-    if (!wanted(c)) continue;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    ok = valid();
-    if (ok) visit(c);
-  }
-  co_await cl.mailbox.hop(at, start);
-  co_return ok;
-}
-// on_cores' `wanted`: the cores plan_directory_walk gave keys.
+// for_each_core's `wanted`: the cores plan_directory_walk gave keys.
 inline auto needed_by(const scratch& s) {
   return [&s](int c) { return !walk_of(s, c).empty(); };
 }
-inline bool always() { return true; }
 
-}  // namespace server
+}  // namespace pipeline

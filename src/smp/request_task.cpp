@@ -1,9 +1,9 @@
-#include "server/request_task.hpp"
+#include "smp/request_task.hpp"
 
 #include <cstdlib>
 #include <vector>
 
-namespace server {
+namespace smp {
 namespace {
 
 // Frames of one size class per thread; request coroutines have few distinct sizes.
@@ -49,4 +49,4 @@ void frame_pool::release(void* frame, std::size_t bytes) noexcept {
   std::free(frame);
 }
 
-}  // namespace server
+}  // namespace smp

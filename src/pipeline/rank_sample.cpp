@@ -1,8 +1,8 @@
-#include "server/rank_sample.hpp"
+#include "pipeline/rank_sample.hpp"
 
 #include <algorithm>
 
-namespace server {
+namespace pipeline {
 namespace {
 
 bool lower_rank(const api::rank_info_row& a, const api::rank_info_row& b) {
@@ -34,4 +34,4 @@ std::span<const api::rank_info_row> rank_sample::sorted() {
   return rows_;
 }
 
-}  // namespace server
+}  // namespace pipeline

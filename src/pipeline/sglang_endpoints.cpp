@@ -8,11 +8,11 @@
 #include <algorithm>
 
 #include "metad/log.hpp"
-#include "server/endpoints.hpp"
-#include "server/sglang_durability.hpp"
-#include "server/steps.hpp"
+#include "pipeline/endpoints.hpp"
+#include "pipeline/sglang_journal.hpp"
+#include "pipeline/walk.hpp"
 
-namespace server {
+namespace pipeline {
 
 void sg_pool_sample::clear() {
   rows.clear();
@@ -303,7 +303,7 @@ std::uint64_t sg_record_bytes(const scratch& s) {
 
 }  // namespace
 
-request_task run_sglang(exchange& x) {
+endpoint_task run_sglang(connection& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
@@ -320,66 +320,58 @@ request_task run_sglang(exchange& x) {
   s.detail.reserve(256);
   std::uint32_t old_pages = 0;
   std::uint64_t needed = 0;
-  co_await cl.mailbox.hop(home, owner);
+  co_await cl.mailbox.hop_to(owner);
   core_state& core = *cl.core[owner];
-  sg_answer answer = sg_answer::not_initialized;
+  sg_answer outcome = sg_answer::not_initialized;
   bool stored = true;
   if (!core.journal.reserve(sg_record_bytes(s))) {
-    answer = sg_answer::storage_failed;  // nothing changed
+    outcome = sg_answer::storage_failed;  // nothing changed
   } else if (s.sg == sg_op::initialize) {
-    answer = sg_initialize(cl, core, s, old_pages, needed);
+    outcome = sg_initialize(cl, core, s, old_pages, needed);
   } else if (shard::sglang_pools* pools = core.sg_pools(s.tenant, false)) {
     if (shard::sglang_pool* pool = pools->find(s.sg_rank, sg_namespace(s))) {
       if (s.sg_error) {
         s.detail = s.sg_error.detail;
-        answer = sg_answer::bad_request;
+        outcome = sg_answer::bad_request;
       } else {
-        answer = sg_apply(cl, core, *pool, s);
+        outcome = sg_apply(cl, core, *pool, s);
       }
     }
   }
-  if (answer != sg_answer::storage_failed) stored = co_await core.journal.durable();
-  co_await cl.mailbox.hop(owner, home);
-  if (!stored) answer = sg_answer::storage_failed;
-  switch (answer) {
+  if (outcome != sg_answer::storage_failed) stored = co_await core.journal.durable();
+  co_await cl.mailbox.hop_to(home);
+  if (!stored) outcome = sg_answer::storage_failed;
+  switch (outcome) {
     case sg_answer::no_content:
-      x.respond_canned(http::canned::no_content);
-      break;
+      co_return answer::canned(http::canned::no_content);
     case sg_answer::body:
-      x.respond_json(200, s.body);
-      break;
+      co_return answer::json(200, s.body);
     case sg_answer::not_initialized:
       s.body.clear();
       api::encode_sglang_not_initialized(s.body, s.sg_rank, sg_namespace(s));
-      x.respond_json(404, s.body);
-      break;
+      co_return answer::json(404, s.body);
     case sg_answer::bad_request:
-      x.respond_error(s.sg_error ? s.sg_error.status : 400, s.detail);
-      break;
+      co_return answer::error(s.sg_error ? s.sg_error.status : 400, s.detail);
     case sg_answer::conflict:
       s.body.clear();
       api::encode_sglang_already_initialized(s.body, s.sg_rank, s.sg_init.ns, old_pages);
-      x.respond_json(409, s.body);
-      break;
+      co_return answer::json(409, s.body);
     case sg_answer::too_many_pools:
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: {} SGLang pools exist already, the limit set "
           "by --ranks-max",
           s.sg_rank, s.sg_init.ns, cl.cfg.ranks_max);
-      x.respond_error(400, s.detail);
-      break;
+      co_return answer::error(400, s.detail);
     case sg_answer::over_budget:
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: its {} pages need {} bytes more, over the "
           "memory budget (--memory-max {} bytes, {} in use)",
           s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, cl.memory.max(), cl.memory.used());
-      x.respond_error(507, s.detail);
-      break;
+      co_return answer::error(507, s.detail);
     case sg_answer::storage_failed:
-      x.respond_error(503, kStorageFailed);
       break;
   }
-  x.complete();
+  co_return answer::error(503, kStorageFailed);
 }
 
 std::size_t expire_sg_due(cluster& cl, core_state& core) {
@@ -451,86 +443,4 @@ void log_sg_pools(core_state& core) {
   });
 }
 
-std::string apply_sg_record(cluster& cl, core_state& core, const store::record& r) {
-  // The SGLang clock goes on from the latest time logged.
-  const std::uint64_t clock = cl.clock();
-  if (r.now >= clock) {
-    const std::uint64_t want = r.now - clock + 1;
-    std::uint64_t have = cl.sglang_clock_offset.load();
-    while (have < want && !cl.sglang_clock_offset.compare_exchange_weak(have, want)) {
-    }
-  }
-  core.sg_last_now = std::max(core.sg_last_now, r.now);
-  auto where = [&r] { return fmt::format("SGLang pool '{}' {} '{}'", r.tenant, r.rank, r.ns); };
-  if (r.kind == store::record_kind::sg_initialize) {
-    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
-      return where() + ": bad page count";
-    shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
-    const bool created = pools.find(r.rank, r.ns) == nullptr;
-    pools.initialize(r.rank, r.ns, static_cast<std::uint32_t>(r.num_pages));
-    if (created) cl.sglang_pools.fetch_add(1);
-    return {};
-  }
-  if (r.kind == store::record_kind::sg_snapshot_pool) {
-    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
-      return where() + ": bad page count";
-    shard::sglang_image image;
-    image.num_pages = static_cast<std::uint32_t>(r.num_pages);
-    image.epoch = r.sg_epoch;
-    for (const std::int64_t p : r.releases) image.free.push_back(static_cast<std::uint32_t>(p));
-    for (std::size_t i = 0; i < r.keys.size(); ++i)
-      image.bound.emplace_back(std::string(r.keys[i]), static_cast<std::uint32_t>(r.pages[i]));
-    for (std::size_t i = 0; i < r.sg_flight_keys.size(); ++i)
-      image.reserved.push_back({static_cast<std::uint32_t>(r.sg_flight_pages[i]),
-                                std::string(r.sg_flight_keys[i]), r.sg_flight_epochs[i],
-                                r.sg_flight_deadlines[i]});
-    std::string error;
-    shard::sglang_pool pool(0, core.sg_config);
-    if (!shard::sglang_pool::restore(image, core.sg_config, pool, error))
-      return where() + ": its snapshot cannot be restored: " + error;
-    shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
-    if (shard::sglang_pool* existing = pools.find(r.rank, r.ns)) {
-      *existing = std::move(pool);
-    } else {
-      pools.adopt(r.rank, r.ns, std::move(pool));
-      cl.sglang_pools.fetch_add(1);
-    }
-    return {};
-  }
-  shard::sglang_pools* pools = core.sg_pools(r.tenant, false);
-  shard::sglang_pool* pool = pools ? pools->find(r.rank, r.ns) : nullptr;
-  if (!pool) return where() + ": a record for a pool that does not exist";
-  switch (r.kind) {
-    case store::record_kind::sg_reserve: {
-      std::vector<shard::sglang_slot> slots;
-      pool->reserve(r.keys, r.now, slots);
-      return {};
-    }
-    case store::record_kind::sg_confirm: {
-      std::string detail;
-      shard::sglang_confirm_stats st;
-      if (pool->confirm(r.keys, r.pages, r.releases, r.now, detail, st) !=
-          shard::sglang_confirm_outcome::ok)
-        return where() + ": a logged confirm_write no longer applies: " + detail;
-      return {};
-    }
-    case store::record_kind::sg_delete:
-      pool->delete_keys(r.keys);
-      return {};
-    case store::record_kind::sg_clear:
-      pool->clear();
-      return {};
-    case store::record_kind::sg_get: {
-      std::vector<std::int64_t> pages(r.keys.size(), -1);
-      pool->get_page_indices(r.keys, r.now, pages);
-      return {};
-    }
-    case store::record_kind::sg_expire:
-      pool->expire(r.now);
-      return {};
-    default:
-      return where() + ": not an SGLang record";
-  }
-}
-
-}  // namespace server
+}  // namespace pipeline

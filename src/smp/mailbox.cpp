@@ -1,4 +1,4 @@
-#include "shard/mailbox.hpp"
+#include "smp/mailbox.hpp"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -9,9 +9,8 @@
 #include <system_error>
 
 #include "metad/assert.hpp"
-#include "metad/log.hpp"
 
-namespace shard {
+namespace smp {
 
 spsc_ring::spsc_ring(std::size_t slots_pow2)
     : slots_(std::bit_ceil(slots_pow2 < 2 ? std::size_t{2} : slots_pow2)),
@@ -78,7 +77,7 @@ void mailbox::post(int from, int to, std::coroutine_handle<> h) {
   METAD_ASSERT(from >= 0 && from < cores_ && to >= 0 && to < cores_ && from != to);
   // Only core `from` may push into its rings (single producer): a coroutine that lost
   // track of where it runs would corrupt them. Core threads know their index.
-  METAD_ASSERT(metad::log::current_core < 0 || metad::log::current_core == from);
+  METAD_ASSERT(this_core() < 0 || this_core() == from);
   METAD_ASSERT(h);
   core_slot& me = slots_[from];
   ++me.posted;
@@ -108,7 +107,8 @@ void mailbox::wake(int core) {
 
 std::size_t mailbox::drain(int self) {
   METAD_ASSERT(self >= 0 && self < cores_);
-  METAD_ASSERT(metad::log::current_core < 0 || metad::log::current_core == self);
+  METAD_ASSERT(this_core() < 0 || this_core() == self);
+  const core_scope as_self(self);  // a thread that drains simulated cores runs each in turn
   core_slot& me = slots_[self];
   if (me.has_overflow) {
     me.has_overflow = false;
@@ -154,4 +154,4 @@ std::uint64_t mailbox::posted(int core) const { return slots_[core].posted; }
 
 int mailbox::wake_fd(int self) const { return slots_[self].event_fd; }
 
-}  // namespace shard
+}  // namespace smp

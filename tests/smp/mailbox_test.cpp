@@ -1,5 +1,5 @@
 // Cross-core hand-off: ordering, overflow, wake-ups, and real threads (run under TSan).
-#include "shard/mailbox.hpp"
+#include "smp/mailbox.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
@@ -23,37 +23,43 @@ struct fire_and_forget {
 };
 
 // Visits cores 0..n-1 in turn `rounds` times, bumping each core's own counter there.
-fire_and_forget tour(shard::mailbox& mb, std::vector<long>& per_core, int rounds,
+fire_and_forget tour(smp::mailbox& mb, std::vector<long>& per_core, int rounds,
                      std::atomic<int>& finished) {
-  int at = 0;
   for (int r = 0; r < rounds; ++r) {
     for (int c = 0; c < mb.cores(); ++c) {
-      co_await mb.hop(at, c);
-      at = c;
+      co_await mb.hop_to(c);
+      EXPECT_EQ(smp::this_core(), c);
       ++per_core[static_cast<std::size_t>(c)];  // only core c touches its counter
     }
   }
-  co_await mb.hop(at, 0);
+  co_await mb.hop_to(0);
   finished.fetch_add(1);
 }
 
-fire_and_forget record_arrival(shard::mailbox& mb, int from, int to, std::vector<int>& order,
-                               int id) {
-  co_await mb.hop(from, to);
+fire_and_forget arrive(smp::mailbox& mb, int to, std::vector<int>& order, int id) {
+  co_await mb.hop_to(to);
+  EXPECT_EQ(smp::this_core(), to);
   order.push_back(id);
+}
+
+// Starts a coroutine on core `from` (this thread is that core until it suspends) that
+// hops to `to` and records its arrival there.
+void record_arrival(smp::mailbox& mb, int from, int to, std::vector<int>& order, int id) {
+  const smp::core_scope as_from(from);
+  arrive(mb, to, order, id);
 }
 
 }  // namespace
 
 TEST(Mailbox, HopToOwnCoreDoesNotSuspend) {
-  shard::mailbox mb(2, 8);
+  smp::mailbox mb(2, 8);
   std::vector<int> order;
   record_arrival(mb, 1, 1, order, 7);
   EXPECT_EQ(order, std::vector<int>{7});
 }
 
 TEST(Mailbox, HandlesArriveInPostOrderEvenThroughOverflow) {
-  shard::mailbox mb(2, 2);  // ring of 2: most posts spill into the overflow list
+  smp::mailbox mb(2, 2);  // ring of 2: most posts spill into the overflow list
   std::vector<int> order;
   for (int i = 0; i < 50; ++i) record_arrival(mb, 0, 1, order, i);
   EXPECT_TRUE(order.empty());
@@ -68,7 +74,7 @@ TEST(Mailbox, HandlesArriveInPostOrderEvenThroughOverflow) {
 }
 
 TEST(Mailbox, PostToSleepingCoreSignalsItsEventfd) {
-  shard::mailbox mb(2, 8);
+  smp::mailbox mb(2, 8);
   ASSERT_TRUE(mb.prepare_sleep(1));
   std::vector<int> order;
   record_arrival(mb, 0, 1, order, 1);
@@ -81,7 +87,7 @@ TEST(Mailbox, PostToSleepingCoreSignalsItsEventfd) {
 }
 
 TEST(Mailbox, PostToAwakeCoreSkipsTheEventfd) {
-  shard::mailbox mb(2, 8);
+  smp::mailbox mb(2, 8);
   std::vector<int> order;
   record_arrival(mb, 0, 1, order, 1);
   std::uint64_t counter = 0;
@@ -91,13 +97,14 @@ TEST(Mailbox, PostToAwakeCoreSkipsTheEventfd) {
 
 TEST(Mailbox, CoroutinesTourAllCoresOnRealThreads) {
   constexpr int kCores = 4, kTours = 200, kRounds = 20;
-  shard::mailbox mb(kCores, 16);
+  smp::mailbox mb(kCores, 16);
   std::vector<long> per_core(kCores, 0);
   std::atomic<int> finished{0};
   std::atomic<bool> started{false};
   std::vector<std::thread> threads;
   for (int c = 0; c < kCores; ++c) {
     threads.emplace_back([&, c] {
+      const smp::core_scope as_core(c);
       if (c == 0) {
         for (int i = 0; i < kTours; ++i) tour(mb, per_core, kRounds, finished);
         started = true;
@@ -119,4 +126,14 @@ TEST(Mailbox, CoroutinesTourAllCoresOnRealThreads) {
   EXPECT_TRUE(started.load());
   for (int c = 0; c < kCores; ++c)
     EXPECT_EQ(per_core[static_cast<std::size_t>(c)], long{kTours} * kRounds);
+}
+
+TEST(Mailbox, DrainRunsWhatItResumesAsTheDrainedCore) {
+  smp::mailbox mb(3, 8);
+  std::vector<int> order;
+  record_arrival(mb, 0, 2, order, 1);  // asserts this_core() == 2 where it arrives
+  EXPECT_EQ(smp::this_core(), -1) << "the scope ends with the start";
+  EXPECT_EQ(mb.drain(2), 1u);
+  EXPECT_EQ(order, std::vector<int>{1});
+  EXPECT_EQ(smp::this_core(), -1) << "drain gives the thread back as it was";
 }

@@ -11,22 +11,22 @@
 #include <cstdint>
 #include <string>
 
-#include "server/exchange.hpp"
-#include "server/request_task.hpp"
+#include "pipeline/connection.hpp"
+#include "smp/request_task.hpp"
 
-namespace server {
+namespace pipeline {
 
 // On core `core`'s thread, every loop tick and when an allocation comes up short:
 // returns reservations past their deadline to the pool (logging them) and forgets ended
 // leases. Returns how many reservations expired.
 std::size_t expire_due(cluster& cl, core_state& core);
 
-// From core `at` (the owner of `rank`), on which it ends: evicts, on every rank, the
+// On the owner core of `rank`, on which it ends: evicts, on every rank, the
 // `need` least recently used complete keys without a read lease that `rank` holds a page
 // for — or nothing, if there are not that many. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
-subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
-                           removal_job& job, bool& stored);
+smp::subtask<std::size_t> evict(cluster& cl, std::int64_t rank, std::uint32_t need,
+                                removal_job& job, bool& stored);
 
 // --incomplete-grace-ms in the clock's unit (0: stale keys are never reclaimed).
 std::uint64_t stale_grace_ns(const cluster& cl);
@@ -34,20 +34,20 @@ std::uint64_t stale_grace_ns(const cluster& cl);
 // ago or earlier, as the cores last published it (a cheap check before a walk).
 bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns);
 
-// From core `at`, on which it ends: removes up to `want` incomplete keys of the directory
-// slice of core `from` (-1: of every core, one slice after another) last confirmed
-// age_ns ago or earlier, each slice's least recently confirmed first, for which no rank
-// holds a reservation (a writer at work
-// keeps its key, which is looked at again age_ns later). With age_ns the grace they are
-// *stale*: no writer will complete them and no reader can use them, so their pages are
-// freed on every rank, as a delete would; eviction also takes younger ones when nothing
+// From the core it is called on, on which it ends: removes up to `want` incomplete keys of the
+// directory slice of core `from` (-1: of every core, one slice after another) last confirmed age_ns
+// ago or earlier, each slice's least recently confirmed first, for which no rank holds a
+// reservation (a writer at work keeps its key, which is looked at again age_ns later). With age_ns
+// the grace they are *stale*: no writer will complete them and no reader can use them, so their
+// pages are freed on every rank, as a delete would; eviction also takes younger ones when nothing
 // complete is left to evict. `kind` counts them. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
-// With short_rank (owned by `at`), only keys holding a page on that rank are taken (an
+// With short_rank (owned by the calling core), only keys holding a page on that rank are taken (an
 // eviction for it); the others keep their place.
-subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size_t want,
-                                        std::uint64_t age_ns, removal_kind kind, removal_job& job,
-                                        bool& stored, const std::int64_t* short_rank = nullptr);
+smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t want,
+                                             std::uint64_t age_ns, removal_kind kind,
+                                             removal_job& job, bool& stored,
+                                             const std::int64_t* short_rank = nullptr);
 
 // One core's background reclamation: at most one walk at a time.
 struct stale_sweeper {
@@ -59,13 +59,8 @@ struct stale_sweeper {
 // them (it runs on while the loop serves; `sweeper.running` until it ends).
 void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper);
 
-// Whole-cluster consistency (tests, fuzzers; every core idle): each rank's pages agree
-// with its keys (rank_table::check_invariants), and each directory count is the number
-// of ranks holding the key bound. "" when consistent, else the first violation.
-std::string check_consistency(const cluster& cl);
-
 // POST /keys/delete and GET /stats.
-request_task run_delete(exchange& x);
-request_task run_stats(exchange& x);
+endpoint_task run_delete(connection& x);
+endpoint_task run_stats(connection& x);
 
-}  // namespace server
+}  // namespace pipeline

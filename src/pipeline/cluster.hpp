@@ -16,19 +16,19 @@
 #include "api/sglang_codec.hpp"
 #include "metad/config.hpp"
 #include "net/transport.hpp"
-#include "server/clock.hpp"
-#include "server/memory_budget.hpp"
-#include "server/metrics.hpp"
+#include "pipeline/memory_budget.hpp"
+#include "pipeline/metrics.hpp"
 #include "shard/directory.hpp"
-#include "shard/mailbox.hpp"
 #include "shard/ownership.hpp"
 #include "shard/rank_table.hpp"
 #include "shard/sglang_pools.hpp"
+#include "smp/clock.hpp"
+#include "smp/mailbox.hpp"
 #include "store/data_dir.hpp"
 #include "store/journal.hpp"
 #include "store/log.hpp"
 
-namespace server {
+namespace pipeline {
 
 struct core_state {
   // sync: --durability sync (the journal's durable() waits for fdatasync).
@@ -105,7 +105,7 @@ struct cluster {
     return directory_cores == 1 ? 0 : shard::owner_of_key(key, directory_cores);
   }
   std::vector<std::unique_ptr<core_state>> core;
-  shard::mailbox mailbox;
+  smp::mailbox mailbox;
   // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.
   std::atomic<std::int64_t> worker_ranks{0};
   // SGLang pools on all cores and tenants (at most --ranks-max).
@@ -123,7 +123,7 @@ struct cluster {
   // The clock of reservation deadlines, leases and recency: nanoseconds, monotonic (fine
   // enough to order uses on different cores); tests replace it with a fake. Any core
   // may call it.
-  std::function<std::uint64_t()> clock = monotonic_ns;
+  std::function<std::uint64_t()> clock = smp::monotonic_ns;
   // Nothing is evicted or deleted before this time: the leases readers held before a
   // restart were not kept, so recovered keys count as leased for --read-lease-ms.
   std::uint64_t removal_floor = 0;  // on `clock`
@@ -133,4 +133,4 @@ struct cluster {
   std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
 };
 
-}  // namespace server
+}  // namespace pipeline

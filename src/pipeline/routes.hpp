@@ -11,10 +11,11 @@
 
 #include "http/parser.hpp"
 #include "http/router.hpp"
+#include "pipeline/answer.hpp"
 
-namespace server {
+namespace pipeline {
 
-class exchange;
+class connection;
 
 // Who may call an endpoint.
 enum class access : std::uint8_t {
@@ -23,9 +24,9 @@ enum class access : std::uint8_t {
   admin,  // --admin-token-file's token when set, else as `token`
 };
 
-// Decodes the request into exchange::work() and starts the endpoint (an endpoint
-// coroutine, or an answer at once); every path ends in exchange::complete().
-using start_fn = void (*)(exchange& x, const http::request& request, const http::route& route);
+// Decodes the request into connection::work() and answers it, or starts the endpoint
+// coroutine that will (and returns it: answer::later()).
+using start_fn = answer (*)(connection& x, const http::request& request, const http::route& route);
 
 struct endpoint_row {
   http::path_pattern pattern;
@@ -35,27 +36,28 @@ struct endpoint_row {
 };
 
 // The start functions (routes.cpp).
-void start_initialize(exchange& x, const http::request& request, const http::route& route);
-void start_allocate(exchange& x, const http::request& request, const http::route& route);
-void start_confirm(exchange& x, const http::request& request, const http::route& route);
-void start_exists(exchange& x, const http::request& request, const http::route& route);
-void start_locations(exchange& x, const http::request& request, const http::route& route);
-void start_clear(exchange& x, const http::request& request, const http::route& route);
-void start_rank_info(exchange& x, const http::request& request, const http::route& route);
-void start_health(exchange& x, const http::request& request, const http::route& route);
-void start_ready(exchange& x, const http::request& request, const http::route& route);
-void start_metrics(exchange& x, const http::request& request, const http::route& route);
-void start_delete(exchange& x, const http::request& request, const http::route& route);
-void start_stats(exchange& x, const http::request& request, const http::route& route);
+answer start_initialize(connection& x, const http::request& request, const http::route& route);
+answer start_allocate(connection& x, const http::request& request, const http::route& route);
+answer start_confirm(connection& x, const http::request& request, const http::route& route);
+answer start_exists(connection& x, const http::request& request, const http::route& route);
+answer start_locations(connection& x, const http::request& request, const http::route& route);
+answer start_clear(connection& x, const http::request& request, const http::route& route);
+answer start_rank_info(connection& x, const http::request& request, const http::route& route);
+answer start_health(connection& x, const http::request& request, const http::route& route);
+answer start_ready(connection& x, const http::request& request, const http::route& route);
+answer start_metrics(connection& x, const http::request& request, const http::route& route);
+answer start_delete(connection& x, const http::request& request, const http::route& route);
+answer start_stats(connection& x, const http::request& request, const http::route& route);
 // SGLang's HiCache API (docs/sglang-api.md): the rank is the path's, the tenant the
 // segment before it (none: the default tenant).
-void start_sg_initialize(exchange& x, const http::request& request, const http::route& route);
-void start_sg_exists(exchange& x, const http::request& request, const http::route& route);
-void start_sg_reserve(exchange& x, const http::request& request, const http::route& route);
-void start_sg_confirm(exchange& x, const http::request& request, const http::route& route);
-void start_sg_delete_keys(exchange& x, const http::request& request, const http::route& route);
-void start_sg_clear(exchange& x, const http::request& request, const http::route& route);
-void start_sg_get_page_indices(exchange& x, const http::request& request, const http::route& route);
+answer start_sg_initialize(connection& x, const http::request& request, const http::route& route);
+answer start_sg_exists(connection& x, const http::request& request, const http::route& route);
+answer start_sg_reserve(connection& x, const http::request& request, const http::route& route);
+answer start_sg_confirm(connection& x, const http::request& request, const http::route& route);
+answer start_sg_delete_keys(connection& x, const http::request& request, const http::route& route);
+answer start_sg_clear(connection& x, const http::request& request, const http::route& route);
+answer start_sg_get_page_indices(connection& x, const http::request& request,
+                                 const http::route& route);
 
 // "GET" rows answer HEAD too. The order is that of the metrics' lines. Paths of
 // different rows do not overlap (a request matches the first row whose path and method
@@ -119,4 +121,4 @@ constexpr std::string_view route_name(route_label route) {
   return "invalid_http";
 }
 
-}  // namespace server
+}  // namespace pipeline

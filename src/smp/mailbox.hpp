@@ -4,7 +4,8 @@
 // spills into an overflow list owned by the producer, flushed on its next drain (the
 // number of coroutines in flight is bounded by the connection limit, so this is bounded).
 // Wake-ups: a core about to sleep announces it; a producer writes the target's eventfd
-// only then.
+// only then. A coroutine hops with hop_to(c); drain(self) runs what it resumes as core
+// `self` (this_core()), so that one thread may drain simulated cores in turn (tests).
 #pragma once
 
 #include <atomic>
@@ -14,7 +15,10 @@
 #include <memory>
 #include <vector>
 
-namespace shard {
+#include "metad/assert.hpp"
+#include "smp/core.hpp"
+
+namespace smp {
 
 class spsc_ring {
  public:
@@ -57,15 +61,16 @@ class mailbox {
   // Hand-offs posted by `core` so far (read on that core: metrics).
   std::uint64_t posted(int core) const;
 
-  // co_await hop(mb, from, to): continue on core `to` (no-op when from == to).
+  // co_await mb.hop_to(c): the coroutine goes on on core c, from wherever it runs
+  // (this_core()); a no-op when that is c. Asserts that it then runs on core c.
   struct hop_awaiter {
     mailbox& mb;
-    int from, to;
-    bool await_ready() const noexcept { return from == to; }
-    void await_suspend(std::coroutine_handle<> h) { mb.post(from, to, h); }
-    void await_resume() const noexcept {}
+    int to;
+    bool await_ready() const noexcept { return this_core() == to; }
+    void await_suspend(std::coroutine_handle<> h) { mb.post(this_core(), to, h); }
+    void await_resume() const { METAD_ASSERT(this_core() == to); }
   };
-  hop_awaiter hop(int from, int to) { return {*this, from, to}; }
+  hop_awaiter hop_to(int to) { return {*this, to}; }
 
  private:
   struct core_slot;
@@ -77,4 +82,4 @@ class mailbox {
   std::unique_ptr<core_slot[]> slots_;
 };
 
-}  // namespace shard
+}  // namespace smp

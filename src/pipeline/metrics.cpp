@@ -1,11 +1,11 @@
-#include "server/metrics.hpp"
+#include "pipeline/metrics.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <iterator>
 
-namespace server {
+namespace pipeline {
 namespace {
 
 std::size_t status_slot(int status) {
@@ -213,4 +213,4 @@ void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, st
   line(out, "hf3fs_metad_pages{{rank=\"{}\",state=\"bound\"}} {}", rank, bound);
 }
 
-}  // namespace server
+}  // namespace pipeline

@@ -1,16 +1,16 @@
-#include "server/endpoints.hpp"
+#include "pipeline/endpoints.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "metad/log.hpp"
-#include "server/lifecycle.hpp"
-#include "server/sglang_durability.hpp"
-#include "server/steps.hpp"
+#include "pipeline/removal.hpp"
+#include "pipeline/sglang_journal.hpp"
+#include "pipeline/walk.hpp"
 #include "store/record.hpp"
 
-namespace server {
+namespace pipeline {
 namespace {
 
 // Drops core c's ranks and directory slice (on core c).
@@ -76,41 +76,40 @@ void note_reinitialize(core_state& core, const api::initialize_cmd& cmd,
   }
 }
 
-// After a rank shrank (from its owner core `at`): the keys it unbound have one
-// confirmation less in the directory; a key left with none leaves it. Back on `at`.
-subtask<bool> count_lost_bindings(cluster& cl, int at, const std::vector<std::string>& unbound,
-                                  scratch& s) {
+// After a rank shrank (on its owner core): the keys it unbound have one confirmation
+// less in the directory; a key left with none leaves it. Ends on the owner core.
+smp::subtask<bool> count_lost_bindings(cluster& cl, const std::vector<std::string>& unbound,
+                                       scratch& s) {
   std::vector<std::string_view> keys(unbound.begin(), unbound.end());
   plan_directory_walk(cl, keys, nullptr, 0, s);
   bool stored = true;
-  const int start = at;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (start + step) % cl.cores;
-    if (walk_of(s, c).empty()) continue;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    core_state& core = *cl.core[c];
-    // The rank's change is queued in its log already: these records go with it even
-    // without room (they are written once the disk recovers).
-    if (!core.journal.reserve(record_bytes(keys, kKeyRecordBytes))) stored = false;
-    for (const std::uint32_t i : walk_of(s, c)) {
-      if (core.directory.lose_binding(keys[i], cl.clock())) core.journal.directory_remove(keys[i]);
-    }
-    core.publish_incomplete();
-    if (stored) stored = co_await core.journal.durable();
-  }
-  co_await cl.mailbox.hop(at, start);
+  co_await smp::for_each_core(cl.mailbox, smp::this_core(), needed_by(s),
+                              [&](int c) -> smp::subtask<bool> {
+                                core_state& core = *cl.core[c];
+                                // The rank's change is queued in its log already: these records go
+                                // with it even without room (they are written once the disk
+                                // recovers).
+                                if (!core.journal.reserve(record_bytes(keys, kKeyRecordBytes)))
+                                  stored = false;
+                                for (const std::uint32_t i : walk_of(s, c)) {
+                                  if (core.directory.lose_binding(keys[i], cl.clock()))
+                                    core.journal.directory_remove(keys[i]);
+                                }
+                                core.publish_incomplete();
+                                if (stored) stored = co_await core.journal.durable();
+                                co_return true;
+                              });
   co_return stored;
 }
 
 }  // namespace
 
-request_task run_initialize(exchange& x) {
+endpoint_task run_initialize(connection& x) {
   cluster& cl = x.shared();
-  int home = x.home().index;
+  const int home = x.home().index;
   const api::initialize_cmd& cmd = x.work().init;
-  int owner = shard::owner_of_rank(cmd.rank, cl.cores);
-  co_await cl.mailbox.hop(home, owner);
+  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  co_await cl.mailbox.hop_to(owner);
   core_state& core = *cl.core[owner];
   shard::init_result r{shard::init_outcome::unchanged, 0};
   init_refusal refusal = init_refusal::none;
@@ -126,31 +125,31 @@ request_task run_initialize(exchange& x) {
       core.journal.initialize(cmd.rank, cmd.num_pages);  // replay shrinks too
     stored = co_await core.journal.durable();
     if (!unbound.empty()) {
-      const bool counted = co_await count_lost_bindings(cl, owner, unbound, x.work());
+      const bool counted = co_await count_lost_bindings(cl, unbound, x.work());
       stored = stored && counted;
     }
   }
-  co_await cl.mailbox.hop(owner, home);
+  co_await cl.mailbox.hop_to(home);
   scratch& s = x.work();
   if (!stored) {
-    x.respond_error(503, kStorageFailed);
-  } else if (refusal == init_refusal::too_many_ranks) {
+    co_return answer::error(503, kStorageFailed);
+  }
+  if (refusal == init_refusal::too_many_ranks) {
     s.detail =
         fmt::format("Rank {} not initialized: {} ranks exist already, the limit set by --ranks-max",
                     cmd.rank, cl.cfg.ranks_max);
-    x.respond_error(400, s.detail);
-  } else if (refusal == init_refusal::over_budget) {
+    co_return answer::error(400, s.detail);
+  }
+  if (refusal == init_refusal::over_budget) {
     s.detail = fmt::format(
         "Rank {} not initialized: its {} pages need {} bytes more, over the memory budget "
         "(--memory-max {} bytes, {} in use)",
         cmd.rank, cmd.num_pages, needed, cl.memory.max(), cl.memory.used());
-    x.respond_error(507, s.detail);
-  } else {
-    s.body.clear();
-    api::encode_initialized(s.body, cmd.rank, cmd.num_pages);
-    x.respond_json(200, s.body);
+    co_return answer::error(507, s.detail);
   }
-  x.complete();
+  s.body.clear();
+  api::encode_initialized(s.body, cmd.rank, cmd.num_pages);
+  co_return answer::json(200, s.body);
 }
 
 namespace {
@@ -183,16 +182,16 @@ constexpr std::size_t kStaleExtra = 256;
 // Under eviction, incomplete keys nobody reserves that were last confirmed this long ago
 // (or --incomplete-grace-ms, if shorter) go before complete keys: the ranks of one save
 // confirm within moments of each other.
-constexpr std::uint64_t kSettleNs = 1'000 * kNsPerMs;
+constexpr std::uint64_t kSettleNs = 1'000 * smp::kNsPerMs;
 
 }  // namespace
 
-request_task run_allocate(exchange& x) {
+endpoint_task run_allocate(connection& x) {
   cluster& cl = x.shared();
-  int home = x.home().index;
+  const int home = x.home().index;
   scratch& s = x.work();
   const api::allocate_cmd& cmd = s.allocate;
-  int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   // Sized here so the owner core never grows (allocates) memory this core frees.
   s.indices.reserve(cmd.keys.size());
   s.pages.reserve(cmd.keys.size());
@@ -202,16 +201,12 @@ request_task run_allocate(exchange& x) {
     plan_directory_walk(cl, cmd.keys.views(), nullptr, 0, s);
     s.flags.assign(cmd.keys.size(), 0);  // not read: only the leases matter
     const std::uint64_t now = cl.clock();
-    const std::uint64_t lease_until = now + cl.cfg.read_lease_ms * kNsPerMs;
-    co_await on_cores(
-        cl, home, needed_by(s),
-        [&](int c) {
-          cl.core[c]->directory.use_each(cmd.keys.views(), walk_of(s, c), now, lease_until,
-                                         s.flags);
-        },
-        always);
+    const std::uint64_t lease_until = now + cl.cfg.read_lease_ms * smp::kNsPerMs;
+    co_await smp::for_each_core(cl.mailbox, home, needed_by(s), [&](int c) {
+      cl.core[c]->directory.use_each(cmd.keys.views(), walk_of(s, c), now, lease_until, s.flags);
+    });
   }
-  co_await cl.mailbox.hop(home, owner);
+  co_await cl.mailbox.hop_to(owner);
   core_state& core = *cl.core[owner];
   bool stored = true;
   shard::allocate_result r = try_allocate(cl, core, s, stored);
@@ -224,7 +219,7 @@ request_task run_allocate(exchange& x) {
                       grace != 0 && incomplete_keys_older_than(cl, grace);
        ++round) {
     const std::size_t reclaimed =
-        co_await reclaim_incomplete(cl, owner, -1, std::size_t{r.short_by} + kStaleExtra, grace,
+        co_await reclaim_incomplete(cl, -1, std::size_t{r.short_by} + kStaleExtra, grace,
                                     removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
@@ -243,43 +238,42 @@ request_task run_allocate(exchange& x) {
     std::size_t evicted = 0;
     for (const std::uint64_t age : {settle, std::uint64_t{0}}) {
       if (evicted == 0 && stored && incomplete_keys_older_than(cl, age))
-        evicted = co_await reclaim_incomplete(cl, owner, -1, r.short_by, age, removal_kind::evicted,
+        evicted = co_await reclaim_incomplete(cl, -1, r.short_by, age, removal_kind::evicted,
                                               s.removal, stored, &cmd.rank);
       if (evicted == 0 && stored && age != 0)
-        evicted = co_await evict(cl, owner, cmd.rank, r.short_by, s.removal, stored);
+        evicted = co_await evict(cl, cmd.rank, r.short_by, s.removal, stored);
     }
     if (evicted == 0 || !stored) break;
     r = try_allocate(cl, core, s, stored);
   }
   if (stored) stored = co_await core.journal.durable();
-  co_await cl.mailbox.hop(owner, home);
+  co_await cl.mailbox.hop_to(home);
   if (!stored) {
-    x.respond_error(503, kStorageFailed);
-  } else if (!r.found) {
-    s.detail = fmt::format("Allocation failed: Rank {} not initialized", cmd.rank);
-    x.respond_error(404, s.detail);
-  } else {
-    s.selected.clear();
-    for (std::uint32_t i : s.indices) s.selected.push_back(cmd.keys[i]);
-    s.body.clear();
-    api::encode_allocation(s.body, cmd.rank, s.selected, s.pages);
-    x.respond_json(200, s.body);
+    co_return answer::error(503, kStorageFailed);
   }
-  x.complete();
+  if (!r.found) {
+    s.detail = fmt::format("Allocation failed: Rank {} not initialized", cmd.rank);
+    co_return answer::error(404, s.detail);
+  }
+  s.selected.clear();
+  for (std::uint32_t i : s.indices) s.selected.push_back(cmd.keys[i]);
+  s.body.clear();
+  api::encode_allocation(s.body, cmd.rank, s.selected, s.pages);
+  co_return answer::json(200, s.body);
 }
 
-request_task run_confirm(exchange& x) {
+endpoint_task run_confirm(connection& x) {
   cluster& cl = x.shared();
-  int home = x.home().index;
+  const int home = x.home().index;
   scratch& s = x.work();
   const api::confirm_cmd& cmd = s.confirm;
-  int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
   s.indices.clear();
   s.indices.reserve(cmd.keys.size());
   s.flags.reserve(cmd.keys.size());
   reserve_walk(cl, cmd.keys.size(), s);
   s.detail.reserve(256);
-  co_await cl.mailbox.hop(home, owner);
+  co_await cl.mailbox.hop_to(owner);
   shard::confirm_outcome outcome = shard::confirm_outcome::ok;
   bool stored =
       cl.core[owner]->journal.reserve(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
@@ -289,8 +283,9 @@ request_task run_confirm(exchange& x) {
     core_state& core = *cl.core[owner];
     const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
     const std::uint64_t quarantine_until =
-        cl.cfg.release_quarantine_ms == 0 ? 0
-                                          : cl.clock() + cl.cfg.release_quarantine_ms * kNsPerMs;
+        cl.cfg.release_quarantine_ms == 0
+            ? 0
+            : cl.clock() + cl.cfg.release_quarantine_ms * smp::kNsPerMs;
     outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
                                  quarantine_until, s.detail, s.indices);
     if (outcome == shard::confirm_outcome::ok && core.journal.enabled() &&
@@ -299,7 +294,6 @@ request_task run_confirm(exchange& x) {
                            quarantine_until != 0);
     stored = co_await core.journal.durable();
   }
-  int at = owner;
   if (outcome == shard::confirm_outcome::ok && !s.indices.empty()) {
     // The rank's pages are bound; now count the confirmations in the directory, before
     // the 204 goes out (read-your-writes for batch_exists/get_locations). A key new to
@@ -310,11 +304,10 @@ request_task run_confirm(exchange& x) {
     // describe, and a retry of the confirm (a no-op on the rank) answers 204.
     plan_directory_walk(cl, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
     s.flags.assign(cmd.keys.size(), 0);  // which keys entered the directory
-    for (int step = 0; step < cl.cores; ++step) {
-      const int c = (owner + step) % cl.cores;
+    // Not for_each_core: the walk goes home from its last core, not back to the owner.
+    for (const int c : smp::walk_from(owner, cl.cores)) {
       if (walk_of(s, c).empty()) continue;
-      co_await cl.mailbox.hop(at, c);
-      at = c;
+      co_await cl.mailbox.hop_to(c);
       core_state& dir_core = *cl.core[c];
       // Without room the records are still queued: they go out once the disk recovers.
       if (!dir_core.journal.reserve(record_bytes(cmd.keys.views(), kKeyRecordBytes)))
@@ -327,30 +320,23 @@ request_task run_confirm(exchange& x) {
       if (stored) stored = co_await dir_core.journal.durable();
     }
   }
-  co_await cl.mailbox.hop(at, home);
-  if (!stored) {
-    x.respond_error(503, kStorageFailed);
-    x.complete();
-    co_return;
-  }
+  co_await cl.mailbox.hop_to(home);
+  if (!stored) co_return answer::error(503, kStorageFailed);
   switch (outcome) {
     case shard::confirm_outcome::ok:
-      x.respond_canned(http::canned::no_content);
-      break;
+      co_return answer::canned(http::canned::no_content);
     case shard::confirm_outcome::not_initialized:
       s.detail = fmt::format("Confirm failed: Rank {} not initialized", cmd.rank);
-      x.respond_error(404, s.detail);
-      break;
+      co_return answer::error(404, s.detail);
     case shard::confirm_outcome::bad_request:
-      x.respond_error(400, s.detail);
       break;
   }
-  x.complete();
+  co_return answer::error(400, s.detail);
 }
 
-request_task run_lookup(exchange& x, bool with_rank) {
+endpoint_task run_lookup(connection& x, bool with_rank) {
   cluster& cl = x.shared();
-  int home = x.home().index;
+  const int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = with_rank ? s.locations.keys : s.exists.keys;
   const std::int64_t rank = s.locations.rank;
@@ -361,7 +347,6 @@ request_task run_lookup(exchange& x, bool with_rank) {
   s.indices.reserve(keys.size());
   reserve_walk(cl, keys.size(), s);
   const std::uint64_t now = cl.clock();
-  int at = home;
   bool found = true;
   std::uint64_t lease_until = 0;
   if (with_rank) {
@@ -370,74 +355,66 @@ request_task run_lookup(exchange& x, bool with_rank) {
     // eviction and delete while it may still be reading the file. A page is answered
     // only if its key is still complete after that (a removal hides a key from the
     // directory before any rank frees its page).
-    int owner = shard::owner_of_rank(rank, cl.cores);
-    co_await cl.mailbox.hop(at, owner);
-    at = owner;
+    const int owner = shard::owner_of_rank(rank, cl.cores);
+    co_await cl.mailbox.hop_to(owner);
     found = cl.core[owner]->ranks.confirmed_pages(rank, keys.views(), s.pages);
     for (std::uint32_t i = 0; found && i < keys.size(); ++i)
       if (s.pages[i] >= 0) s.indices.push_back(i);
-    if (cl.cfg.read_lease_ms > 0) lease_until = now + cl.cfg.read_lease_ms * kNsPerMs;
+    if (cl.cfg.read_lease_ms > 0) lease_until = now + cl.cfg.read_lease_ms * smp::kNsPerMs;
   }
   if (!with_rank || !s.indices.empty()) {
     plan_directory_walk(cl, keys.views(), with_rank ? s.indices.data() : nullptr, s.indices.size(),
                         s);
-    for (int step = 0; step < cl.cores; ++step) {
-      const int c = (home + step) % cl.cores;
+    // Not for_each_core: from the rank's owner, the walk goes on to the directory's
+    // cores and home from the last of them.
+    for (const int c : smp::walk_from(home, cl.cores)) {
       if (walk_of(s, c).empty()) continue;
-      co_await cl.mailbox.hop(at, c);
-      at = c;
+      co_await cl.mailbox.hop_to(c);
       cl.core[c]->directory.use_each(keys.views(), walk_of(s, c), now, lease_until, s.flags);
     }
   }
-  co_await cl.mailbox.hop(at, home);
+  co_await cl.mailbox.hop_to(home);
   s.body.clear();
   if (!with_rank) {
     api::encode_exists(s.body, s.flags);
-    x.respond_json(200, s.body);
-  } else if (!found) {
-    s.detail = fmt::format("Failed to get key locations: Rank {} not initialized", rank);
-    x.respond_error(404, s.detail);
-  } else {
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      if (!s.flags[i]) s.pages[i] = -1;
-    api::encode_locations(s.body, s.pages);
-    x.respond_json(200, s.body);
+    co_return answer::json(200, s.body);
   }
-  x.complete();
+  if (!found) {
+    s.detail = fmt::format("Failed to get key locations: Rank {} not initialized", rank);
+    co_return answer::error(404, s.detail);
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (!s.flags[i]) s.pages[i] = -1;
+  api::encode_locations(s.body, s.pages);
+  co_return answer::json(200, s.body);
 }
 
-request_task run_clear(exchange& x) {
+endpoint_task run_clear(connection& x) {
   cluster& cl = x.shared();
-  int home = x.home().index;
-  int at = home;
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
   cl.clears_begun.fetch_add(1);
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (home + step) % cl.cores;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
-    clear_core(cl, c);
-    core_state& core = *cl.core[c];
-    core.journal.clear();
-    log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
-    if (!co_await core.journal.durable()) stored = false;
-  }
+  co_await smp::for_each_core(
+      cl.mailbox, x.home().index, smp::every_core, [&](int c) -> smp::subtask<bool> {
+        clear_core(cl, c);
+        core_state& core = *cl.core[c];
+        core.journal.clear();
+        log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
+        if (!co_await core.journal.durable()) stored = false;
+        co_return true;
+      });
   cl.clears_done.fetch_add(1);
-  co_await cl.mailbox.hop(at, home);
   if (stored) {
-    x.respond_canned(http::canned::no_content);
-  } else {
-    x.respond_error(503, kStorageFailed);
+    co_return answer::canned(http::canned::no_content);
   }
-  x.complete();
+  co_return answer::error(503, kStorageFailed);
 }
 
-request_task run_rank_info(exchange& x) {
+endpoint_task run_rank_info(connection& x) {
   cluster& cl = x.shared();
-  int home = x.home().index;
+  const int home = x.home().index;
   scratch& s = x.work();
   const std::int64_t rank = s.init.rank;
-  int owner = shard::owner_of_rank(rank, cl.cores);
+  const int owner = shard::owner_of_rank(rank, cl.cores);
   // How many of the rank's bound pages hold incomplete keys: the incomplete keys of
   // every directory slice (few in a healthy cluster: a key is incomplete between its
   // first and its last rank's confirmation, or until it is reclaimed as stale), then
@@ -446,16 +423,13 @@ request_task run_rank_info(exchange& x) {
   // requests made more keys incomplete meanwhile than the room holds, again, larger.
   removal_job& job = s.removal;
   std::size_t count = 0, bytes = 0;
-  co_await on_cores(
-      cl, home, [](int) { return true; },
-      [&](int c) {
-        cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
-          ++count;
-          bytes += key.size();
-          return true;
-        });
-      },
-      always);
+  co_await smp::for_each_core(cl.mailbox, home, smp::every_core, [&](int c) {
+    cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+      ++count;
+      bytes += key.size();
+      return true;
+    });
+  });
   for (bool complete = false; !complete;) {
     job.begin(cl);
     job.bytes.reserve(2 * bytes + 4096);
@@ -463,52 +437,36 @@ request_task run_rank_info(exchange& x) {
     job.used.reserve(2 * count + 64);
     job.member.reserve(2 * count + 64);
     complete = true;
-    co_await on_cores(
-        cl, home, [](int) { return true; },
-        [&](int c) {
-          cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
-            complete = job.ends.size() < job.ends.capacity() &&
-                       job.bytes.size() + key.size() <= job.bytes.capacity();
-            if (complete) job.add(key);
-            return complete;
-          });
-        },
-        [&complete] { return complete; });
+    co_await smp::for_each_core(cl.mailbox, home, smp::every_core, [&](int c) {
+      cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+        complete = job.ends.size() < job.ends.capacity() &&
+                   job.bytes.size() + key.size() <= job.bytes.capacity();
+        if (complete) job.add(key);
+        return complete;
+      });
+      return complete;  // out of room: again, larger
+    });
     count = 2 * count + 64;
     bytes = 2 * bytes + 4096;
   }
   job.seal(cl);
   s.pages.assign(job.keys.size(), -1);
-  co_await cl.mailbox.hop(home, owner);
+  co_await cl.mailbox.hop_to(owner);
   const std::optional<shard::rank_stats> stats = cl.core[owner]->ranks.stats(rank);
   if (stats) cl.core[owner]->ranks.confirmed_pages(rank, job.keys, s.pages);
-  co_await cl.mailbox.hop(owner, home);
+  co_await cl.mailbox.hop_to(home);
   s.body.clear();
   if (!stats) {
     s.detail = fmt::format("Rank {} not initialized", rank);
-    x.respond_error(404, s.detail);
-  } else {
-    const auto held = static_cast<std::uint64_t>(
-        std::count_if(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }));
-    api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound,
-                          held);
-    x.respond_json(200, s.body);
+    co_return answer::error(404, s.detail);
   }
-  x.complete();
+  const auto held = static_cast<std::uint64_t>(
+      std::count_if(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }));
+  api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound, held);
+  co_return answer::json(200, s.body);
 }
 
-}  // namespace server
-
-namespace server {
-
-request_task visit_cores(cluster& cl, int home, std::function<void(const core_state&)> visit,
-                         std::function<void()> done) {
-  co_await on_cores(
-      cl, home, [](int) { return true; }, [&](int c) { visit(*cl.core[c]); }, always);
-  done();
-}
-
-request_task run_metrics(exchange& x) {
+endpoint_task run_metrics(connection& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
   if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
@@ -541,24 +499,22 @@ request_task run_metrics(exchange& x) {
       s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };
-  auto answer = [&x, &s, &snap, &cl] {
-    snap.memory_max = cl.memory.max();
-    snap.memory_used = cl.memory.used();
-    snap.refused_ranks = cl.memory.refused_ranks.load(std::memory_order_relaxed);
-    snap.refused_bodies = cl.memory.refused_bodies.load(std::memory_order_relaxed);
-    const api::rank_pool& pool = s.rank_rows.pool();
-    snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
-    snap.rank_series_omitted = s.rank_rows.omitted();
-    s.body.clear();
-    render_metrics(s.body, snap);
-    render_rank_headers(s.body);
-    for (const api::rank_info_row& r : s.rank_rows.sorted())
-      render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
-    render_sg_metrics(s.body, s);
-    x.respond_metrics(s.body);
-    x.complete();
-  };
-  return visit_cores(cl, x.home().index, collect, answer);
+  co_await smp::for_each_core(cl.mailbox, x.home().index, smp::every_core,
+                              [&](int c) { collect(*cl.core[c]); });
+  snap.memory_max = cl.memory.max();
+  snap.memory_used = cl.memory.used();
+  snap.refused_ranks = cl.memory.refused_ranks.load(std::memory_order_relaxed);
+  snap.refused_bodies = cl.memory.refused_bodies.load(std::memory_order_relaxed);
+  const api::rank_pool& pool = s.rank_rows.pool();
+  snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
+  snap.rank_series_omitted = s.rank_rows.omitted();
+  s.body.clear();
+  render_metrics(s.body, snap);
+  render_rank_headers(s.body);
+  for (const api::rank_info_row& r : s.rank_rows.sorted())
+    render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
+  render_sg_metrics(s.body, s);
+  co_return answer::metrics(s.body);
 }
 
-}  // namespace server
+}  // namespace pipeline

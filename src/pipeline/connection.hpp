@@ -17,12 +17,13 @@
 #include "http/response.hpp"
 #include "http/router.hpp"
 #include "net/transport.hpp"
-#include "server/cluster.hpp"
-#include "server/rank_sample.hpp"
-#include "server/routes.hpp"
+#include "pipeline/answer.hpp"
+#include "pipeline/cluster.hpp"
+#include "pipeline/rank_sample.hpp"
+#include "pipeline/routes.hpp"
 #include "shard/sglang_pool.hpp"
 
-namespace server {
+namespace pipeline {
 
 // Why keys leave every rank, for the counters.
 enum class removal_kind : std::uint8_t { deleted, evicted, stale };
@@ -146,12 +147,12 @@ struct scratch {
   core_state::sglang_counters sg_sum;
 };
 
-class exchange final : public net::connection_handler {
+class connection final : public net::connection_handler {
  public:
-  exchange(cluster& cl, core_state& home, net::waker& waker);
-  ~exchange() override;
-  exchange(const exchange&) = delete;
-  exchange& operator=(const exchange&) = delete;
+  connection(cluster& cl, core_state& home, net::waker& waker);
+  ~connection() override;
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
 
   std::span<char> read_space() override { return parser_.read_space(); }
   net::flow on_bytes(std::size_t bytes) override;
@@ -164,23 +165,23 @@ class exchange final : public net::connection_handler {
   // Bytes of memory this connection's buffers hold (tests: they shrink when it idles).
   std::size_t buffer_bytes() const;
 
-  // For the endpoint coroutines (home core only).
+  // For the start functions and endpoint coroutines (home core only).
   cluster& shared() { return cluster_; }
   core_state& home() { return home_; }
   scratch& work() { return scratch_; }
+  // A decoding error's answer (its detail kept in work().detail).
+  answer refused(api::error err);
+
+ private:
+  friend struct endpoint_task::promise_type;
+  // Writes the request's answer and lets the connection go on: the one place that
+  // completes a request.
+  void finish(const answer& a);
   void respond_json(int status, std::string_view body);
   void respond_error(int status, std::string_view detail);
   void respond_canned(http::canned what);
   void respond_metrics(std::string_view text);
-  // The request's answer is in the output: let the connection go on.
   void complete();
-  // A fixed answer, then complete().
-  void answer(http::canned what);
-  // For the start functions (routes.cpp): true if the body decoded, else the 4xx is
-  // answered and the request complete.
-  bool decoded(const api::error& err);
-
- private:
   net::flow advance();
   // The request being received announced a body: charge it to the memory budget (false:
   // it does not fit), give the charge back, answer the refusal.
@@ -188,8 +189,8 @@ class exchange final : public net::connection_handler {
   void release_body();
   net::flow refuse_body();
   void dispatch(const http::request& request);
-  // False (and the 401 written) when the request lacks the token its endpoint needs.
-  bool authorized(const http::request& request, access auth);
+  // False when the request lacks the token its endpoint needs.
+  bool authorized(const http::request& request, access auth) const;
   void start(route_label route);
   // Whether the answer being written leaves the connection open (and says so).
   bool answer_keeps_alive();
@@ -214,4 +215,4 @@ class exchange final : public net::connection_handler {
   bool parked_ = false;      // ... and the connection was told to wait for it
 };
 
-}  // namespace server
+}  // namespace pipeline

@@ -1,5 +1,5 @@
 // The coroutine type of one request's execution. It starts on the connection's core,
-// may hop to the cores that own its rank and keys (shard::mailbox::hop) and always ends
+// may hop to the cores that own its rank and keys (smp::mailbox::hop_to) and always ends
 // back home, where its frame is freed into that core's free list: frames are reused,
 // and memory is freed on the core that allocated it.
 #pragma once
@@ -10,7 +10,7 @@
 #include <new>
 #include <utility>
 
-namespace server {
+namespace smp {
 
 class frame_pool {
  public:
@@ -32,9 +32,9 @@ struct request_task {
   };
 };
 
-}  // namespace server
+}  // namespace smp
 
-namespace server {
+namespace smp {
 
 // A step of a request that hops on its own (eviction inside an allocation, the removal
 // walk of /keys/delete): `co_await`ed by the request's coroutine, it starts when
@@ -87,4 +87,4 @@ class subtask {
   std::coroutine_handle<promise_type> h_;
 };
 
-}  // namespace server
+}  // namespace smp

@@ -1,4 +1,4 @@
-#include "server/lifecycle.hpp"
+#include "pipeline/removal.hpp"
 
 #include <fmt/format.h>
 
@@ -7,11 +7,11 @@
 #include <unordered_map>
 
 #include "metad/assert.hpp"
-#include "server/endpoints.hpp"
-#include "server/steps.hpp"
+#include "pipeline/endpoints.hpp"
+#include "pipeline/walk.hpp"
 #include "store/record.hpp"
 
-namespace server {
+namespace pipeline {
 
 void removal_job::seal(const cluster& cl) {
   keys.clear();
@@ -65,21 +65,27 @@ std::size_t expire_due(cluster& cl, core_state& core) {
 
 namespace {
 
-bool every_core(int) { return true; }
-// on_cores' condition for a walk over the directory's slices.
+// for_each_core's `wanted` for a walk over the directory's slices.
 auto directory_core(const cluster& cl) {
   return [&cl](int c) { return c < cl.directory_cores; };
 }
-// on_cores' condition for a removal walk: no /clear has begun since it began.
-auto still_valid(const cluster& cl, const removal_job& job) {
-  return [&cl, &job] { return job.valid(cl); };
+// for_each_core for a removal walk: it ends early (returns false) on the first core
+// where `job` is no longer valid (a /clear has begun since the walk began), unvisited.
+template <typename Wanted, typename Visit>
+smp::subtask<bool> valid_walk(cluster& cl, int first, Wanted wanted, Visit visit,
+                              const removal_job& job) {
+  return smp::for_each_core(cl.mailbox, first, wanted, [&cl, &job, visit](int c) mutable {
+    if (!job.valid(cl)) return false;
+    visit(c);
+    return true;
+  });
 }
 
 // Drops every binding of job.keys on each core's ranks, then settles the keys'
-// directory slices (whose removals were begun). From core `at`, on which it ends.
-subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, removal_kind kind,
-                                       bool& stored) {
-  const int start = at;
+// directory slices (whose removals were begun). Ends on the core it was called on.
+smp::subtask<std::size_t> remove_everywhere(cluster& cl, removal_job& job, removal_kind kind,
+                                            bool& stored) {
+  const int start = smp::this_core();
   std::size_t left = 0;
   if (job.keys.empty()) co_return 0;
   METAD_ASSERT(job.owner.size() == job.keys.size() && job.bindings.size() == job.keys.size());
@@ -89,10 +95,10 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
   job.ranks.reserve(256);
   job.core_has_keys.assign(static_cast<std::size_t>(cl.cores), 0);
   for (const std::uint16_t c : job.owner) job.core_has_keys[c] = 1;
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (start + step) % cl.cores;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
+  // Not for_each_core (nor below): the second walk goes on from the first one's last
+  // core, rather than from `start` again.
+  for (const int c : smp::walk_from(start, cl.cores)) {
+    co_await cl.mailbox.hop_to(c);
     if (!job.valid(cl)) break;  // a /clear drops everything: nothing left to settle
     core_state& core = *cl.core[c];
     if (core.ranks.rank_count() == 0) continue;
@@ -117,11 +123,9 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
     }
     if (!co_await core.journal.durable()) stored = false;
   }
-  for (int step = 0; step < cl.cores; ++step) {
-    const int c = (start + step) % cl.cores;
+  for (const int c : smp::walk_from(start, cl.cores)) {
     if (!job.core_has_keys[static_cast<std::size_t>(c)]) continue;
-    co_await cl.mailbox.hop(at, c);
-    at = c;
+    co_await cl.mailbox.hop_to(c);
     if (!job.valid(cl)) break;
     core_state& core = *cl.core[c];
     // Without room the directory still settles; only the record of a key leaving is
@@ -140,7 +144,7 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
     core.publish_incomplete();  // a key confirmed again meanwhile stays, incomplete
     if (!co_await core.journal.durable()) stored = false;
   }
-  co_await cl.mailbox.hop(at, start);
+  co_await cl.mailbox.hop_to(start);
   METAD_ASSERT(left <= job.keys.size());
   co_return left;
 }
@@ -152,9 +156,10 @@ subtask<std::size_t> remove_everywhere(cluster& cl, int at, removal_job& job, re
 constexpr std::size_t kPassedOverMax = 4096;
 
 // Takes (begins the removal of) the `want` least recently used evictable keys over all
-// directory slices into `job`, from core `at`, on which it ends. Returns how many.
-subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::size_t want,
-                                 removal_job& job) {
+// directory slices into `job`. Ends on the core it was called on. Returns how many.
+smp::subtask<std::size_t> take_oldest(cluster& cl, std::uint64_t now, std::size_t want,
+                                      removal_job& job) {
+  const int at = smp::this_core();
   const std::size_t before = job.ends.size();
   job.quota.assign(static_cast<std::size_t>(cl.cores), 0);
   if (cl.directory_cores == 1) {
@@ -162,7 +167,7 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
   } else {
     // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
-    const bool valid = co_await on_cores(
+    const bool valid = co_await valid_walk(
         cl, at, directory_core(cl),
         [&](int c) {
           job.times.clear();
@@ -170,30 +175,30 @@ subtask<std::size_t> take_oldest(cluster& cl, int at, std::uint64_t now, std::si
           for (const std::uint64_t t : job.times)
             job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
         },
-        still_valid(cl, job));
+        job);
     if (!valid) co_return 0;
     const std::size_t n = std::min(want, job.oldest.size());
     std::nth_element(job.oldest.begin(), job.oldest.begin() + static_cast<std::ptrdiff_t>(n),
                      job.oldest.end());
     for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
   }
-  co_await on_cores(
+  co_await valid_walk(
       cl, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
       [&](int c) {
         cl.core[c]->directory.take_least_recent(
             now, job.quota[static_cast<std::size_t>(c)],
             [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
       },
-      still_valid(cl, job));
+      job);
   co_return job.ends.size() - before;
 }
 
 // Calls off the removal of the candidates not kept for eviction: the passed-over ones
 // (not members) behind the others, and — when the eviction is called off — the members
-// back in front, in their order. From core `at`, on which it ends.
-subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool members_too) {
-  return on_cores(
-      cl, at, directory_core(cl),
+// back in front, in their order. Ends on the core it was called on.
+smp::subtask<bool> put_back(cluster& cl, removal_job& job, bool members_too) {
+  return valid_walk(
+      cl, smp::this_core(), directory_core(cl),
       [&cl, &job, members_too](int c) {
         shard::directory& dir = cl.core[c]->directory;
         for (std::size_t i = 0; i < job.keys.size(); ++i)
@@ -203,7 +208,7 @@ subtask<bool> put_back(cluster& cl, int at, removal_job& job, bool members_too) 
         for (std::size_t i = job.keys.size(); i-- > 0;)
           if (job.owner[i] == c && job.member[i]) dir.abort_removal(job.keys[i], job.used[i], true);
       },
-      still_valid(cl, job));
+      job);
 }
 
 // Of the members, keeps the `need` least recently used (a last round may bring more).
@@ -227,8 +232,9 @@ void keep_oldest_members(removal_job& job, std::size_t need) {
 
 }  // namespace
 
-subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t need,
-                           removal_job& job, bool& stored) {
+smp::subtask<std::size_t> evict(cluster& cl, std::int64_t rank, std::uint32_t need,
+                                removal_job& job, bool& stored) {
+  const int at = smp::this_core();  // the rank's owner
   const std::uint64_t now = cl.clock();
   if (need == 0 || now < cl.removal_floor || !job.begin(cl)) co_return 0;
   job.bytes.reserve((need + 64) * 40);
@@ -245,7 +251,7 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
     // Each round asks for as many as all before it together: log rounds.
     const std::size_t want =
         std::min(std::max<std::size_t>(need - members, first), need + kPassedOverMax - first);
-    const std::size_t taken = co_await take_oldest(cl, at, now, want, job);
+    const std::size_t taken = co_await take_oldest(cl, now, want, job);
     if (taken == 0 || !job.valid(cl)) break;  // nothing evictable is left
     job.seal(cl);
     job.pages.assign(taken, -1);
@@ -260,14 +266,14 @@ subtask<std::size_t> evict(cluster& cl, int at, std::int64_t rank, std::uint32_t
   // Not enough to serve the allocation: evict nothing (it answers -1).
   const bool enough = members >= need;
   if (enough) keep_oldest_members(job, need);
-  if (!co_await put_back(cl, at, job, !enough) || !enough) co_return 0;
+  if (!co_await put_back(cl, job, !enough) || !enough) co_return 0;
   job.keep_members(cl);
-  const std::size_t left = co_await remove_everywhere(cl, at, job, removal_kind::evicted, stored);
+  const std::size_t left = co_await remove_everywhere(cl, job, removal_kind::evicted, stored);
   co_return left;
 }
 
 std::uint64_t stale_grace_ns(const cluster& cl) {
-  return std::uint64_t{cl.cfg.incomplete_grace_ms} * kNsPerMs;
+  return std::uint64_t{cl.cfg.incomplete_grace_ms} * smp::kNsPerMs;
 }
 
 bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns) {
@@ -278,9 +284,11 @@ bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns) {
   return false;
 }
 
-subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size_t want,
-                                        std::uint64_t age_ns, removal_kind kind, removal_job& job,
-                                        bool& stored, const std::int64_t* short_rank) {
+smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t want,
+                                             std::uint64_t age_ns, removal_kind kind,
+                                             removal_job& job, bool& stored,
+                                             const std::int64_t* short_rank) {
+  const int at = smp::this_core();  // short_rank's owner, if any
   const std::uint64_t now = cl.clock();
   if (now < age_ns || want == 0 || !job.begin(cl)) co_return 0;
   const std::uint64_t cutoff = now - age_ns;
@@ -292,7 +300,7 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
   job.member.reserve(look);
   job.pages.reserve(look);
   auto slices = [from](int c) { return from < 0 || c == from; };
-  co_await on_cores(
+  co_await valid_walk(
       cl, at, slices,
       [&](int c) {
         core_state& core = *cl.core[c];
@@ -301,14 +309,14 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
             [&job](std::string_view key, std::uint64_t confirmed) { job.add(key, confirmed); });
         core.publish_incomplete();
       },
-      still_valid(cl, job));
+      job);
   if (job.ends.empty()) co_return 0;
   job.seal(cl);
   // A key that some rank still holds a reservation for has a writer at work (a lagging
   // rank): it stays, and is looked at again age_ns later. `member` marks them here.
-  co_await on_cores(
-      cl, at, every_core, [&](int c) { cl.core[c]->ranks.mark_reserved(job.keys, job.member); },
-      still_valid(cl, job));
+  co_await valid_walk(
+      cl, at, smp::every_core,
+      [&](int c) { cl.core[c]->ranks.mark_reserved(job.keys, job.member); }, job);
   if (!job.valid(cl)) co_return 0;
   // For a short rank (`at` owns it), only the oldest `want` of those holding a page on
   // it; the others go back where they were. pages[i] >= 0: key i is taken.
@@ -321,7 +329,7 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
       ++taken;
     }
   }
-  co_await on_cores(
+  co_await valid_walk(
       cl, at, slices,
       [&](int c) {
         shard::directory& dir = cl.core[c]->directory;
@@ -333,11 +341,11 @@ subtask<std::size_t> reclaim_incomplete(cluster& cl, int at, int from, std::size
         }
         cl.core[c]->publish_incomplete();
       },
-      still_valid(cl, job));
+      job);
   if (!job.valid(cl)) co_return 0;
   for (std::size_t i = 0; i < job.keys.size(); ++i) job.member[i] = job.pages[i] >= 0 ? 1 : 0;
   job.keep_members(cl);
-  co_return co_await remove_everywhere(cl, at, job, kind, stored);
+  co_return co_await remove_everywhere(cl, job, kind, stored);
 }
 
 namespace {
@@ -346,9 +354,9 @@ namespace {
 // other sweeps (a walk's log record and removal lists stay small).
 constexpr std::size_t kStaleBatch = 1024;
 
-request_task stale_walk(cluster& cl, int c, stale_sweeper& sweeper) {
+smp::request_task stale_walk(cluster& cl, int c, stale_sweeper& sweeper) {
   bool stored = true;
-  co_await reclaim_incomplete(cl, c, c, kStaleBatch, stale_grace_ns(cl), removal_kind::stale,
+  co_await reclaim_incomplete(cl, c, kStaleBatch, stale_grace_ns(cl), removal_kind::stale,
                               sweeper.job, stored);
   sweeper.running = false;
 }
@@ -380,15 +388,13 @@ constexpr std::string_view kRestarting =
 
 }  // namespace
 
-request_task run_delete(exchange& x) {
+endpoint_task run_delete(connection& x) {
   cluster& cl = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = s.remove.keys;
   if (cl.clock() < cl.removal_floor) {
-    x.respond_error(503, kRestarting);
-    x.complete();
-    co_return;
+    co_return answer::error(503, kRestarting);
   }
   removal_job& job = s.removal;
   std::size_t key_bytes = 0;
@@ -406,7 +412,7 @@ request_task run_delete(exchange& x) {
     job.member.reserve(keys.size());
     bool busy = false;
     const std::uint64_t now = cl.clock();
-    co_await on_cores(
+    co_await valid_walk(
         cl, home, needed_by(s),
         [&](int c) {
           shard::directory& dir = cl.core[c]->directory;
@@ -418,74 +424,20 @@ request_task run_delete(exchange& x) {
             busy = busy || s.flags[i];
           }
         },
-        still_valid(cl, job));
+        job);
     job.seal(cl);
-    deleted += co_await remove_everywhere(cl, home, job, removal_kind::deleted, stored);
+    deleted += co_await remove_everywhere(cl, job, removal_kind::deleted, stored);
     if (!busy) break;
   }
   if (!stored) {
-    x.respond_error(503, kDeleteStorageFailed);
-  } else {
-    s.body.clear();
-    api::encode_deleted(s.body, deleted);
-    x.respond_json(200, s.body);
+    co_return answer::error(503, kDeleteStorageFailed);
   }
-  x.complete();
+  s.body.clear();
+  api::encode_deleted(s.body, deleted);
+  co_return answer::json(200, s.body);
 }
 
-std::string check_consistency(const cluster& cl) {
-  std::unordered_map<std::string, std::int32_t> bound;
-  std::int64_t sg_pools = 0;
-  for (const auto& core : cl.core) {
-    for (const auto& entry : core->sg_tenants) {
-      const std::string_view tenant = entry.first;  // lambdas cannot capture bindings in C++20
-      const auto& pools = entry.second;
-      std::string e;
-      pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
-        ++sg_pools;
-        if (e.empty() && shard::owner_of_rank(rank, cl.cores) != core->index)
-          e = fmt::format("SGLang rank {} is on core {}, not its owner", rank, core->index);
-        if (std::string p = pool.check(); e.empty() && !p.empty())
-          e = fmt::format("SGLang pool '{}' {} '{}': {}", tenant, rank, ns, p);
-      });
-      if (!e.empty()) return e;
-    }
-    if (std::string e = core->ranks.check_invariants(); !e.empty()) return e;
-    core->ranks.for_each_entry(
-        [&bound](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
-          if (confirmed) ++bound[std::string(key)];
-        });
-  }
-  if (sg_pools != cl.sglang_pools.load())
-    return fmt::format("{} SGLang pools exist, {} are counted", sg_pools, cl.sglang_pools.load());
-  std::string error;
-  std::size_t counted = 0;
-  for (const auto& core : cl.core) {
-    std::size_t incomplete = 0;
-    std::uint64_t incomplete_pages = 0;
-    core->directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
-      ++counted;
-      const auto it = bound.find(std::string(key));
-      const std::int32_t ranks = it == bound.end() ? 0 : it->second;
-      if (error.empty() && ranks != count)
-        error = fmt::format("key {} counts {} confirmations, {} ranks hold it", key, count, ranks);
-      if (count < tp) {
-        ++incomplete;
-        incomplete_pages += static_cast<std::uint64_t>(count);
-      }
-    });
-    if (error.empty() && (incomplete != core->directory.incomplete_count() ||
-                          incomplete_pages != core->directory.incomplete_bindings()))
-      error = fmt::format("core {} tracks {} incomplete keys holding {} pages, it has {} ({})",
-                          core->index, core->directory.incomplete_count(),
-                          core->directory.incomplete_bindings(), incomplete, incomplete_pages);
-  }
-  if (error.empty() && counted != bound.size())
-    error = fmt::format("{} keys are bound on ranks, {} in the directory", bound.size(), counted);
-  return error;
-}
-
-request_task run_stats(exchange& x) {
+endpoint_task run_stats(connection& x) {
   cluster& cl = x.shared();
   scratch& s = x.work();
   s.rank_rows.clear();
@@ -509,18 +461,16 @@ request_task run_stats(exchange& x) {
       s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };
-  auto answer = [&x, &s] {
-    s.body.clear();
-    api::encode_stats(s.body, s.rank_rows.sorted(), s.rank_rows.pool(), s.totals);
-    if (s.sg_rows.pools > 0) {  // without SGLang pools, /stats is what it always was
-      s.body.back() = ',';
-      append_sg_stats(s.body, s);
-      s.body.push_back('}');
-    }
-    x.respond_json(200, s.body);
-    x.complete();
-  };
-  return visit_cores(cl, x.home().index, collect, answer);
+  co_await smp::for_each_core(cl.mailbox, x.home().index, smp::every_core,
+                              [&](int c) { collect(*cl.core[c]); });
+  s.body.clear();
+  api::encode_stats(s.body, s.rank_rows.sorted(), s.rank_rows.pool(), s.totals);
+  if (s.sg_rows.pools > 0) {  // without SGLang pools, /stats is what it always was
+    s.body.back() = ',';
+    append_sg_stats(s.body, s);
+    s.body.push_back('}');
+  }
+  co_return answer::json(200, s.body);
 }
 
-}  // namespace server
+}  // namespace pipeline

@@ -1,14 +1,16 @@
-#include "server/exchange.hpp"
+#include "pipeline/connection.hpp"
 
 #include <fmt/format.h>
 
 #include <utility>
 
 #include "http/response.hpp"
+#include "metad/assert.hpp"
 #include "metad/log.hpp"
-#include "server/clock.hpp"
+#include "smp/clock.hpp"
+#include "smp/core.hpp"
 
-namespace server {
+namespace pipeline {
 namespace {
 
 // Equal-length comparison whose time does not depend on where the first difference is.
@@ -21,18 +23,18 @@ bool same_secret(std::string_view given, std::string_view expected) {
 
 }  // namespace
 
-exchange::exchange(cluster& cl, core_state& home, net::waker& waker)
+connection::connection(cluster& cl, core_state& home, net::waker& waker)
     : cluster_(cl),
       home_(home),
       waker_(waker),
       parser_(http::limits{cl.cfg.header_bytes_max, cl.cfg.body_bytes_max}) {}
 
-net::flow exchange::on_bytes(std::size_t bytes) {
+net::flow connection::on_bytes(std::size_t bytes) {
   parser_.commit(bytes);
   return advance();
 }
 
-net::flow exchange::on_resume() {
+net::flow connection::on_resume() {
   parser_.consume();
   if (!keep_alive_) return net::flow::close;
   return advance();
@@ -51,7 +53,7 @@ constexpr std::size_t kSteadyBytes = 64 * 1024;
 // a bigger request's buffers go back at the next trim().
 constexpr std::size_t kRetainedBytesMax = 256 * 1024;
 
-net::flow exchange::advance() {
+net::flow connection::advance() {
   for (;;) {
     if (out_.size() >= kUnsentBytesMax) return net::flow::drain;
     switch (parser_.next()) {
@@ -63,9 +65,7 @@ net::flow exchange::advance() {
       case http::parse_status::error:
         head_ = false;
         start(kInvalidHttp);
-        out_.append(http::parse_error_bytes(parser_.error()));
-        status_ = http::status_of(http::parse_error_bytes(parser_.error()));
-        complete();
+        finish(answer::raw(http::parse_error_bytes(parser_.error())));
         return net::flow::close;
       case http::parse_status::ready:
         break;
@@ -86,7 +86,7 @@ net::flow exchange::advance() {
 
 // A body past the steady size is charged to the memory budget as soon as its size is
 // announced, and stays charged until the connection gives its buffers back.
-bool exchange::charge_body() {
+bool connection::charge_body() {
   const std::size_t announced = parser_.body_bytes_announced();
   if (announced <= kSteadyBytes || announced <= body_charge_) return true;
   if (!cluster_.memory.charge_body(announced - body_charge_)) return false;
@@ -94,11 +94,11 @@ bool exchange::charge_body() {
   return true;
 }
 
-void exchange::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
+void connection::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
 
 // The body does not fit the budget: a 503 before it is read, and the connection closes
 // (what the client still sends is dropped by the transport's lingering close).
-net::flow exchange::refuse_body() {
+net::flow connection::refuse_body() {
   cluster_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
   head_ = false;
   keep_alive_ = false;
@@ -107,14 +107,13 @@ net::flow exchange::refuse_body() {
       "Request body of {} bytes refused: it does not fit the memory budget (--memory-max {} "
       "bytes, {} in use)",
       parser_.body_bytes_announced(), cluster_.memory.max(), cluster_.memory.used());
-  respond_error(503, scratch_.detail);
-  complete();
+  finish(answer::error(503, scratch_.detail));
   return net::flow::close;
 }
 
-exchange::~exchange() { release_body(); }
+connection::~connection() { release_body(); }
 
-void exchange::trim() {
+void connection::trim() {
   if (in_flight_) return;
   release_body();
   if (!grew_) return;
@@ -126,7 +125,7 @@ void exchange::trim() {
   std::swap(scratch_, old);
 }
 
-std::size_t exchange::buffer_bytes() const {
+std::size_t connection::buffer_bytes() const {
   const scratch& s = scratch_;
   return parser_.buffer_bytes() + out_.capacity() + s.exists.keys.capacity_bytes() +
          s.locations.keys.capacity_bytes() + s.allocate.keys.capacity_bytes() +
@@ -137,14 +136,14 @@ std::size_t exchange::buffer_bytes() const {
          s.selected.capacity() * sizeof(s.selected[0]) + s.removal.bytes.capacity();
 }
 
-void exchange::start(route_label route) {
+void connection::start(route_label route) {
   route_ = route;
   status_ = 0;
-  started_ns_ = monotonic_ns();
+  started_ns_ = smp::monotonic_ns();
 }
 
-void exchange::complete() {
-  const std::uint64_t elapsed_ns = monotonic_ns() - started_ns_;
+void connection::complete() {
+  const std::uint64_t elapsed_ns = smp::monotonic_ns() - started_ns_;
   if (buffer_bytes() > kRetainedBytesMax) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
   if (cluster_.cfg.access_log) {
@@ -163,26 +162,26 @@ void exchange::complete() {
 // when the stop began is answered after it. Stopping, the last request the connection
 // has received says `connection: close`, so that the client sends no more on it; one
 // received after it (buffered, or already in the socket) is answered first.
-bool exchange::answer_keeps_alive() {
+bool connection::answer_keeps_alive() {
   if (keep_alive_ && cluster_.stopping.load(std::memory_order_relaxed))
     keep_alive_ = parser_.more_buffered() || waker_.input_pending();
   return keep_alive_;
 }
 
-void exchange::respond_json(int status, std::string_view body) {
+void connection::respond_json(int status, std::string_view body) {
   status_ = status;
   http::append_json(out_, status, body, answer_keeps_alive());
   drop_body_of_head(body.size());
 }
 
-void exchange::respond_metrics(std::string_view text) {
+void connection::respond_metrics(std::string_view text) {
   status_ = 200;
   http::append_body(out_, 200, "text/plain; version=0.0.4; charset=utf-8", text,
                     answer_keeps_alive());
   drop_body_of_head(text.size());
 }
 
-void exchange::respond_error(int status, std::string_view detail) {
+void connection::respond_error(int status, std::string_view detail) {
   status_ = status;
   scratch_.body.clear();
   api::encode_error(scratch_.body, detail);
@@ -190,20 +189,20 @@ void exchange::respond_error(int status, std::string_view detail) {
   drop_body_of_head(scratch_.body.size());
 }
 
-void exchange::respond_canned(http::canned what) {
+void connection::respond_canned(http::canned what) {
   const std::string_view bytes = http::canned_bytes(what, answer_keeps_alive());
   status_ = http::status_of(bytes);
   out_.append(bytes);
   drop_body_of_head(bytes.size() - (bytes.find("\r\n\r\n") + 4));
 }
 
-void exchange::drop_body_of_head(std::size_t body_bytes) {
+void connection::drop_body_of_head(std::size_t body_bytes) {
   // The answer to HEAD has the headers GET's would have (content-length included) and
   // no content (RFC 9110 9.3.2): a body would be read as the start of the next answer.
   if (head_) out_.resize(out_.size() - body_bytes);
 }
 
-bool exchange::authorized(const http::request& request, access auth) {
+bool connection::authorized(const http::request& request, access auth) const {
   const metad::config& cfg = cluster_.cfg;
   if (auth == access::open) return true;
   const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
@@ -215,37 +214,66 @@ bool exchange::authorized(const http::request& request, access auth) {
   bool scheme_ok = given.size() > scheme.size();
   for (std::size_t i = 0; scheme_ok && i < scheme.size(); ++i)
     scheme_ok = (given[i] | 0x20) == scheme[i];
-  if (scheme_ok && same_secret(given.substr(scheme.size()), token)) return true;
-  respond_canned(http::canned::unauthorized);
-  return false;
+  return scheme_ok && same_secret(given.substr(scheme.size()), token);
 }
 
-void exchange::answer(http::canned what) {
-  respond_canned(what);
+answer connection::refused(api::error err) {
+  scratch_.detail = std::move(err.detail);
+  return answer::error(err.status, scratch_.detail);
+}
+
+void connection::finish(const answer& a) {
+  METAD_ASSERT(!a.is_later());
+  switch (a.kind_) {
+    case answer::kind::later:
+      return;
+    case answer::kind::canned:
+      respond_canned(a.canned_);
+      break;
+    case answer::kind::json:
+      respond_json(a.status_, a.text_);
+      break;
+    case answer::kind::error:
+      respond_error(a.status_, a.text_);
+      break;
+    case answer::kind::metrics:
+      respond_metrics(a.text_);
+      break;
+    case answer::kind::raw:
+      status_ = http::status_of(a.text_);
+      out_.append(a.text_);
+      break;
+  }
   complete();
 }
 
-bool exchange::decoded(const api::error& err) {
-  if (!err) return true;
-  respond_error(err.status, err.detail);
-  complete();
-  return false;
+void endpoint_task::promise_type::return_value(const answer& a) {
+  // Endpoints answer on their connection's core.
+  METAD_ASSERT(smp::this_core() == x.home().index);
+  x.finish(a);
 }
 
 // Routes on the home core and hands the request to its row's start function (routes.cpp).
 // Requests no row answers (unknown path, wrong method) are answered here; they need the
 // token as any endpoint does.
-void exchange::dispatch(const http::request& request) {
+void connection::dispatch(const http::request& request) {
+  // Endpoint coroutines hop from this_core(): it must be the connection's core.
+  METAD_ASSERT(smp::this_core() == home_.index);
   const http::route route = http::match(kPatterns, request.verb, request.target);
   const bool found = route.result == http::match_result::found;
   const bool unknown = route.result == http::match_result::not_found;
   start(found ? route.row : unknown ? kNotFound : kMethodNotAllowed);
   target_ = request.target;
-  if (!authorized(request, found ? kEndpoints[route.row].auth : access::token)) return complete();
-  if (found) return kEndpoints[route.row].start(*this, request, route);
-  if (unknown) return answer(http::canned::not_found);
-  answer(route.allow == http::methods::get ? http::canned::method_not_allowed_get
-                                           : http::canned::method_not_allowed);
+  if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
+    return finish(answer::canned(http::canned::unauthorized));
+  if (!found) {
+    return finish(answer::canned(unknown ? http::canned::not_found
+                                 : route.allow == http::methods::get
+                                     ? http::canned::method_not_allowed_get
+                                     : http::canned::method_not_allowed));
+  }
+  const answer a = kEndpoints[route.row].start(*this, request, route);
+  if (!a.is_later()) finish(a);
 }
 
-}  // namespace server
+}  // namespace pipeline

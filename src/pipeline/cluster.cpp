@@ -1,0 +1,27 @@
+#include "pipeline/cluster.hpp"
+
+#include <algorithm>
+
+namespace pipeline {
+
+cluster::cluster(const metad::config& config, int core_count)
+    : cfg(config),
+      cores(core_count),
+      directory_cores(std::clamp(config.directory_cores, 1, core_count)),
+      mailbox(core_count, 4096),
+      memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
+      draining_cores(core_count) {
+  for (int i = 0; i < core_count; ++i) {
+    core.push_back(std::make_unique<core_state>(config.durable == metad::durability::sync));
+    core.back()->index = i;
+    core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
+    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * smp::kNsPerMs);
+    core.back()->directory.set_lru(config.evict == metad::eviction::lru);
+    core.back()->sg_decoder.set_key_bytes_max(config.key_bytes_max);
+    core.back()->sg_config = {config.reservation_ttl_ms * smp::kNsPerMs,
+                              std::uint64_t{config.sglang_read_lease_ms} * smp::kNsPerMs};
+    core.back()->sg_strict_reinit = config.strict_reinit;
+  }
+}
+
+}  // namespace pipeline

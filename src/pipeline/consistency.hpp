@@ -1,0 +1,17 @@
+// Whole-cluster consistency, for tests and fuzzers (every core idle, read from one
+// thread): vLLM's ranks against the directory, SGLang's pools against their owners.
+#pragma once
+
+#include <string>
+
+#include "pipeline/cluster.hpp"
+
+namespace pipeline {
+
+// Each rank's pages agree with its keys (rank_table::check_invariants), and each
+// directory count is the number of ranks holding the key bound; each SGLang pool is on
+// its rank's owner core, sound, and counted. "" when consistent, else the first
+// violation.
+std::string check_consistency(const cluster& cl);
+
+}  // namespace pipeline
