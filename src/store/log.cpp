@@ -11,7 +11,8 @@
 
 namespace store {
 
-log_writer::log_writer(int fd, std::uint64_t size) : fd_(fd), durable_(size), allocated_(size) {}
+log_writer::log_writer(int fd, std::uint64_t size)
+    : fd_(fd), durable_(size), committed_(size), allocated_(size) {}
 
 log_writer::~log_writer() {
   if (fd_ >= 0) ::close(fd_);
@@ -57,7 +58,7 @@ bool log_writer::flush_due(bool retry_failed) const {
 log_writer::flush_job log_writer::begin_flush() {
   METAD_ASSERT(fd_ >= 0 && in_flight_.empty() && !pending_.empty());
   in_flight_.swap(pending_);
-  return {fd_, in_flight_.data(), in_flight_.size(), size()};
+  return {fd_, in_flight_.data(), in_flight_.size(), size(), durable_};
 }
 
 void log_writer::end_flush(long written, int synced) {
@@ -68,6 +69,7 @@ void log_writer::end_flush(long written, int synced) {
     // Positions only grow, and never past what was appended.
     METAD_ASSERT(durable_ + in_flight_.size() <= end());
     durable_ += in_flight_.size();
+    update_committed();
     in_flight_.clear();
     failing_ = false;
   } else {
@@ -79,15 +81,36 @@ void log_writer::end_flush(long written, int synced) {
     pending_.swap(in_flight_);
     in_flight_.clear();
   }
+  resume_waiters(!ok);
+}
+
+void log_writer::resume_waiters(bool failed) {
   // Resume in order; a resumed request may append and wait again, behind these.
+  const std::uint64_t committed = committed_;
   std::size_t ready = 0;
-  while (ready < waiters_.size() && (!ok || waiters_[ready].lsn <= durable_)) ++ready;
+  while (ready < waiters_.size() && (failed || waiters_[ready].lsn <= committed)) ++ready;
   for (std::size_t i = 0; i < ready; ++i) {
     waiter w = waiters_.front();
     waiters_.pop_front();
-    *w.ok = w.lsn <= durable_;
+    *w.ok = w.lsn <= committed;
     w.handle.resume();
   }
+}
+
+void log_writer::require_standby(bool on) {
+  standby_required_ = on;
+  update_committed();
+  // Dropping the standby (it stopped acking and was taken off the sync record first)
+  // releases what the local disk alone already holds.
+  if (!on) resume_waiters(false);
+}
+
+void log_writer::replicated_until(std::uint64_t lsn) {
+  METAD_ASSERT(lsn <= end());  // a standby acks only bytes it was sent
+  if (lsn <= replicated_) return;
+  replicated_ = lsn;
+  update_committed();
+  if (standby_required_) resume_waiters(false);
 }
 
 void log_writer::switch_segment(int fd) {

@@ -44,7 +44,8 @@ class log_writer {
     int fd = -1;
     const char* data = nullptr;
     std::size_t bytes = 0;
-    std::uint64_t offset = 0;
+    std::uint64_t offset = 0;  // in the segment file
+    std::uint64_t lsn = 0;     // the log position of data[0] (what a standby is sent)
   };
   bool flush_due(bool retry_failed) const;
   flush_job begin_flush();
@@ -52,12 +53,14 @@ class log_writer {
   void end_flush(long written, int synced);
 
   // co_await durable_until(lsn): true once [0, lsn) is durable, false if a flush failed
-  // first (the caller answers 503; the bytes stay queued and are retried).
+  // first (the caller answers 503; the bytes stay queued and are retried). With a
+  // synchronous standby, durable means on both disks: [0, lsn) fdatasynced here and
+  // acknowledged by the standby (committed()).
   struct wait_awaiter {
     log_writer& log;
     std::uint64_t lsn;
     bool ok = true;
-    bool await_ready() const noexcept { return log.fd_ < 0 || log.durable_ >= lsn; }
+    bool await_ready() const noexcept { return log.fd_ < 0 || log.committed_ >= lsn; }
     void await_suspend(std::coroutine_handle<> h) {
       // Waiters queue in position order (end() only grows), so a flush resumes a prefix.
       METAD_ASSERT(log.waiters_.empty() || log.waiters_.back().lsn <= lsn);
@@ -67,6 +70,19 @@ class log_writer {
     bool await_resume() const noexcept { return ok; }
   };
   wait_awaiter durable_until(std::uint64_t lsn) { return {*this, lsn}; }
+
+  // Synchronous replication (design-ha.md §4, "Modes"). While a standby is required,
+  // waiters resume at min(durable, replicated): the local fdatasync and the standby's ack
+  // of the same position, whichever comes last. Without one (the default) only the
+  // local watermark counts, as before.
+  void require_standby(bool on);
+  bool standby_required() const { return standby_required_; }
+  // The standby acknowledged [0, lsn) durable (it may do so before the local fdatasync
+  // returns: it was sent the same bytes). Positions only grow, and never past end().
+  void replicated_until(std::uint64_t lsn);
+  std::uint64_t replicated() const { return replicated_; }
+  // What waiters may count as durable.
+  std::uint64_t committed() const { return committed_; }
 
   // Swaps in a new segment (after a snapshot): the old fd is closed. Only when nothing is
   // in flight; what is pending goes to the new segment.
@@ -83,7 +99,15 @@ class log_writer {
   };
 
   int fd_ = -1;
-  std::uint64_t durable_ = 0;        // log position known durable
+  std::uint64_t durable_ = 0;     // log position known durable
+  std::uint64_t replicated_ = 0;  // log position the standby acknowledged durable
+  bool standby_required_ = false;
+  // durable_, or min(durable_, replicated_) while a standby is required: kept in step
+  // with both, so that a waiter's check costs what it did before replication.
+  std::uint64_t committed_ = 0;
+  void update_committed() {
+    committed_ = standby_required_ && replicated_ < durable_ ? replicated_ : durable_;
+  }
   std::uint64_t segment_start_ = 0;  // log position where the current segment file starts
   std::string pending_;              // appended, not yet handed to the loop
   std::string in_flight_;            // being written
@@ -91,6 +115,10 @@ class log_writer {
   std::uint64_t allocated_ = 0;  // bytes of the current segment file reserved on disk
   std::deque<waiter> waiters_;   // in lsn order
   std::uint64_t flushes_ = 0, failures_ = 0;
+
+  // Resumes the waiters up to committed(); all of them after a failed flush (false
+  // for those not committed).
+  void resume_waiters(bool failed);
 };
 
 }  // namespace store
