@@ -1,0 +1,194 @@
+#include "server/replayer.hpp"
+
+#include <stdexcept>
+
+#include "metad/log.hpp"
+#include "server/sglang_durability.hpp"
+
+namespace server {
+
+using pipeline::cluster;
+
+replayer::replayer(cluster& cl, int core, replay_output& out, const store::file_sizes& sizes)
+    : cl_(cl), core_(core), out_(out) {
+  out_.packed_by_owner.resize(static_cast<std::size_t>(cl.cores));
+  out_.others_by_owner.resize(static_cast<std::size_t>(cl.cores));
+  for (const auto& [rank, keys] : sizes.rank_keys)
+    if (shard::owner_of_rank(rank, cl.cores) == core) expected_[rank] = keys;
+  cl_.core[core_]->ranks.set_bulk(true);
+  cl_.core[core_]->directory.restore_reserve(sizes.directory_keys /
+                                             static_cast<std::size_t>(cl.cores));
+}
+
+void replayer::apply(const store::record& r) {
+  shard::rank_table& ranks = cl_.core[core_]->ranks;
+  shard::directory& directory = cl_.core[core_]->directory;
+  switch (r.kind) {
+    case store::record_kind::directory_key:
+      if (cl_.key_owner(r.keys[0]) == core_) {
+        ++out_.records;
+        directory.restore_key(r.keys[0], r.tp_world_size);
+      }
+      return;
+    case store::record_kind::directory_remove:
+      if (cl_.key_owner(r.keys[0]) == core_) {
+        ++out_.records;
+        directory.restore_forget(r.keys[0]);
+      }
+      return;
+    case store::record_kind::snapshot_directory_keys:
+      restore_directory_keys(r, directory);
+      return;
+    case store::record_kind::clear:
+      return;  // handled by starting after the last one
+    default:
+      break;
+  }
+  if (shard::owner_of_rank(r.rank, cl_.cores) != core_) return;
+  ++out_.records;
+  switch (r.kind) {
+    case store::record_kind::initialize:
+    case store::record_kind::snapshot_rank:
+      if (ranks.initialize(r.rank, r.num_pages).outcome == shard::init_outcome::created) {
+        const auto it = expected_.find(r.rank);
+        if (it != expected_.end()) ranks.reserve_keys(r.rank, it->second);
+      }
+      break;
+    case store::record_kind::allocate:
+      // Reservations made in replay get a fresh TTL from now.
+      indices_.clear();
+      pages_.clear();
+      ranks.allocate(r.rank, r.keys, now_, indices_, pages_);
+      break;
+    case store::record_kind::confirm:
+    case store::record_kind::confirm_quarantined:
+      indices_.clear();
+      // A quarantine's end is a record of its own: until then its time does not matter.
+      if (ranks.confirm(r.rank, r.keys, r.pages, r.releases,
+                        r.kind == store::record_kind::confirm ? 0 : kQuarantinedUntilLogged,
+                        detail_, indices_) != shard::confirm_outcome::ok)
+        throw std::runtime_error("log replay: a logged confirm_write no longer applies: " +
+                                 detail_);
+      break;
+    case store::record_kind::quarantine_end:
+      if (!ranks.end_quarantine(r.rank, r.releases))
+        throw std::runtime_error("log replay: the end of a quarantine on rank " +
+                                 std::to_string(r.rank) + " no longer applies");
+      break;
+    case store::record_kind::snapshot_quarantine:
+      if (!ranks.restore_quarantine(r.rank, r.releases, kQuarantinedUntilLogged))
+        throw std::runtime_error("snapshot replay: quarantined pages of rank " +
+                                 std::to_string(r.rank) + " cannot be restored");
+      break;
+    case store::record_kind::remove:
+      indices_.clear();
+      ranks.remove_confirmed(r.rank, r.keys, indices_);
+      break;
+    case store::record_kind::release:
+      if (!ranks.release_reserved(r.rank, r.releases))
+        throw std::runtime_error("log replay: an expiry of rank " + std::to_string(r.rank) +
+                                 " no longer applies");
+      break;
+    case store::record_kind::snapshot_entry:
+      if (!ranks.restore(r.rank, r.keys[0], r.page, r.confirmed, now_))
+        throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
+                                 std::to_string(r.rank) + " cannot be restored");
+      break;
+    case store::record_kind::snapshot_rank_keys:
+      restore_rank_keys(r, ranks);
+      break;
+    case store::record_kind::sg_initialize:
+    case store::record_kind::sg_reserve:
+    case store::record_kind::sg_confirm:
+    case store::record_kind::sg_delete:
+    case store::record_kind::sg_clear:
+    case store::record_kind::sg_get:
+    case store::record_kind::sg_expire:
+    case store::record_kind::sg_snapshot_pool:
+      if (std::string e = apply_sg_record(cl_, *cl_.core[core_], r); !e.empty())
+        throw std::runtime_error("log replay: " + e);
+      break;
+    default:
+      break;
+  }
+}
+
+void replayer::collect_confirmed() {
+  shard::rank_table& ranks = cl_.core[core_]->ranks;
+  ranks.set_bulk(false);
+  const auto cores = static_cast<std::size_t>(cl_.cores);
+  std::size_t bound = 0;
+  ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+    bound += static_cast<std::size_t>(st.bound);
+  });
+  for (auto& keys : out_.packed_by_owner) keys.reserve(cores == 1 ? bound : bound / cores * 9 / 8);
+  char text[shard::packed_key_chars];
+  ranks.for_each_rank_packed(
+      [](std::int64_t, const shard::rank_stats&, std::size_t) {},
+      [&](const shard::rank_table::packed_binding& b) {
+        if (!b.confirmed) return;
+        std::size_t owner = 0;
+        if (cores > 1) {
+          shard::unpack_hex_key(b.key, text);
+          owner = static_cast<std::size_t>(cl_.key_owner(std::string_view(text, sizeof text)));
+        }
+        out_.packed_by_owner[owner].push_back(b.key);
+      },
+      [&](std::string_view key, std::int64_t, bool confirmed) {
+        if (!confirmed) return;
+        out_.others_by_owner[static_cast<std::size_t>(cl_.key_owner(key))].emplace_back(key);
+      });
+}
+
+// A chunk of a rank's 32-hex keys, bulk-loaded; other cores' ranks are skipped unread.
+void replayer::restore_rank_keys(const store::record& r, shard::rank_table& ranks) {
+  const std::size_t count = r.item_count();
+  bindings_.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const store::packed_item item = store::packed_item_at(r.items, i);
+    bindings_[i] = {{item.lo, item.hi}, item.value & 0x7FFFFFFFu, (item.value >> 31) != 0};
+  }
+  if (!ranks.restore_packed(r.rank, static_cast<std::size_t>(r.total), bindings_, now_))
+    throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
+                             " cannot be restored (out of range, taken, or a key twice)");
+}
+
+// A chunk of a former core's directory keys: those this core owns now.
+void replayer::restore_directory_keys(const store::record& r, shard::directory& directory) {
+  char text[shard::packed_key_chars];
+  const std::size_t count = r.item_count();
+  for (std::size_t i = 0; i < count; ++i) {
+    const store::packed_item item = store::packed_item_at(r.items, i);
+    const shard::packed_key key{item.lo, item.hi};
+    if (cl_.cores > 1) {
+      shard::unpack_hex_key(key, text);
+      if (cl_.key_owner(std::string_view(text, sizeof text)) != core_) continue;
+    }
+    ++out_.records;
+    directory.restore_key(key, static_cast<std::int32_t>(item.value));
+  }
+}
+
+// Counts every confirmed binding into the directory slice of the key's owner (each core
+// reads the lists the others made for it, and frees them).
+void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& outputs,
+                       std::int32_t fallback_tp) {
+  shard::directory& directory = cl.core[core]->directory;
+  const auto mine = static_cast<std::size_t>(core);
+  // A binding whose directory record did not reach the disk belonged to a confirm that
+  // was never acknowledged; assume every rank had been initialised.
+  std::size_t guessed = 0;
+  for (replay_output& from : outputs) {
+    guessed += directory.restore_count(from.packed_by_owner[mine], fallback_tp);
+    std::vector<shard::packed_key>().swap(from.packed_by_owner[mine]);
+    for (const std::string& key : from.others_by_owner[mine])
+      guessed += directory.restore_count(key, fallback_tp);
+    std::vector<std::string>().swap(from.others_by_owner[mine]);
+  }
+  directory.restore_finish(cl.clock());
+  if (guessed)
+    metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
+                     fallback_tp);
+}
+
+}  // namespace server
