@@ -7,6 +7,7 @@
 
 #include <cerrno>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,9 @@ class node {
   pipeline::cluster& cluster() { return *cluster_; }
   // While set, every group commit's fdatasync fails with EIO (its write succeeds).
   bool fail_sync = false;
+  // Called with each group commit once it is written and synced, before its waiters are
+  // resumed (a replication test ships the same bytes to a standby here).
+  std::function<void(pipeline::core_state&, const store::log_writer::flush_job&)> on_flush;
 
   std::uint64_t now = 1'000'000;  // the cluster's clock, in ms
 
@@ -114,7 +118,9 @@ class node {
     store::log_writer::flush_job job;
     if (!server::take_flush(*cluster_, core, true, job)) return;
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-    server::flush_done(*cluster_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
+    const int synced = fail_sync ? -EIO : ::fdatasync(job.fd);
+    if (on_flush) on_flush(core, job);
+    server::flush_done(*cluster_, core, written, synced);
   }
 
   // Calls into the connection as its home, core 0, would (drains run the other cores).

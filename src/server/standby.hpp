@@ -1,0 +1,53 @@
+// A hot standby's side of replication (design-ha.md §4 "What is shipped"): the leader's
+// log frames for core c are appended to this node's own log of core c, made durable by
+// the core's usual group commit, and applied to core c's state with recovery's replayer
+// as they arrive. promote_standby ends the replay as recovery does. A standby_core is
+// used on its core's thread only; the cluster it fills serves no request meanwhile.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "pipeline/cluster.hpp"
+#include "server/replayer.hpp"
+
+namespace server {
+
+class standby_core {
+ public:
+  // Core c of `cl`, a cluster recovered from the standby's own data directory (its log
+  // open and idle), whose state is the leader's core c at leader_lsn.
+  standby_core(pipeline::cluster& cl, int core, std::uint64_t leader_lsn);
+
+  // Whole, checked frames (repl::follower's verdict apply) starting at the leader's
+  // position received_lsn(): appended to the core's log, then applied. Throws
+  // std::runtime_error if a record no longer applies (the states diverged: resync).
+  void receive(std::string_view frames);
+
+  // Leader positions: what was received, and what this node's log holds durably (what
+  // to ack once the core's group commit returns).
+  std::uint64_t received_lsn() const { return leader_base_ + (log_.end() - local_base_); }
+  std::uint64_t durable_lsn() const { return leader_base_ + (log_.durable() - local_base_); }
+
+  int core() const { return core_; }
+  replay_output& output() { return out_; }
+  replayer& replay() { return replayer_; }
+
+ private:
+  pipeline::cluster& cl_;
+  int core_;
+  store::log_writer& log_;
+  std::uint64_t leader_base_, local_base_;
+  replay_output out_;
+  replayer replayer_;
+};
+
+// Promotion's replay half, once the streams are closed and every received frame is
+// applied: the directory is rebuilt from the bindings, quarantines restart, worker
+// ranks are counted, and recovered keys are leased for --read-lease-ms (as after a
+// restart). The cluster can serve afterwards. Runs on one thread (cores idle).
+void promote_standby(pipeline::cluster& cl, std::vector<std::unique_ptr<standby_core>>& cores);
+
+}  // namespace server
