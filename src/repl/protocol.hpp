@@ -96,6 +96,8 @@ class decoder {
   status next();
   // Bytes received and not yet cut into messages.
   std::size_t buffered() const { return buffer_.size() - consumed_; }
+  // Those bytes (to hand the stream to another decoder after the handshake).
+  std::string_view unread() const { return std::string_view(buffer_).substr(consumed_); }
 
   message_type type{};
   struct hello hello;

@@ -82,6 +82,16 @@ TEST(ReplProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(d.buffered(), 0u);
 }
 
+TEST(ReplProtocol, WhatFollowsAMessageIsLeftUnread) {
+  std::string bytes;
+  repl::encode(bytes, repl::ack{7, 2, 3, 99});
+  decoder d;
+  d.feed(bytes + "next");
+  ASSERT_EQ(d.next(), decoder::status::message);
+  EXPECT_EQ(d.next(), decoder::status::need_more);
+  EXPECT_EQ(d.unread(), "next");
+}
+
 TEST(ReplProtocol, AStreamSplitAtAnyByteDecodesTheSame) {
   const std::string bytes = stream(log_bytes());
   decoder whole;

@@ -98,9 +98,12 @@ class node {
   pipeline::cluster& cluster() { return *cluster_; }
   // While set, every group commit's fdatasync fails with EIO (its write succeeds).
   bool fail_sync = false;
-  // Called with each group commit once it is written and synced, before its waiters are
-  // resumed (a replication test ships the same bytes to a standby here).
-  std::function<void(pipeline::core_state&, const store::log_writer::flush_job&)> on_flush;
+  // Replication tests: on_flush is called with each group commit before it is written
+  // (the same bytes are shipped to a standby there), after_sync once it is written and
+  // synced, before its waiters are resumed (a standby's ack may be awaited there).
+  using flush_hook =
+      std::function<void(pipeline::core_state&, const store::log_writer::flush_job&)>;
+  flush_hook on_flush, after_sync;
 
   std::uint64_t now = 1'000'000;  // the cluster's clock, in ms
 
@@ -117,9 +120,10 @@ class node {
     const smp::core_scope as_core(core.index);  // resumes the requests that waited for it
     store::log_writer::flush_job job;
     if (!server::take_flush(*cluster_, core, true, job)) return;
+    if (on_flush) on_flush(core, job);
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
     const int synced = fail_sync ? -EIO : ::fdatasync(job.fd);
-    if (on_flush) on_flush(core, job);
+    if (after_sync) after_sync(core, job);
     server::flush_done(*cluster_, core, written, synced);
   }
 

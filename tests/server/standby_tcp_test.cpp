@@ -1,0 +1,173 @@
+// Replication of one core pair over loopback TCP (repl/socket.hpp): the standby runs on
+// a thread of its own (connect, hello, then read → apply → its group commit → ack); the
+// leader, an in-process node, ships each group commit before its own write and, once its
+// fdatasync returns, blocks on its core until the standby's ack covers it (blocking on
+// the core: the simplest first transport, see the report; the next step puts the socket
+// on the core's loop). The disabled test measures the allocate → release pair with and
+// without the standby (scripts: --gtest_also_run_disabled_tests); it asserts no timing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "repl/socket.hpp"
+#include "standby_harness.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace standby_test;
+
+// The standby's thread: hello for core 0, then stream until the leader hangs up.
+void run_standby(standby& s, std::uint16_t port) {
+  repl::socket_fd sock = repl::connect_tcp("127.0.0.1", port);
+  std::string out;
+  repl::encode(out, repl::hello{repl::kProtocolVersion, "test", "b", kEpoch, 1, 1, 0, 0});
+  ASSERT_TRUE(repl::write_all(sock, out));
+  repl::decoder d;
+  std::string in;
+  while (d.next() != repl::decoder::status::message) {
+    ASSERT_TRUE(repl::read_some(sock, in));
+    d.feed(in);
+    in.clear();
+  }
+  ASSERT_EQ(d.type, repl::message_type::answer);
+  ASSERT_TRUE(s.answered(0, d.answer));
+  std::string rest(d.unread());  // batches may follow the answer in the same read
+  while (!rest.empty() || repl::read_some(sock, rest)) {
+    s.receive(0, rest, false);
+    rest.clear();
+    out.clear();
+    repl::encode(out, s.sync(0));  // one group commit and one ack per read
+    if (!repl::write_all(sock, out)) break;
+  }
+}
+
+// The leader's end: accepts the standby, answers its hello, and hooks the node's group
+// commit (ship before the write, wait for the ack after the sync).
+class leader_link {
+ public:
+  leader_link(node& leader, repl::socket_fd sock)
+      : sock_(std::move(sock)), out_(kEpoch, 1, 0, 0), log_(leader.cluster().core[0]->log) {
+    std::string in;
+    repl::decoder hello;
+    while (hello.next() != repl::decoder::status::message) {
+      EXPECT_TRUE(repl::read_some(sock_, in));
+      hello.feed(in);
+      in.clear();
+    }
+    const repl::answer a = repl::answer_hello(hello.hello, {"test", kEpoch, 1, 1, 0, log_.end()});
+    EXPECT_EQ(a.status, repl::answer_status::stream);
+    std::string wire;
+    repl::encode(wire, a);
+    EXPECT_TRUE(repl::write_all(sock_, wire));
+    log_.require_standby(true);
+    leader.on_flush = [this](pipeline::core_state&, const store::log_writer::flush_job& job) {
+      wire_.clear();
+      ASSERT_EQ(job.lsn, out_.sent());
+      out_.send(wire_, std::string_view(job.data, job.bytes));
+      ASSERT_TRUE(repl::write_all(sock_, wire_));
+    };
+    leader.after_sync = [this](pipeline::core_state&, const store::log_writer::flush_job& job) {
+      while (out_.acked() < job.lsn + job.bytes) {
+        std::string got;
+        ASSERT_TRUE(repl::read_some(sock_, got));
+        acks_.feed(got);
+        while (acks_.next() == repl::decoder::status::message) {
+          ASSERT_TRUE(out_.on_ack(acks_.ack));
+          log_.replicated_until(acks_.ack.lsn);
+        }
+      }
+    };
+  }
+  void close() { sock_.shut_down(); }
+
+ private:
+  repl::socket_fd sock_;
+  repl::leader_stream out_;
+  store::log_writer& log_;
+  repl::decoder acks_;
+  std::string wire_;
+};
+
+class StandbyTcp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = (fs::temp_directory_path() /
+             ("metad-standby-tcp-" + std::to_string(::getpid()) + "-" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+                .string();
+    fs::remove_all(base_);
+    fs::create_directories(base_);
+  }
+  void TearDown() override { fs::remove_all(base_); }
+  std::string base_;
+};
+
+TEST_F(StandbyTcp, StreamsALiveLeaderOverLoopback) {
+  standby s(base_ + "/standby", 1, 1);
+  node leader(base_ + "/leader", 1);
+  repl::socket_fd listener = repl::listen_tcp("127.0.0.1", 0);
+  std::thread standby_thread(run_standby, std::ref(s), repl::bound_port(listener));
+  {
+    leader_link link(leader, repl::accept_tcp(listener));
+    history(leader);
+    EXPECT_EQ(s.durable_lsn(0), leader.cluster().core[0]->log.durable());
+    leader.on_flush = nullptr;
+    leader.after_sync = nullptr;
+    leader.cluster().core[0]->log.require_standby(false);
+    link.close();
+  }
+  standby_thread.join();
+  s.promote();
+  EXPECT_EQ(pipeline::check_consistency(s.n().cluster()), "");
+  EXPECT_EQ(probe(s.n()), probe(leader));
+}
+
+// n allocate → release pairs on rank 0 (each request its own group commit); pairs/s.
+double pairs_per_second(node& n, int pairs) {
+  n.post("/rank/0/initialize", R"({"num_pages":4096})");
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < pairs; ++i) {
+    const std::string got =
+        n.post("/keys/batch_allocate", R"({"rank":0,"keys":["p)" + std::to_string(i) + "\"]}");
+    const std::string page = got.substr(got.rfind(',') + 1, got.find(']') - got.rfind(',') - 1);
+    n.post("/keys/confirm_write",
+           R"({"rank":0,"confirmations":[],"pages_to_release":[)" + page + "]}");
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  return pairs / took.count();
+}
+
+TEST_F(StandbyTcp, DISABLED_ThroughputOfAllocateReleasePairs) {
+  constexpr int kPairs = 1000;
+  double local = 0, replicated = 0;
+  {
+    node alone(base_ + "/alone", 1);
+    local = pairs_per_second(alone, kPairs);
+  }
+  {
+    standby s(base_ + "/standby", 1, 1);
+    node leader(base_ + "/leader", 1);
+    repl::socket_fd listener = repl::listen_tcp("127.0.0.1", 0);
+    std::thread standby_thread(run_standby, std::ref(s), repl::bound_port(listener));
+    {
+      leader_link link(leader, repl::accept_tcp(listener));
+      replicated = pairs_per_second(leader, kPairs);
+      leader.on_flush = nullptr;
+      leader.after_sync = nullptr;
+      leader.cluster().core[0]->log.require_standby(false);
+      link.close();
+    }
+    standby_thread.join();
+  }
+  std::printf("allocate->release pairs, one request per group commit, %d pairs\n", kPairs);
+  std::printf("%-28s %10.0f pairs/s\n", "local --durability sync", local);
+  std::printf("%-28s %10.0f pairs/s  (%.0f%%)\n", "sync + standby (loopback)", replicated,
+              100.0 * replicated / local);
+}
+
+}  // namespace
