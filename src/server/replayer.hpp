@@ -46,6 +46,10 @@ class replayer {
   // that owns each key's directory slice (which counts them).
   void collect_confirmed();
 
+  // The time reservations made from here on count their TTL from (recovery: when it
+  // started; a hot standby: when each batch arrives, close to the leader's own time).
+  void set_now(std::uint64_t now) { now_ = now; }
+
  private:
   void restore_rank_keys(const store::record& r, shard::rank_table& ranks);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
@@ -54,7 +58,7 @@ class replayer {
   int core_;
   replay_output& out_;
   std::unordered_map<std::int64_t, std::size_t> expected_;
-  const std::uint64_t now_ = cl_.clock();
+  std::uint64_t now_ = cl_.clock();
   std::vector<std::uint32_t> indices_;
   std::vector<shard::rank_table::packed_binding> bindings_;
   std::vector<std::int64_t> pages_;

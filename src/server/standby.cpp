@@ -22,6 +22,7 @@ void standby_core::receive(std::string_view frames) {
   // leader (its state changes before its records are durable, never after).
   log_.pending().append(frames);
   pipeline::core_state& core = *cl_.core[core_];
+  replayer_.set_now(cl_.clock());  // a reservation's TTL runs from about the leader's time
   const bool whole = store::scan_checked(frames, [&](const store::record& r, std::size_t) {
     if (r.kind == store::record_kind::clear) {
       // Recovery starts after a core's last clear; a live replay drops what came before

@@ -124,6 +124,7 @@ inline std::vector<std::size_t> frame_starts(std::string_view log) {
 // A core's group commit, as its loop does it (the standby's own log).
 inline void flush(pipeline::cluster& cl, pipeline::core_state& core) {
   const smp::core_scope as_core(core.index);
+  server::snapshot_tick(cl, core);  // as the loop's tick: a cut may come due
   store::log_writer::flush_job job;
   if (!server::take_flush(cl, core, true, job)) return;
   const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
@@ -134,8 +135,9 @@ inline void flush(pipeline::cluster& cl, pipeline::core_state& core) {
 // core the decoder, the follower and the applier.
 class standby {
  public:
-  standby(const std::string& dir, std::uint64_t generation, int cores = kCores)
-      : node_(dir, cores) {
+  standby(const std::string& dir, std::uint64_t generation, int cores = kCores,
+          std::uint64_t snapshot_bytes = 1u << 30)
+      : node_(dir, cores, snapshot_bytes) {
     for (int c = 0; c < cores; ++c) {
       streams_.push_back(std::make_unique<stream>(kEpoch, generation, c));
       appliers_.push_back(std::make_unique<server::standby_core>(node_.cluster(), c, 0));
@@ -175,6 +177,13 @@ class standby {
   // The leader's answer to our hello for core c: true if it streams.
   bool answered(int c, const repl::answer& a) {
     return streams_[static_cast<std::size_t>(c)]->follower.on_answer(a);
+  }
+  // Waits for background snapshot writers (before the data directory is copied).
+  void settle() {
+    for (auto& core : node_.cluster().core) {
+      server::finish_snapshot(*core);
+      server::snapshot_tick(node_.cluster(), *core);
+    }
   }
   void promote() { server::promote_standby(node_.cluster(), appliers_); }
   node& n() { return node_; }

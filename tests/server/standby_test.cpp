@@ -50,7 +50,8 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     const std::string dir = base_ + "/standby-" + std::to_string(seed);
-    standby s(dir, 1);
+    // Seeds 3 and 4: the standby cuts its own log into snapshots as it goes.
+    standby s(dir, 1, kCores, seed > 2 ? 2048 : 1u << 30);
     for (int c = 0; c < kCores; ++c) {
       const std::vector<std::size_t> at = frame_starts(logs[static_cast<std::size_t>(c)]);
       repl::leader_stream out(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
@@ -84,7 +85,16 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
       EXPECT_EQ(out.acked(), logs[static_cast<std::size_t>(c)].size());
     }
     EXPECT_GT(s.duplicates, 0);
+    if (seed > 2) {
+      std::size_t cut = 0;  // snapshots after recovery's own (segment 1)
+      for (const auto& e : fs::recursive_directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        if (name.find(".snap-") != std::string::npos && !name.ends_with(".snap-1")) ++cut;
+      }
+      EXPECT_GT(cut, 0u);
+    }
     // The standby's own data directory, as it is now (before promotion writes to it).
+    s.settle();
     fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
     fs::remove(dir + "-copy/LOCK");
     s.promote();
