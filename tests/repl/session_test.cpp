@@ -123,7 +123,8 @@ TEST(ReplFollower, AnOverlappingBatchAppliesOnlyItsNewFrames) {
   const std::string a = frames(2), b = frames(3, 2);
   follower f(7, 2, 3, 0);
   ASSERT_EQ(f.on_batch(batch(7, 0, a)).v, verdict::apply);
-  const follower::result r = f.on_batch(batch(7, 0, a + b));  // resent from the start
+  const std::string resent = a + b;  // resent from the start
+  const follower::result r = f.on_batch(batch(7, 0, resent));
   ASSERT_EQ(r.v, verdict::apply);
   EXPECT_EQ(r.bytes, b);
   EXPECT_EQ(r.start_lsn, a.size());
