@@ -47,7 +47,9 @@ class standby_core {
 // Promotion's replay half, once the streams are closed and every received frame is
 // applied: the directory is rebuilt from the bindings, quarantines restart, worker
 // ranks are counted, and recovered keys are leased for --read-lease-ms (as after a
-// restart). The cluster can serve afterwards. Runs on one thread (cores idle).
+// restart). The cluster can serve afterwards; the standby_cores are spent (their
+// replay output moved out). Runs on one thread (cores idle). A reservation keeps the
+// TTL it got when its batch arrived (close to the leader's deadline).
 void promote_standby(pipeline::cluster& cl, std::vector<std::unique_ptr<standby_core>>& cores);
 
 }  // namespace server
