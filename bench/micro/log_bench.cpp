@@ -13,6 +13,8 @@
 
 #include "store/log.hpp"
 
+using namespace metad;
+
 namespace {
 
 struct looping {

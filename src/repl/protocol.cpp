@@ -5,7 +5,7 @@
 #include "metad/assert.hpp"
 #include "store/record.hpp"
 
-namespace repl {
+namespace metad::repl {
 namespace {
 
 template <typename T>
@@ -169,4 +169,4 @@ decoder::status decoder::decode_body(std::string_view body) {
   return ok ? status::message : status::bad_message;
 }
 
-}  // namespace repl
+}  // namespace metad::repl

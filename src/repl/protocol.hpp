@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace repl {
+namespace metad::repl {
 
 inline constexpr std::uint16_t kProtocolVersion = 1;
 inline constexpr std::size_t kHeaderBytes = 8;
@@ -112,4 +112,4 @@ class decoder {
   status failed_ = status::need_more;
 };
 
-}  // namespace repl
+}  // namespace metad::repl

@@ -3,7 +3,7 @@
 #include "metad/assert.hpp"
 #include "store/record.hpp"
 
-namespace repl {
+namespace metad::repl {
 
 answer answer_hello(const hello& h, const leader_view& leader) {
   answer a;
@@ -78,4 +78,4 @@ ack follower::durable(std::uint64_t lsn) {
   return current_ack();
 }
 
-}  // namespace repl
+}  // namespace metad::repl

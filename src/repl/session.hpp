@@ -10,7 +10,7 @@
 
 #include "repl/protocol.hpp"
 
-namespace repl {
+namespace metad::repl {
 
 // What the leader knows of itself when a standby says hello for one core.
 struct leader_view {
@@ -93,4 +93,4 @@ class follower {
   std::uint64_t durable_;   // bytes the applier made durable
 };
 
-}  // namespace repl
+}  // namespace metad::repl

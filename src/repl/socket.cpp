@@ -10,7 +10,7 @@
 #include <system_error>
 #include <utility>
 
-namespace repl {
+namespace metad::repl {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) {
@@ -113,4 +113,4 @@ bool read_some(const socket_fd& s, std::string& out) {
   }
 }
 
-}  // namespace repl
+}  // namespace metad::repl

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace repl {
+namespace metad::repl {
 
 // An owned socket; -1 when closed. Move-only.
 class socket_fd {
@@ -45,4 +45,4 @@ bool write_all(const socket_fd& s, std::string_view bytes);
 // the stream or on an error.
 bool read_some(const socket_fd& s, std::string& out);
 
-}  // namespace repl
+}  // namespace metad::repl

@@ -11,7 +11,7 @@
 
 #include "metad/assert.hpp"
 
-namespace store {
+namespace metad::store {
 
 class log_writer {
  public:
@@ -121,4 +121,4 @@ class log_writer {
   void resume_waiters(bool failed);
 };
 
-}  // namespace store
+}  // namespace metad::store

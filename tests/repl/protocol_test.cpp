@@ -11,6 +11,8 @@
 
 #include "store/record.hpp"
 
+using namespace metad;
+
 namespace {
 
 using repl::decoder;

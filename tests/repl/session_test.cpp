@@ -8,6 +8,8 @@
 
 #include "store/record.hpp"
 
+using namespace metad;
+
 namespace {
 
 using repl::answer_status;

@@ -1,6 +1,6 @@
 // The standby side of replication tests: a leader's history touching every record kind,
-// the probe that compares two nodes' answers, and a standby node fed through the
-// replication protocol (decoder → follower → server::standby_core, acks back).
+// the probe that compares two nodes' answers, and a standby sim_node fed through the
+// replication protocol (decoder → follower → persist::standby_core, acks back).
 #pragma once
 
 #include <fmt/format.h>
@@ -14,14 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "node.hpp"
+#include "sim_node.hpp"
 #include "repl/protocol.hpp"
 #include "repl/session.hpp"
-#include "server/standby.hpp"
+#include "persist/standby.hpp"
+
+using namespace metad;
 
 namespace standby_test {
 
-using server_test::node;
+using server_test::sim_node;
 
 inline constexpr std::uint64_t kEpoch = 42;
 inline constexpr int kCores = 2;
@@ -45,7 +47,7 @@ inline std::string confirmations(int from, int to) {
 
 // Every kind of log record: ranks, saves (packed and other keys), failed writes
 // released, expiry on the tick, a delete, SGLang pools, a /clear with writes after it.
-inline void history(node& n) {
+inline void history(sim_node& n) {
   for (int r = 0; r < 4; ++r)
     n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":64})");
   for (int r = 0; r < 2; ++r) {
@@ -83,7 +85,7 @@ inline void history(node& n) {
 
 // What the state answers: every rank's counts, the directory, locations, SGLang pools,
 // then allocations (which depend on the free pages' order and the reservations).
-inline std::string probe(node& n) {
+inline std::string probe(sim_node& n) {
   std::string s;
   for (int r = 0; r < 4; ++r) s += n.get("/rank/" + std::to_string(r)) + "\n";
   for (int r = 0; r < 4; ++r)
@@ -122,16 +124,16 @@ inline std::vector<std::size_t> frame_starts(std::string_view log) {
 }
 
 // A core's group commit, as its loop does it (the standby's own log).
-inline void flush(pipeline::cluster& cl, pipeline::core_state& core) {
+inline void flush(pipeline::node& nd, pipeline::core_state& core) {
   const smp::core_scope as_core(core.index);
-  server::snapshot_tick(cl, core);  // as the loop's tick: a cut may come due
+  persist::snapshot_tick(nd, core);  // as the loop's tick: a cut may come due
   store::log_writer::flush_job job;
-  if (!server::take_flush(cl, core, true, job)) return;
+  if (!persist::take_flush(nd, core, true, job)) return;
   const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-  server::flush_done(cl, core, written, ::fdatasync(job.fd));
+  persist::flush_done(nd, core, written, ::fdatasync(job.fd));
 }
 
-// The standby's end of the streams: a node (serving nothing until promoted), and per
+// The standby's end of the streams: a sim_node (serving nothing until promoted), and per
 // core the decoder, the follower and the applier.
 class standby {
  public:
@@ -140,7 +142,7 @@ class standby {
       : node_(dir, cores, snapshot_bytes) {
     for (int c = 0; c < cores; ++c) {
       streams_.push_back(std::make_unique<stream>(kEpoch, generation, c));
-      appliers_.push_back(std::make_unique<server::standby_core>(node_.cluster(), c, 0));
+      appliers_.push_back(std::make_unique<persist::standby_core>(node_.state(), c, 0));
     }
   }
 
@@ -169,7 +171,7 @@ class standby {
 
   // The core's group commit, and the ack it allows.
   repl::ack sync(int c) {
-    flush(node_.cluster(), *node_.cluster().core[c]);
+    flush(node_.state(), *node_.state().core[c]);
     return streams_[static_cast<std::size_t>(c)]->follower.durable(
         appliers_[static_cast<std::size_t>(c)]->durable_lsn());
   }
@@ -180,13 +182,13 @@ class standby {
   }
   // Waits for background snapshot writers (before the data directory is copied).
   void settle() {
-    for (auto& core : node_.cluster().core) {
-      server::finish_snapshot(*core);
-      server::snapshot_tick(node_.cluster(), *core);
+    for (auto& core : node_.state().core) {
+      persist::finish_snapshot(*core);
+      persist::snapshot_tick(node_.state(), *core);
     }
   }
-  void promote() { server::promote_standby(node_.cluster(), appliers_); }
-  node& n() { return node_; }
+  void promote() { persist::promote_standby(node_.state(), appliers_); }
+  sim_node& n() { return node_; }
   std::uint64_t durable_lsn(int c) const {
     return appliers_[static_cast<std::size_t>(c)]->durable_lsn();
   }
@@ -199,9 +201,9 @@ class standby {
     repl::decoder from_leader;
     repl::follower follower;
   };
-  node node_;
+  sim_node node_;
   std::vector<std::unique_ptr<stream>> streams_;
-  std::vector<std::unique_ptr<server::standby_core>> appliers_;
+  std::vector<std::unique_ptr<persist::standby_core>> appliers_;
 };
 
 }  // namespace standby_test

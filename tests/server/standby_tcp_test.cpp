@@ -18,6 +18,8 @@
 #include "repl/socket.hpp"
 #include "standby_harness.hpp"
 
+using namespace metad;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -53,7 +55,7 @@ void run_standby(standby& s, std::uint16_t port) {
 class leader_link {
  public:
   leader_link(node& leader, repl::socket_fd sock)
-      : sock_(std::move(sock)), out_(kEpoch, 1, 0, 0), log_(leader.cluster().core[0]->log) {
+      : sock_(std::move(sock)), out_(kEpoch, 1, 0, 0), log_(leader.state().core[0]->log) {
     std::string in;
     repl::decoder hello;
     while (hello.next() != repl::decoder::status::message) {
@@ -117,15 +119,15 @@ TEST_F(StandbyTcp, StreamsALiveLeaderOverLoopback) {
   {
     leader_link link(leader, repl::accept_tcp(listener));
     history(leader);
-    EXPECT_EQ(s.durable_lsn(0), leader.cluster().core[0]->log.durable());
+    EXPECT_EQ(s.durable_lsn(0), leader.state().core[0]->log.durable());
     leader.on_flush = nullptr;
     leader.after_sync = nullptr;
-    leader.cluster().core[0]->log.require_standby(false);
+    leader.state().core[0]->log.require_standby(false);
     link.close();
   }
   standby_thread.join();
   s.promote();
-  EXPECT_EQ(pipeline::check_consistency(s.n().cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
   EXPECT_EQ(probe(s.n()), probe(leader));
 }
 
@@ -171,7 +173,7 @@ TEST_F(StandbyTcp, DISABLED_ThroughputOfAllocateReleasePairs) {
     }
     leader.on_flush = nullptr;
     leader.after_sync = nullptr;
-    leader.cluster().core[0]->log.require_standby(false);
+    leader.state().core[0]->log.require_standby(false);
     link.close();
   }
   standby_thread.join();

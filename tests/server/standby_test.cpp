@@ -1,5 +1,5 @@
 // A hot standby fed the leader's per-core log frames over the replication protocol
-// (repl::), applying them with recovery's replayer (server::standby_core): its state
+// (repl::), applying them with recovery's replayer (persist::standby_core): its state
 // after promotion answers as the leader's does, and its own data directory recovers to
 // that state after a restart. Both from the leader's log files cut at arbitrary frame
 // boundaries (with duplicates, overlaps and a wire split at any byte), and live, each
@@ -44,7 +44,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
     for (int c = 0; c < kCores; ++c)
       logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
     expected = probe(leader);  // after the logs were read: probe() changes the state
-    EXPECT_EQ(pipeline::check_consistency(leader.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(leader.state()), "");
   }
   for (std::uint32_t seed = 1; seed <= 4; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -98,7 +98,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
     fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
     fs::remove(dir + "-copy/LOCK");
     s.promote();
-    EXPECT_EQ(pipeline::check_consistency(s.n().cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
     EXPECT_EQ(probe(s.n()), expected);
     node restarted(dir + "-copy", kCores);
     EXPECT_EQ(probe(restarted), expected);
@@ -116,7 +116,7 @@ TEST_F(Standby, ALiveLeaderAcknowledgesOnlyWhatTheStandbyHolds) {
   std::vector<repl::decoder> acks(kCores);
   for (int c = 0; c < kCores; ++c) {
     out.emplace_back(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
-    leader.cluster().core[c]->log.require_standby(true);
+    leader.state().core[c]->log.require_standby(true);
   }
   std::mt19937 rng(7);
   int shipped = 0;
@@ -138,13 +138,13 @@ TEST_F(Standby, ALiveLeaderAcknowledgesOnlyWhatTheStandbyHolds) {
   history(leader);
   leader.on_flush = nullptr;
   for (int c = 0; c < kCores; ++c) {
-    EXPECT_EQ(leader.cluster().core[c]->log.committed(), leader.cluster().core[c]->log.durable());
-    EXPECT_EQ(s.durable_lsn(c), leader.cluster().core[c]->log.durable());
-    leader.cluster().core[c]->log.require_standby(false);
+    EXPECT_EQ(leader.state().core[c]->log.committed(), leader.state().core[c]->log.durable());
+    EXPECT_EQ(s.durable_lsn(c), leader.state().core[c]->log.durable());
+    leader.state().core[c]->log.require_standby(false);
   }
   EXPECT_GT(shipped, 20);
   s.promote();
-  EXPECT_EQ(pipeline::check_consistency(s.n().cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
   EXPECT_EQ(probe(s.n()), probe(leader));
 }
 

@@ -10,6 +10,8 @@
 
 #include "store/log.hpp"
 
+using namespace metad;
+
 namespace {
 
 struct fire {

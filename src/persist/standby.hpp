@@ -10,16 +10,16 @@
 #include <string_view>
 #include <vector>
 
-#include "pipeline/cluster.hpp"
-#include "server/replayer.hpp"
+#include "pipeline/node.hpp"
+#include "persist/replayer.hpp"
 
-namespace server {
+namespace metad::persist {
 
 class standby_core {
  public:
   // Core c of `cl`, a cluster recovered from the standby's own data directory (its log
   // open and idle), whose state is the leader's core c at leader_lsn.
-  standby_core(pipeline::cluster& cl, int core, std::uint64_t leader_lsn);
+  standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn);
 
   // Whole, checked frames (repl::follower's verdict apply) starting at the leader's
   // position received_lsn(): appended to the core's log, then applied. Throws
@@ -36,7 +36,7 @@ class standby_core {
   replayer& replay() { return replayer_; }
 
  private:
-  pipeline::cluster& cl_;
+  pipeline::node& cl_;
   int core_;
   store::log_writer& log_;
   std::uint64_t leader_base_, local_base_;
@@ -50,6 +50,6 @@ class standby_core {
 // restart). The cluster can serve afterwards; the standby_cores are spent (their
 // replay output moved out). Runs on one thread (cores idle). A reservation keeps the
 // TTL it got when its batch arrived (close to the leader's deadline).
-void promote_standby(pipeline::cluster& cl, std::vector<std::unique_ptr<standby_core>>& cores);
+void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores);
 
-}  // namespace server
+}  // namespace metad::persist

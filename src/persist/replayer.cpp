@@ -1,23 +1,23 @@
-#include "server/replayer.hpp"
+#include "persist/replayer.hpp"
 
 #include <stdexcept>
 
 #include "metad/log.hpp"
-#include "server/sglang_durability.hpp"
+#include "persist/sglang_durability.hpp"
 
-namespace server {
+namespace metad::persist {
 
-using pipeline::cluster;
+using pipeline::node;
 
-replayer::replayer(cluster& cl, int core, replay_output& out, const store::file_sizes& sizes)
-    : cl_(cl), core_(core), out_(out) {
-  out_.packed_by_owner.resize(static_cast<std::size_t>(cl.cores));
-  out_.others_by_owner.resize(static_cast<std::size_t>(cl.cores));
+replayer::replayer(node& nd, int core, replay_output& out, const store::file_sizes& sizes)
+    : cl_(nd), core_(core), out_(out) {
+  out_.packed_by_owner.resize(static_cast<std::size_t>(nd.cores));
+  out_.others_by_owner.resize(static_cast<std::size_t>(nd.cores));
   for (const auto& [rank, keys] : sizes.rank_keys)
-    if (shard::owner_of_rank(rank, cl.cores) == core) expected_[rank] = keys;
+    if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
   cl_.core[core_]->ranks.set_bulk(true);
   cl_.core[core_]->directory.restore_reserve(sizes.directory_keys /
-                                             static_cast<std::size_t>(cl.cores));
+                                             static_cast<std::size_t>(nd.cores));
 }
 
 void replayer::apply(const store::record& r) {
@@ -171,9 +171,9 @@ void replayer::restore_directory_keys(const store::record& r, shard::directory& 
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core
 // reads the lists the others made for it, and frees them).
-void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& outputs,
+void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
                        std::int32_t fallback_tp) {
-  shard::directory& directory = cl.core[core]->directory;
+  shard::directory& directory = nd.core[core]->directory;
   const auto mine = static_cast<std::size_t>(core);
   // A binding whose directory record did not reach the disk belonged to a confirm that
   // was never acknowledged; assume every rank had been initialised.
@@ -185,10 +185,10 @@ void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& output
       guessed += directory.restore_count(key, fallback_tp);
     std::vector<std::string>().swap(from.others_by_owner[mine]);
   }
-  directory.restore_finish(cl.clock());
+  directory.restore_finish(nd.clock());
   if (guessed)
     metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
                      fallback_tp);
 }
 
-}  // namespace server
+}  // namespace metad::persist

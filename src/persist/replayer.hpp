@@ -11,12 +11,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 #include "shard/packed_key.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
-namespace server {
+namespace metad::persist {
 
 // What one core learns while replaying, for the directory phase: the confirmed
 // bindings of its ranks, by the core that owns each key's directory slice now (one entry
@@ -35,7 +35,7 @@ inline constexpr std::uint64_t kQuarantinedUntilLogged = UINT64_MAX;
 class replayer {
  public:
   // sizes: what the files hold, to size the tables before filling them (empty: unknown).
-  replayer(pipeline::cluster& cl, int core, replay_output& out, const store::file_sizes& sizes);
+  replayer(pipeline::node& nd, int core, replay_output& out, const store::file_sizes& sizes);
 
   // One record, if it belongs to this core (its rank, or its key's directory slice).
   // clear records are not applied: recovery starts after the last one. Throws
@@ -54,7 +54,7 @@ class replayer {
   void restore_rank_keys(const store::record& r, shard::rank_table& ranks);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
 
-  pipeline::cluster& cl_;
+  pipeline::node& cl_;
   int core_;
   replay_output& out_;
   std::unordered_map<std::int64_t, std::size_t> expected_;
@@ -67,15 +67,15 @@ class replayer {
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core
 // reads the lists the others made for it, and frees them).
-void rebuild_directory(pipeline::cluster& cl, int core, std::vector<replay_output>& outputs,
+void rebuild_directory(pipeline::node& nd, int core, std::vector<replay_output>& outputs,
                        std::int32_t fallback_tp);
 
 // Runs work(c) for every core c on a thread of its own, and rethrows the first error.
 template <typename Work>
-void on_every_core(pipeline::cluster& cl, Work&& work) {
+void on_every_core(pipeline::node& nd, Work&& work) {
   std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(cl.cores));
-  for (int c = 0; c < cl.cores; ++c) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(nd.cores));
+  for (int c = 0; c < nd.cores; ++c) {
     threads.emplace_back([&, c] {
       try {
         work(c);
@@ -89,4 +89,4 @@ void on_every_core(pipeline::cluster& cl, Work&& work) {
     if (e) std::rethrow_exception(e);
 }
 
-}  // namespace server
+}  // namespace metad::persist

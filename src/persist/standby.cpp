@@ -1,19 +1,19 @@
-#include "server/standby.hpp"
+#include "persist/standby.hpp"
 
 #include <stdexcept>
 
 #include "metad/assert.hpp"
 #include "store/record.hpp"
 
-namespace server {
+namespace metad::persist {
 
-standby_core::standby_core(pipeline::cluster& cl, int core, std::uint64_t leader_lsn)
-    : cl_(cl),
+standby_core::standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn)
+    : cl_(nd),
       core_(core),
-      log_(cl.core[core]->log),
+      log_(nd.core[core]->log),
       leader_base_(leader_lsn),
       local_base_(log_.end()),
-      replayer_(cl, core, out_, store::file_sizes{}) {
+      replayer_(nd, core, out_, store::file_sizes{}) {
   METAD_ASSERT(log_.idle());  // nothing of this node's own is queued in its log
 }
 
@@ -36,29 +36,29 @@ void standby_core::receive(std::string_view frames) {
   if (!whole) throw std::runtime_error("replication: frames that were checked no longer decode");
 }
 
-void promote_standby(pipeline::cluster& cl, std::vector<std::unique_ptr<standby_core>>& cores) {
-  METAD_ASSERT(cores.size() == static_cast<std::size_t>(cl.cores));
+void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores) {
+  METAD_ASSERT(cores.size() == static_cast<std::size_t>(nd.cores));
   std::vector<replay_output> outputs(cores.size());
   for (std::size_t c = 0; c < cores.size(); ++c) {
     cores[c]->replay().collect_confirmed();
     outputs[c] = std::move(cores[c]->output());
   }
   std::int64_t ranks = 0;
-  for (auto& core : cl.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
-  cl.worker_ranks = ranks;
-  for (int c = 0; c < cl.cores; ++c)
-    rebuild_directory(cl, c, outputs, static_cast<std::int32_t>(ranks));
+  for (auto& core : nd.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
+  nd.worker_ranks = ranks;
+  for (int c = 0; c < nd.cores; ++c)
+    rebuild_directory(nd, c, outputs, static_cast<std::int32_t>(ranks));
   // As recovery does: quarantines last their full time again, keys are leased.
   const std::uint64_t quarantine_until =
-      cl.cfg.release_quarantine_ms == 0 ? 0
-                                        : cl.clock() + cl.cfg.release_quarantine_ms * smp::kNsPerMs;
+      nd.cfg.release_quarantine_ms == 0 ? 0
+                                        : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
   std::uint64_t keys = 0;
-  for (auto& core : cl.core) {
+  for (auto& core : nd.core) {
     core->ranks.restart_quarantines(quarantine_until);
     core->publish_incomplete();
     keys += core->directory.size();
   }
-  if (keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * smp::kNsPerMs;
+  if (keys > 0) nd.removal_floor = nd.clock() + nd.cfg.read_lease_ms * smp::kNsPerMs;
 }
 
-}  // namespace server
+}  // namespace metad::persist
