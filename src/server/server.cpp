@@ -223,6 +223,8 @@ struct server::impl {
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
+  if (const std::string error = ha_config_error(cfg); !error.empty())
+    throw std::runtime_error(error);
   if (cfg.cpus.empty()) cfg.cpus = ::server::affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
