@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 allowed_smp="smp"
 allowed_leaf="smp"
-allowed_pipeline="smp|http|api|shard|store|net"
+allowed_pipeline="smp|http|api|shard|store|net|ha"
 status=0
 check() {  # module allowed-others
   local module=$1 allowed=$2 bad

@@ -37,6 +37,8 @@ class server {
   void stop() noexcept;
 
  private:
+  void start_ha(std::uint16_t port);
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -28,6 +28,10 @@
 #include "store/journal.hpp"
 #include "store/log.hpp"
 
+namespace ha {
+class control;
+}
+
 namespace pipeline {
 
 struct core_state {
@@ -131,6 +135,10 @@ struct cluster {
   // core to core, stops touching state once a clear has begun since it started (it would
   // drop what was written after the clear), and does not start while one runs.
   std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
+  // High availability (--ha-etcd; null: off): the control thread's published role and
+  // serving deadline, which the leader-only gate reads (ha_gate.hpp). Set before the
+  // cores start, owned by the server.
+  const ha::control* ha = nullptr;
 };
 
 }  // namespace pipeline

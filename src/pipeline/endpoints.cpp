@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "metad/log.hpp"
+#include "pipeline/ha_gate.hpp"
 #include "pipeline/removal.hpp"
 #include "pipeline/sglang_journal.hpp"
 #include "pipeline/walk.hpp"
@@ -514,6 +515,7 @@ endpoint_task run_metrics(connection& x) {
   for (const api::rank_info_row& r : s.rank_rows.sorted())
     render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
   render_sg_metrics(s.body, s);
+  render_ha_metrics(s.body, cl);
   co_return answer::metrics(s.body);
 }
 

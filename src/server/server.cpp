@@ -23,6 +23,7 @@
 #include "pipeline/endpoints.hpp"
 #include "pipeline/removal.hpp"
 #include "server/durability.hpp"
+#include "server/ha_setup.hpp"
 #include "server/sglang_import.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
@@ -220,6 +221,7 @@ struct server::impl {
   config cfg;
   std::unique_ptr<::pipeline::cluster> cluster;
   std::vector<int> listeners;
+  std::unique_ptr<ha::control> ha;  // --ha-etcd: the leader lease's control thread
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
@@ -260,8 +262,8 @@ void server::run() {
   // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
   // port when it is 0. The unix socket, if any, is one listener all cores accept from.
   std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(cl.cores));
+  std::uint16_t port = cfg.port;
   if (cfg.tcp) {
-    std::uint16_t port = cfg.port;
     for (auto& fds : listen_fds) {
       impl_->listeners.push_back(net::listen_tcp(cfg.host, port));
       port = net::local_port(impl_->listeners.back());
@@ -283,6 +285,7 @@ void server::run() {
   }
   if (impl_->listeners.empty())
     throw std::runtime_error("nothing to listen on: give --port or --unix");
+  if (!cfg.ha_etcd.empty()) start_ha(port);
 
   std::vector<std::thread> threads;
   for (int i = 0; i < cl.cores; ++i) {
@@ -309,8 +312,27 @@ void server::run() {
     });
   }
   for (auto& t : threads) t.join();
+  // Drained: give the lease back at once, so that a node that may lead need not wait
+  // for it to expire.
+  if (impl_->ha) impl_->ha->stop(true);
   for (auto& core : cl.core) ::server::finish_snapshot(*core);
   log::info("stopped");
+}
+
+// After recovery and listening: until it is elected, the node answers the API with 503.
+void server::start_ha(std::uint16_t port) {
+  std::string error;
+  ha::config settings = ::server::ha_settings(impl_->cfg, port, error);
+  if (!error.empty()) throw std::runtime_error(error);
+  if (impl_->cfg.ha_advertise.empty() &&
+      (impl_->cfg.host == "0.0.0.0" || impl_->cfg.host == "::" || !impl_->cfg.tcp))
+    log::warn("ha: other nodes' 503s will name this node as {}: set --ha-advertise",
+              settings.advertise);
+  log::info("ha: node {} of cluster {}, leader key value {}", settings.node, settings.cluster,
+            settings.advertise);
+  impl_->ha = std::make_unique<ha::control>(std::move(settings));
+  impl_->cluster->ha = impl_->ha.get();
+  impl_->ha->start();
 }
 
 bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus) {
