@@ -10,6 +10,7 @@ Run by scripts/test.sh's release stage only (ctest label etcd)."""
 import base64
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from metad_harness import Client, MetadServer, keys, run_to_exit
 
 ETCD = "/usr/bin/etcd"
 HAPROXY = "/usr/sbin/haproxy"
+NGINX = "/usr/sbin/nginx"
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -86,7 +88,8 @@ class Etcd:
 
 @unittest.skipUnless(os.access(ETCD, os.X_OK),
                      f"{ETCD} not found (Debian package etcd-server; scripts/setup.sh --test)")
-class HaTest(unittest.TestCase):
+class HaCase(unittest.TestCase):
+    """One etcd per class; each test's nodes form a cluster named after the test."""
 
     @classmethod
     def setUpClass(cls):
@@ -152,6 +155,10 @@ class HaTest(unittest.TestCase):
         finally:
             c.close()
 
+
+
+class HaTest(HaCase):
+
     def test_one_leader_no_takeover_without_replication_and_the_old_leader_returns(self):
         a, b = self.start("a"), self.start("b")
         leader = self.wait_leader([a, b])
@@ -216,6 +223,129 @@ class HaTest(unittest.TestCase):
         self.assert_standby(b, "a", a)
         value = json.loads(self.etcd.get(f"/hf3fs-metad/{self.cluster}/leader"))
         self.assertEqual(value, {"node": "a", "http": a.base_url})
+
+
+@unittest.skipUnless(os.access(ETCD, os.X_OK), f"{ETCD} not found (Debian package etcd-server)")
+@unittest.skipUnless(os.access(HAPROXY, os.X_OK),
+                     f"{HAPROXY} absent: install haproxy (scripts/setup.sh --test)")
+class HaproxyHaTest(HaCase):
+    """deploy/haproxy/hf3fs-metad-ha.cfg in front of two nodes: it follows /ready."""
+
+    def haproxy(self, port_a, port_b):
+        with open(os.path.join(ROOT, "deploy", "haproxy", "hf3fs-metad-ha.cfg")) as f:
+            text = f.read()
+        port = free_port()
+        for shipped, ours in (("NODE_A_HOST:18000", f"127.0.0.1:{port_a}"),
+                              ("NODE_B_HOST:18000", f"127.0.0.1:{port_b}"),
+                              ("bind 127.0.0.1:18000", f"bind 127.0.0.1:{port}"),
+                              ("CHANGE-ME", "t")):
+            self.assertIn(shipped, text)
+            text = text.replace(shipped, ours)
+        if os.geteuid() != 0:
+            text = re.sub(r"\n\s*(user|group) haproxy\b", "", text)
+        text = text.replace("log /dev/log local0 warning", "")
+        conf = os.path.join(self.dir, "haproxy.cfg")
+        with open(conf, "w") as f:
+            f.write(text)
+        check = subprocess.run([HAPROXY, "-c", "-f", conf], capture_output=True, timeout=30)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        proc = subprocess.Popen([HAPROXY, "-db", "-f", conf], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (proc.kill(), proc.wait()))
+        return f"http://127.0.0.1:{port}"
+
+    def test_haproxy_sends_everything_to_the_leader_and_finds_it_again(self):
+        ports = {"a": free_port(), "b": free_port()}
+        a = self.start("a", "--port", str(ports["a"]))
+        b = self.start("b", "--port", str(ports["b"]))
+        leader = self.wait_leader([a, b])
+        leader_id = "a" if leader is a else "b"
+        c = Client(self.haproxy(ports["a"], ports["b"]))
+        self.addCleanup(c.close)
+        time.sleep(0.5)  # the standby's first failed check marks it down
+        ks = keys(4, "haproxy")
+        self.assertEqual(c.initialize(0, 16).status_code, 200)
+        pages = dict(c.batch_allocate(0, ks).json()["results"])
+        self.assertEqual(c.confirm_write(0, pages.items()).status_code, 204)
+        statuses = [c.batch_exists(ks).status_code for _ in range(40)]
+        self.assertEqual(statuses, [200] * 40, "a request reached the standby")
+
+        def status():
+            # A connection through HAProxy closes when its node is marked down
+            # (on-marked-down shutdown-sessions); vLLM's client retries those.
+            try:
+                return c.batch_exists(ks).status_code
+            except requests.ConnectionError:
+                return None
+
+        leader.kill()
+        self.assertTrue(wait_until(lambda: status() == 503, 2))  # no node is up
+        back = self.start(leader_id, "--port", str(ports[leader_id]))
+        self.assertTrue(wait_until(lambda: status() == 200, 5), back.log())
+        self.assertEqual(c.get_locations(0, ks).json()["locations"], [pages[k] for k in ks])
+
+
+class DeployConfigTest(unittest.TestCase):
+
+    @unittest.skipUnless(os.access(ETCD, os.X_OK), f"{ETCD} not found")
+    def test_the_etcd_example_makes_a_3_member_cluster_granting_1_s_leases(self):
+        """deploy/etcd/etcd.default, its three members moved to loopback ports."""
+        with open(os.path.join(ROOT, "deploy", "etcd", "etcd.default")) as f:
+            env = dict(line.strip().split("=", 1) for line in f
+                       if "=" in line and not line.startswith("#"))
+        d = tempfile.mkdtemp(prefix="metad-ha-etcd3-")
+        self.addCleanup(shutil.rmtree, d, True)
+        ports = {n: (free_port(), free_port()) for n in (1, 2, 3)}  # client, peer
+
+        def local(text):
+            for n, (client, peer) in ports.items():
+                text = text.replace(f"10.0.1.{n}:2379", f"127.0.0.1:{client}")
+                text = text.replace(f"10.0.1.{n}:2380", f"127.0.0.1:{peer}")
+            return text.replace(",http://127.0.0.1:2379", "")
+
+        procs = []
+        for n in (1, 2, 3):
+            # The example is member 1's: the other two put their own address in its URLs.
+            member = {k: v.replace("10.0.1.1:", f"10.0.1.{n}:") if k.endswith("_URLS") else v
+                      for k, v in env.items()}
+            member = {k: local(v) for k, v in member.items()}
+            member.update(ETCD_NAME=f"etcd{n}", ETCD_DATA_DIR=os.path.join(d, str(n)))
+            log = open(os.path.join(d, f"{n}.log"), "wb")
+            self.addCleanup(log.close)
+            proc = subprocess.Popen([ETCD], env={**os.environ, **member}, stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL)
+            procs.append(proc)
+            self.addCleanup(lambda p=proc: (p.kill(), p.wait()))
+        url = f"http://127.0.0.1:{ports[2][0]}"
+
+        def grant():
+            try:
+                return requests.post(url + "/v3/lease/grant", json={"TTL": 1}, timeout=1).json()
+            except (requests.RequestException, ValueError):
+                return None
+
+        self.assertTrue(wait_until(lambda: (grant() or {}).get("TTL") is not None, 15),
+                        open(os.path.join(d, "2.log")).read()[-2000:])
+        self.assertEqual(grant()["TTL"], "1")  # the tuned timing's minimum: 1 s
+        members = requests.post(url + "/v3/cluster/member/list", json={}, timeout=2).json()
+        self.assertEqual(len(members["members"]), 3)
+
+    @unittest.skipUnless(os.access(NGINX, os.X_OK), f"{NGINX} absent")
+    def test_nginx_ha_example_parses(self):
+        d = tempfile.mkdtemp(prefix="metad-ha-nginx-")
+        self.addCleanup(shutil.rmtree, d, True)
+        with open(os.path.join(ROOT, "deploy", "nginx", "hf3fs-metad-ha.conf")) as f:
+            text = f.read().replace("NODE_A_HOST", "127.0.0.1").replace("NODE_B_HOST",
+                                                                       "127.0.0.2")
+        shipped = os.path.join(d, "ha.conf")
+        with open(shipped, "w") as f:
+            f.write(text)
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"pid {d}/nginx.pid;\nevents {{}}\nhttp {{\n    include {shipped};\n}}\n")
+        run = subprocess.run([NGINX, "-t", "-p", d, "-c", conf, "-e", os.path.join(d, "error.log")],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr.decode())
 
 
 class HaFlagsTest(unittest.TestCase):
