@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-namespace ha {
+namespace metad::ha {
 
 using std::chrono::milliseconds;
 using time_point = std::chrono::steady_clock::time_point;
@@ -134,4 +134,4 @@ class leadership {
   std::int64_t synced_epoch_ = 0;  // the epoch /sync was last claimed for
 };
 
-}  // namespace ha
+}  // namespace metad::ha

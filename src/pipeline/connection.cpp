@@ -11,7 +11,7 @@
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 // Equal-length comparison whose time does not depend on where the first difference is.
@@ -24,11 +24,11 @@ bool same_secret(std::string_view given, std::string_view expected) {
 
 }  // namespace
 
-connection::connection(cluster& cl, core_state& home, net::waker& waker)
-    : cluster_(cl),
+connection::connection(node& nd, core_state& home, net::waker& waker)
+    : node_(nd),
       home_(home),
       waker_(waker),
-      parser_(http::limits{cl.cfg.header_bytes_max, cl.cfg.body_bytes_max}) {}
+      parser_(http::limits{nd.cfg.header_bytes_max, nd.cfg.body_bytes_max}) {}
 
 net::flow connection::on_bytes(std::size_t bytes) {
   parser_.commit(bytes);
@@ -90,24 +90,24 @@ net::flow connection::advance() {
 bool connection::charge_body() {
   const std::size_t announced = parser_.body_bytes_announced();
   if (announced <= kSteadyBytes || announced <= body_charge_) return true;
-  if (!cluster_.memory.charge_body(announced - body_charge_)) return false;
+  if (!node_.memory.charge_body(announced - body_charge_)) return false;
   body_charge_ = announced;
   return true;
 }
 
-void connection::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
+void connection::release_body() { node_.memory.release_body(std::exchange(body_charge_, 0)); }
 
 // The body does not fit the budget: a 503 before it is read, and the connection closes
 // (what the client still sends is dropped by the transport's lingering close).
 net::flow connection::refuse_body() {
-  cluster_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
+  node_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
   head_ = false;
   keep_alive_ = false;
   start(kInvalidHttp);
   scratch_.detail = fmt::format(
       "Request body of {} bytes refused: it does not fit the memory budget (--memory-max {} "
       "bytes, {} in use)",
-      parser_.body_bytes_announced(), cluster_.memory.max(), cluster_.memory.used());
+      parser_.body_bytes_announced(), node_.memory.max(), node_.memory.used());
   finish(answer::error(503, scratch_.detail));
   return net::flow::close;
 }
@@ -148,7 +148,7 @@ void connection::complete() {
   const std::uint64_t elapsed_ns = smp::monotonic_ns() - started_ns_;
   if (buffer_bytes() > kRetainedBytesMax) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
-  if (cluster_.cfg.access_log) {
+  if (node_.cfg.access_log) {
     metad::log::info("access {} {} {} {} {}us", route_name(route_), status_,
                      keep_alive_ ? "keep-alive" : "close",
                      target_.empty() ? std::string_view("-") : target_, elapsed_ns / 1000);
@@ -165,7 +165,7 @@ void connection::complete() {
 // has received says `connection: close`, so that the client sends no more on it; one
 // received after it (buffered, or already in the socket) is answered first.
 bool connection::answer_keeps_alive() {
-  if (keep_alive_ && cluster_.stopping.load(std::memory_order_relaxed))
+  if (keep_alive_ && node_.stopping.load(std::memory_order_relaxed))
     keep_alive_ = parser_.more_buffered() || waker_.input_pending();
   return keep_alive_;
 }
@@ -205,7 +205,7 @@ void connection::drop_body_of_head(std::size_t body_bytes) {
 }
 
 bool connection::authorized(const http::request& request, access auth) const {
-  const metad::config& cfg = cluster_.cfg;
+  const metad::config& cfg = node_.cfg;
   if (auth == access::open) return true;
   const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
   const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;
@@ -231,8 +231,8 @@ void connection::finish(const answer& a) {
     // group commit, hops). A change already made is then not acknowledged: the client
     // retries, at the leader.
     leader_only_ = false;
-    if (!ha_serving(cluster_, smp::monotonic_ns()))
-      return finish(answer::error(503, not_leader_detail(cluster_)));
+    if (!ha_serving(node_, smp::monotonic_ns()))
+      return finish(answer::error(503, not_leader_detail(node_)));
   }
   switch (a.kind_) {
     case answer::kind::later:
@@ -283,13 +283,13 @@ void connection::dispatch(const http::request& request) {
                                      : http::canned::method_not_allowed));
   }
   // High availability: the API answers on the serving leader only (one atomic load).
-  leader_only_ = cluster_.ha != nullptr && kEndpoints[route.row].on == serves::leader;
-  if (leader_only_ && !ha_serving(cluster_, started_ns_)) {
+  leader_only_ = node_.ha != nullptr && kEndpoints[route.row].on == serves::leader;
+  if (leader_only_ && !ha_serving(node_, started_ns_)) {
     leader_only_ = false;
-    return finish(answer::error(503, not_leader_detail(cluster_)));
+    return finish(answer::error(503, not_leader_detail(node_)));
   }
   const answer a = kEndpoints[route.row].start(*this, request, route);
   if (!a.is_later()) finish(a);
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

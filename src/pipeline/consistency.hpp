@@ -4,14 +4,14 @@
 
 #include <string>
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // Each rank's pages agree with its keys (rank_table::check_invariants), and each
 // directory count is the number of ranks holding the key bound; each SGLang pool is on
 // its rank's owner core, sound, and counted. "" when consistent, else the first
 // violation.
-std::string check_consistency(const cluster& cl);
+std::string check_consistency(const node& nd);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -6,7 +6,7 @@
 
 #include "smp/clock.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 // This core's detail, rebuilt when the control's leader changes.
@@ -17,12 +17,12 @@ struct detail_cache {
 };
 thread_local detail_cache cached;
 
-void build_detail(const cluster& cl, std::string& out) {
-  const auto leader = cl.ha->leader();
+void build_detail(const node& nd, std::string& out) {
+  const auto leader = nd.ha->leader();
   out.clear();
   if (!leader || leader->node.empty()) {
     out = "not the leader; no leader is known (an election, or no node that may lead is up)";
-  } else if (leader->node == cl.ha->settings().node) {
+  } else if (leader->node == nd.ha->settings().node) {
     out = fmt::format(
         "not serving: this node ({}) holds the leader key but its lease is not confirmed; no "
         "leader until it is",
@@ -50,31 +50,31 @@ std::string_view health_body(ha::role r) {
 
 }  // namespace
 
-std::string_view not_leader_detail(const cluster& cl) {
-  const std::uint64_t changes = cl.ha->leader_changes();
-  if (cl.ha != cached.control || changes != cached.changes) {
-    build_detail(cl, cached.detail);
-    cached.control = cl.ha;
+std::string_view not_leader_detail(const node& nd) {
+  const std::uint64_t changes = nd.ha->leader_changes();
+  if (nd.ha != cached.control || changes != cached.changes) {
+    build_detail(nd, cached.detail);
+    cached.control = nd.ha;
     cached.changes = changes;
   }
   return cached.detail;
 }
 
-answer health_answer(const cluster& cl) {
-  if (cl.ha == nullptr) return answer::canned(http::canned::health_ok);
-  return answer::json(200, health_body(cl.ha->current()));
+answer health_answer(const node& nd) {
+  if (nd.ha == nullptr) return answer::canned(http::canned::health_ok);
+  return answer::json(200, health_body(nd.ha->current()));
 }
 
-answer ready_answer(const cluster& cl) {
-  if (cl.stopping.load(std::memory_order_relaxed)) return answer::canned(http::canned::not_ready);
-  if (!ha_serving(cl, smp::monotonic_ns())) return answer::error(503, not_leader_detail(cl));
+answer ready_answer(const node& nd) {
+  if (nd.stopping.load(std::memory_order_relaxed)) return answer::canned(http::canned::not_ready);
+  if (!ha_serving(nd, smp::monotonic_ns())) return answer::error(503, not_leader_detail(nd));
   return answer::canned(http::canned::ready_ok);
 }
 
-void render_ha_metrics(std::string& out, const cluster& cl) {
-  if (cl.ha == nullptr) return;
+void render_ha_metrics(std::string& out, const node& nd) {
+  if (nd.ha == nullptr) return;
   auto it = std::back_inserter(out);
-  const ha::role now = cl.ha->current();
+  const ha::role now = nd.ha->current();
   fmt::format_to(it,
                  "# HELP hf3fs_metad_ha_role This node's high-availability role: 1 for the "
                  "current one.\n# TYPE hf3fs_metad_ha_role gauge\n");
@@ -86,17 +86,17 @@ void render_ha_metrics(std::string& out, const cluster& cl) {
                  "# HELP hf3fs_metad_ha_serving 1 while this node answers the API (it leads "
                  "and its lease deadline has not passed).\n# TYPE hf3fs_metad_ha_serving "
                  "gauge\nhf3fs_metad_ha_serving {}\n",
-                 ha_serving(cl, smp::monotonic_ns()) ? 1 : 0);
+                 ha_serving(nd, smp::monotonic_ns()) ? 1 : 0);
   fmt::format_to(it,
                  "# HELP hf3fs_metad_ha_epoch The epoch this node leads at (the leader key's "
                  "etcd create_revision); 0 when it does not lead.\n# TYPE hf3fs_metad_ha_epoch "
                  "gauge\nhf3fs_metad_ha_epoch {}\n",
-                 cl.ha->epoch());
+                 nd.ha->epoch());
   fmt::format_to(it,
                  "# HELP hf3fs_metad_ha_leader_changes_total Changes of the leader this node "
                  "knows of (including none).\n# TYPE hf3fs_metad_ha_leader_changes_total "
                  "counter\nhf3fs_metad_ha_leader_changes_total {}\n",
-                 cl.ha->leader_changes());
+                 nd.ha->leader_changes());
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -11,26 +11,26 @@
 
 #include "ha/control.hpp"
 #include "pipeline/answer.hpp"
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // Whether this node may answer the API at `now_ns` (smp::monotonic_ns, the clock of
 // std::chrono::steady_clock): always without HA.
-inline bool ha_serving(const cluster& cl, std::uint64_t now_ns) {
-  return cl.ha == nullptr || cl.ha->serving(ha::time_point(std::chrono::nanoseconds(now_ns)));
+inline bool ha_serving(const node& nd, std::uint64_t now_ns) {
+  return nd.ha == nullptr || nd.ha->serving(ha::time_point(std::chrono::nanoseconds(now_ns)));
 }
 
 // The 503's detail while not serving: "not the leader; the leader is node b at
 // http://...", or "... no leader ..." while none is known. Valid until this core's next
 // call.
-std::string_view not_leader_detail(const cluster& cl);
+std::string_view not_leader_detail(const node& nd);
 
 // GET /health: 200 while the process serves requests; with HA, its role in the body.
-answer health_answer(const cluster& cl);
+answer health_answer(const node& nd);
 // GET /ready: 200 once listening and, with HA, while this node serves; else 503.
-answer ready_answer(const cluster& cl);
+answer ready_answer(const node& nd);
 // hf3fs_metad_ha_* (with HA only): role, serving, epoch.
-void render_ha_metrics(std::string& out, const cluster& cl);
+void render_ha_metrics(std::string& out, const node& nd);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -6,7 +6,7 @@
 
 #include "metad/server.hpp"
 
-namespace server {
+namespace metad {
 namespace {
 
 // The advertised URL goes into JSON (the leader key's value) and into other nodes' 503
@@ -62,14 +62,14 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
   return c;
 }
 
-}  // namespace server
+}  // namespace metad
 
 namespace metad {
 
 std::string ha_config_error(const config& cfg) {
   std::string error;
   // A port of 0 is picked at start-up: any port stands in for it here.
-  ::server::ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error);
+  ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error);
   return error;
 }
 

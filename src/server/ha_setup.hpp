@@ -9,7 +9,7 @@
 #include "ha/control.hpp"
 #include "metad/config.hpp"
 
-namespace server {
+namespace metad {
 
 // The ha control's settings for a node listening on `port` (the advertised address
 // defaults to http://<host>:<port>); why they are unusable in `error`, empty if usable.
@@ -18,4 +18,4 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
 // The leader key's value: {"node":"<id>","http":"<advertised URL>"}.
 std::string leader_value(const std::string& node, const std::string& http);
 
-}  // namespace server
+}  // namespace metad

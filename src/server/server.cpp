@@ -18,21 +18,21 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/endpoints.hpp"
 #include "pipeline/removal.hpp"
-#include "server/durability.hpp"
+#include "persist/durability.hpp"
 #include "server/ha_setup.hpp"
-#include "server/sglang_import.hpp"
+#include "persist/sglang_import.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/for_each_core.hpp"
 #include "smp/request_task.hpp"
 
-namespace server {
+namespace metad {
 
-using pipeline::cluster;
+using pipeline::node;
 using pipeline::core_state;
 
 static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
@@ -43,56 +43,56 @@ namespace {
 // The server's side of one core's event loop.
 class core_runner final : public net::core_hooks {
  public:
-  core_runner(cluster& cl, int index) : cluster_(cl), index_(index) {}
+  core_runner(node& nd, int index) : node_(nd), index_(index) {}
 
   std::unique_ptr<net::connection_handler> open(net::waker& w) override {
-    return std::make_unique<pipeline::connection>(cluster_, *cluster_.core[index_], w);
+    return std::make_unique<pipeline::connection>(node_, *node_.core[index_], w);
   }
-  std::size_t poll() override { return cluster_.mailbox.drain(index_); }
-  bool prepare_sleep() override { return cluster_.mailbox.prepare_sleep(index_); }
-  void woke() override { cluster_.mailbox.woke(index_); }
-  int wake_fd() override { return cluster_.mailbox.wake_fd(index_); }
-  bool stopping() override { return cluster_.stopping.load(std::memory_order_relaxed); }
+  std::size_t poll() override { return node_.mailbox.drain(index_); }
+  bool prepare_sleep() override { return node_.mailbox.prepare_sleep(index_); }
+  void woke() override { node_.mailbox.woke(index_); }
+  int wake_fd() override { return node_.mailbox.wake_fd(index_); }
+  bool stopping() override { return node_.stopping.load(std::memory_order_relaxed); }
   void tick() override;
   bool take_flush(net::flush_job& job, bool retry_failed) override {
     store::log_writer::flush_job j;
-    if (!::server::take_flush(cluster_, *cluster_.core[index_], retry_failed, j)) return false;
+    if (!persist::take_flush(node_, *node_.core[index_], retry_failed, j)) return false;
     flush_started_ns_ = smp::monotonic_ns();
-    job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == metad::durability::sync};
+    job = {j.fd, j.data, j.bytes, j.offset, node_.cfg.durable == durability::sync};
     return true;
   }
   void flush_done(long written, int synced) override {
-    store::log_writer& log = cluster_.core[index_]->log;
+    store::log_writer& log = node_.core[index_]->log;
     const bool was_failing = log.failing();
-    ::server::flush_done(cluster_, *cluster_.core[index_], written, synced);
-    cluster_.core[index_]->flushes.record(smp::monotonic_ns() - flush_started_ns_, !log.failing());
+    persist::flush_done(node_, *node_.core[index_], written, synced);
+    node_.core[index_]->flushes.record(smp::monotonic_ns() - flush_started_ns_, !log.failing());
     if (log.failing() && !was_failing) {
       // A short write (disk full) cancels the linked fdatasync: name the write's failure.
       const std::string cause = written < 0
                                     ? std::system_category().message(static_cast<int>(-written))
                                 : synced == -ECANCELED ? std::string("short write: disk full?")
                                                        : std::system_category().message(-synced);
-      metad::log::error("log write failed ({}): mutating requests get 503 until it succeeds",
+      log::error("log write failed ({}): mutating requests get 503 until it succeeds",
                         cause);
     }
-    if (!log.failing() && was_failing) metad::log::info("log writes succeed again");
+    if (!log.failing() && was_failing) log::info("log writes succeed again");
   }
   bool may_exit() override {
     // Records of answered requests (none mode) go out before the core stops.
-    const store::log_writer& log = cluster_.core[index_]->log;
+    const store::log_writer& log = node_.core[index_]->log;
     if (!log.idle() && !log.failing()) return false;
     if (stale_.running) return false;  // its walk may be waiting on another core
     if (!drained_) {
       drained_ = true;
       // The last core to drain wakes the others, which may be asleep waiting for it.
-      if (cluster_.draining_cores.fetch_sub(1) == 1)
-        for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.wake(c);
+      if (node_.draining_cores.fetch_sub(1) == 1)
+        for (int c = 0; c < node_.cores; ++c) node_.mailbox.wake(c);
     }
-    return cluster_.draining_cores.load() == 0;
+    return node_.draining_cores.load() == 0;
   }
 
  private:
-  cluster& cluster_;
+  node& node_;
   int index_;
   bool drained_ = false;
   std::uint64_t flush_started_ns_ = 0;
@@ -112,8 +112,8 @@ class core_runner final : public net::core_hooks {
 // holds its last state instead of a line every interval.
 smp::request_task log_summary(core_runner& self) {
   std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
-  co_await smp::for_each_core(self.cluster_.mailbox, self.index_, smp::every_core, [&](int c) {
-    const core_state& core = *self.cluster_.core[c];
+  co_await smp::for_each_core(self.node_.mailbox, self.index_, smp::every_core, [&](int c) {
+    const core_state& core = *self.node_.core[c];
     requests += core.metrics.total();
     ranks += core.ranks.rank_count();
     keys += core.directory.size();
@@ -127,7 +127,7 @@ smp::request_task log_summary(core_runner& self) {
   const std::array<std::uint64_t, 4> pools{ranks, free_pages, pages, keys};
   // Expiry and reclamation change the pools without a request: those still show.
   if (requests != self.last_requests_ || pools != self.last_pools_)
-    metad::log::info(
+    log::info(
         "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
         seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
         free_pages, pages, keys);
@@ -138,17 +138,17 @@ smp::request_task log_summary(core_runner& self) {
 }
 
 void core_runner::tick() {
-  core_state& core = *cluster_.core[index_];
-  if (index_ == 0) cluster_.memory.sample();
-  snapshot_tick(cluster_, core);
-  pipeline::expire_due(cluster_, core);
-  pipeline::reclaim_stale_due(cluster_, core, stale_);
+  core_state& core = *node_.core[index_];
+  if (index_ == 0) node_.memory.sample();
+  persist::snapshot_tick(node_, core);
+  pipeline::expire_due(node_, core);
+  pipeline::reclaim_stale_due(node_, core, stale_);
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
   core.directory.advance_growth();
   core.ranks.advance_growth();
-  const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
+  const std::uint32_t interval = node_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
-  if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
+  if (log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
   const std::uint64_t now = smp::monotonic_ms();
   if (next_summary_ms_ == 0) {
     last_summary_ms_ = now;
@@ -209,17 +209,14 @@ void pin_to(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
-    metad::log::warn("cannot pin to CPU {}", cpu);
+    log::warn("cannot pin to CPU {}", cpu);
 }
 
 }  // namespace
-}  // namespace server
-
-namespace metad {
 
 struct server::impl {
   config cfg;
-  std::unique_ptr<::pipeline::cluster> cluster;
+  std::unique_ptr<pipeline::node> cluster;
   std::vector<int> listeners;
   std::unique_ptr<ha::control> ha;  // --ha-etcd: the leader lease's control thread
 };
@@ -227,11 +224,11 @@ struct server::impl {
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (const std::string error = ha_config_error(cfg); !error.empty())
     throw std::runtime_error(error);
-  if (cfg.cpus.empty()) cfg.cpus = ::server::affinity_cpus(cfg.threads);
+  if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
-  impl_->cluster =
-      std::make_unique<::pipeline::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+  impl_->node =
+      std::make_unique<pipeline::node>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
 }
 
 server::~server() {
@@ -241,7 +238,7 @@ server::~server() {
 
 void server::run() {
   config& cfg = impl_->cfg;
-  ::pipeline::cluster& cl = *impl_->cluster;
+  pipeline::node& nd = *impl_->node;
   bool use_uring = cfg.io != io_mode::epoll;
   if (use_uring && !net::uring_available()) {
     if (cfg.io == io_mode::uring)
@@ -252,16 +249,16 @@ void server::run() {
   // Listeners open only after recovery: a client that connects sees the recovered state.
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw std::runtime_error("importing an SGLang state file needs a data directory");
-  ::server::recover(cl, cfg.sglang_import_path.empty() ? ::server::before_commit_fn{}
-                                                       : ::server::import_sglang_state);
-  cl.memory.sample();
-  log::info("memory budget {} bytes (--memory-max), {} in use", cl.memory.max(), cl.memory.used());
-  if (cl.memory.used() > cl.memory.max())
+  persist::recover(nd, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
+                                                       : persist::import_sglang_state);
+  nd.memory.sample();
+  log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
+  if (nd.memory.used() > nd.memory.max())
     log::warn("already over the memory budget: no rank can be created or grown");
 
   // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
   // port when it is 0. The unix socket, if any, is one listener all cores accept from.
-  std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(cl.cores));
+  std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(nd.cores));
   std::uint16_t port = cfg.port;
   if (cfg.tcp) {
     for (auto& fds : listen_fds) {
@@ -269,7 +266,7 @@ void server::run() {
       port = net::local_port(impl_->listeners.back());
       fds.push_back(impl_->listeners.back());
     }
-    log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, cl.cores,
+    log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, nd.cores,
               use_uring ? "uring" : "epoll");
     const bool loopback = cfg.host == "127.0.0.1" || cfg.host == "::1" || cfg.host == "localhost";
     if (!loopback && cfg.auth_token.empty())
@@ -280,7 +277,7 @@ void server::run() {
   if (!cfg.unix_path.empty()) {
     impl_->listeners.push_back(net::listen_unix(cfg.unix_path));
     for (auto& fds : listen_fds) fds.push_back(impl_->listeners.back());
-    log::info("listening on unix:{} with {} core(s), transport {}", cfg.unix_path, cl.cores,
+    log::info("listening on unix:{} with {} core(s), transport {}", cfg.unix_path, nd.cores,
               use_uring ? "uring" : "epoll");
   }
   if (impl_->listeners.empty())
@@ -288,18 +285,18 @@ void server::run() {
   if (!cfg.ha_etcd.empty()) start_ha(port);
 
   std::vector<std::thread> threads;
-  for (int i = 0; i < cl.cores; ++i) {
+  for (int i = 0; i < nd.cores; ++i) {
     threads.emplace_back([&, i] {
       const smp::core_scope as_core(i);  // this thread is core i for its whole life
-      ::server::pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
+      pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
       net::loop_options options;
       options.listen_fds = listen_fds[static_cast<std::size_t>(i)];
       options.idle_timeout_ms = cfg.idle_timeout_ms;
       options.header_timeout_ms = cfg.header_timeout_ms;
       options.drain_timeout_ms = cfg.drain_timeout_ms;
       options.connections_max = cfg.connections_per_core_max;
-      options.stats = &cl.core[static_cast<std::size_t>(i)]->connections;
-      ::server::core_runner hooks(cl, i);
+      options.stats = &nd.core[static_cast<std::size_t>(i)]->connections;
+      core_runner hooks(nd, i);
       try {
         if (use_uring)
           net::run_uring_loop(options, hooks);
@@ -315,14 +312,14 @@ void server::run() {
   // Drained: give the lease back at once, so that a node that may lead need not wait
   // for it to expire.
   if (impl_->ha) impl_->ha->stop(true);
-  for (auto& core : cl.core) ::server::finish_snapshot(*core);
+  for (auto& core : nd.core) persist::finish_snapshot(*core);
   log::info("stopped");
 }
 
 // After recovery and listening: until it is elected, the node answers the API with 503.
 void server::start_ha(std::uint16_t port) {
   std::string error;
-  ha::config settings = ::server::ha_settings(impl_->cfg, port, error);
+  ha::config settings = ha_settings(impl_->cfg, port, error);
   if (!error.empty()) throw std::runtime_error(error);
   if (impl_->cfg.ha_advertise.empty() &&
       (impl_->cfg.host == "0.0.0.0" || impl_->cfg.host == "::" || !impl_->cfg.tcp))
@@ -331,7 +328,7 @@ void server::start_ha(std::uint16_t port) {
   log::info("ha: node {} of cluster {}, leader key value {}", settings.node, settings.cluster,
             settings.advertise);
   impl_->ha = std::make_unique<ha::control>(std::move(settings));
-  impl_->cluster->ha = impl_->ha.get();
+  impl_->node->ha = impl_->ha.get();
   impl_->ha->start();
 }
 
@@ -358,14 +355,14 @@ bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus) 
   return cpus.size() > before;
 }
 
-int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(path); }
+int verify_data_dir(const std::string& path) { return persist::verify_data_dir(path); }
 
 bool uring_usable() { return net::uring_available(); }
 
 void server::stop() noexcept {
-  ::pipeline::cluster& cl = *impl_->cluster;
-  cl.stopping.store(true);
-  for (int c = 0; c < cl.cores; ++c) cl.mailbox.wake(c);
+  pipeline::node& nd = *impl_->node;
+  nd.stopping.store(true);
+  for (int c = 0; c < nd.cores; ++c) nd.mailbox.wake(c);
 }
 
 }  // namespace metad

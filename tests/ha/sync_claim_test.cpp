@@ -7,6 +7,8 @@
 #include "ha/control.hpp"
 #include "ha/leadership.hpp"
 
+using namespace metad;
+
 namespace {
 
 using ha::action_kind;

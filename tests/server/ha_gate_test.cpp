@@ -8,10 +8,12 @@
 #include <string_view>
 
 #include "ha/control.hpp"
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/routes.hpp"
 #include "smp/core.hpp"
+
+using namespace metad;
 
 namespace {
 
@@ -30,8 +32,8 @@ ha::config unelected() {
 
 class HaGate : public ::testing::Test {
  protected:
-  HaGate() : cluster_(cfg_, 1), control_(unelected()), x_(cluster_, *cluster_.core[0], waker_) {
-    cluster_.ha = &control_;  // never started: a node that is not (yet) the leader
+  HaGate() : node_(cfg_, 1), control_(unelected()), x_(node_, *node_.core[0], waker_) {
+    node_.ha = &control_;  // never started: a node that is not (yet) the leader
   }
   std::string send(const std::string& bytes) {
     const smp::core_scope home(0);
@@ -51,7 +53,7 @@ class HaGate : public ::testing::Test {
   }
 
   metad::config cfg_;
-  pipeline::cluster cluster_;
+  pipeline::node node_;
   ha::control control_;
   quiet_waker waker_;
   pipeline::connection x_;
@@ -76,8 +78,8 @@ TEST_F(HaGate, EveryApiCallIsA503NamingNoLeaderAndChangesNothing) {
     EXPECT_NE(answer.find(R"({"detail":"not the leader; no leader is known)"), std::string::npos)
         << answer;
   }
-  EXPECT_EQ(cluster_.core[0]->ranks.rank_count(), 0u);
-  EXPECT_TRUE(cluster_.core[0]->sg_tenants.empty());
+  EXPECT_EQ(node_.core[0]->ranks.rank_count(), 0u);
+  EXPECT_TRUE(node_.core[0]->sg_tenants.empty());
   // Malformed bodies too: the gate answers before anything is decoded.
   EXPECT_EQ(send(post("/keys/batch_exists", "{")).substr(0, kNoLeader.size()), kNoLeader);
   // A path no row has is still a 404.
@@ -100,7 +102,7 @@ TEST_F(HaGate, ProbesAndMetricsAnswerOnEveryNodeWithTheRole) {
 }
 
 TEST_F(HaGate, WithoutHaNothingIsGated) {
-  cluster_.ha = nullptr;
+  node_.ha = nullptr;
   EXPECT_EQ(send(post("/keys/batch_exists", R"({"keys":["k"]})")).substr(0, 15), "HTTP/1.1 200 OK");
   const std::string health = send(get("/health"));
   EXPECT_NE(health.find(R"({"status":"ok"})"), std::string::npos) << health;

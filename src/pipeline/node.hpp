@@ -28,11 +28,11 @@
 #include "store/journal.hpp"
 #include "store/log.hpp"
 
-namespace ha {
+namespace metad::ha {
 class control;
 }
 
-namespace pipeline {
+namespace metad::pipeline {
 
 struct core_state {
   // sync: --durability sync (the journal's durable() waits for fdatasync).
@@ -97,8 +97,8 @@ struct core_state {
   } sg_counters;
 };
 
-struct cluster {
-  cluster(const metad::config& config, int core_count);
+struct node {
+  node(const metad::config& config, int core_count);
 
   const metad::config& cfg;
   const int cores;
@@ -141,4 +141,4 @@ struct cluster {
   const ha::control* ha = nullptr;
 };
 
-}  // namespace pipeline
+}  // namespace metad::pipeline
