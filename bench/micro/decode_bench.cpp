@@ -9,6 +9,8 @@
 #include "api/codec.hpp"
 #include "micro/bodies.hpp"
 
+using namespace metad;
+
 namespace {
 
 // A body with the padding simdjson reads past its end.

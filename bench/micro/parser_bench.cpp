@@ -9,6 +9,8 @@
 #include "http/parser.hpp"
 #include "micro/bodies.hpp"
 
+using namespace metad;
+
 namespace {
 
 std::string request_for(int keys) {

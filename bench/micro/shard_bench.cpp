@@ -13,6 +13,8 @@
 #include "shard/page_pool.hpp"
 #include "shard/rank_table.hpp"
 
+using namespace metad;
+
 namespace {
 
 constexpr std::int64_t kRank = 3;

@@ -5,7 +5,7 @@
 #include <functional>
 #include <limits>
 
-namespace api {
+namespace metad::api {
 
 namespace {
 
@@ -148,4 +148,4 @@ bool parse_rank(std::string_view text, std::int64_t& rank) {
   return true;
 }
 
-}  // namespace api
+}  // namespace metad::api

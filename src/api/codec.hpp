@@ -11,7 +11,7 @@
 
 #include <simdjson.h>
 
-namespace api {
+namespace metad::api {
 
 // A decoding failure: always a 4xx with a JSON detail.
 struct error {
@@ -165,4 +165,4 @@ void encode_error(std::string& out, std::string_view detail);
 // Escapes like Python's json.dumps(ensure_ascii=False): '"', '\\', control characters.
 void append_escaped(std::string& out, std::string_view text);
 
-}  // namespace api
+}  // namespace metad::api

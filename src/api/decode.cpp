@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-namespace api {
+namespace metad::api {
 
 namespace {
 
@@ -401,4 +401,4 @@ error decoder::decode_locations(std::string_view body, locations_cmd& out) {
   return {};
 }
 
-}  // namespace api
+}  // namespace metad::api

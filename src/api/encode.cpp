@@ -13,7 +13,7 @@
 
 #include "metad/assert.hpp"
 
-namespace api {
+namespace metad::api {
 
 namespace {
 
@@ -270,4 +270,4 @@ void encode_error(std::string& out, std::string_view detail) {
   out.push_back('}');
 }
 
-}  // namespace api
+}  // namespace metad::api

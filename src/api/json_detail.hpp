@@ -11,7 +11,7 @@
 
 #include "api/codec.hpp"
 
-namespace api::detail {
+namespace metad::api::detail {
 
 // Parses `body` (padded by the caller; a UTF-8 BOM is skipped) and requires an object at
 // the top level: 400 "Invalid JSON body: <reason>", or 413 when it cannot be parsed for size.
@@ -55,4 +55,4 @@ std::array<field, N> find_fields(simdjson::dom::object object,
   return value.get_string().get(out) == simdjson::SUCCESS;
 }
 
-}  // namespace api::detail
+}  // namespace metad::api::detail

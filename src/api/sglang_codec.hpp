@@ -16,7 +16,7 @@
 
 #include "api/codec.hpp"
 
-namespace api {
+namespace metad::api {
 
 inline constexpr std::string_view kSglangDefaultNamespace = "kv";
 inline constexpr std::size_t kSglangNamespaceCharsMax = 128;  // Unicode code points
@@ -125,4 +125,4 @@ void encode_sglang_reserved(std::string& out, const Slots& slots) {
   out.append("]}");
 }
 
-}  // namespace api
+}  // namespace metad::api

@@ -7,7 +7,7 @@
 
 #include "api/json_detail.hpp"
 
-namespace api {
+namespace metad::api {
 
 using namespace detail;
 
@@ -192,4 +192,4 @@ error sglang_decoder::decode_clear(std::string_view body, sg_clear_cmd& out) {
   return read_namespace(ns, out.ns, out.ns_valid);
 }
 
-}  // namespace api
+}  // namespace metad::api

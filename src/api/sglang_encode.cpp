@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-namespace api {
+namespace metad::api {
 
 namespace {
 
@@ -62,4 +62,4 @@ void encode_sglang_already_initialized(std::string& out, std::int64_t rank, std:
                                 ns, old_pages));
 }
 
-}  // namespace api
+}  // namespace metad::api

@@ -12,7 +12,7 @@
 #include "api/json_detail.hpp"
 #include "api/sglang_codec.hpp"
 
-namespace api {
+namespace metad::api {
 
 namespace {
 
@@ -181,4 +181,4 @@ std::string decode_sglang_state(std::string_view bytes, const sg_state_limits& l
   return {};
 }
 
-}  // namespace api
+}  // namespace metad::api

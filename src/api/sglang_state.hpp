@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace api {
+namespace metad::api {
 
 // The server's limits a pool must fit.
 struct sg_state_limits {
@@ -49,4 +49,4 @@ struct sg_state_pool {
 std::string decode_sglang_state(std::string_view bytes, const sg_state_limits& limits,
                                 std::vector<sg_state_pool>& pools);
 
-}  // namespace api
+}  // namespace metad::api

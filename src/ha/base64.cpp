@@ -3,7 +3,7 @@
 #include <array>
 #include <cstdint>
 
-namespace ha {
+namespace metad::ha {
 namespace {
 
 constexpr std::string_view kAlphabet =
@@ -68,4 +68,4 @@ std::optional<std::string> base64_decode(std::string_view text) {
   return out;
 }
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -6,10 +6,10 @@
 #include <string>
 #include <string_view>
 
-namespace ha {
+namespace metad::ha {
 
 std::string base64_encode(std::string_view bytes);
 // nullopt on a character outside the alphabet, bad padding or a length not a multiple of 4.
 std::optional<std::string> base64_decode(std::string_view text);
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -8,7 +8,7 @@
 #include "metad/assert.hpp"
 #include "metad/log.hpp"
 
-namespace ha {
+namespace metad::ha {
 namespace {
 
 bool parse_ms(std::string_view text, milliseconds& out) {
@@ -284,4 +284,4 @@ void control::run() {
   publish(s.machine());
 }
 
-}  // namespace ha
+}  // namespace metad::ha

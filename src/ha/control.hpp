@@ -18,7 +18,7 @@
 #include "ha/http_client.hpp"
 #include "ha/leadership.hpp"
 
-namespace ha {
+namespace metad::ha {
 
 struct config {
   std::vector<endpoint> etcd;  // --ha-etcd URL[,URL...]
@@ -91,4 +91,4 @@ class control {
   std::thread thread_;
 };
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -7,7 +7,7 @@
 #include "ha/base64.hpp"
 #include "ha/parse_int.hpp"
 
-namespace ha {
+namespace metad::ha {
 namespace json {
 
 std::string campaign_txn(std::string_view key, std::string_view value, std::int64_t lease) {
@@ -290,4 +290,4 @@ etcd_watch::status etcd_watch::next(time_point deadline, std::vector<watch_event
   }
 }
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -14,7 +14,7 @@
 
 #include "ha/http_client.hpp"
 
-namespace ha {
+namespace metad::ha {
 
 // A value or the reason there is none (transport failure, HTTP error, bad answer).
 template <typename T>
@@ -122,4 +122,4 @@ std::optional<std::int64_t> int64_field(simdjson::dom::element object, std::stri
 std::optional<key_value> parse_kv(simdjson::dom::element kv);
 }  // namespace json
 
-}  // namespace ha
+}  // namespace metad::ha

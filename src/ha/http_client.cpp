@@ -12,7 +12,7 @@
 #include <cstring>
 #include "ha/parse_int.hpp"
 
-namespace ha {
+namespace metad::ha {
 namespace {
 
 int ms_until(time_point deadline) {
@@ -279,4 +279,4 @@ void http_stream::close() {
   reader_.reset();
 }
 
-}  // namespace ha
+}  // namespace metad::ha

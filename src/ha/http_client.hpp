@@ -13,7 +13,7 @@
 
 #include "ha/http_reader.hpp"
 
-namespace ha {
+namespace metad::ha {
 
 using steady = std::chrono::steady_clock;
 using time_point = steady::time_point;
@@ -99,4 +99,4 @@ class http_stream {
   http_reader reader_;
 };
 
-}  // namespace ha
+}  // namespace metad::ha

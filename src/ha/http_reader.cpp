@@ -4,7 +4,7 @@
 #include <cctype>
 #include "ha/parse_int.hpp"
 
-namespace ha {
+namespace metad::ha {
 namespace {
 
 bool iequals(std::string_view a, std::string_view b) {
@@ -187,4 +187,4 @@ bool http_reader::parse_chunks() {
   return false;
 }
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace ha {
+namespace metad::ha {
 
 class http_reader {
  public:
@@ -50,4 +50,4 @@ class http_reader {
   chunk_step chunk_ = chunk_step::size;
 };
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-namespace ha {
+namespace metad::ha {
 
 const char* to_string(role r) {
   switch (r) {
@@ -185,4 +185,4 @@ void leadership::on_etcd_failed(time_point now) {
   }
 }
 
-}  // namespace ha
+}  // namespace metad::ha

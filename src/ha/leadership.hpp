@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-namespace ha {
+namespace metad::ha {
 
 using std::chrono::milliseconds;
 using time_point = std::chrono::steady_clock::time_point;
@@ -114,4 +114,4 @@ class leadership {
   std::optional<holder> known_;
 };
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -5,7 +5,7 @@
 #include <charconv>
 #include <string_view>
 
-namespace ha {
+namespace metad::ha {
 
 template <typename T>
 bool parse_whole(std::string_view text, T& out, int base = 10) {
@@ -15,4 +15,4 @@ bool parse_whole(std::string_view text, T& out, int base = 10) {
   return ec == std::errc{} && ptr == last;
 }
 
-}  // namespace ha
+}  // namespace metad::ha

@@ -9,7 +9,7 @@
 
 #include "metad/assert.hpp"
 
-namespace http {
+namespace metad::http {
 namespace {
 
 // First allocation of the input buffer, and of the decoded-body buffer.
@@ -592,4 +592,4 @@ bool parser::mid_request() const {
   return stage_ != stage::ready && stage_ != stage::failed && end_ > begin_;
 }
 
-}  // namespace http
+}  // namespace metad::http

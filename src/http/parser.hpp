@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace http {
+namespace metad::http {
 
 // Bytes kept readable (and zeroed) after every body, as simdjson requires.
 inline constexpr std::size_t body_padding_bytes = 64;
@@ -160,4 +160,4 @@ class parser {
   std::size_t decoded_size_ = 0;
 };
 
-}  // namespace http
+}  // namespace metad::http

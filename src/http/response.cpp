@@ -5,7 +5,7 @@
 #include <array>
 #include <cstddef>
 
-namespace http {
+namespace metad::http {
 namespace {
 
 constexpr std::size_t canned_count = static_cast<std::size_t>(canned::count_);
@@ -206,4 +206,4 @@ std::string_view reason_phrase(int status) {
   return {};
 }
 
-}  // namespace http
+}  // namespace metad::http

@@ -7,7 +7,7 @@
 
 #include "http/parser.hpp"
 
-namespace http {
+namespace metad::http {
 
 // Answers whose bytes never change. Each exists in a keep-alive and a closing variant
 // (the closing one carries `connection: close`).
@@ -45,4 +45,4 @@ void append_body(std::string& out, int status, std::string_view content_type, st
 
 std::string_view reason_phrase(int status);
 
-}  // namespace http
+}  // namespace metad::http

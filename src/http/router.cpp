@@ -1,6 +1,6 @@
 #include "http/router.hpp"
 
-namespace http {
+namespace metad::http {
 namespace {
 
 using part = path_pattern::part;
@@ -108,4 +108,4 @@ route match(std::span<const path_pattern> rows, method verb, std::string_view pa
   return out;
 }
 
-}  // namespace http
+}  // namespace metad::http

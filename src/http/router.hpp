@@ -10,7 +10,7 @@
 
 #include "http/parser.hpp"
 
-namespace http {
+namespace metad::http {
 
 // The methods a row answers. `get` is GET and HEAD: HEAD is GET without the body
 // (RFC 9110 9.3.2), the pipeline drops the body.
@@ -82,4 +82,4 @@ struct route {
 // not_found. At most 256 rows.
 route match(std::span<const path_pattern> rows, method verb, std::string_view path);
 
-}  // namespace http
+}  // namespace metad::http

@@ -11,7 +11,7 @@
 
 #include "metad/log.hpp"
 
-namespace net {
+namespace metad::net {
 
 class accept_backoff {
  public:
@@ -36,4 +36,4 @@ class accept_backoff {
   std::uint64_t failures_ = 0;
 };
 
-}  // namespace net
+}  // namespace metad::net

@@ -20,7 +20,7 @@
 #include "net/input.hpp"
 #include "net/transport.hpp"
 
-namespace net {
+namespace metad::net {
 namespace {
 
 using asio::awaitable;
@@ -274,4 +274,4 @@ void run_epoll_loop(const loop_options& options, core_hooks& hooks) {
   loop.run();
 }
 
-}  // namespace net
+}  // namespace metad::net

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace net {
+namespace metad::net {
 
 policy_limits limits_of(const loop_options& options) {
   policy_limits limits;
@@ -65,4 +65,4 @@ bool connection_policy::expired(std::uint64_t now_ms) const {
   return (stopping_ && now_ms >= drain_deadline_ms_) || now_ms >= deadline_ms_;
 }
 
-}  // namespace net
+}  // namespace metad::net

@@ -10,7 +10,7 @@
 
 #include "net/transport.hpp"
 
-namespace net {
+namespace metad::net {
 
 // What the loop does next. Before each one it starts sending the handler's output.
 enum class action : std::uint8_t {
@@ -148,4 +148,4 @@ inline void connection_policy::read_done(read_status status, std::size_t bytes,
   mid_request_ = mid;
 }
 
-}  // namespace net
+}  // namespace metad::net

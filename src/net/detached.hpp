@@ -5,7 +5,7 @@
 #include <coroutine>
 #include <exception>
 
-namespace net {
+namespace metad::net {
 
 // Starts eagerly, destroys itself at the end; exceptions are fatal.
 struct detached {
@@ -26,4 +26,4 @@ struct parked_awaiter {
   void await_resume() const noexcept {}
 };
 
-}  // namespace net
+}  // namespace metad::net

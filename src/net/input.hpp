@@ -5,11 +5,11 @@
 
 #include <sys/socket.h>
 
-namespace net {
+namespace metad::net {
 
 inline bool input_waiting(int fd) {
   char byte = 0;
   return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
-}  // namespace net
+}  // namespace metad::net

@@ -14,7 +14,7 @@
 
 #include "net/transport.hpp"
 
-namespace net {
+namespace metad::net {
 
 int listen_tcp(const std::string& host, std::uint16_t port, int backlog) {
   addrinfo hints{};
@@ -56,9 +56,9 @@ std::uint16_t local_port(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
 }
 
-}  // namespace net
+}  // namespace metad::net
 
-namespace net {
+namespace metad::net {
 
 int listen_unix(const std::string& path, int backlog) {
   sockaddr_un addr{};
@@ -81,4 +81,4 @@ int listen_unix(const std::string& path, int backlog) {
   return fd;
 }
 
-}  // namespace net
+}  // namespace metad::net

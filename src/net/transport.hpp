@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace net {
+namespace metad::net {
 
 // What the loop does next with a connection.
 enum class flow : std::uint8_t {
@@ -122,4 +122,4 @@ std::uint16_t local_port(int fd);
 // replaced). Throws std::system_error.
 int listen_unix(const std::string& path, int backlog = 4096);
 
-}  // namespace net
+}  // namespace metad::net

@@ -23,7 +23,7 @@
 #include "net/input.hpp"
 #include "net/transport.hpp"
 
-namespace net {
+namespace metad::net {
 namespace {
 
 std::uint64_t now_ms() {
@@ -507,4 +507,4 @@ bool uring_available() {
   return true;
 }
 
-}  // namespace net
+}  // namespace metad::net

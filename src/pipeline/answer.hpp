@@ -12,7 +12,7 @@
 #include "http/response.hpp"
 #include "smp/request_task.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 class connection;
 
@@ -75,4 +75,4 @@ class endpoint_task {
   operator answer() const { return answer::later(); }  // NOLINT: implicit on purpose
 };
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace pipeline {
+namespace metad::pipeline {
 
 cluster::cluster(const metad::config& config, int core_count)
     : cfg(config),
@@ -24,4 +24,4 @@ cluster::cluster(const metad::config& config, int core_count)
   }
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

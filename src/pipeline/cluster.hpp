@@ -28,7 +28,7 @@
 #include "store/journal.hpp"
 #include "store/log.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 struct core_state {
   // sync: --durability sync (the journal's durable() waits for fdatasync).
@@ -133,4 +133,4 @@ struct cluster {
   std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
 };
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -10,7 +10,7 @@
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 // Equal-length comparison whose time does not depend on where the first difference is.
@@ -276,4 +276,4 @@ void connection::dispatch(const http::request& request) {
   if (!a.is_later()) finish(a);
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -23,7 +23,7 @@
 #include "pipeline/routes.hpp"
 #include "shard/sglang_pool.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // Why keys leave every rank, for the counters.
 enum class removal_kind : std::uint8_t { deleted, evicted, stale };
@@ -215,4 +215,4 @@ class connection final : public net::connection_handler {
   bool parked_ = false;      // ... and the connection was told to wait for it
 };
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -4,7 +4,7 @@
 
 #include <unordered_map>
 
-namespace pipeline {
+namespace metad::pipeline {
 
 std::string check_consistency(const cluster& cl) {
   std::unordered_map<std::string, std::int32_t> bound;
@@ -58,4 +58,4 @@ std::string check_consistency(const cluster& cl) {
   return error;
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

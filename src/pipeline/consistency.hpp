@@ -6,7 +6,7 @@
 
 #include "pipeline/cluster.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // Each rank's pages agree with its keys (rank_table::check_invariants), and each
 // directory count is the number of ranks holding the key bound; each SGLang pool is on
@@ -14,4 +14,4 @@ namespace pipeline {
 // violation.
 std::string check_consistency(const cluster& cl);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -10,7 +10,7 @@
 #include "pipeline/walk.hpp"
 #include "store/record.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 // Drops core c's ranks and directory slice (on core c).
@@ -517,4 +517,4 @@ endpoint_task run_metrics(connection& x) {
   co_return answer::metrics(s.body);
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -6,7 +6,7 @@
 #include "pipeline/connection.hpp"
 #include "smp/request_task.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 endpoint_task run_initialize(connection& x);
 endpoint_task run_allocate(connection& x);
@@ -31,4 +31,4 @@ void render_sg_metrics(std::string& out, scratch& s);
 // deadline (--reservation-ttl). Returns how many.
 std::size_t expire_sg_due(cluster& cl, core_state& core);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 
-namespace pipeline {
+namespace metad::pipeline {
 
 class memory_budget {
  public:
@@ -117,4 +117,4 @@ class memory_budget {
   std::atomic_flag sampling_ = ATOMIC_FLAG_INIT;
 };
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

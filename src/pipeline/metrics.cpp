@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <iterator>
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 std::size_t status_slot(int status) {
@@ -213,4 +213,4 @@ void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, st
   line(out, "hf3fs_metad_pages{{rank=\"{}\",state=\"bound\"}} {}", rank, bound);
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

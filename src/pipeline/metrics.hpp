@@ -11,7 +11,7 @@
 
 #include "pipeline/routes.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 inline constexpr std::array<int, 14> kMetricStatuses = {200, 204, 400, 401, 404, 405, 409,
                                                         413, 431, 500, 501, 503, 505, 507};
@@ -80,4 +80,4 @@ void render_rank_headers(std::string& out);
 void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, std::int64_t free,
                  std::int64_t reserved, std::int64_t bound);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

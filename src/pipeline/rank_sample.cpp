@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 bool lower_rank(const api::rank_info_row& a, const api::rank_info_row& b) {
@@ -34,4 +34,4 @@ std::span<const api::rank_info_row> rank_sample::sorted() {
   return rows_;
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -11,7 +11,7 @@
 
 #include "api/codec.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // Rows a /stats answer lists and ranks /metrics gives per-rank series, at most.
 inline constexpr std::size_t kRankRowsMax = 1024;
@@ -35,4 +35,4 @@ class rank_sample {
   api::rank_pool pool_;
 };
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -11,7 +11,7 @@
 #include "pipeline/walk.hpp"
 #include "store/record.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 void removal_job::seal(const cluster& cl) {
   keys.clear();
@@ -473,4 +473,4 @@ endpoint_task run_stats(connection& x) {
   co_return answer::json(200, s.body);
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

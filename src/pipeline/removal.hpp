@@ -14,7 +14,7 @@
 #include "pipeline/connection.hpp"
 #include "smp/request_task.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // On core `core`'s thread, every loop tick and when an allocation comes up short:
 // returns reservations past their deadline to the pool (logging them) and forgets ended
@@ -63,4 +63,4 @@ void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper);
 endpoint_task run_delete(connection& x);
 endpoint_task run_stats(connection& x);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -8,7 +8,7 @@
 #include "pipeline/endpoints.hpp"
 #include "pipeline/removal.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 answer start_initialize(connection& x, const http::request& request, const http::route& route) {
   api::initialize_cmd& cmd = x.work().init;
@@ -154,4 +154,4 @@ answer start_sg_get_page_indices(connection& x, const http::request& request,
   return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

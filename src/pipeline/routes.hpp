@@ -13,7 +13,7 @@
 #include "http/router.hpp"
 #include "pipeline/answer.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 class connection;
 
@@ -121,4 +121,4 @@ constexpr std::string_view route_name(route_label route) {
   return "invalid_http";
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -12,7 +12,7 @@
 #include "pipeline/sglang_journal.hpp"
 #include "pipeline/walk.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 void sg_pool_sample::clear() {
   rows.clear();
@@ -443,4 +443,4 @@ void log_sg_pools(core_state& core) {
   });
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

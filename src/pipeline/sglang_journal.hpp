@@ -1,6 +1,6 @@
 // SGLang pools in the per-core journal: the records run_sglang writes as it changes a
 // pool, and the pools' snapshot section. Defined in sglang_endpoints.cpp; their replay
-// is server/sglang_durability.hpp's.
+// is persist/sglang_durability.hpp's.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 #include "pipeline/cluster.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // The SGLang clock on core `core`: the cluster's clock plus the offset recovery set, so
 // that it never runs behind the times of the records it replayed (their pools' deadlines
@@ -21,4 +21,4 @@ void append_sg_snapshot(std::string& bytes, const core_state& core);
 // before it in the log).
 void log_sg_pools(core_state& core);
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

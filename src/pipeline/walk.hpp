@@ -8,7 +8,7 @@
 #include "pipeline/connection.hpp"
 #include "smp/for_each_core.hpp"
 
-namespace pipeline {
+namespace metad::pipeline {
 
 // Groups the keys (all of them, or those at only[0..only_count)) by the core that holds
 // their directory slice: walk_of(s, c) lists the indices of core c's keys, in order.
@@ -72,4 +72,4 @@ inline auto needed_by(const scratch& s) {
   return [&s](int c) { return !walk_of(s, c).empty(); };
 }
 
-}  // namespace pipeline
+}  // namespace metad::pipeline

@@ -18,18 +18,18 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
+#include "persist/durability.hpp"
+#include "persist/sglang_import.hpp"
 #include "pipeline/cluster.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/endpoints.hpp"
 #include "pipeline/removal.hpp"
-#include "server/durability.hpp"
-#include "server/sglang_import.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/for_each_core.hpp"
 #include "smp/request_task.hpp"
 
-namespace server {
+namespace metad {
 
 using pipeline::cluster;
 using pipeline::core_state;
@@ -55,15 +55,15 @@ class core_runner final : public net::core_hooks {
   void tick() override;
   bool take_flush(net::flush_job& job, bool retry_failed) override {
     store::log_writer::flush_job j;
-    if (!::server::take_flush(cluster_, *cluster_.core[index_], retry_failed, j)) return false;
+    if (!persist::take_flush(cluster_, *cluster_.core[index_], retry_failed, j)) return false;
     flush_started_ns_ = smp::monotonic_ns();
-    job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == metad::durability::sync};
+    job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == durability::sync};
     return true;
   }
   void flush_done(long written, int synced) override {
     store::log_writer& log = cluster_.core[index_]->log;
     const bool was_failing = log.failing();
-    ::server::flush_done(cluster_, *cluster_.core[index_], written, synced);
+    persist::flush_done(cluster_, *cluster_.core[index_], written, synced);
     cluster_.core[index_]->flushes.record(smp::monotonic_ns() - flush_started_ns_, !log.failing());
     if (log.failing() && !was_failing) {
       // A short write (disk full) cancels the linked fdatasync: name the write's failure.
@@ -71,10 +71,9 @@ class core_runner final : public net::core_hooks {
                                     ? std::system_category().message(static_cast<int>(-written))
                                 : synced == -ECANCELED ? std::string("short write: disk full?")
                                                        : std::system_category().message(-synced);
-      metad::log::error("log write failed ({}): mutating requests get 503 until it succeeds",
-                        cause);
+      log::error("log write failed ({}): mutating requests get 503 until it succeeds", cause);
     }
-    if (!log.failing() && was_failing) metad::log::info("log writes succeed again");
+    if (!log.failing() && was_failing) log::info("log writes succeed again");
   }
   bool may_exit() override {
     // Records of answered requests (none mode) go out before the core stops.
@@ -126,10 +125,9 @@ smp::request_task log_summary(core_runner& self) {
   const std::array<std::uint64_t, 4> pools{ranks, free_pages, pages, keys};
   // Expiry and reclamation change the pools without a request: those still show.
   if (requests != self.last_requests_ || pools != self.last_pools_)
-    metad::log::info(
-        "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-        seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
-        free_pages, pages, keys);
+    log::info("summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+              seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0,
+              ranks, free_pages, pages, keys);
   self.last_requests_ = requests;
   self.last_pools_ = pools;
   self.last_summary_ms_ = now;
@@ -139,7 +137,7 @@ smp::request_task log_summary(core_runner& self) {
 void core_runner::tick() {
   core_state& core = *cluster_.core[index_];
   if (index_ == 0) cluster_.memory.sample();
-  snapshot_tick(cluster_, core);
+  persist::snapshot_tick(cluster_, core);
   pipeline::expire_due(cluster_, core);
   pipeline::reclaim_stale_due(cluster_, core, stale_);
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
@@ -147,7 +145,7 @@ void core_runner::tick() {
   core.ranks.advance_growth();
   const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
-  if (metad::log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
+  if (log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
   const std::uint64_t now = smp::monotonic_ms();
   if (next_summary_ms_ == 0) {
     last_summary_ms_ = now;
@@ -208,26 +206,23 @@ void pin_to(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
-    metad::log::warn("cannot pin to CPU {}", cpu);
+    log::warn("cannot pin to CPU {}", cpu);
 }
 
 }  // namespace
-}  // namespace server
-
-namespace metad {
 
 struct server::impl {
   config cfg;
-  std::unique_ptr<::pipeline::cluster> cluster;
+  std::unique_ptr<pipeline::cluster> cluster;
   std::vector<int> listeners;
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
-  if (cfg.cpus.empty()) cfg.cpus = ::server::affinity_cpus(cfg.threads);
+  if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->cluster =
-      std::make_unique<::pipeline::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+      std::make_unique<pipeline::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
 }
 
 server::~server() {
@@ -237,7 +232,7 @@ server::~server() {
 
 void server::run() {
   config& cfg = impl_->cfg;
-  ::pipeline::cluster& cl = *impl_->cluster;
+  pipeline::cluster& cl = *impl_->cluster;
   bool use_uring = cfg.io != io_mode::epoll;
   if (use_uring && !net::uring_available()) {
     if (cfg.io == io_mode::uring)
@@ -248,8 +243,8 @@ void server::run() {
   // Listeners open only after recovery: a client that connects sees the recovered state.
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw std::runtime_error("importing an SGLang state file needs a data directory");
-  ::server::recover(cl, cfg.sglang_import_path.empty() ? ::server::before_commit_fn{}
-                                                       : ::server::import_sglang_state);
+  persist::recover(cl, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
+                                                      : persist::import_sglang_state);
   cl.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", cl.memory.max(), cl.memory.used());
   if (cl.memory.used() > cl.memory.max())
@@ -286,7 +281,7 @@ void server::run() {
   for (int i = 0; i < cl.cores; ++i) {
     threads.emplace_back([&, i] {
       const smp::core_scope as_core(i);  // this thread is core i for its whole life
-      ::server::pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
+      pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
       net::loop_options options;
       options.listen_fds = listen_fds[static_cast<std::size_t>(i)];
       options.idle_timeout_ms = cfg.idle_timeout_ms;
@@ -294,7 +289,7 @@ void server::run() {
       options.drain_timeout_ms = cfg.drain_timeout_ms;
       options.connections_max = cfg.connections_per_core_max;
       options.stats = &cl.core[static_cast<std::size_t>(i)]->connections;
-      ::server::core_runner hooks(cl, i);
+      core_runner hooks(cl, i);
       try {
         if (use_uring)
           net::run_uring_loop(options, hooks);
@@ -307,7 +302,7 @@ void server::run() {
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& core : cl.core) ::server::finish_snapshot(*core);
+  for (auto& core : cl.core) persist::finish_snapshot(*core);
   log::info("stopped");
 }
 
@@ -334,12 +329,12 @@ bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus) 
   return cpus.size() > before;
 }
 
-int verify_data_dir(const std::string& path) { return ::server::verify_data_dir(path); }
+int verify_data_dir(const std::string& path) { return persist::verify_data_dir(path); }
 
 bool uring_usable() { return net::uring_available(); }
 
 void server::stop() noexcept {
-  ::pipeline::cluster& cl = *impl_->cluster;
+  pipeline::cluster& cl = *impl_->cluster;
   cl.stopping.store(true);
   for (int c = 0; c < cl.cores; ++c) cl.mailbox.wake(c);
 }

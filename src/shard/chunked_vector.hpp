@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace shard {
+namespace metad::shard {
 
 template <class T, unsigned block_bits = 10>
 class chunked_vector {
@@ -47,4 +47,4 @@ class chunked_vector {
   std::size_t size_ = 0;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -13,7 +13,7 @@
 // stored with heap key bytes and full int32 counts (dual_key_map's two forms). Beside it:
 // key_life (recency and read leases), the incomplete keys by their last confirmation
 // (for stale-key reclamation) and the bookkeeping of removals in progress.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 struct completion {
@@ -558,4 +558,4 @@ void directory::clear() {
   m.owed.clear();
 }
 
-}  // namespace shard
+}  // namespace metad::shard

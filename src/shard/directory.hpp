@@ -14,7 +14,7 @@
 
 #include "shard/packed_key.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 class directory {
  public:
@@ -156,4 +156,4 @@ class directory {
   std::unique_ptr<impl> impl_;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -18,7 +18,7 @@
 #include "shard/packed_key.hpp"
 #include "shard/packed_map.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 // A request key, parsed once per call.
 struct parsed_key {
@@ -201,4 +201,4 @@ class dual_key_map {
   std::size_t hex_others_ = 0;  // hex keys in others_
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -4,7 +4,7 @@
 
 #include "metad/assert.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 key_life::key_life() { nodes_.emplace_back(); }  // the sentinel
 
@@ -231,4 +231,4 @@ void key_life::clear() {
   leased_ = 0;
 }
 
-}  // namespace shard
+}  // namespace metad::shard

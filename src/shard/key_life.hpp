@@ -20,7 +20,7 @@
 #include "shard/chunked_vector.hpp"
 #include "shard/dual_key_map.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 class key_life {
  public:
@@ -157,4 +157,4 @@ class key_life {
   std::string text_;        // scratch for take_oldest
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -4,7 +4,7 @@
 
 #include "shard/ownership.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 std::uint32_t table_hash(std::string_view key) {
   // murmur3's fmix64: a bijection, so distinct key hashes stay distinct.
@@ -32,4 +32,4 @@ void destroy(char* blob) noexcept { delete[] blob; }
 
 }  // namespace key_blob
 
-}  // namespace shard
+}  // namespace metad::shard

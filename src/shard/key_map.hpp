@@ -16,7 +16,7 @@
 
 #include "metad/assert.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 // The hash a table indexes with: key_hash remixed, so that a core's directory slice
 // (whose keys share key_hash mod cores) still spreads over the whole table.
@@ -237,4 +237,4 @@ class page_owners {
   int shift_ = 64;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -11,7 +11,7 @@
 
 #include "metad/assert.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 class lifo_pages {
  public:
@@ -64,4 +64,4 @@ class lifo_pages {
   std::uint64_t size_ = 0;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -7,7 +7,7 @@
 
 // Ownership: which core holds a rank or a key. The hash is part of the on-disk and
 // cross-core contract (every core must agree), so it is fixed here and never seeded.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "key_hash reads little-endian words");
@@ -93,4 +93,4 @@ int owner_of_key(std::string_view key, int cores) {
   return static_cast<int>(key_hash(key) % static_cast<std::uint64_t>(cores));
 }
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace shard {
+namespace metad::shard {
 
 // Rank r is owned by core r mod cores (non-negative for negative ranks too).
 int owner_of_rank(std::int64_t rank, int cores);
@@ -13,4 +13,4 @@ int owner_of_rank(std::int64_t rank, int cores);
 std::uint64_t key_hash(std::string_view key);
 int owner_of_key(std::string_view key, int cores);
 
-}  // namespace shard
+}  // namespace metad::shard

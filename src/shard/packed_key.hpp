@@ -12,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-namespace shard {
+namespace metad::shard {
 
 struct packed_key {
   std::uint64_t lo = 0;  // bytes 0..7 (hex characters 0..15), little-endian
@@ -104,4 +104,4 @@ inline std::uint64_t packed_hash(const packed_key& k) noexcept {
               0x8ebc6af09c88c6e3ull);
 }
 
-}  // namespace shard
+}  // namespace metad::shard

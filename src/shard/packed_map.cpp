@@ -2,7 +2,7 @@
 
 #include "metad/assert.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 // Evictions tried before an entry is declared homeless. Below 90% load with 4-slot
@@ -262,4 +262,4 @@ std::size_t packed_map::memory_bytes() const {
   return bytes;
 }
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -20,7 +20,7 @@
 #include <immintrin.h>
 #endif
 
-namespace shard {
+namespace metad::shard {
 
 class packed_map {
  public:
@@ -257,4 +257,4 @@ class packed_map {
   bool bulk_ = false;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -7,7 +7,7 @@
 
 #include "metad/assert.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 constexpr std::uint64_t bit(std::uint64_t i) { return std::uint64_t{1} << (i % 64); }
@@ -191,4 +191,4 @@ std::string page_pool::check() const {
   return "";
 }
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace shard {
+namespace metad::shard {
 
 enum class page_state : std::uint8_t { free, reserved, bound };
 
@@ -65,4 +65,4 @@ class page_pool {
   std::uint32_t bound_count_ = 0;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-namespace shard {
+namespace metad::shard {
 
 void rank_keys::release_reserved(std::uint32_t page) {
   const key_owner owner = owners.take(page);
@@ -82,4 +82,4 @@ std::string rank_keys::check(const page_pool& pool, std::size_t quarantined) con
   return {};
 }
 
-}  // namespace shard
+}  // namespace metad::shard

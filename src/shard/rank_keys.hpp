@@ -13,7 +13,7 @@
 #include "shard/key_map.hpp"
 #include "shard/page_pool.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 // The word stored per key: bit 31 confirmed, bits 0..30 page + 1 (so never 0, which
 // marks an empty slot). Pages are < page_pool::pages_max = 2^31 - 1, so page + 1 fits.
@@ -90,4 +90,4 @@ struct rank_keys {
   }
 };
 
-}  // namespace shard
+}  // namespace metad::shard

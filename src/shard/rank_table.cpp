@@ -13,7 +13,7 @@
 
 // rank_table: per rank, a page pool and a key → {page, reserved|confirmed} map, plus the
 // reverse map of reserved pages. Only the rank's owning core calls it.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 struct quarantined {
@@ -617,4 +617,4 @@ std::string rank_table::check_invariants() const {
   return {};
 }
 
-}  // namespace shard
+}  // namespace metad::shard

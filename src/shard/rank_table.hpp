@@ -13,7 +13,7 @@
 
 #include "shard/packed_key.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 enum class init_outcome : std::uint8_t { created, unchanged, grown, shrunk };
 struct init_result {
@@ -241,4 +241,4 @@ class rank_table {
   std::unique_ptr<impl> impl_;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace shard {
+namespace metad::shard {
 
 class reservation_queue {
  public:
@@ -69,4 +69,4 @@ class reservation_queue {
   std::size_t head_ = 0;  // entries before it were popped
 };
 
-}  // namespace shard
+}  // namespace metad::shard

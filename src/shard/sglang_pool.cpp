@@ -8,7 +8,7 @@
 #include "metad/assert.hpp"
 
 // sglang_pool: the operations of docs/sglang-api.md on one pool; see the header for the rules.
-namespace shard {
+namespace metad::shard {
 
 sglang_pool::sglang_pool(std::uint32_t num_pages, const sglang_config& config) : config_(config) {
   nodes_.emplace_back();  // the LRU sentinel
@@ -297,4 +297,4 @@ void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::
   }
 }
 
-}  // namespace shard
+}  // namespace metad::shard

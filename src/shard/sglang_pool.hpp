@@ -21,7 +21,7 @@
 #include "shard/lifo_pages.hpp"
 #include "shard/page_pool.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 struct sglang_config {
   // A reservation neither confirmed nor released within this of its reserve expires and
@@ -216,4 +216,4 @@ class sglang_pool {
   std::vector<std::int64_t> sorted_;
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -9,7 +9,7 @@
 
 // sglang_pool's whole-state views: counters, the consistency check, and the image a
 // snapshot saves and restore() rebuilds the pool from.
-namespace shard {
+namespace metad::shard {
 
 sglang_pool_stats sglang_pool::stats() const {
   const auto in_flight = static_cast<std::uint32_t>(owners_.size());
@@ -161,4 +161,4 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
   return true;
 }
 
-}  // namespace shard
+}  // namespace metad::shard

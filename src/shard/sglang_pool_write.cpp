@@ -8,7 +8,7 @@
 
 // sglang_pool's writes besides reserve: confirm_write (validated whole, then applied in
 // order), delete_keys and clear. See the header for the rules.
-namespace shard {
+namespace metad::shard {
 
 namespace {
 
@@ -154,4 +154,4 @@ void sglang_pool::clear() {
   free_.push_range(lo, n);
 }
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -4,7 +4,7 @@
 
 #include "metad/assert.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 const std::string& sglang_pools::key_of(std::int64_t rank, std::string_view ns) const {
   key_.resize(sizeof rank);
@@ -53,4 +53,4 @@ std::size_t sglang_pools::expire(std::uint64_t now) {
   return expired;
 }
 
-}  // namespace shard
+}  // namespace metad::shard

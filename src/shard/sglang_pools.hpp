@@ -13,7 +13,7 @@
 
 #include "shard/sglang_pool.hpp"
 
-namespace shard {
+namespace metad::shard {
 
 enum class sglang_init : std::uint8_t {
   created,          // a new pool: 204
@@ -68,4 +68,4 @@ class sglang_pools {
   mutable std::string key_;  // scratch for lookups
 };
 
-}  // namespace shard
+}  // namespace metad::shard

@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace shard {
+namespace metad::shard {
 
 template <class T>
 class zeroed_array {
@@ -119,4 +119,4 @@ class zeroed_array {
   std::size_t dropped_ = 0;  // bytes from the first whole page of data_ handed back
 };
 
-}  // namespace shard
+}  // namespace metad::shard

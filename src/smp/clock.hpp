@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace smp {
+namespace metad::smp {
 
 inline constexpr std::uint64_t kNsPerMs = 1'000'000;
 
@@ -25,4 +25,4 @@ inline std::uint64_t monotonic_ms() {
          static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
 }
 
-}  // namespace smp
+}  // namespace metad::smp

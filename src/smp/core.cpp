@@ -2,7 +2,7 @@
 
 #include "metad/log.hpp"
 
-namespace smp {
+namespace metad::smp {
 
 // The log prints the same thread-local (core=N on every line), so there is one of it.
 int this_core() noexcept { return metad::log::current_core; }
@@ -13,4 +13,4 @@ core_scope::core_scope(int core) noexcept : outer_(metad::log::current_core) {
 
 core_scope::~core_scope() { metad::log::current_core = outer_; }
 
-}  // namespace smp
+}  // namespace metad::smp

@@ -3,7 +3,7 @@
 // that drains simulated cores in turn is each of them in turn. Any thread may call these.
 #pragma once
 
-namespace smp {
+namespace metad::smp {
 
 // The core the calling thread works as; -1 on a thread that is no core.
 // Out of line on purpose: a coroutine that hops reads it again after each resumption,
@@ -22,4 +22,4 @@ class core_scope {
   int outer_;
 };
 
-}  // namespace smp
+}  // namespace metad::smp

@@ -9,7 +9,7 @@
 #include "smp/mailbox.hpp"
 #include "smp/request_task.hpp"
 
-namespace smp {
+namespace metad::smp {
 
 // The cores first, first + 1, ... wrapping around: each of the `cores` once.
 //   for (const int c : walk_from(home, mb.cores())) { co_await mb.hop_to(c); ... }
@@ -61,4 +61,4 @@ subtask<bool> for_each_core(mailbox& mb, int first, Wanted wanted, Visit visit) 
 // for_each_core's `wanted` for a walk over every core.
 inline bool every_core(int) { return true; }
 
-}  // namespace smp
+}  // namespace metad::smp

@@ -10,7 +10,7 @@
 
 #include "metad/assert.hpp"
 
-namespace smp {
+namespace metad::smp {
 
 spsc_ring::spsc_ring(std::size_t slots_pow2)
     : slots_(std::bit_ceil(slots_pow2 < 2 ? std::size_t{2} : slots_pow2)),
@@ -154,4 +154,4 @@ std::uint64_t mailbox::posted(int core) const { return slots_[core].posted; }
 
 int mailbox::wake_fd(int self) const { return slots_[self].event_fd; }
 
-}  // namespace smp
+}  // namespace metad::smp

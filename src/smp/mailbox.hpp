@@ -18,7 +18,7 @@
 #include "metad/assert.hpp"
 #include "smp/core.hpp"
 
-namespace smp {
+namespace metad::smp {
 
 class spsc_ring {
  public:
@@ -82,4 +82,4 @@ class mailbox {
   std::unique_ptr<core_slot[]> slots_;
 };
 
-}  // namespace smp
+}  // namespace metad::smp

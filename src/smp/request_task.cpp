@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <vector>
 
-namespace smp {
+namespace metad::smp {
 namespace {
 
 // Frames of one size class per thread; request coroutines have few distinct sizes.
@@ -49,4 +49,4 @@ void frame_pool::release(void* frame, std::size_t bytes) noexcept {
   std::free(frame);
 }
 
-}  // namespace smp
+}  // namespace metad::smp

@@ -10,7 +10,7 @@
 #include <new>
 #include <utility>
 
-namespace smp {
+namespace metad::smp {
 
 class frame_pool {
  public:
@@ -32,9 +32,9 @@ struct request_task {
   };
 };
 
-}  // namespace smp
+}  // namespace metad::smp
 
-namespace smp {
+namespace metad::smp {
 
 // A step of a request that hops on its own (eviction inside an allocation, the removal
 // walk of /keys/delete): `co_await`ed by the request's coroutine, it starts when
@@ -87,4 +87,4 @@ class subtask {
   std::coroutine_handle<promise_type> h_;
 };
 
-}  // namespace smp
+}  // namespace metad::smp

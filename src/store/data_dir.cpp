@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <system_error>
 
-namespace store {
+namespace metad::store {
 namespace fs = std::filesystem;
 namespace {
 
@@ -268,4 +268,4 @@ void data_dir::commit_generation() {
   generation_ = next;
 }
 
-}  // namespace store
+}  // namespace metad::store

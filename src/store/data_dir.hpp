@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace store {
+namespace metad::store {
 
 // A whole file mapped read-only (its pages come from the page cache: no copy, and
 // nothing of it stays in the process once unmapped). Move-only.
@@ -107,4 +107,4 @@ class data_dir {
 // fsyncs a directory so that renames and creations in it are durable.
 void sync_directory(const std::string& path);
 
-}  // namespace store
+}  // namespace metad::store

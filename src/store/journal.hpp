@@ -19,7 +19,7 @@
 #include "store/log.hpp"
 #include "store/record.hpp"
 
-namespace store {
+namespace metad::store {
 
 class journal {
  public:
@@ -102,4 +102,4 @@ class journal {
   bool sync_;
 };
 
-}  // namespace store
+}  // namespace metad::store

@@ -9,7 +9,7 @@
 
 #include "metad/assert.hpp"
 
-namespace store {
+namespace metad::store {
 
 log_writer::log_writer(int fd, std::uint64_t size) : fd_(fd), durable_(size), allocated_(size) {}
 
@@ -98,4 +98,4 @@ void log_writer::switch_segment(int fd) {
   allocated_ = 0;
 }
 
-}  // namespace store
+}  // namespace metad::store

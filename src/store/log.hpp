@@ -11,7 +11,7 @@
 
 #include "metad/assert.hpp"
 
-namespace store {
+namespace metad::store {
 
 class log_writer {
  public:
@@ -93,4 +93,4 @@ class log_writer {
   std::uint64_t flushes_ = 0, failures_ = 0;
 };
 
-}  // namespace store
+}  // namespace metad::store

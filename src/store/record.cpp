@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-namespace store {
+namespace metad::store {
 namespace {
 
 constexpr std::size_t kFrameHeaderBytes = 8;
@@ -473,4 +473,4 @@ bool decode_payload(std::string_view payload, record& out) {
   }
 }
 
-}  // namespace store
+}  // namespace metad::store

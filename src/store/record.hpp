@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace store {
+namespace metad::store {
 
 std::uint32_t crc32c(std::string_view bytes, std::uint32_t seed = 0);
 
@@ -241,4 +241,4 @@ scan_result scan(std::string_view bytes, Visit&& visit) {
   return result;
 }
 
-}  // namespace store
+}  // namespace metad::store

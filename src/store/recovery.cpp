@@ -7,7 +7,7 @@
 #include "metad/log.hpp"
 #include "store/record.hpp"
 
-namespace store {
+namespace metad::store {
 namespace {
 
 // A key of 32 lowercase hex characters: stored packed by the compact snapshot form.
@@ -121,4 +121,4 @@ file_sizes estimate_sizes(const std::vector<core_files>& files) {
   return sizes;
 }
 
-}  // namespace store
+}  // namespace metad::store

@@ -12,7 +12,7 @@
 
 #include "store/data_dir.hpp"
 
-namespace store {
+namespace metad::store {
 
 struct log_position {
   std::size_t segment = 0, offset = 0;
@@ -49,4 +49,4 @@ struct file_sizes {
 };
 file_sizes estimate_sizes(const std::vector<core_files>& files);
 
-}  // namespace store
+}  // namespace metad::store

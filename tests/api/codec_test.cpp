@@ -13,7 +13,7 @@
 #include "api/codec.hpp"
 #include "test_util.hpp"
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using testing::strings;
@@ -243,4 +243,4 @@ TEST(ParseRank, RejectsAnythingElse) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

@@ -10,7 +10,7 @@
 #include "api/codec.hpp"
 #include "test_util.hpp"
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using namespace api::testing;
@@ -182,4 +182,4 @@ TEST(DecodeConfirm, RefusesMalformedRequests) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

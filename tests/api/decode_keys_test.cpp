@@ -11,7 +11,7 @@
 #include "api/codec.hpp"
 #include "test_util.hpp"
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using namespace api::testing;
@@ -345,4 +345,4 @@ TEST(DecodeLocations, RefusesMalformedRequests) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

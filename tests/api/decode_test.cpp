@@ -11,7 +11,7 @@
 #include "api/codec.hpp"
 #include "test_util.hpp"
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using namespace api::testing;
@@ -271,4 +271,4 @@ TEST(DecodeInitialize, RefusesBadRanksAndOversizedPools) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

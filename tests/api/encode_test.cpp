@@ -11,7 +11,7 @@
 #include "api/codec.hpp"
 #include "test_util.hpp"
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using testing::body;
@@ -365,4 +365,4 @@ TEST(EncodeError, RoundTripsThroughAJsonParser) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

@@ -9,7 +9,7 @@
 
 #include "test_util.hpp"
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using namespace api::testing;
@@ -330,4 +330,4 @@ TEST(SglangEncode, ErrorDetailsMatchTheReference) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace api {
+namespace metad::api {
 namespace {
 
 using pages = std::vector<std::uint32_t>;
@@ -207,4 +207,4 @@ TEST(SglangState, ReadsAnUnpaddedBufferAtItsEnd) {
 }
 
 }  // namespace
-}  // namespace api
+}  // namespace metad::api

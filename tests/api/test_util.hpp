@@ -11,7 +11,7 @@
 
 #include "api/codec.hpp"
 
-namespace api::testing {
+namespace metad::api::testing {
 
 // Owns a copy of `text` followed by SIMDJSON_PADDING bytes, as the HTTP layer provides.
 class body {
@@ -67,4 +67,4 @@ inline std::vector<std::string> strings(const key_list& keys) {
   return {keys.views().begin(), keys.views().end()};
 }
 
-}  // namespace api::testing
+}  // namespace metad::api::testing

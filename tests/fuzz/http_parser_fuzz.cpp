@@ -13,6 +13,8 @@
 #include "fuzz_input.hpp"
 #include "http/parser.hpp"
 
+using namespace metad;
+
 namespace {
 
 struct event {

@@ -16,6 +16,8 @@
 #include "api/codec.hpp"
 #include "fuzz_input.hpp"
 
+using namespace metad;
+
 namespace {
 
 constexpr std::int64_t kPagesMax = std::int64_t{1} << 28;

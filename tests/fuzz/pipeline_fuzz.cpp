@@ -29,6 +29,8 @@
 #include "pipeline/removal.hpp"
 #include "smp/core.hpp"
 
+using namespace metad;
+
 namespace {
 
 constexpr int kCores = 3;

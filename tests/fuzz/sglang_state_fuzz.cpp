@@ -11,6 +11,8 @@
 #include "api/sglang_state.hpp"
 #include "fuzz_input.hpp"
 
+using namespace metad;
+
 namespace {
 
 // Small limits, so that the fuzzer reaches them.

@@ -5,6 +5,8 @@
 
 #include <string>
 
+using namespace metad;
+
 namespace {
 
 TEST(Base64, EncodesRfc4648Vectors) {

@@ -6,6 +6,8 @@
 
 #include "ha/control.hpp"
 
+using namespace metad;
+
 namespace {
 
 simdjson::dom::element parse(simdjson::dom::parser& parser, const std::string& text) {

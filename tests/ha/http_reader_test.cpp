@@ -6,6 +6,8 @@
 
 #include <string>
 
+using namespace metad;
+
 namespace {
 
 using state = ha::http_reader::state;

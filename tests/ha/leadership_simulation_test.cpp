@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+using namespace metad;
+
 namespace {
 
 using ha::action_kind;

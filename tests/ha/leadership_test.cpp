@@ -7,6 +7,8 @@
 
 #include <vector>
 
+using namespace metad;
+
 namespace {
 
 using ha::action_kind;

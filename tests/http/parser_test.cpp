@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace http {
+namespace metad::http {
 namespace {
 
 // A request copied out of the parser, so that outcomes can be compared after the fact.
@@ -790,4 +790,4 @@ TEST(Parser, NothingBufferedNeedsMore) {
 }
 
 }  // namespace
-}  // namespace http
+}  // namespace metad::http

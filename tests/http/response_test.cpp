@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-namespace http {
+namespace metad::http {
 namespace {
 
 std::string json_bytes(std::string_view status_line, std::string_view body, bool keep_alive,
@@ -156,4 +156,4 @@ TEST(Response, ReasonPhrases) {
 }
 
 }  // namespace
-}  // namespace http
+}  // namespace metad::http

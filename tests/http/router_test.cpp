@@ -8,7 +8,7 @@
 #include <ostream>
 #include <string_view>
 
-namespace http {
+namespace metad::http {
 namespace {
 
 // vLLM's shapes beside SGLang's (POST /{rank}/<op>, and /{tenant}/{rank}/<op>).
@@ -116,4 +116,4 @@ TEST(Matcher, TenantOfSixtyFourCharacters) {
 }
 
 }  // namespace
-}  // namespace http
+}  // namespace metad::http

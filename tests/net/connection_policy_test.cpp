@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace net {
+namespace metad::net {
 namespace {
 
 // Tables of events → what the handler was asked and what the policy decided. A step's
@@ -434,4 +434,4 @@ TEST(ConnectionPolicy, LimitsComeFromTheLoopOptions) {
 }
 
 }  // namespace
-}  // namespace net
+}  // namespace metad::net

@@ -12,6 +12,8 @@
 #include "node.hpp"
 #include "store/record.hpp"
 
+using namespace metad;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -11,6 +11,8 @@
 #include "node.hpp"
 #include "pipeline/rank_sample.hpp"
 
+using namespace metad;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -11,12 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "persist/durability.hpp"
 #include "pipeline/cluster.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/consistency.hpp"
 #include "pipeline/removal.hpp"
-#include "server/durability.hpp"
 #include "smp/core.hpp"
+
+using namespace metad;
 
 namespace server_test {
 
@@ -36,11 +38,11 @@ class node {
     cfg_.log = metad::log_level::error;
     cluster_ = std::make_unique<pipeline::cluster>(cfg_, cores);
     cluster_->clock = [this] { return now * smp::kNsPerMs; };
-    server::recover(*cluster_);
+    persist::recover(*cluster_);
     x_ = std::make_unique<pipeline::connection>(*cluster_, *cluster_->core[0], waker_);
   }
   ~node() {
-    for (auto& core : cluster_->core) server::finish_snapshot(*core);
+    for (auto& core : cluster_->core) persist::finish_snapshot(*core);
   }
 
   std::string send(const std::string& bytes) {
@@ -61,7 +63,7 @@ class node {
       EXPECT_EQ(waker_.wakes, before + 1);
       f = on_home([&] { return x_->on_resume(); });
     }
-    for (auto& core : cluster_->core) server::snapshot_tick(*cluster_, *core);
+    for (auto& core : cluster_->core) persist::snapshot_tick(*cluster_, *core);
     return drained + std::exchange(x_->output(), {});
   }
 
@@ -112,9 +114,9 @@ class node {
   void flush(pipeline::core_state& core) {
     const smp::core_scope as_core(core.index);  // resumes the requests that waited for it
     store::log_writer::flush_job job;
-    if (!server::take_flush(*cluster_, core, true, job)) return;
+    if (!persist::take_flush(*cluster_, core, true, job)) return;
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-    server::flush_done(*cluster_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
+    persist::flush_done(*cluster_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
   }
 
   // Calls into the connection as its home, core 0, would (drains run the other cores).

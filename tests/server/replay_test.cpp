@@ -18,6 +18,8 @@
 #include "node.hpp"
 #include "pipeline/removal.hpp"
 
+using namespace metad;
+
 namespace {
 
 using server_test::node;

@@ -5,7 +5,7 @@
 #include "shard/directory.hpp"
 #include "shard/ownership.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 TEST(Directory, UnknownKeyIsIncomplete) {
@@ -123,4 +123,4 @@ TEST(Directory, MovedDirectoryKeepsItsState) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

@@ -12,7 +12,7 @@
 
 // The two-form key store on its own: which keys take the packed form, lookups, erasure,
 // handles and iteration of both forms, hex keys put in the other form, bulk loading.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using map32 = dual_key_map<std::uint32_t>;
@@ -317,4 +317,4 @@ TEST(DualKeyMap, AgreesWithAModel) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

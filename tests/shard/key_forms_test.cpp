@@ -14,7 +14,7 @@
 
 // Keys of 32 lowercase hex characters are stored packed; every other key keeps its
 // bytes. Both forms must behave identically, and never be confused with each other.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using namespace testing_helpers;
@@ -184,4 +184,4 @@ TEST(KeyForms, PackedKeysBehaveExactlyLikeOtherKeys) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

@@ -9,7 +9,7 @@
 
 #include "shard/ownership.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 TEST(KeyHash, IsStableAcrossRunsAndDependsOnEveryByte) {
@@ -146,4 +146,4 @@ TEST(PageOwners, TracksAndRemovesOwners) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

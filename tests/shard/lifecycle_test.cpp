@@ -14,7 +14,7 @@
 #include "shard/rank_table.hpp"
 #include "shard/reservation_queue.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using namespace testing_helpers;
@@ -549,4 +549,4 @@ TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

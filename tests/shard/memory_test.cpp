@@ -14,7 +14,7 @@
 // Memory cost of the shard state at the reference size: 8 ranks of 2M pages, 1M
 // 32-hex keys confirmed on every rank (8M bindings) plus the directory entry of each key.
 // Measured as the process's resident memory before and after.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -175,4 +175,4 @@ TEST(ShardMemory, RecencyTrackingCostsAtMost80BytesPerKey) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

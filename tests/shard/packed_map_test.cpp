@@ -12,7 +12,7 @@
 #include "shard/rank_keys.hpp"
 #include "shard/zeroed_array.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 std::string hex_of(const packed_key& k) {
@@ -335,4 +335,4 @@ TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

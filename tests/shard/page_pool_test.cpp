@@ -4,7 +4,7 @@
 
 #include <set>
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 class PagePoolSizes : public ::testing::TestWithParam<std::uint32_t> {};
@@ -138,4 +138,4 @@ TEST(PagePool, LargestPoolStaysUnderOneBytePerPage) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

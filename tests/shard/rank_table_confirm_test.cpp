@@ -5,7 +5,7 @@
 
 // confirm_write on one rank: binding, validation (nothing changes on a bad request),
 // releases, and confirmed_pages.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using namespace testing_helpers;
@@ -180,4 +180,4 @@ TEST(RankTable, WriteFailurePathReleasesEveryPageOfTheTask) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

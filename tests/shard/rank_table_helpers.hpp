@@ -10,7 +10,7 @@
 
 #include "shard/rank_table.hpp"
 
-namespace shard::testing_helpers {
+namespace metad::shard::testing_helpers {
 
 using keys_t = std::vector<std::string_view>;
 
@@ -60,4 +60,4 @@ inline std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t> stats_
 using V = std::vector<std::int64_t>;
 using U = std::vector<std::uint32_t>;
 
-}  // namespace shard::testing_helpers
+}  // namespace metad::shard::testing_helpers

@@ -13,7 +13,7 @@
 
 // Random operations against a deliberately naive model of the contract; the real table
 // must agree with it on every answer and keep its invariants after every operation.
-namespace shard {
+namespace metad::shard {
 namespace {
 
 struct model_rank {
@@ -310,4 +310,4 @@ TEST(RankTableRandom, AgreesWithModelAndKeepsInvariants) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

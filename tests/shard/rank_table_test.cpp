@@ -7,7 +7,7 @@
 #include "rank_table_helpers.hpp"
 #include "shard/rank_table.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using namespace testing_helpers;
@@ -284,4 +284,4 @@ TEST(RankTable, ManyKeysGrowTheKeyMap) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

@@ -10,7 +10,7 @@
 
 #include "shard/sglang_pool.hpp"
 
-namespace shard::sg_testing {
+namespace metad::shard::sg_testing {
 
 using strs = std::vector<std::string>;
 using ints = std::vector<std::int64_t>;
@@ -88,4 +88,4 @@ inline ints store(sglang_pool& pool, const strs& keys, std::uint64_t now = 0) {
 
 inline std::vector<std::uint32_t> free_stack(const sglang_pool& pool) { return pool.image().free; }
 
-}  // namespace shard::sg_testing
+}  // namespace metad::shard::sg_testing

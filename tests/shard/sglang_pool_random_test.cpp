@@ -15,7 +15,7 @@
 #include "sglang_helpers.hpp"
 #include "shard/sglang_pool.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using namespace shard::sg_testing;
@@ -315,4 +315,4 @@ TEST(SglangPoolRandom, AgreesWithTheModel) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

@@ -7,7 +7,7 @@
 #include "sglang_helpers.hpp"
 #include "shard/sglang_pools.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 using namespace shard::sg_testing;
@@ -432,4 +432,4 @@ TEST(SglangPools, ExpireCoversEveryPool) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

@@ -14,7 +14,7 @@
 
 #include "shard/directory.hpp"
 
-namespace shard {
+namespace metad::shard {
 namespace {
 
 const std::string kA(32, 'a'), kB(32, 'b'), kC(32, 'c');
@@ -260,4 +260,4 @@ TEST(DirectoryStale, AgreesWithAModelUnderRandomOperations) {
 }
 
 }  // namespace
-}  // namespace shard
+}  // namespace metad::shard

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+using namespace metad;
+
 namespace {
 
 struct fire_and_forget {

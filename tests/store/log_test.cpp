@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+using namespace metad;
+
 namespace {
 
 struct fire {

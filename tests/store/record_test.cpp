@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+using namespace metad;
+
 namespace {
 
 std::string three_records() {

@@ -9,6 +9,8 @@
 
 #include "store/record.hpp"
 
+using namespace metad;
+
 namespace {
 
 std::string two_records() {

@@ -17,6 +17,8 @@
 #include "ha/control.hpp"
 #include "ha/etcd.hpp"
 
+using namespace metad;
+
 namespace {
 
 using namespace std::chrono_literals;

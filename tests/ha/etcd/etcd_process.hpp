@@ -20,6 +20,8 @@
 
 #include "ha/etcd.hpp"
 
+using namespace metad;
+
 namespace ha_test {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";

@@ -12,6 +12,8 @@
 #include "pipeline/connection.hpp"
 #include "smp/core.hpp"
 
+using namespace metad;
+
 namespace {
 
 struct counting_waker final : net::waker {

@@ -8,7 +8,7 @@
 #include "pipeline/cluster.hpp"
 #include "store/data_dir.hpp"
 
-namespace server {
+namespace metad::persist {
 
 // Imports cl.cfg.sglang_import_path when `dir` holds no committed generation (a first
 // start); otherwise only logs that the directory's state is used instead. The file is
@@ -16,4 +16,4 @@ namespace server {
 // the file and what is wrong with it (unreadable, invalid, or a pool that exists).
 bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir);
 
-}  // namespace server
+}  // namespace metad::persist

@@ -1,7 +1,7 @@
 // The reference SGLang server's state file into the default tenant (sglang_import.hpp):
 // decoded and validated whole by api::decode_sglang_state before any pool is made, then
 // each pool restored in bulk (shard::sglang_pool::restore, as a snapshot record is).
-#include "server/sglang_import.hpp"
+#include "persist/sglang_import.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,7 +18,7 @@
 #include "metad/log.hpp"
 #include "shard/ownership.hpp"
 
-namespace server {
+namespace metad::persist {
 namespace {
 
 // The whole file. Throws std::runtime_error.
@@ -103,4 +103,4 @@ bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir) {
   return !pools.empty();
 }
 
-}  // namespace server
+}  // namespace metad::persist

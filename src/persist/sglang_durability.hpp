@@ -7,10 +7,10 @@
 #include "pipeline/cluster.hpp"
 #include "store/record.hpp"
 
-namespace server {
+namespace metad::persist {
 
 // Replays one sg_* record on the core that owns its rank; "" or what went wrong.
 std::string apply_sg_record(pipeline::cluster& cl, pipeline::core_state& core,
                             const store::record& r);
 
-}  // namespace server
+}  // namespace metad::persist

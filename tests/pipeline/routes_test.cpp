@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace pipeline {
+namespace metad::pipeline {
 namespace {
 
 using http::method;
@@ -206,4 +206,4 @@ TEST(RouteTable, Access) {
 }
 
 }  // namespace
-}  // namespace pipeline
+}  // namespace metad::pipeline

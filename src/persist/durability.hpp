@@ -8,7 +8,7 @@
 
 #include "pipeline/cluster.hpp"
 
-namespace server {
+namespace metad::persist {
 
 // Before any core serves. Throws std::runtime_error naming the file and offset of a
 // corrupt record. before_commit, if set, runs after the replay and before the new
@@ -38,4 +38,4 @@ void flush_done(pipeline::cluster& cl, pipeline::core_state& core, long written,
 // Waits for a running snapshot (shutdown).
 void finish_snapshot(pipeline::core_state& core);
 
-}  // namespace server
+}  // namespace metad::persist

@@ -1,4 +1,4 @@
-#include "server/sglang_durability.hpp"
+#include "persist/sglang_durability.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 
 #include "pipeline/sglang_journal.hpp"
 
-namespace server {
+namespace metad::persist {
 
 using pipeline::cluster;
 using pipeline::core_state;
@@ -94,4 +94,4 @@ std::string apply_sg_record(cluster& cl, core_state& core, const store::record& 
   }
 }
 
-}  // namespace server
+}  // namespace metad::persist

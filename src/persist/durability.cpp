@@ -1,4 +1,4 @@
-#include "server/durability.hpp"
+#include "persist/durability.hpp"
 
 #include <malloc.h>
 #include <unistd.h>
@@ -13,13 +13,13 @@
 #include <utility>
 
 #include "metad/log.hpp"
+#include "persist/sglang_durability.hpp"
 #include "pipeline/sglang_journal.hpp"
-#include "server/sglang_durability.hpp"
 #include "shard/packed_key.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
-namespace server {
+namespace metad::persist {
 
 using pipeline::cluster;
 using pipeline::core_state;
@@ -628,4 +628,4 @@ void finish_snapshot(core_state& core) {
   if (core.snapshot_writer.joinable()) core.snapshot_writer.join();
 }
 
-}  // namespace server
+}  // namespace metad::persist
