@@ -21,8 +21,8 @@
 
 namespace metad::persist {
 
-using pipeline::cluster;
 using pipeline::core_state;
+using pipeline::node;
 
 namespace {
 
@@ -43,15 +43,15 @@ constexpr std::uint64_t kQuarantinedUntilLogged = UINT64_MAX;
 class replayer {
  public:
   // sizes: what the files hold, to size the tables before filling them.
-  replayer(cluster& cl, int core, replay_output& out, const store::file_sizes& sizes)
-      : cl_(cl), core_(core), out_(out) {
-    out_.packed_by_owner.resize(static_cast<std::size_t>(cl.cores));
-    out_.others_by_owner.resize(static_cast<std::size_t>(cl.cores));
+  replayer(node& nd, int core, replay_output& out, const store::file_sizes& sizes)
+      : cl_(nd), core_(core), out_(out) {
+    out_.packed_by_owner.resize(static_cast<std::size_t>(nd.cores));
+    out_.others_by_owner.resize(static_cast<std::size_t>(nd.cores));
     for (const auto& [rank, keys] : sizes.rank_keys)
-      if (shard::owner_of_rank(rank, cl.cores) == core) expected_[rank] = keys;
+      if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
     cl_.core[core_]->ranks.set_bulk(true);
     cl_.core[core_]->directory.restore_reserve(sizes.directory_keys /
-                                               static_cast<std::size_t>(cl.cores));
+                                               static_cast<std::size_t>(nd.cores));
   }
 
   void apply(const store::record& r) {
@@ -207,7 +207,7 @@ class replayer {
     }
   }
 
-  cluster& cl_;
+  node& cl_;
   int core_;
   replay_output& out_;
   std::unordered_map<std::int64_t, std::size_t> expected_;
@@ -218,9 +218,9 @@ class replayer {
   std::string detail_;
 };
 
-void replay_files(cluster& cl, int core, const std::vector<store::checked_group>& groups,
+void replay_files(node& nd, int core, const std::vector<store::checked_group>& groups,
                   const store::file_sizes& sizes, replay_output& out) {
-  replayer r(cl, core, out, sizes);
+  replayer r(nd, core, out, sizes);
   for (const store::checked_group& g : groups) {
     const store::core_files& f = *g.files;
     auto replay = [&](std::string_view bytes, const std::string& path, std::size_t after) {
@@ -241,9 +241,9 @@ void replay_files(cluster& cl, int core, const std::vector<store::checked_group>
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core
 // reads the lists the others made for it, and frees them).
-void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& outputs,
+void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
                        std::int32_t fallback_tp) {
-  shard::directory& directory = cl.core[core]->directory;
+  shard::directory& directory = nd.core[core]->directory;
   const auto mine = static_cast<std::size_t>(core);
   // A binding whose directory record did not reach the disk belonged to a confirm that
   // was never acknowledged; assume every rank had been initialised.
@@ -255,7 +255,7 @@ void rebuild_directory(cluster& cl, int core, std::vector<replay_output>& output
       guessed += directory.restore_count(key, fallback_tp);
     std::vector<std::string>().swap(from.others_by_owner[mine]);
   }
-  directory.restore_finish(cl.clock());
+  directory.restore_finish(nd.clock());
   if (guessed)
     metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
                      fallback_tp);
@@ -332,10 +332,10 @@ std::string serialize(const core_state& core) {
 }
 
 template <typename Work>
-void on_every_core(cluster& cl, Work&& work) {
+void on_every_core(node& nd, Work&& work) {
   std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(cl.cores));
-  for (int c = 0; c < cl.cores; ++c) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(nd.cores));
+  for (int c = 0; c < nd.cores; ++c) {
     threads.emplace_back([&, c] {
       try {
         work(c);
@@ -372,13 +372,13 @@ double lap(std::chrono::steady_clock::time_point& from) {
 
 // Replays the committed generation of `dir` into the cores' state and rebuilds the
 // directory. Throws std::runtime_error naming the file and offset of damage.
-replay_summary replay(cluster& cl, const store::data_dir& dir) {
+replay_summary replay(node& nd, const store::data_dir& dir) {
   auto t = std::chrono::steady_clock::now();
   const std::vector<store::core_files> files = dir.load();
   const double load_ms = lap(t);
   const store::file_sizes sizes = store::estimate_sizes(files);
   replay_summary sum;
-  if (files.size() == static_cast<std::size_t>(cl.cores)) {
+  if (files.size() == static_cast<std::size_t>(nd.cores)) {
     sum.reusable_snapshots.resize(files.size());
     for (std::size_t i = 0; i < files.size(); ++i)
       if (files[i].core == static_cast<int>(i) && sizes.reusable[i])
@@ -387,23 +387,23 @@ replay_summary replay(cluster& cl, const store::data_dir& dir) {
   // Each file group is checked by one core, then replayed by every core from the bytes
   // found valid.
   std::vector<store::checked_group> groups(files.size());
-  on_every_core(cl, [&](int c) {
+  on_every_core(nd, [&](int c) {
     for (std::size_t i = static_cast<std::size_t>(c); i < files.size();
-         i += static_cast<std::size_t>(cl.cores))
+         i += static_cast<std::size_t>(nd.cores))
       groups[i] = store::check_group(files[i]);
   });
   const double check_ms = lap(t);
-  std::vector<replay_output> outputs(static_cast<std::size_t>(cl.cores));
+  std::vector<replay_output> outputs(static_cast<std::size_t>(nd.cores));
   on_every_core(
-      cl, [&](int c) { replay_files(cl, c, groups, sizes, outputs[static_cast<std::size_t>(c)]); });
+      nd, [&](int c) { replay_files(nd, c, groups, sizes, outputs[static_cast<std::size_t>(c)]); });
   const double replay_ms = lap(t);
   sum.file_groups = files.size();
-  for (auto& core : cl.core) sum.ranks += static_cast<std::int64_t>(core->ranks.rank_count());
-  cl.worker_ranks = sum.ranks;
+  for (auto& core : nd.core) sum.ranks += static_cast<std::int64_t>(core->ranks.rank_count());
+  nd.worker_ranks = sum.ranks;
   on_every_core(
-      cl, [&](int c) { rebuild_directory(cl, c, outputs, static_cast<std::int32_t>(sum.ranks)); });
+      nd, [&](int c) { rebuild_directory(nd, c, outputs, static_cast<std::int32_t>(sum.ranks)); });
   for (auto& out : outputs) sum.records += out.records;
-  for (auto& core : cl.core) sum.keys += core->directory.size();
+  for (auto& core : nd.core) sum.keys += core->directory.size();
   metad::log::info(
       "recovery: files mapped in {:.0f} ms, checked in {:.0f} ms, replayed in {:.0f} ms, "
       "directory in {:.0f} ms",
@@ -413,36 +413,36 @@ replay_summary replay(cluster& cl, const store::data_dir& dir) {
 
 }  // namespace
 
-void recover(cluster& cl, const before_commit_fn& before_commit) {
-  if (cl.cfg.data_dir.empty()) {
+void recover(node& nd, const before_commit_fn& before_commit) {
+  if (nd.cfg.data_dir.empty()) {
     metad::log::info("no --data-dir: state lives in memory only and is lost on restart");
     return;
   }
-  cl.data = std::make_unique<store::data_dir>(cl.cfg.data_dir);
-  store::data_dir& dir = *cl.data;
-  replay_summary sum = replay(cl, dir);
+  nd.data = std::make_unique<store::data_dir>(nd.cfg.data_dir);
+  store::data_dir& dir = *nd.data;
+  replay_summary sum = replay(nd, dir);
   // A recovered quarantine lasts its full time again (a client may retry across a
   // restart); with the quarantine off, those pages are free now, and a core whose
   // state that changed cannot reuse the snapshot it was recovered from.
   const std::uint64_t quarantine_until =
-      cl.cfg.release_quarantine_ms == 0 ? 0
-                                        : cl.clock() + cl.cfg.release_quarantine_ms * smp::kNsPerMs;
-  for (auto& core : cl.core) {
+      nd.cfg.release_quarantine_ms == 0 ? 0
+                                        : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
+  for (auto& core : nd.core) {
     const auto c = static_cast<std::size_t>(core->index);
     if (quarantine_until == 0 && core->ranks.quarantined_pages() > 0 &&
         c < sum.reusable_snapshots.size())
       sum.reusable_snapshots[c].clear();
     core->ranks.restart_quarantines(quarantine_until);
   }
-  if (before_commit && before_commit(cl, dir)) sum.reusable_snapshots.clear();
+  if (before_commit && before_commit(nd, dir)) sum.reusable_snapshots.clear();
 
   // The new generation: one snapshot and one empty log per current core.
   auto t = std::chrono::steady_clock::now();
   dir.begin_generation();
   const std::uint64_t generation = dir.next_generation();
-  std::vector<double> serialize_ms(static_cast<std::size_t>(cl.cores));
-  on_every_core(cl, [&](int c) {
-    core_state& core = *cl.core[c];
+  std::vector<double> serialize_ms(static_cast<std::size_t>(nd.cores));
+  on_every_core(nd, [&](int c) {
+    core_state& core = *nd.core[c];
     auto at = std::chrono::steady_clock::now();
     const auto i = static_cast<std::size_t>(c);
     if (i < sum.reusable_snapshots.size() && !sum.reusable_snapshots[i].empty()) {
@@ -470,13 +470,13 @@ void recover(cluster& cl, const before_commit_fn& before_commit) {
       "ms",
       write_ms, *std::max_element(serialize_ms.begin(), serialize_ms.end()), lap(t));
   ::malloc_trim(0);  // what recovery allocated and freed goes back to the system
-  for (auto& core : cl.core) core->publish_incomplete();  // incomplete keys restart their grace
-  if (sum.keys > 0) cl.removal_floor = cl.clock() + cl.cfg.read_lease_ms * smp::kNsPerMs;
+  for (auto& core : nd.core) core->publish_incomplete();  // incomplete keys restart their grace
+  if (sum.keys > 0) nd.removal_floor = nd.clock() + nd.cfg.read_lease_ms * smp::kNsPerMs;
   metad::log::info(
       "recovered {} from {} file group(s): {} ranks, {} keys, {} records replayed; "
       "durability {}",
       dir.path(), sum.file_groups, sum.ranks, sum.keys, sum.records,
-      cl.cfg.durable == metad::durability::sync ? "sync" : "none");
+      nd.cfg.durable == metad::durability::sync ? "sync" : "none");
 }
 
 namespace {
@@ -523,17 +523,17 @@ void print_sg_pools(const core_state& core) {
 int verify_data_dir(const std::string& path) {
   metad::config cfg;
   cfg.data_dir = path;
-  cluster cl(cfg, 1);
+  node nd(cfg, 1);
   try {
     const store::data_dir dir(path, store::data_dir::access::read_only);
-    const replay_summary sum = replay(cl, dir);
+    const replay_summary sum = replay(nd, dir);
     std::int64_t pages = 0, bound = 0, reserved = 0;
-    cl.core[0]->ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+    nd.core[0]->ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
       pages += st.num_pages;
       bound += st.bound;
       reserved += st.reserved;
     });
-    const shard::directory& directory = cl.core[0]->directory;
+    const shard::directory& directory = nd.core[0]->directory;
     std::printf(
         "%s: generation %llu, %zu file group(s), %llu records replayed\n"
         "ranks %lld, pages %lld, bound %lld, reserved %lld\n"
@@ -544,7 +544,7 @@ int verify_data_dir(const std::string& path) {
         static_cast<long long>(reserved), static_cast<unsigned long long>(sum.keys),
         static_cast<unsigned long long>(sum.keys - directory.incomplete_count()),
         directory.incomplete_count());
-    print_sg_pools(*cl.core[0]);
+    print_sg_pools(*nd.core[0]);
     std::printf("ok\n");
     return 0;
   } catch (const std::exception& e) {
@@ -556,8 +556,8 @@ int verify_data_dir(const std::string& path) {
 namespace {
 
 // The cut is durable: switch to the next segment and write its snapshot in the background.
-void finish_cut(cluster& cl, core_state& core) {
-  store::data_dir& dir = *cl.data;
+void finish_cut(node& nd, core_state& core) {
+  store::data_dir& dir = *nd.data;
   const std::uint64_t generation = dir.generation();
   const std::uint64_t segment = core.log_segment + 1;
   core.log.switch_segment(std::exchange(core.next_segment_fd, -1));
@@ -579,43 +579,42 @@ void finish_cut(cluster& cl, core_state& core) {
 
 }  // namespace
 
-void snapshot_tick(cluster& cl, core_state& core) {
-  if (!cl.data) return;
+void snapshot_tick(node& nd, core_state& core) {
+  if (!nd.data) return;
   if (core.snapshot_writer.joinable()) {
     if (!core.snapshot_done.load(std::memory_order_acquire)) return;
     core.snapshot_writer.join();
     if (core.snapshot_failed)
       metad::log::error("snapshot of core {} failed: its older log segments are kept", core.index);
   }
-  if (core.log.size() >= cl.cfg.snapshot_log_bytes && core.next_segment_fd < 0)
+  if (core.log.size() >= nd.cfg.snapshot_log_bytes && core.next_segment_fd < 0)
     core.snapshot_due = true;
 }
 
-bool take_flush(cluster& cl, core_state& core, bool retry_failed,
-                store::log_writer::flush_job& job) {
+bool take_flush(node& nd, core_state& core, bool retry_failed, store::log_writer::flush_job& job) {
   store::log_writer& log = core.log;
   if (core.snapshot_due && !log.failing() && !core.snapshot_writer.joinable()) {
     core.snapshot_due = false;
     try {
       core.next_segment_fd =
-          cl.data->create_log(cl.data->generation(), core.index, core.log_segment + 1);
+          nd.data->create_log(nd.data->generation(), core.index, core.log_segment + 1);
       core.snapshot_bytes = serialize(core);  // every change so far, pending ones included
     } catch (const std::exception& e) {
       metad::log::error("cannot start log segment {}: {}", core.log_segment + 1, e.what());
     }
-    if (core.next_segment_fd >= 0 && log.idle()) finish_cut(cl, core);  // nothing to write first
+    if (core.next_segment_fd >= 0 && log.idle()) finish_cut(nd, core);  // nothing to write first
   }
   if (!log.flush_due(retry_failed)) return false;
   job = log.begin_flush();
   return true;
 }
 
-void flush_done(cluster& cl, core_state& core, long written, int synced) {
+void flush_done(node& nd, core_state& core, long written, int synced) {
   store::log_writer& log = core.log;
   log.end_flush(written, synced);
   if (core.next_segment_fd < 0) return;
   if (!log.failing()) {
-    finish_cut(cl, core);
+    finish_cut(nd, core);
   } else {
     // The old segment's last write failed: its records (and any since) stay there, so
     // the state serialized at the cut would be wrong for the next segment. Try later.

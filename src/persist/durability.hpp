@@ -6,7 +6,7 @@
 
 #include <functional>
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 
 namespace metad::persist {
 
@@ -14,8 +14,8 @@ namespace metad::persist {
 // corrupt record. before_commit, if set, runs after the replay and before the new
 // generation is written, on the calling thread: what it adds to the cores' state (it
 // returns true then) is in that generation's snapshots when recover returns.
-using before_commit_fn = std::function<bool(pipeline::cluster&, const store::data_dir&)>;
-void recover(pipeline::cluster& cl, const before_commit_fn& before_commit = {});
+using before_commit_fn = std::function<bool(pipeline::node&, const store::data_dir&)>;
+void recover(pipeline::node& nd, const before_commit_fn& before_commit = {});
 
 // --verify-data-dir: replays the directory's committed state without serving or writing
 // anything, prints what it holds (ranks, pages, bindings, keys, SGLang pools) or the damage
@@ -25,15 +25,15 @@ int verify_data_dir(const std::string& path);
 
 // On core c's thread, each tick: marks a snapshot due when the log segment has grown
 // past the limit, and reaps a background snapshot writer that finished.
-void snapshot_tick(pipeline::cluster& cl, pipeline::core_state& core);
+void snapshot_tick(pipeline::node& nd, pipeline::core_state& core);
 
 // The core's next group commit, if any (once per loop iteration, nothing in flight). A
 // due snapshot cuts the log here: the state now is serialized as the next segment's
 // snapshot, what is pending goes to the old segment as its last write, and the segment
 // switches once that write is durable (a failed write calls the cut off).
-bool take_flush(pipeline::cluster& cl, pipeline::core_state& core, bool retry_failed,
+bool take_flush(pipeline::node& nd, pipeline::core_state& core, bool retry_failed,
                 store::log_writer::flush_job& job);
-void flush_done(pipeline::cluster& cl, pipeline::core_state& core, long written, int synced);
+void flush_done(pipeline::node& nd, pipeline::core_state& core, long written, int synced);
 
 // Waits for a running snapshot (shutdown).
 void finish_snapshot(pipeline::core_state& core);

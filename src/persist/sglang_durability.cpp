@@ -9,16 +9,16 @@
 
 namespace metad::persist {
 
-using pipeline::cluster;
 using pipeline::core_state;
+using pipeline::node;
 
-std::string apply_sg_record(cluster& cl, core_state& core, const store::record& r) {
+std::string apply_sg_record(node& nd, core_state& core, const store::record& r) {
   // The SGLang clock goes on from the latest time logged.
-  const std::uint64_t clock = cl.clock();
+  const std::uint64_t clock = nd.clock();
   if (r.now >= clock) {
     const std::uint64_t want = r.now - clock + 1;
-    std::uint64_t have = cl.sglang_clock_offset.load();
-    while (have < want && !cl.sglang_clock_offset.compare_exchange_weak(have, want)) {
+    std::uint64_t have = nd.sglang_clock_offset.load();
+    while (have < want && !nd.sglang_clock_offset.compare_exchange_weak(have, want)) {
     }
   }
   core.sg_last_now = std::max(core.sg_last_now, r.now);
@@ -29,7 +29,7 @@ std::string apply_sg_record(cluster& cl, core_state& core, const store::record& 
     shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
     const bool created = pools.find(r.rank, r.ns) == nullptr;
     pools.initialize(r.rank, r.ns, static_cast<std::uint32_t>(r.num_pages));
-    if (created) cl.sglang_pools.fetch_add(1);
+    if (created) nd.sglang_pools.fetch_add(1);
     return {};
   }
   if (r.kind == store::record_kind::sg_snapshot_pool) {
@@ -54,7 +54,7 @@ std::string apply_sg_record(cluster& cl, core_state& core, const store::record& 
       *existing = std::move(pool);
     } else {
       pools.adopt(r.rank, r.ns, std::move(pool));
-      cl.sglang_pools.fetch_add(1);
+      nd.sglang_pools.fetch_add(1);
     }
     return {};
   }

@@ -4,13 +4,12 @@
 
 #include <string>
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 #include "store/record.hpp"
 
 namespace metad::persist {
 
 // Replays one sg_* record on the core that owns its rank; "" or what went wrong.
-std::string apply_sg_record(pipeline::cluster& cl, pipeline::core_state& core,
-                            const store::record& r);
+std::string apply_sg_record(pipeline::node& nd, pipeline::core_state& core, const store::record& r);
 
 }  // namespace metad::persist

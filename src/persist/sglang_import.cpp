@@ -54,8 +54,8 @@ shard::sglang_image image_of(api::sg_state_pool& pool) {
 
 }  // namespace
 
-bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir) {
-  const std::string& path = cl.cfg.sglang_import_path;
+bool import_sglang_state(pipeline::node& nd, const store::data_dir& dir) {
+  const std::string& path = nd.cfg.sglang_import_path;
   if (dir.generation() != 0) {
     metad::log::info(
         "SGLang state file {} not imported: the data directory {} holds state already "
@@ -64,13 +64,13 @@ bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir) {
     return false;
   }
   const std::string bytes = read_file(path);
-  const std::int64_t pools_now = cl.sglang_pools.load();
+  const std::int64_t pools_now = nd.sglang_pools.load();
   api::sg_state_limits limits;
   limits.pages_max =
-      std::min<std::int64_t>(cl.cfg.pages_per_rank_max, shard::sglang_pool::pages_max);
-  limits.key_bytes_max = cl.cfg.key_bytes_max;
+      std::min<std::int64_t>(nd.cfg.pages_per_rank_max, shard::sglang_pool::pages_max);
+  limits.key_bytes_max = nd.cfg.key_bytes_max;
   limits.pools_max =
-      static_cast<std::size_t>(std::max<std::int64_t>(cl.cfg.ranks_max - pools_now, 0));
+      static_cast<std::size_t>(std::max<std::int64_t>(nd.cfg.ranks_max - pools_now, 0));
   std::vector<api::sg_state_pool> pools;
   if (std::string error = api::decode_sglang_state(bytes, limits, pools); !error.empty())
     throw std::runtime_error("SGLang state file " + path + ": " + error +
@@ -84,7 +84,7 @@ bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir) {
     pages += pool.num_pages;
     keys += pool.bound.size();
     reclaimed += pool.reclaimed;
-    pipeline::core_state& core = *cl.core[shard::owner_of_rank(pool.rank, cl.cores)];
+    pipeline::core_state& core = *nd.core[shard::owner_of_rank(pool.rank, nd.cores)];
     std::string error;
     shard::sglang_pool restored(0, core.sg_config);
     if (!shard::sglang_pool::restore(image_of(pool), core.sg_config, restored, error))
@@ -93,7 +93,7 @@ bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir) {
     if (!core.sg_pools("", true)->adopt(pool.rank, pool.ns, std::move(restored)))
       throw std::runtime_error("SGLang state file " + path + ": pool '" + pool.name +
                                "' exists already");
-    cl.sglang_pools.fetch_add(1);
+    nd.sglang_pools.fetch_add(1);
   }
   metad::log::info(
       "imported SGLang state file {} into {}: {} pool(s), {} pages, {} keys bound, {} page(s) "

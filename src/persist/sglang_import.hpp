@@ -5,15 +5,15 @@
 // imported pools are in that generation's snapshots before a client can connect.
 #pragma once
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 #include "store/data_dir.hpp"
 
 namespace metad::persist {
 
-// Imports cl.cfg.sglang_import_path when `dir` holds no committed generation (a first
+// Imports nd.cfg.sglang_import_path when `dir` holds no committed generation (a first
 // start); otherwise only logs that the directory's state is used instead. The file is
 // only read. Returns whether any core's state changed. Throws std::runtime_error naming
 // the file and what is wrong with it (unreadable, invalid, or a pool that exists).
-bool import_sglang_state(pipeline::cluster& cl, const store::data_dir& dir);
+bool import_sglang_state(pipeline::node& nd, const store::data_dir& dir);
 
 }  // namespace metad::persist

@@ -23,11 +23,11 @@ bool same_secret(std::string_view given, std::string_view expected) {
 
 }  // namespace
 
-connection::connection(cluster& cl, core_state& home, net::waker& waker)
-    : cluster_(cl),
+connection::connection(node& nd, core_state& home, net::waker& waker)
+    : node_(nd),
       home_(home),
       waker_(waker),
-      parser_(http::limits{cl.cfg.header_bytes_max, cl.cfg.body_bytes_max}) {}
+      parser_(http::limits{nd.cfg.header_bytes_max, nd.cfg.body_bytes_max}) {}
 
 net::flow connection::on_bytes(std::size_t bytes) {
   parser_.commit(bytes);
@@ -89,24 +89,24 @@ net::flow connection::advance() {
 bool connection::charge_body() {
   const std::size_t announced = parser_.body_bytes_announced();
   if (announced <= kSteadyBytes || announced <= body_charge_) return true;
-  if (!cluster_.memory.charge_body(announced - body_charge_)) return false;
+  if (!node_.memory.charge_body(announced - body_charge_)) return false;
   body_charge_ = announced;
   return true;
 }
 
-void connection::release_body() { cluster_.memory.release_body(std::exchange(body_charge_, 0)); }
+void connection::release_body() { node_.memory.release_body(std::exchange(body_charge_, 0)); }
 
 // The body does not fit the budget: a 503 before it is read, and the connection closes
 // (what the client still sends is dropped by the transport's lingering close).
 net::flow connection::refuse_body() {
-  cluster_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
+  node_.memory.refused_bodies.fetch_add(1, std::memory_order_relaxed);
   head_ = false;
   keep_alive_ = false;
   start(kInvalidHttp);
   scratch_.detail = fmt::format(
       "Request body of {} bytes refused: it does not fit the memory budget (--memory-max {} "
       "bytes, {} in use)",
-      parser_.body_bytes_announced(), cluster_.memory.max(), cluster_.memory.used());
+      parser_.body_bytes_announced(), node_.memory.max(), node_.memory.used());
   finish(answer::error(503, scratch_.detail));
   return net::flow::close;
 }
@@ -146,7 +146,7 @@ void connection::complete() {
   const std::uint64_t elapsed_ns = smp::monotonic_ns() - started_ns_;
   if (buffer_bytes() > kRetainedBytesMax) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
-  if (cluster_.cfg.access_log) {
+  if (node_.cfg.access_log) {
     metad::log::info("access {} {} {} {} {}us", route_name(route_), status_,
                      keep_alive_ ? "keep-alive" : "close",
                      target_.empty() ? std::string_view("-") : target_, elapsed_ns / 1000);
@@ -163,7 +163,7 @@ void connection::complete() {
 // has received says `connection: close`, so that the client sends no more on it; one
 // received after it (buffered, or already in the socket) is answered first.
 bool connection::answer_keeps_alive() {
-  if (keep_alive_ && cluster_.stopping.load(std::memory_order_relaxed))
+  if (keep_alive_ && node_.stopping.load(std::memory_order_relaxed))
     keep_alive_ = parser_.more_buffered() || waker_.input_pending();
   return keep_alive_;
 }
@@ -203,7 +203,7 @@ void connection::drop_body_of_head(std::size_t body_bytes) {
 }
 
 bool connection::authorized(const http::request& request, access auth) const {
-  const metad::config& cfg = cluster_.cfg;
+  const metad::config& cfg = node_.cfg;
   if (auth == access::open) return true;
   const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
   const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;

@@ -18,7 +18,7 @@
 #include "http/router.hpp"
 #include "net/transport.hpp"
 #include "pipeline/answer.hpp"
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/rank_sample.hpp"
 #include "pipeline/routes.hpp"
 #include "shard/sglang_pool.hpp"
@@ -48,20 +48,20 @@ struct removal_job {
   std::vector<std::uint32_t> removed;
   std::vector<std::string_view> removed_keys;
   std::vector<std::uint8_t> core_has_keys;  // per core: a key's directory slice is there
-  std::uint64_t clears = 0;                 // cluster::clears_begun when the walk began
+  std::uint64_t clears = 0;                 // node::clears_begun when the walk began
 
   // Starts a walk; false (do nothing) while a /clear runs.
-  bool begin(const cluster& cl) {
+  bool begin(const node& nd) {
     bytes.clear();
     ends.clear();
     keys.clear();
     used.clear();
     member.clear();
-    clears = cl.clears_begun.load();
-    return cl.clears_done.load() == clears;
+    clears = nd.clears_begun.load();
+    return nd.clears_done.load() == clears;
   }
   // On any core during the walk: false once a /clear has begun since.
-  bool valid(const cluster& cl) const { return cl.clears_begun.load() == clears; }
+  bool valid(const node& nd) const { return nd.clears_begun.load() == clears; }
   void add(std::string_view key, std::uint64_t last_use = 0) {
     bytes.append(key);
     ends.push_back(static_cast<std::uint32_t>(bytes.size()));
@@ -69,9 +69,9 @@ struct removal_job {
     member.push_back(0);
   }
   // After the last add: the views, owners and zeroed counts.
-  void seal(const cluster& cl);
+  void seal(const node& nd);
   // Keeps only the members (bindings of the others are lost: call before the walk).
-  void keep_members(const cluster& cl);
+  void keep_members(const node& nd);
 };
 
 // SGLang's operations (docs/sglang-api.md).
@@ -149,7 +149,7 @@ struct scratch {
 
 class connection final : public net::connection_handler {
  public:
-  connection(cluster& cl, core_state& home, net::waker& waker);
+  connection(node& nd, core_state& home, net::waker& waker);
   ~connection() override;
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
@@ -166,7 +166,7 @@ class connection final : public net::connection_handler {
   std::size_t buffer_bytes() const;
 
   // For the start functions and endpoint coroutines (home core only).
-  cluster& shared() { return cluster_; }
+  node& shared() { return node_; }
   core_state& home() { return home_; }
   scratch& work() { return scratch_; }
   // A decoding error's answer (its detail kept in work().detail).
@@ -197,7 +197,7 @@ class connection final : public net::connection_handler {
   // Drops the body of the answer just written (its last body_bytes) if it answers HEAD.
   void drop_body_of_head(std::size_t body_bytes);
 
-  cluster& cluster_;
+  node& node_;
   core_state& home_;
   net::waker& waker_;
   http::parser parser_;
@@ -206,7 +206,7 @@ class connection final : public net::connection_handler {
   bool keep_alive_ = true;
   bool head_ = false;            // the request is HEAD: answers carry no body
   bool grew_ = false;            // a request since the last trim() was big: buffers may have grown
-  std::size_t body_charge_ = 0;  // bytes charged to cluster::memory for bodies
+  std::size_t body_charge_ = 0;  // bytes charged to node::memory for bodies
   route_label route_ = kNotFound;
   int status_ = 0;
   std::uint64_t started_ns_ = 0;

@@ -6,17 +6,17 @@
 
 namespace metad::pipeline {
 
-std::string check_consistency(const cluster& cl) {
+std::string check_consistency(const node& nd) {
   std::unordered_map<std::string, std::int32_t> bound;
   std::int64_t sg_pools = 0;
-  for (const auto& core : cl.core) {
+  for (const auto& core : nd.core) {
     for (const auto& entry : core->sg_tenants) {
       const std::string_view tenant = entry.first;  // lambdas cannot capture bindings in C++20
       const auto& pools = entry.second;
       std::string e;
       pools.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool& pool) {
         ++sg_pools;
-        if (e.empty() && shard::owner_of_rank(rank, cl.cores) != core->index)
+        if (e.empty() && shard::owner_of_rank(rank, nd.cores) != core->index)
           e = fmt::format("SGLang rank {} is on core {}, not its owner", rank, core->index);
         if (std::string p = pool.check(); e.empty() && !p.empty())
           e = fmt::format("SGLang pool '{}' {} '{}': {}", tenant, rank, ns, p);
@@ -29,11 +29,11 @@ std::string check_consistency(const cluster& cl) {
           if (confirmed) ++bound[std::string(key)];
         });
   }
-  if (sg_pools != cl.sglang_pools.load())
-    return fmt::format("{} SGLang pools exist, {} are counted", sg_pools, cl.sglang_pools.load());
+  if (sg_pools != nd.sglang_pools.load())
+    return fmt::format("{} SGLang pools exist, {} are counted", sg_pools, nd.sglang_pools.load());
   std::string error;
   std::size_t counted = 0;
-  for (const auto& core : cl.core) {
+  for (const auto& core : nd.core) {
     std::size_t incomplete = 0;
     std::uint64_t incomplete_pages = 0;
     core->directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {

@@ -1,10 +1,10 @@
-// Whole-cluster consistency, for tests and fuzzers (every core idle, read from one
+// Whole-node consistency, for tests and fuzzers (every core idle, read from one
 // thread): vLLM's ranks against the directory, SGLang's pools against their owners.
 #pragma once
 
 #include <string>
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 
 namespace metad::pipeline {
 
@@ -12,6 +12,6 @@ namespace metad::pipeline {
 // directory count is the number of ranks holding the key bound; each SGLang pool is on
 // its rank's owner core, sound, and counted. "" when consistent, else the first
 // violation.
-std::string check_consistency(const cluster& cl);
+std::string check_consistency(const node& nd);
 
 }  // namespace metad::pipeline

@@ -14,9 +14,9 @@ namespace metad::pipeline {
 namespace {
 
 // Drops core c's ranks and directory slice (on core c).
-void clear_core(cluster& cl, int c) {
-  core_state& core = *cl.core[c];
-  cl.worker_ranks.fetch_sub(static_cast<std::int64_t>(core.ranks.rank_count()),
+void clear_core(node& nd, int c) {
+  core_state& core = *nd.core[c];
+  nd.worker_ranks.fetch_sub(static_cast<std::int64_t>(core.ranks.rank_count()),
                             std::memory_order_relaxed);
   core.ranks.clear();
   core.directory.clear();
@@ -37,21 +37,21 @@ enum class init_refusal : std::uint8_t { none, too_many_ranks, over_budget };
 
 // On the rank's owner core: a new rank needs a place under --ranks-max, a created or
 // grown one the memory its pool will hold under --memory-max.
-init_refusal admit_initialize(cluster& cl, const core_state& core, const api::initialize_cmd& cmd,
+init_refusal admit_initialize(node& nd, const core_state& core, const api::initialize_cmd& cmd,
                               std::uint64_t& needed) {
   const auto before = core.ranks.stats(cmd.rank);
   const std::int64_t old_pages = before ? before->num_pages : 0;
   if (cmd.num_pages <= old_pages) return init_refusal::none;  // unchanged or shrunk
   if (!before) {
-    std::int64_t ranks = cl.worker_ranks.load(std::memory_order_relaxed);
+    std::int64_t ranks = nd.worker_ranks.load(std::memory_order_relaxed);
     do {
-      if (ranks >= cl.cfg.ranks_max) return init_refusal::too_many_ranks;
-    } while (!cl.worker_ranks.compare_exchange_weak(ranks, ranks + 1, std::memory_order_relaxed));
+      if (ranks >= nd.cfg.ranks_max) return init_refusal::too_many_ranks;
+    } while (!nd.worker_ranks.compare_exchange_weak(ranks, ranks + 1, std::memory_order_relaxed));
   }
   needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(old_pages);
-  if (cl.memory.charge_kept(needed)) return init_refusal::none;
-  if (!before) cl.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
-  cl.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
+  if (nd.memory.charge_kept(needed)) return init_refusal::none;
+  if (!before) nd.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
+  nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
   return init_refusal::over_budget;
 }
 
@@ -78,21 +78,21 @@ void note_reinitialize(core_state& core, const api::initialize_cmd& cmd,
 
 // After a rank shrank (on its owner core): the keys it unbound have one confirmation
 // less in the directory; a key left with none leaves it. Ends on the owner core.
-smp::subtask<bool> count_lost_bindings(cluster& cl, const std::vector<std::string>& unbound,
+smp::subtask<bool> count_lost_bindings(node& nd, const std::vector<std::string>& unbound,
                                        scratch& s) {
   std::vector<std::string_view> keys(unbound.begin(), unbound.end());
-  plan_directory_walk(cl, keys, nullptr, 0, s);
+  plan_directory_walk(nd, keys, nullptr, 0, s);
   bool stored = true;
-  co_await smp::for_each_core(cl.mailbox, smp::this_core(), needed_by(s),
+  co_await smp::for_each_core(nd.mailbox, smp::this_core(), needed_by(s),
                               [&](int c) -> smp::subtask<bool> {
-                                core_state& core = *cl.core[c];
+                                core_state& core = *nd.core[c];
                                 // The rank's change is queued in its log already: these records go
                                 // with it even without room (they are written once the disk
                                 // recovers).
                                 if (!core.journal.reserve(record_bytes(keys, kKeyRecordBytes)))
                                   stored = false;
                                 for (const std::uint32_t i : walk_of(s, c)) {
-                                  if (core.directory.lose_binding(keys[i], cl.clock()))
+                                  if (core.directory.lose_binding(keys[i], nd.clock()))
                                     core.journal.directory_remove(keys[i]);
                                 }
                                 core.publish_incomplete();
@@ -105,18 +105,18 @@ smp::subtask<bool> count_lost_bindings(cluster& cl, const std::vector<std::strin
 }  // namespace
 
 endpoint_task run_initialize(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   const api::initialize_cmd& cmd = x.work().init;
-  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
-  co_await cl.mailbox.hop_to(owner);
-  core_state& core = *cl.core[owner];
+  const int owner = shard::owner_of_rank(cmd.rank, nd.cores);
+  co_await nd.mailbox.hop_to(owner);
+  core_state& core = *nd.core[owner];
   shard::init_result r{shard::init_outcome::unchanged, 0};
   init_refusal refusal = init_refusal::none;
   std::uint64_t needed = 0;
   bool stored = core.journal.reserve(64);
   std::vector<std::string> unbound;  // keys a shrink unbound (rare: allocated only then)
-  if (stored) refusal = admit_initialize(cl, core, cmd, needed);
+  if (stored) refusal = admit_initialize(nd, core, cmd, needed);
   if (stored && refusal == init_refusal::none) {
     // Counted in worker_ranks if created.
     r = core.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
@@ -125,11 +125,11 @@ endpoint_task run_initialize(connection& x) {
       core.journal.initialize(cmd.rank, cmd.num_pages);  // replay shrinks too
     stored = co_await core.journal.durable();
     if (!unbound.empty()) {
-      const bool counted = co_await count_lost_bindings(cl, unbound, x.work());
+      const bool counted = co_await count_lost_bindings(nd, unbound, x.work());
       stored = stored && counted;
     }
   }
-  co_await cl.mailbox.hop_to(home);
+  co_await nd.mailbox.hop_to(home);
   scratch& s = x.work();
   if (!stored) {
     co_return answer::error(503, kStorageFailed);
@@ -137,14 +137,14 @@ endpoint_task run_initialize(connection& x) {
   if (refusal == init_refusal::too_many_ranks) {
     s.detail =
         fmt::format("Rank {} not initialized: {} ranks exist already, the limit set by --ranks-max",
-                    cmd.rank, cl.cfg.ranks_max);
+                    cmd.rank, nd.cfg.ranks_max);
     co_return answer::error(400, s.detail);
   }
   if (refusal == init_refusal::over_budget) {
     s.detail = fmt::format(
         "Rank {} not initialized: its {} pages need {} bytes more, over the memory budget "
         "(--memory-max {} bytes, {} in use)",
-        cmd.rank, cmd.num_pages, needed, cl.memory.max(), cl.memory.used());
+        cmd.rank, cmd.num_pages, needed, nd.memory.max(), nd.memory.used());
     co_return answer::error(507, s.detail);
   }
   s.body.clear();
@@ -157,7 +157,7 @@ namespace {
 // One attempt at a batch_allocate on the rank's owner core, logged if it changed the
 // rank. Allocation is deterministic: replaying the same request on the same state takes
 // the same pages, so the request itself is the record.
-shard::allocate_result try_allocate(cluster& cl, core_state& core, scratch& s, bool& stored) {
+shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool& stored) {
   const api::allocate_cmd& cmd = s.allocate;
   s.indices.clear();
   s.pages.clear();
@@ -167,7 +167,7 @@ shard::allocate_result try_allocate(cluster& cl, core_state& core, scratch& s, b
   }
   const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
   const shard::allocate_result r =
-      core.ranks.allocate(cmd.rank, cmd.keys.views(), cl.clock(), s.indices, s.pages);
+      core.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages);
   if (r.found && core.journal.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
     core.journal.allocate(cmd.rank, cmd.keys.views());
   return r;
@@ -187,42 +187,42 @@ constexpr std::uint64_t kSettleNs = 1'000 * smp::kNsPerMs;
 }  // namespace
 
 endpoint_task run_allocate(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::allocate_cmd& cmd = s.allocate;
-  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  const int owner = shard::owner_of_rank(cmd.rank, nd.cores);
   // Sized here so the owner core never grows (allocates) memory this core frees.
   s.indices.reserve(cmd.keys.size());
   s.pages.reserve(cmd.keys.size());
-  if (cl.cfg.evict == metad::eviction::lru && cl.cfg.read_lease_ms > 0) {
+  if (nd.cfg.evict == metad::eviction::lru && nd.cfg.read_lease_ms > 0) {
     // A writer may rewrite the pages of keys this rank holds already (hits): lease the
     // complete keys first, so that no eviction frees such a page while it is written.
-    plan_directory_walk(cl, cmd.keys.views(), nullptr, 0, s);
+    plan_directory_walk(nd, cmd.keys.views(), nullptr, 0, s);
     s.flags.assign(cmd.keys.size(), 0);  // not read: only the leases matter
-    const std::uint64_t now = cl.clock();
-    const std::uint64_t lease_until = now + cl.cfg.read_lease_ms * smp::kNsPerMs;
-    co_await smp::for_each_core(cl.mailbox, home, needed_by(s), [&](int c) {
-      cl.core[c]->directory.use_each(cmd.keys.views(), walk_of(s, c), now, lease_until, s.flags);
+    const std::uint64_t now = nd.clock();
+    const std::uint64_t lease_until = now + nd.cfg.read_lease_ms * smp::kNsPerMs;
+    co_await smp::for_each_core(nd.mailbox, home, needed_by(s), [&](int c) {
+      nd.core[c]->directory.use_each(cmd.keys.views(), walk_of(s, c), now, lease_until, s.flags);
     });
   }
-  co_await cl.mailbox.hop_to(owner);
-  core_state& core = *cl.core[owner];
+  co_await nd.mailbox.hop_to(owner);
+  core_state& core = *nd.core[owner];
   bool stored = true;
-  shard::allocate_result r = try_allocate(cl, core, s, stored);
+  shard::allocate_result r = try_allocate(nd, core, s, stored);
   // Short of pages: first reservations past their deadline, then stale incomplete keys
   // (in every eviction mode: they are dead), then the least recently used complete keys.
-  if (stored && r.short_by > 0 && expire_due(cl, core) > 0) r = try_allocate(cl, core, s, stored);
-  const bool lru = cl.cfg.evict == metad::eviction::lru;
-  const std::uint64_t grace = stale_grace_ns(cl);
+  if (stored && r.short_by > 0 && expire_due(nd, core) > 0) r = try_allocate(nd, core, s, stored);
+  const bool lru = nd.cfg.evict == metad::eviction::lru;
+  const std::uint64_t grace = stale_grace_ns(nd);
   for (int round = 0; stored && r.short_by > 0 && r.evictable && round < kEvictionRounds &&
-                      grace != 0 && incomplete_keys_older_than(cl, grace);
+                      grace != 0 && incomplete_keys_older_than(nd, grace);
        ++round) {
     const std::size_t reclaimed =
-        co_await reclaim_incomplete(cl, -1, std::size_t{r.short_by} + kStaleExtra, grace,
+        co_await reclaim_incomplete(nd, -1, std::size_t{r.short_by} + kStaleExtra, grace,
                                     removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
-    r = try_allocate(cl, core, s, stored);
+    r = try_allocate(nd, core, s, stored);
   }
   // Eviction takes the dead before the living. Incomplete keys within their grace that
   // no rank reserves and that hold a page here are unreadable, and once kSettleNs old
@@ -237,17 +237,17 @@ endpoint_task run_allocate(connection& x) {
        ++round) {
     std::size_t evicted = 0;
     for (const std::uint64_t age : {settle, std::uint64_t{0}}) {
-      if (evicted == 0 && stored && incomplete_keys_older_than(cl, age))
-        evicted = co_await reclaim_incomplete(cl, -1, r.short_by, age, removal_kind::evicted,
+      if (evicted == 0 && stored && incomplete_keys_older_than(nd, age))
+        evicted = co_await reclaim_incomplete(nd, -1, r.short_by, age, removal_kind::evicted,
                                               s.removal, stored, &cmd.rank);
       if (evicted == 0 && stored && age != 0)
-        evicted = co_await evict(cl, cmd.rank, r.short_by, s.removal, stored);
+        evicted = co_await evict(nd, cmd.rank, r.short_by, s.removal, stored);
     }
     if (evicted == 0 || !stored) break;
-    r = try_allocate(cl, core, s, stored);
+    r = try_allocate(nd, core, s, stored);
   }
   if (stored) stored = co_await core.journal.durable();
-  co_await cl.mailbox.hop_to(home);
+  co_await nd.mailbox.hop_to(home);
   if (!stored) {
     co_return answer::error(503, kStorageFailed);
   }
@@ -263,29 +263,29 @@ endpoint_task run_allocate(connection& x) {
 }
 
 endpoint_task run_confirm(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::confirm_cmd& cmd = s.confirm;
-  const int owner = shard::owner_of_rank(cmd.rank, cl.cores);
+  const int owner = shard::owner_of_rank(cmd.rank, nd.cores);
   s.indices.clear();
   s.indices.reserve(cmd.keys.size());
   s.flags.reserve(cmd.keys.size());
-  reserve_walk(cl, cmd.keys.size(), s);
+  reserve_walk(nd, cmd.keys.size(), s);
   s.detail.reserve(256);
-  co_await cl.mailbox.hop_to(owner);
+  co_await nd.mailbox.hop_to(owner);
   shard::confirm_outcome outcome = shard::confirm_outcome::ok;
   bool stored =
-      cl.core[owner]->journal.reserve(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
+      nd.core[owner]->journal.reserve(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
   const auto tp_world_size =
-      static_cast<std::int32_t>(cl.worker_ranks.load(std::memory_order_relaxed));
+      static_cast<std::int32_t>(nd.worker_ranks.load(std::memory_order_relaxed));
   if (stored) {
-    core_state& core = *cl.core[owner];
+    core_state& core = *nd.core[owner];
     const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
     const std::uint64_t quarantine_until =
-        cl.cfg.release_quarantine_ms == 0
+        nd.cfg.release_quarantine_ms == 0
             ? 0
-            : cl.clock() + cl.cfg.release_quarantine_ms * smp::kNsPerMs;
+            : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
     outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
                                  quarantine_until, s.detail, s.indices);
     if (outcome == shard::confirm_outcome::ok && core.journal.enabled() &&
@@ -302,25 +302,25 @@ endpoint_task run_confirm(connection& x) {
     // retried), so the directory counts it even when that write failed or a directory
     // core's disk refuses: the answer is then a 503, but live state is what the logs
     // describe, and a retry of the confirm (a no-op on the rank) answers 204.
-    plan_directory_walk(cl, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
+    plan_directory_walk(nd, cmd.keys.views(), s.indices.data(), s.indices.size(), s);
     s.flags.assign(cmd.keys.size(), 0);  // which keys entered the directory
     // Not for_each_core: the walk goes home from its last core, not back to the owner.
-    for (const int c : smp::walk_from(owner, cl.cores)) {
+    for (const int c : smp::walk_from(owner, nd.cores)) {
       if (walk_of(s, c).empty()) continue;
-      co_await cl.mailbox.hop_to(c);
-      core_state& dir_core = *cl.core[c];
+      co_await nd.mailbox.hop_to(c);
+      core_state& dir_core = *nd.core[c];
       // Without room the records are still queued: they go out once the disk recovers.
       if (!dir_core.journal.reserve(record_bytes(cmd.keys.views(), kKeyRecordBytes)))
         stored = false;
       dir_core.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size,
-                                           cl.clock(), s.flags);
+                                           nd.clock(), s.flags);
       dir_core.publish_incomplete();
       for (const std::uint32_t i : walk_of(s, c))
         if (s.flags[i]) dir_core.journal.directory_key(tp_world_size, cmd.keys[i]);
       if (stored) stored = co_await dir_core.journal.durable();
     }
   }
-  co_await cl.mailbox.hop_to(home);
+  co_await nd.mailbox.hop_to(home);
   if (!stored) co_return answer::error(503, kStorageFailed);
   switch (outcome) {
     case shard::confirm_outcome::ok:
@@ -335,7 +335,7 @@ endpoint_task run_confirm(connection& x) {
 }
 
 endpoint_task run_lookup(connection& x, bool with_rank) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = with_rank ? s.locations.keys : s.exists.keys;
@@ -345,8 +345,8 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
   // Sized here: the directory walk is planned on the rank's core.
   s.indices.clear();
   s.indices.reserve(keys.size());
-  reserve_walk(cl, keys.size(), s);
-  const std::uint64_t now = cl.clock();
+  reserve_walk(nd, keys.size(), s);
+  const std::uint64_t now = nd.clock();
   bool found = true;
   std::uint64_t lease_until = 0;
   if (with_rank) {
@@ -355,25 +355,25 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
     // eviction and delete while it may still be reading the file. A page is answered
     // only if its key is still complete after that (a removal hides a key from the
     // directory before any rank frees its page).
-    const int owner = shard::owner_of_rank(rank, cl.cores);
-    co_await cl.mailbox.hop_to(owner);
-    found = cl.core[owner]->ranks.confirmed_pages(rank, keys.views(), s.pages);
+    const int owner = shard::owner_of_rank(rank, nd.cores);
+    co_await nd.mailbox.hop_to(owner);
+    found = nd.core[owner]->ranks.confirmed_pages(rank, keys.views(), s.pages);
     for (std::uint32_t i = 0; found && i < keys.size(); ++i)
       if (s.pages[i] >= 0) s.indices.push_back(i);
-    if (cl.cfg.read_lease_ms > 0) lease_until = now + cl.cfg.read_lease_ms * smp::kNsPerMs;
+    if (nd.cfg.read_lease_ms > 0) lease_until = now + nd.cfg.read_lease_ms * smp::kNsPerMs;
   }
   if (!with_rank || !s.indices.empty()) {
-    plan_directory_walk(cl, keys.views(), with_rank ? s.indices.data() : nullptr, s.indices.size(),
+    plan_directory_walk(nd, keys.views(), with_rank ? s.indices.data() : nullptr, s.indices.size(),
                         s);
     // Not for_each_core: from the rank's owner, the walk goes on to the directory's
     // cores and home from the last of them.
-    for (const int c : smp::walk_from(home, cl.cores)) {
+    for (const int c : smp::walk_from(home, nd.cores)) {
       if (walk_of(s, c).empty()) continue;
-      co_await cl.mailbox.hop_to(c);
-      cl.core[c]->directory.use_each(keys.views(), walk_of(s, c), now, lease_until, s.flags);
+      co_await nd.mailbox.hop_to(c);
+      nd.core[c]->directory.use_each(keys.views(), walk_of(s, c), now, lease_until, s.flags);
     }
   }
-  co_await cl.mailbox.hop_to(home);
+  co_await nd.mailbox.hop_to(home);
   s.body.clear();
   if (!with_rank) {
     api::encode_exists(s.body, s.flags);
@@ -390,19 +390,19 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
 }
 
 endpoint_task run_clear(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
-  cl.clears_begun.fetch_add(1);
+  nd.clears_begun.fetch_add(1);
   co_await smp::for_each_core(
-      cl.mailbox, x.home().index, smp::every_core, [&](int c) -> smp::subtask<bool> {
-        clear_core(cl, c);
-        core_state& core = *cl.core[c];
+      nd.mailbox, x.home().index, smp::every_core, [&](int c) -> smp::subtask<bool> {
+        clear_core(nd, c);
+        core_state& core = *nd.core[c];
         core.journal.clear();
         log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
         if (!co_await core.journal.durable()) stored = false;
         co_return true;
       });
-  cl.clears_done.fetch_add(1);
+  nd.clears_done.fetch_add(1);
   if (stored) {
     co_return answer::canned(http::canned::no_content);
   }
@@ -410,11 +410,11 @@ endpoint_task run_clear(connection& x) {
 }
 
 endpoint_task run_rank_info(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const std::int64_t rank = s.init.rank;
-  const int owner = shard::owner_of_rank(rank, cl.cores);
+  const int owner = shard::owner_of_rank(rank, nd.cores);
   // How many of the rank's bound pages hold incomplete keys: the incomplete keys of
   // every directory slice (few in a healthy cluster: a key is incomplete between its
   // first and its last rank's confirmation, or until it is reclaimed as stale), then
@@ -423,22 +423,22 @@ endpoint_task run_rank_info(connection& x) {
   // requests made more keys incomplete meanwhile than the room holds, again, larger.
   removal_job& job = s.removal;
   std::size_t count = 0, bytes = 0;
-  co_await smp::for_each_core(cl.mailbox, home, smp::every_core, [&](int c) {
-    cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+  co_await smp::for_each_core(nd.mailbox, home, smp::every_core, [&](int c) {
+    nd.core[c]->directory.for_each_incomplete([&](std::string_view key) {
       ++count;
       bytes += key.size();
       return true;
     });
   });
   for (bool complete = false; !complete;) {
-    job.begin(cl);
+    job.begin(nd);
     job.bytes.reserve(2 * bytes + 4096);
     job.ends.reserve(2 * count + 64);
     job.used.reserve(2 * count + 64);
     job.member.reserve(2 * count + 64);
     complete = true;
-    co_await smp::for_each_core(cl.mailbox, home, smp::every_core, [&](int c) {
-      cl.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+    co_await smp::for_each_core(nd.mailbox, home, smp::every_core, [&](int c) {
+      nd.core[c]->directory.for_each_incomplete([&](std::string_view key) {
         complete = job.ends.size() < job.ends.capacity() &&
                    job.bytes.size() + key.size() <= job.bytes.capacity();
         if (complete) job.add(key);
@@ -449,12 +449,12 @@ endpoint_task run_rank_info(connection& x) {
     count = 2 * count + 64;
     bytes = 2 * bytes + 4096;
   }
-  job.seal(cl);
+  job.seal(nd);
   s.pages.assign(job.keys.size(), -1);
-  co_await cl.mailbox.hop_to(owner);
-  const std::optional<shard::rank_stats> stats = cl.core[owner]->ranks.stats(rank);
-  if (stats) cl.core[owner]->ranks.confirmed_pages(rank, job.keys, s.pages);
-  co_await cl.mailbox.hop_to(home);
+  co_await nd.mailbox.hop_to(owner);
+  const std::optional<shard::rank_stats> stats = nd.core[owner]->ranks.stats(rank);
+  if (stats) nd.core[owner]->ranks.confirmed_pages(rank, job.keys, s.pages);
+  co_await nd.mailbox.hop_to(home);
   s.body.clear();
   if (!stats) {
     s.detail = fmt::format("Rank {} not initialized", rank);
@@ -467,16 +467,16 @@ endpoint_task run_rank_info(connection& x) {
 }
 
 endpoint_task run_metrics(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   scratch& s = x.work();
   if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
   metrics_snapshot& snap = *s.snapshot;
   snap = metrics_snapshot{};
-  snap.connections.assign(static_cast<std::size_t>(cl.cores), connection_counts{});
+  snap.connections.assign(static_cast<std::size_t>(nd.cores), connection_counts{});
   s.rank_rows.clear();
   s.sg_rows.clear();
   s.sg_sum = {};
-  auto collect = [&cl, &s, &snap](const core_state& core) {
+  auto collect = [&nd, &s, &snap](const core_state& core) {
     collect_sg_pools(core, s);
     snap.requests.add(core.metrics);
     snap.flushes.add(core.flushes);
@@ -490,7 +490,7 @@ endpoint_task run_metrics(connection& x) {
     snap.ranks_shrunk += core.ranks_shrunk;
     snap.incomplete_keys += core.directory.incomplete_count();
     snap.incomplete_pages += core.directory.incomplete_bindings();
-    snap.hops += cl.mailbox.posted(core.index);
+    snap.hops += nd.mailbox.posted(core.index);
     snap.ranks += core.ranks.rank_count();
     const net::loop_stats& conn = core.connections;
     snap.connections[static_cast<std::size_t>(core.index)] = {
@@ -499,12 +499,12 @@ endpoint_task run_metrics(connection& x) {
       s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };
-  co_await smp::for_each_core(cl.mailbox, x.home().index, smp::every_core,
-                              [&](int c) { collect(*cl.core[c]); });
-  snap.memory_max = cl.memory.max();
-  snap.memory_used = cl.memory.used();
-  snap.refused_ranks = cl.memory.refused_ranks.load(std::memory_order_relaxed);
-  snap.refused_bodies = cl.memory.refused_bodies.load(std::memory_order_relaxed);
+  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
+                              [&](int c) { collect(*nd.core[c]); });
+  snap.memory_max = nd.memory.max();
+  snap.memory_used = nd.memory.used();
+  snap.refused_ranks = nd.memory.refused_ranks.load(std::memory_order_relaxed);
+  snap.refused_bodies = nd.memory.refused_bodies.load(std::memory_order_relaxed);
   const api::rank_pool& pool = s.rank_rows.pool();
   snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
   snap.rank_series_omitted = s.rank_rows.omitted();

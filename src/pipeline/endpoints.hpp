@@ -29,6 +29,6 @@ void append_sg_stats(std::string& out, scratch& s);
 void render_sg_metrics(std::string& out, scratch& s);
 // On core `core`'s thread, every loop tick: ends SGLang reservations past their
 // deadline (--reservation-ttl). Returns how many.
-std::size_t expire_sg_due(cluster& cl, core_state& core);
+std::size_t expire_sg_due(node& nd, core_state& core);
 
 }  // namespace metad::pipeline

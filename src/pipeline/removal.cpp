@@ -13,7 +13,7 @@
 
 namespace metad::pipeline {
 
-void removal_job::seal(const cluster& cl) {
+void removal_job::seal(const node& nd) {
   keys.clear();
   std::uint32_t begin = 0;
   for (const std::uint32_t end : ends) {
@@ -22,11 +22,11 @@ void removal_job::seal(const cluster& cl) {
   }
   owner.resize(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i)
-    owner[i] = static_cast<std::uint16_t>(cl.key_owner(keys[i]));
+    owner[i] = static_cast<std::uint16_t>(nd.key_owner(keys[i]));
   bindings.assign(keys.size(), 0);
 }
 
-void removal_job::keep_members(const cluster& cl) {
+void removal_job::keep_members(const node& nd) {
   // In place: a kept key only moves towards the front.
   std::size_t bytes_kept = 0, kept = 0;
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -41,12 +41,12 @@ void removal_job::keep_members(const cluster& cl) {
   ends.resize(kept);
   used.resize(kept);
   member.assign(kept, 1);
-  seal(cl);
+  seal(nd);
 }
 
-std::size_t expire_due(cluster& cl, core_state& core) {
-  const std::uint64_t now = cl.clock();
-  expire_sg_due(cl, core);  // SGLang's pools: not counted here (vLLM's ranks only)
+std::size_t expire_due(node& nd, core_state& core) {
+  const std::uint64_t now = nd.clock();
+  expire_sg_due(nd, core);  // SGLang's pools: not counted here (vLLM's ranks only)
   core.directory.sweep(now);
   // At most one record of each kind per rank, of 8 bytes per page.
   if (!core.journal.reserve(128 * core.ranks.rank_count() +
@@ -56,7 +56,7 @@ std::size_t expire_due(cluster& cl, core_state& core) {
       core.ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
         core.journal.quarantine_end(rank, pages);
       });
-  if (cl.cfg.reservation_ttl_ms == 0) return freed;
+  if (nd.cfg.reservation_ttl_ms == 0) return freed;
   freed += core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
     core.journal.release(rank, pages);
   });
@@ -66,16 +66,16 @@ std::size_t expire_due(cluster& cl, core_state& core) {
 namespace {
 
 // for_each_core's `wanted` for a walk over the directory's slices.
-auto directory_core(const cluster& cl) {
-  return [&cl](int c) { return c < cl.directory_cores; };
+auto directory_core(const node& nd) {
+  return [&nd](int c) { return c < nd.directory_cores; };
 }
 // for_each_core for a removal walk: it ends early (returns false) on the first core
 // where `job` is no longer valid (a /clear has begun since the walk began), unvisited.
 template <typename Wanted, typename Visit>
-smp::subtask<bool> valid_walk(cluster& cl, int first, Wanted wanted, Visit visit,
+smp::subtask<bool> valid_walk(node& nd, int first, Wanted wanted, Visit visit,
                               const removal_job& job) {
-  return smp::for_each_core(cl.mailbox, first, wanted, [&cl, &job, visit](int c) mutable {
-    if (!job.valid(cl)) return false;
+  return smp::for_each_core(nd.mailbox, first, wanted, [&nd, &job, visit](int c) mutable {
+    if (!job.valid(nd)) return false;
     visit(c);
     return true;
   });
@@ -83,7 +83,7 @@ smp::subtask<bool> valid_walk(cluster& cl, int first, Wanted wanted, Visit visit
 
 // Drops every binding of job.keys on each core's ranks, then settles the keys'
 // directory slices (whose removals were begun). Ends on the core it was called on.
-smp::subtask<std::size_t> remove_everywhere(cluster& cl, removal_job& job, removal_kind kind,
+smp::subtask<std::size_t> remove_everywhere(node& nd, removal_job& job, removal_kind kind,
                                             bool& stored) {
   const int start = smp::this_core();
   std::size_t left = 0;
@@ -93,14 +93,14 @@ smp::subtask<std::size_t> remove_everywhere(cluster& cl, removal_job& job, remov
   job.removed.reserve(job.keys.size());
   job.removed_keys.reserve(job.keys.size());
   job.ranks.reserve(256);
-  job.core_has_keys.assign(static_cast<std::size_t>(cl.cores), 0);
+  job.core_has_keys.assign(static_cast<std::size_t>(nd.cores), 0);
   for (const std::uint16_t c : job.owner) job.core_has_keys[c] = 1;
   // Not for_each_core (nor below): the second walk goes on from the first one's last
   // core, rather than from `start` again.
-  for (const int c : smp::walk_from(start, cl.cores)) {
-    co_await cl.mailbox.hop_to(c);
-    if (!job.valid(cl)) break;  // a /clear drops everything: nothing left to settle
-    core_state& core = *cl.core[c];
+  for (const int c : smp::walk_from(start, nd.cores)) {
+    co_await nd.mailbox.hop_to(c);
+    if (!job.valid(nd)) break;  // a /clear drops everything: nothing left to settle
+    core_state& core = *nd.core[c];
     if (core.ranks.rank_count() == 0) continue;
     if (!core.journal.reserve(core.ranks.rank_count() * record_bytes(job.keys, 0))) {
       stored = false;  // the bindings stay; the directory below keeps the keys' counts
@@ -123,15 +123,15 @@ smp::subtask<std::size_t> remove_everywhere(cluster& cl, removal_job& job, remov
     }
     if (!co_await core.journal.durable()) stored = false;
   }
-  for (const int c : smp::walk_from(start, cl.cores)) {
+  for (const int c : smp::walk_from(start, nd.cores)) {
     if (!job.core_has_keys[static_cast<std::size_t>(c)]) continue;
-    co_await cl.mailbox.hop_to(c);
-    if (!job.valid(cl)) break;
-    core_state& core = *cl.core[c];
+    co_await nd.mailbox.hop_to(c);
+    if (!job.valid(nd)) break;
+    core_state& core = *nd.core[c];
     // Without room the directory still settles; only the record of a key leaving is
     // lost, and recovery derives the directory from the bindings anyway.
     const bool logged = core.journal.reserve(record_bytes(job.keys, kKeyRecordBytes));
-    const std::uint64_t now = cl.clock();
+    const std::uint64_t now = nd.clock();
     for (std::size_t i = 0; i < job.keys.size(); ++i) {
       if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i], now))
         continue;
@@ -144,7 +144,7 @@ smp::subtask<std::size_t> remove_everywhere(cluster& cl, removal_job& job, remov
     core.publish_incomplete();  // a key confirmed again meanwhile stays, incomplete
     if (!co_await core.journal.durable()) stored = false;
   }
-  co_await cl.mailbox.hop_to(start);
+  co_await nd.mailbox.hop_to(start);
   METAD_ASSERT(left <= job.keys.size());
   co_return left;
 }
@@ -157,21 +157,21 @@ constexpr std::size_t kPassedOverMax = 4096;
 
 // Takes (begins the removal of) the `want` least recently used evictable keys over all
 // directory slices into `job`. Ends on the core it was called on. Returns how many.
-smp::subtask<std::size_t> take_oldest(cluster& cl, std::uint64_t now, std::size_t want,
+smp::subtask<std::size_t> take_oldest(node& nd, std::uint64_t now, std::size_t want,
                                       removal_job& job) {
   const int at = smp::this_core();
   const std::size_t before = job.ends.size();
-  job.quota.assign(static_cast<std::size_t>(cl.cores), 0);
-  if (cl.directory_cores == 1) {
+  job.quota.assign(static_cast<std::size_t>(nd.cores), 0);
+  if (nd.directory_cores == 1) {
     job.quota[0] = static_cast<std::uint32_t>(want);
   } else {
     // How many each slice gives: the `want` oldest over all of them.
     job.oldest.clear();
     const bool valid = co_await valid_walk(
-        cl, at, directory_core(cl),
+        nd, at, directory_core(nd),
         [&](int c) {
           job.times.clear();
-          cl.core[c]->directory.oldest_used(now, want, job.times);
+          nd.core[c]->directory.oldest_used(now, want, job.times);
           for (const std::uint64_t t : job.times)
             job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
         },
@@ -183,9 +183,9 @@ smp::subtask<std::size_t> take_oldest(cluster& cl, std::uint64_t now, std::size_
     for (std::size_t i = 0; i < n; ++i) ++job.quota[job.oldest[i].second];
   }
   co_await valid_walk(
-      cl, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
+      nd, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
       [&](int c) {
-        cl.core[c]->directory.take_least_recent(
+        nd.core[c]->directory.take_least_recent(
             now, job.quota[static_cast<std::size_t>(c)],
             [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
       },
@@ -196,11 +196,11 @@ smp::subtask<std::size_t> take_oldest(cluster& cl, std::uint64_t now, std::size_
 // Calls off the removal of the candidates not kept for eviction: the passed-over ones
 // (not members) behind the others, and — when the eviction is called off — the members
 // back in front, in their order. Ends on the core it was called on.
-smp::subtask<bool> put_back(cluster& cl, removal_job& job, bool members_too) {
+smp::subtask<bool> put_back(node& nd, removal_job& job, bool members_too) {
   return valid_walk(
-      cl, smp::this_core(), directory_core(cl),
-      [&cl, &job, members_too](int c) {
-        shard::directory& dir = cl.core[c]->directory;
+      nd, smp::this_core(), directory_core(nd),
+      [&nd, &job, members_too](int c) {
+        shard::directory& dir = nd.core[c]->directory;
         for (std::size_t i = 0; i < job.keys.size(); ++i)
           if (job.owner[i] == c && !job.member[i])
             dir.abort_removal(job.keys[i], job.used[i], false);
@@ -232,17 +232,17 @@ void keep_oldest_members(removal_job& job, std::size_t need) {
 
 }  // namespace
 
-smp::subtask<std::size_t> evict(cluster& cl, std::int64_t rank, std::uint32_t need,
-                                removal_job& job, bool& stored) {
+smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need, removal_job& job,
+                                bool& stored) {
   const int at = smp::this_core();  // the rank's owner
-  const std::uint64_t now = cl.clock();
-  if (need == 0 || now < cl.removal_floor || !job.begin(cl)) co_return 0;
+  const std::uint64_t now = nd.clock();
+  if (need == 0 || now < nd.removal_floor || !job.begin(nd)) co_return 0;
   job.bytes.reserve((need + 64) * 40);
   job.ends.reserve(need + 64);
   job.used.reserve(need + 64);
   job.member.reserve(need + 64);
   job.times.reserve(need + 64);
-  job.oldest.reserve(static_cast<std::size_t>(need) * static_cast<std::size_t>(cl.cores));
+  job.oldest.reserve(static_cast<std::size_t>(need) * static_cast<std::size_t>(nd.cores));
   // Gather the least recently used keys until `need` of them hold a page on this rank
   // (`at` owns it): only those are evicted.
   std::size_t members = 0;
@@ -251,11 +251,11 @@ smp::subtask<std::size_t> evict(cluster& cl, std::int64_t rank, std::uint32_t ne
     // Each round asks for as many as all before it together: log rounds.
     const std::size_t want =
         std::min(std::max<std::size_t>(need - members, first), need + kPassedOverMax - first);
-    const std::size_t taken = co_await take_oldest(cl, now, want, job);
-    if (taken == 0 || !job.valid(cl)) break;  // nothing evictable is left
-    job.seal(cl);
+    const std::size_t taken = co_await take_oldest(nd, now, want, job);
+    if (taken == 0 || !job.valid(nd)) break;  // nothing evictable is left
+    job.seal(nd);
     job.pages.assign(taken, -1);
-    cl.core[at]->ranks.confirmed_pages(
+    nd.core[at]->ranks.confirmed_pages(
         rank, std::span<const std::string_view>(job.keys).subspan(first), job.pages);
     for (std::size_t i = 0; i < taken; ++i) {
       job.member[first + i] = job.pages[i] >= 0 ? 1 : 0;
@@ -266,31 +266,31 @@ smp::subtask<std::size_t> evict(cluster& cl, std::int64_t rank, std::uint32_t ne
   // Not enough to serve the allocation: evict nothing (it answers -1).
   const bool enough = members >= need;
   if (enough) keep_oldest_members(job, need);
-  if (!co_await put_back(cl, job, !enough) || !enough) co_return 0;
-  job.keep_members(cl);
-  const std::size_t left = co_await remove_everywhere(cl, job, removal_kind::evicted, stored);
+  if (!co_await put_back(nd, job, !enough) || !enough) co_return 0;
+  job.keep_members(nd);
+  const std::size_t left = co_await remove_everywhere(nd, job, removal_kind::evicted, stored);
   co_return left;
 }
 
-std::uint64_t stale_grace_ns(const cluster& cl) {
-  return std::uint64_t{cl.cfg.incomplete_grace_ms} * smp::kNsPerMs;
+std::uint64_t stale_grace_ns(const node& nd) {
+  return std::uint64_t{nd.cfg.incomplete_grace_ms} * smp::kNsPerMs;
 }
 
-bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns) {
-  const std::uint64_t now = cl.clock();
+bool incomplete_keys_older_than(const node& nd, std::uint64_t age_ns) {
+  const std::uint64_t now = nd.clock();
   if (now < age_ns) return false;
-  for (const auto& core : cl.core)
+  for (const auto& core : nd.core)
     if (core->oldest_incomplete.load(std::memory_order_relaxed) <= now - age_ns) return true;
   return false;
 }
 
-smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t want,
+smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t want,
                                              std::uint64_t age_ns, removal_kind kind,
                                              removal_job& job, bool& stored,
                                              const std::int64_t* short_rank) {
   const int at = smp::this_core();  // short_rank's owner, if any
-  const std::uint64_t now = cl.clock();
-  if (now < age_ns || want == 0 || !job.begin(cl)) co_return 0;
+  const std::uint64_t now = nd.clock();
+  if (now < age_ns || want == 0 || !job.begin(nd)) co_return 0;
   const std::uint64_t cutoff = now - age_ns;
   // For a short rank, look further than `want`: the oldest may hold no page on it.
   const std::size_t look = short_rank == nullptr ? want : want + kPassedOverMax;
@@ -301,9 +301,9 @@ smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t 
   job.pages.reserve(look);
   auto slices = [from](int c) { return from < 0 || c == from; };
   co_await valid_walk(
-      cl, at, slices,
+      nd, at, slices,
       [&](int c) {
-        core_state& core = *cl.core[c];
+        core_state& core = *nd.core[c];
         core.directory.take_stale(
             cutoff, look - job.ends.size(),
             [&job](std::string_view key, std::uint64_t confirmed) { job.add(key, confirmed); });
@@ -311,17 +311,17 @@ smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t 
       },
       job);
   if (job.ends.empty()) co_return 0;
-  job.seal(cl);
+  job.seal(nd);
   // A key that some rank still holds a reservation for has a writer at work (a lagging
   // rank): it stays, and is looked at again age_ns later. `member` marks them here.
   co_await valid_walk(
-      cl, at, smp::every_core,
-      [&](int c) { cl.core[c]->ranks.mark_reserved(job.keys, job.member); }, job);
-  if (!job.valid(cl)) co_return 0;
+      nd, at, smp::every_core,
+      [&](int c) { nd.core[c]->ranks.mark_reserved(job.keys, job.member); }, job);
+  if (!job.valid(nd)) co_return 0;
   // For a short rank (`at` owns it), only the oldest `want` of those holding a page on
   // it; the others go back where they were. pages[i] >= 0: key i is taken.
   job.pages.assign(job.keys.size(), 0);
-  if (short_rank != nullptr) cl.core[at]->ranks.confirmed_pages(*short_rank, job.keys, job.pages);
+  if (short_rank != nullptr) nd.core[at]->ranks.confirmed_pages(*short_rank, job.keys, job.pages);
   for (std::size_t i = 0, taken = 0; i < job.keys.size(); ++i) {
     if (job.member[i] || job.pages[i] < 0 || taken == want) {
       job.pages[i] = -1;
@@ -330,22 +330,22 @@ smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t 
     }
   }
   co_await valid_walk(
-      cl, at, slices,
+      nd, at, slices,
       [&](int c) {
-        shard::directory& dir = cl.core[c]->directory;
-        const std::uint64_t now_here = cl.clock();
+        shard::directory& dir = nd.core[c]->directory;
+        const std::uint64_t now_here = nd.clock();
         // In reverse, so that the keys put back in front regain their order.
         for (std::size_t i = job.keys.size(); i-- > 0;) {
           if (job.owner[i] != c || job.pages[i] >= 0) continue;
           dir.abort_stale(job.keys[i], job.used[i], !job.member[i], now_here);
         }
-        cl.core[c]->publish_incomplete();
+        nd.core[c]->publish_incomplete();
       },
       job);
-  if (!job.valid(cl)) co_return 0;
+  if (!job.valid(nd)) co_return 0;
   for (std::size_t i = 0; i < job.keys.size(); ++i) job.member[i] = job.pages[i] >= 0 ? 1 : 0;
-  job.keep_members(cl);
-  co_return co_await remove_everywhere(cl, job, kind, stored);
+  job.keep_members(nd);
+  co_return co_await remove_everywhere(nd, job, kind, stored);
 }
 
 namespace {
@@ -354,24 +354,24 @@ namespace {
 // other sweeps (a walk's log record and removal lists stay small).
 constexpr std::size_t kStaleBatch = 1024;
 
-smp::request_task stale_walk(cluster& cl, int c, stale_sweeper& sweeper) {
+smp::request_task stale_walk(node& nd, int c, stale_sweeper& sweeper) {
   bool stored = true;
-  co_await reclaim_incomplete(cl, c, kStaleBatch, stale_grace_ns(cl), removal_kind::stale,
+  co_await reclaim_incomplete(nd, c, kStaleBatch, stale_grace_ns(nd), removal_kind::stale,
                               sweeper.job, stored);
   sweeper.running = false;
 }
 
 }  // namespace
 
-void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper) {
+void reclaim_stale_due(node& nd, core_state& core, stale_sweeper& sweeper) {
   core.publish_incomplete();
-  const std::uint64_t grace = stale_grace_ns(cl);
-  const std::uint64_t now = cl.clock();
-  if (sweeper.running || grace == 0 || now < grace || cl.stopping.load() ||
+  const std::uint64_t grace = stale_grace_ns(nd);
+  const std::uint64_t now = nd.clock();
+  if (sweeper.running || grace == 0 || now < grace || nd.stopping.load() ||
       core.directory.oldest_incomplete() > now - grace)
     return;
   sweeper.running = true;
-  stale_walk(cl, core.index, sweeper);
+  stale_walk(nd, core.index, sweeper);
 }
 
 namespace {
@@ -389,33 +389,33 @@ constexpr std::string_view kRestarting =
 }  // namespace
 
 endpoint_task run_delete(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
   const api::key_list& keys = s.remove.keys;
-  if (cl.clock() < cl.removal_floor) {
+  if (nd.clock() < nd.removal_floor) {
     co_return answer::error(503, kRestarting);
   }
   removal_job& job = s.removal;
   std::size_t key_bytes = 0;
   for (const std::string_view k : keys.views()) key_bytes += k.size();
-  plan_directory_walk(cl, keys.views(), nullptr, 0, s);
+  plan_directory_walk(nd, keys.views(), nullptr, 0, s);
   // s.flags: 1 while a key is still to be tried (it was busy in another removal).
   s.flags.assign(keys.size(), 1);
   std::size_t deleted = 0;
   bool stored = true;
   for (int pass = 0; pass < kDeletePasses; ++pass) {
-    if (!job.begin(cl)) break;
+    if (!job.begin(nd)) break;
     job.bytes.reserve(key_bytes);
     job.ends.reserve(keys.size());
     job.used.reserve(keys.size());
     job.member.reserve(keys.size());
     bool busy = false;
-    const std::uint64_t now = cl.clock();
+    const std::uint64_t now = nd.clock();
     co_await valid_walk(
-        cl, home, needed_by(s),
+        nd, home, needed_by(s),
         [&](int c) {
-          shard::directory& dir = cl.core[c]->directory;
+          shard::directory& dir = nd.core[c]->directory;
           for (const std::uint32_t i : walk_of(s, c)) {
             if (!s.flags[i]) continue;
             const auto r = dir.begin_removal(keys[i], now);
@@ -425,8 +425,8 @@ endpoint_task run_delete(connection& x) {
           }
         },
         job);
-    job.seal(cl);
-    deleted += co_await remove_everywhere(cl, job, removal_kind::deleted, stored);
+    job.seal(nd);
+    deleted += co_await remove_everywhere(nd, job, removal_kind::deleted, stored);
     if (!busy) break;
   }
   if (!stored) {
@@ -438,13 +438,13 @@ endpoint_task run_delete(connection& x) {
 }
 
 endpoint_task run_stats(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   scratch& s = x.work();
   s.rank_rows.clear();
   s.totals = api::stats_totals{};
   s.sg_rows.clear();
   s.sg_sum = {};
-  const std::uint64_t now = cl.clock();
+  const std::uint64_t now = nd.clock();
   auto collect = [&s, now](const core_state& core) {
     collect_sg_pools(core, s);
     api::stats_totals& t = s.totals;
@@ -461,8 +461,8 @@ endpoint_task run_stats(connection& x) {
       s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };
-  co_await smp::for_each_core(cl.mailbox, x.home().index, smp::every_core,
-                              [&](int c) { collect(*cl.core[c]); });
+  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
+                              [&](int c) { collect(*nd.core[c]); });
   s.body.clear();
   api::encode_stats(s.body, s.rank_rows.sorted(), s.rank_rows.pool(), s.totals);
   if (s.sg_rows.pools > 0) {  // without SGLang pools, /stats is what it always was

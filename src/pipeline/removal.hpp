@@ -19,20 +19,20 @@ namespace metad::pipeline {
 // On core `core`'s thread, every loop tick and when an allocation comes up short:
 // returns reservations past their deadline to the pool (logging them) and forgets ended
 // leases. Returns how many reservations expired.
-std::size_t expire_due(cluster& cl, core_state& core);
+std::size_t expire_due(node& nd, core_state& core);
 
 // On the owner core of `rank`, on which it ends: evicts, on every rank, the
 // `need` least recently used complete keys without a read lease that `rank` holds a page
 // for — or nothing, if there are not that many. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
-smp::subtask<std::size_t> evict(cluster& cl, std::int64_t rank, std::uint32_t need,
-                                removal_job& job, bool& stored);
+smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need, removal_job& job,
+                                bool& stored);
 
 // --incomplete-grace-ms in the clock's unit (0: stale keys are never reclaimed).
-std::uint64_t stale_grace_ns(const cluster& cl);
+std::uint64_t stale_grace_ns(const node& nd);
 // Whether some core's directory slice may hold an incomplete key last confirmed age_ns
 // ago or earlier, as the cores last published it (a cheap check before a walk).
-bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns);
+bool incomplete_keys_older_than(const node& nd, std::uint64_t age_ns);
 
 // From the core it is called on, on which it ends: removes up to `want` incomplete keys of the
 // directory slice of core `from` (-1: of every core, one slice after another) last confirmed age_ns
@@ -44,7 +44,7 @@ bool incomplete_keys_older_than(const cluster& cl, std::uint64_t age_ns);
 // turns false if a core's log could not take the change.
 // With short_rank (owned by the calling core), only keys holding a page on that rank are taken (an
 // eviction for it); the others keep their place.
-smp::subtask<std::size_t> reclaim_incomplete(cluster& cl, int from, std::size_t want,
+smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t want,
                                              std::uint64_t age_ns, removal_kind kind,
                                              removal_job& job, bool& stored,
                                              const std::int64_t* short_rank = nullptr);
@@ -57,7 +57,7 @@ struct stale_sweeper {
 // On core `core`'s thread, every loop tick: publishes the core's oldest incomplete key
 // and, if its slice holds stale keys, starts a walk that reclaims a bounded batch of
 // them (it runs on while the loop serves; `sweeper.running` until it ends).
-void reclaim_stale_due(cluster& cl, core_state& core, stale_sweeper& sweeper);
+void reclaim_stale_due(node& nd, core_state& core, stale_sweeper& sweeper);
 
 // POST /keys/delete and GET /stats.
 endpoint_task run_delete(connection& x);

@@ -186,7 +186,7 @@ const std::string& sg_namespace(const scratch& s) {
 
 // On the owner core: creates or grows a pool, within --ranks-max pools and the memory
 // budget.
-sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t& old_pages,
+sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint32_t& old_pages,
                         std::uint64_t& needed) {
   const api::sg_initialize_cmd& cmd = s.sg_init;
   shard::sglang_pools* pools = core.sg_pools(s.tenant, false);
@@ -194,16 +194,16 @@ sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t
   const std::int64_t before = pool ? pool->num_pages() : 0;
   const auto pages = static_cast<std::uint32_t>(cmd.num_pages);
   if (!pool) {
-    std::int64_t count = cl.sglang_pools.load(std::memory_order_relaxed);
+    std::int64_t count = nd.sglang_pools.load(std::memory_order_relaxed);
     do {
-      if (count >= cl.cfg.ranks_max) return sg_answer::too_many_pools;
-    } while (!cl.sglang_pools.compare_exchange_weak(count, count + 1, std::memory_order_relaxed));
+      if (count >= nd.cfg.ranks_max) return sg_answer::too_many_pools;
+    } while (!nd.sglang_pools.compare_exchange_weak(count, count + 1, std::memory_order_relaxed));
   }
   if (cmd.num_pages > before) {
     needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(before);
-    if (!cl.memory.charge_kept(needed)) {
-      if (!pool) cl.sglang_pools.fetch_sub(1, std::memory_order_relaxed);
-      cl.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
+    if (!nd.memory.charge_kept(needed)) {
+      if (!pool) nd.sglang_pools.fetch_sub(1, std::memory_order_relaxed);
+      nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
       return sg_answer::over_budget;
     }
   }
@@ -235,8 +235,8 @@ sg_answer sg_initialize(cluster& cl, core_state& core, scratch& s, std::uint32_t
 }
 
 // On the owner core: the operation on an existing pool.
-sg_answer sg_apply(cluster& cl, core_state& core, shard::sglang_pool& pool, scratch& s) {
-  const std::uint64_t now = sg_now(cl, core);
+sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch& s) {
+  const std::uint64_t now = sg_now(nd, core);
   const store::sg_pool_name name{s.tenant, s.sg_rank, sg_namespace(s)};
   store::journal& journal = core.journal;
   switch (s.sg) {
@@ -304,10 +304,10 @@ std::uint64_t sg_record_bytes(const scratch& s) {
 }  // namespace
 
 endpoint_task run_sglang(connection& x) {
-  cluster& cl = x.shared();
+  node& nd = x.shared();
   const int home = x.home().index;
   scratch& s = x.work();
-  const int owner = shard::owner_of_rank(s.sg_rank, cl.cores);
+  const int owner = shard::owner_of_rank(s.sg_rank, nd.cores);
   // Sized here, so that the owner core allocates nothing this core frees.
   const std::size_t n = s.sg_keys.keys.size();
   if (s.sg == sg_op::exists) s.flags.assign(n, 0);
@@ -320,26 +320,26 @@ endpoint_task run_sglang(connection& x) {
   s.detail.reserve(256);
   std::uint32_t old_pages = 0;
   std::uint64_t needed = 0;
-  co_await cl.mailbox.hop_to(owner);
-  core_state& core = *cl.core[owner];
+  co_await nd.mailbox.hop_to(owner);
+  core_state& core = *nd.core[owner];
   sg_answer outcome = sg_answer::not_initialized;
   bool stored = true;
   if (!core.journal.reserve(sg_record_bytes(s))) {
     outcome = sg_answer::storage_failed;  // nothing changed
   } else if (s.sg == sg_op::initialize) {
-    outcome = sg_initialize(cl, core, s, old_pages, needed);
+    outcome = sg_initialize(nd, core, s, old_pages, needed);
   } else if (shard::sglang_pools* pools = core.sg_pools(s.tenant, false)) {
     if (shard::sglang_pool* pool = pools->find(s.sg_rank, sg_namespace(s))) {
       if (s.sg_error) {
         s.detail = s.sg_error.detail;
         outcome = sg_answer::bad_request;
       } else {
-        outcome = sg_apply(cl, core, *pool, s);
+        outcome = sg_apply(nd, core, *pool, s);
       }
     }
   }
   if (outcome != sg_answer::storage_failed) stored = co_await core.journal.durable();
-  co_await cl.mailbox.hop_to(home);
+  co_await nd.mailbox.hop_to(home);
   if (!stored) outcome = sg_answer::storage_failed;
   switch (outcome) {
     case sg_answer::no_content:
@@ -360,13 +360,13 @@ endpoint_task run_sglang(connection& x) {
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: {} SGLang pools exist already, the limit set "
           "by --ranks-max",
-          s.sg_rank, s.sg_init.ns, cl.cfg.ranks_max);
+          s.sg_rank, s.sg_init.ns, nd.cfg.ranks_max);
       co_return answer::error(400, s.detail);
     case sg_answer::over_budget:
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: its {} pages need {} bytes more, over the "
           "memory budget (--memory-max {} bytes, {} in use)",
-          s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, cl.memory.max(), cl.memory.used());
+          s.sg_rank, s.sg_init.ns, s.sg_init.num_pages, needed, nd.memory.max(), nd.memory.used());
       co_return answer::error(507, s.detail);
     case sg_answer::storage_failed:
       break;
@@ -374,13 +374,13 @@ endpoint_task run_sglang(connection& x) {
   co_return answer::error(503, kStorageFailed);
 }
 
-std::size_t expire_sg_due(cluster& cl, core_state& core) {
-  if (cl.cfg.reservation_ttl_ms == 0 || core.sg_tenants.empty()) return 0;
+std::size_t expire_sg_due(node& nd, core_state& core) {
+  if (nd.cfg.reservation_ttl_ms == 0 || core.sg_tenants.empty()) return 0;
   std::size_t pools = 0;
   for (const auto& entry : core.sg_tenants) pools += entry.second.size();
   // One record per pool at most; without room, nothing expires this tick.
   if (!core.journal.reserve(256 * pools + 64 * core.sg_tenants.size())) return 0;
-  const std::uint64_t now = sg_now(cl, core);
+  const std::uint64_t now = sg_now(nd, core);
   std::size_t expired = 0;
   for (auto& [tenant, registry] : core.sg_tenants) {
     const std::string_view name = tenant;
@@ -397,8 +397,8 @@ std::size_t expire_sg_due(cluster& cl, core_state& core) {
   return expired;
 }
 
-std::uint64_t sg_now(cluster& cl, core_state& core) {
-  const std::uint64_t now = cl.clock() + cl.sglang_clock_offset.load(std::memory_order_relaxed);
+std::uint64_t sg_now(node& nd, core_state& core) {
+  const std::uint64_t now = nd.clock() + nd.sglang_clock_offset.load(std::memory_order_relaxed);
   core.sg_last_now = std::max(core.sg_last_now, now);
   return now;
 }

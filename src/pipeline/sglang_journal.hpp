@@ -6,14 +6,14 @@
 #include <cstdint>
 #include <string>
 
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 
 namespace metad::pipeline {
 
-// The SGLang clock on core `core`: the cluster's clock plus the offset recovery set, so
+// The SGLang clock on core `core`: the node's clock plus the offset recovery set, so
 // that it never runs behind the times of the records it replayed (their pools' deadlines
 // and leases are on that clock).
-std::uint64_t sg_now(cluster& cl, core_state& core);
+std::uint64_t sg_now(node& nd, core_state& core);
 
 // A snapshot's SGLang section: one sg_snapshot_pool record per pool of the core.
 void append_sg_snapshot(std::string& bytes, const core_state& core);

@@ -12,9 +12,9 @@ namespace metad::pipeline {
 
 // Groups the keys (all of them, or those at only[0..only_count)) by the core that holds
 // their directory slice: walk_of(s, c) lists the indices of core c's keys, in order.
-inline void plan_directory_walk(const cluster& cl, std::span<const std::string_view> keys,
+inline void plan_directory_walk(const node& nd, std::span<const std::string_view> keys,
                                 const std::uint32_t* only, std::size_t only_count, scratch& s) {
-  const auto cores = static_cast<std::size_t>(cl.cores);
+  const auto cores = static_cast<std::size_t>(nd.cores);
   const std::size_t n = only == nullptr ? keys.size() : only_count;
   auto index = [&](std::size_t j) {
     return only == nullptr ? static_cast<std::uint32_t>(j) : only[j];
@@ -22,7 +22,7 @@ inline void plan_directory_walk(const cluster& cl, std::span<const std::string_v
   s.walk.resize(n);
   s.walk_begin.assign(cores + 1, 0);
   s.walk_begin[cores] = static_cast<std::uint32_t>(n);
-  if (cl.directory_cores == 1) {  // one slice: no hashing
+  if (nd.directory_cores == 1) {  // one slice: no hashing
     std::fill(s.walk_begin.begin() + 1, s.walk_begin.end(), static_cast<std::uint32_t>(n));
     for (std::size_t j = 0; j < n; ++j) s.walk[j] = index(j);
     return;
@@ -30,7 +30,7 @@ inline void plan_directory_walk(const cluster& cl, std::span<const std::string_v
   // A counting sort by owner: count, sum up to each core's end, fill backwards.
   s.key_owner.resize(n);
   for (std::size_t j = 0; j < n; ++j) {
-    const auto owner = static_cast<std::uint16_t>(cl.key_owner(keys[index(j)]));
+    const auto owner = static_cast<std::uint16_t>(nd.key_owner(keys[index(j)]));
     s.key_owner[j] = owner;
     ++s.walk_begin[owner];
   }
@@ -45,10 +45,10 @@ inline std::span<const std::uint32_t> walk_of(const scratch& s, int c) {
 }
 
 // Sizes the walk for up to n keys (on the core that owns the scratch, before hopping).
-inline void reserve_walk(const cluster& cl, std::size_t n, scratch& s) {
+inline void reserve_walk(const node& nd, std::size_t n, scratch& s) {
   s.walk.reserve(n);
   s.key_owner.reserve(n);
-  s.walk_begin.reserve(static_cast<std::size_t>(cl.cores) + 1);
+  s.walk_begin.reserve(static_cast<std::size_t>(nd.cores) + 1);
 }
 
 constexpr std::string_view kStorageFailed =

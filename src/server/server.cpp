@@ -20,9 +20,9 @@
 #include "net/transport.hpp"
 #include "persist/durability.hpp"
 #include "persist/sglang_import.hpp"
-#include "pipeline/cluster.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/endpoints.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
@@ -31,8 +31,8 @@
 
 namespace metad {
 
-using pipeline::cluster;
 using pipeline::core_state;
+using pipeline::node;
 
 static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
               "request bodies must be readable by simdjson without a copy");
@@ -42,29 +42,29 @@ namespace {
 // The server's side of one core's event loop.
 class core_runner final : public net::core_hooks {
  public:
-  core_runner(cluster& cl, int index) : cluster_(cl), index_(index) {}
+  core_runner(node& nd, int index) : node_(nd), index_(index) {}
 
   std::unique_ptr<net::connection_handler> open(net::waker& w) override {
-    return std::make_unique<pipeline::connection>(cluster_, *cluster_.core[index_], w);
+    return std::make_unique<pipeline::connection>(node_, *node_.core[index_], w);
   }
-  std::size_t poll() override { return cluster_.mailbox.drain(index_); }
-  bool prepare_sleep() override { return cluster_.mailbox.prepare_sleep(index_); }
-  void woke() override { cluster_.mailbox.woke(index_); }
-  int wake_fd() override { return cluster_.mailbox.wake_fd(index_); }
-  bool stopping() override { return cluster_.stopping.load(std::memory_order_relaxed); }
+  std::size_t poll() override { return node_.mailbox.drain(index_); }
+  bool prepare_sleep() override { return node_.mailbox.prepare_sleep(index_); }
+  void woke() override { node_.mailbox.woke(index_); }
+  int wake_fd() override { return node_.mailbox.wake_fd(index_); }
+  bool stopping() override { return node_.stopping.load(std::memory_order_relaxed); }
   void tick() override;
   bool take_flush(net::flush_job& job, bool retry_failed) override {
     store::log_writer::flush_job j;
-    if (!persist::take_flush(cluster_, *cluster_.core[index_], retry_failed, j)) return false;
+    if (!persist::take_flush(node_, *node_.core[index_], retry_failed, j)) return false;
     flush_started_ns_ = smp::monotonic_ns();
-    job = {j.fd, j.data, j.bytes, j.offset, cluster_.cfg.durable == durability::sync};
+    job = {j.fd, j.data, j.bytes, j.offset, node_.cfg.durable == durability::sync};
     return true;
   }
   void flush_done(long written, int synced) override {
-    store::log_writer& log = cluster_.core[index_]->log;
+    store::log_writer& log = node_.core[index_]->log;
     const bool was_failing = log.failing();
-    persist::flush_done(cluster_, *cluster_.core[index_], written, synced);
-    cluster_.core[index_]->flushes.record(smp::monotonic_ns() - flush_started_ns_, !log.failing());
+    persist::flush_done(node_, *node_.core[index_], written, synced);
+    node_.core[index_]->flushes.record(smp::monotonic_ns() - flush_started_ns_, !log.failing());
     if (log.failing() && !was_failing) {
       // A short write (disk full) cancels the linked fdatasync: name the write's failure.
       const std::string cause = written < 0
@@ -77,20 +77,20 @@ class core_runner final : public net::core_hooks {
   }
   bool may_exit() override {
     // Records of answered requests (none mode) go out before the core stops.
-    const store::log_writer& log = cluster_.core[index_]->log;
+    const store::log_writer& log = node_.core[index_]->log;
     if (!log.idle() && !log.failing()) return false;
     if (stale_.running) return false;  // its walk may be waiting on another core
     if (!drained_) {
       drained_ = true;
       // The last core to drain wakes the others, which may be asleep waiting for it.
-      if (cluster_.draining_cores.fetch_sub(1) == 1)
-        for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.wake(c);
+      if (node_.draining_cores.fetch_sub(1) == 1)
+        for (int c = 0; c < node_.cores; ++c) node_.mailbox.wake(c);
     }
-    return cluster_.draining_cores.load() == 0;
+    return node_.draining_cores.load() == 0;
   }
 
  private:
-  cluster& cluster_;
+  node& node_;
   int index_;
   bool drained_ = false;
   std::uint64_t flush_started_ns_ = 0;
@@ -110,8 +110,8 @@ class core_runner final : public net::core_hooks {
 // holds its last state instead of a line every interval.
 smp::request_task log_summary(core_runner& self) {
   std::uint64_t requests = 0, ranks = 0, keys = 0, free_pages = 0, pages = 0;
-  co_await smp::for_each_core(self.cluster_.mailbox, self.index_, smp::every_core, [&](int c) {
-    const core_state& core = *self.cluster_.core[c];
+  co_await smp::for_each_core(self.node_.mailbox, self.index_, smp::every_core, [&](int c) {
+    const core_state& core = *self.node_.core[c];
     requests += core.metrics.total();
     ranks += core.ranks.rank_count();
     keys += core.directory.size();
@@ -135,15 +135,15 @@ smp::request_task log_summary(core_runner& self) {
 }
 
 void core_runner::tick() {
-  core_state& core = *cluster_.core[index_];
-  if (index_ == 0) cluster_.memory.sample();
-  persist::snapshot_tick(cluster_, core);
-  pipeline::expire_due(cluster_, core);
-  pipeline::reclaim_stale_due(cluster_, core, stale_);
+  core_state& core = *node_.core[index_];
+  if (index_ == 0) node_.memory.sample();
+  persist::snapshot_tick(node_, core);
+  pipeline::expire_due(node_, core);
+  pipeline::reclaim_stale_due(node_, core, stale_);
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
   core.directory.advance_growth();
   core.ranks.advance_growth();
-  const std::uint32_t interval = cluster_.cfg.summary_interval_ms;
+  const std::uint32_t interval = node_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
   if (log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;
   const std::uint64_t now = smp::monotonic_ms();
@@ -213,7 +213,7 @@ void pin_to(int cpu) {
 
 struct server::impl {
   config cfg;
-  std::unique_ptr<pipeline::cluster> cluster;
+  std::unique_ptr<pipeline::node> node;
   std::vector<int> listeners;
 };
 
@@ -221,8 +221,8 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
-  impl_->cluster =
-      std::make_unique<pipeline::cluster>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+  impl_->node =
+      std::make_unique<pipeline::node>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
 }
 
 server::~server() {
@@ -232,7 +232,7 @@ server::~server() {
 
 void server::run() {
   config& cfg = impl_->cfg;
-  pipeline::cluster& cl = *impl_->cluster;
+  pipeline::node& nd = *impl_->node;
   bool use_uring = cfg.io != io_mode::epoll;
   if (use_uring && !net::uring_available()) {
     if (cfg.io == io_mode::uring)
@@ -243,16 +243,16 @@ void server::run() {
   // Listeners open only after recovery: a client that connects sees the recovered state.
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw std::runtime_error("importing an SGLang state file needs a data directory");
-  persist::recover(cl, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
+  persist::recover(nd, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
                                                       : persist::import_sglang_state);
-  cl.memory.sample();
-  log::info("memory budget {} bytes (--memory-max), {} in use", cl.memory.max(), cl.memory.used());
-  if (cl.memory.used() > cl.memory.max())
+  nd.memory.sample();
+  log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
+  if (nd.memory.used() > nd.memory.max())
     log::warn("already over the memory budget: no rank can be created or grown");
 
   // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
   // port when it is 0. The unix socket, if any, is one listener all cores accept from.
-  std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(cl.cores));
+  std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(nd.cores));
   if (cfg.tcp) {
     std::uint16_t port = cfg.port;
     for (auto& fds : listen_fds) {
@@ -260,7 +260,7 @@ void server::run() {
       port = net::local_port(impl_->listeners.back());
       fds.push_back(impl_->listeners.back());
     }
-    log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, cl.cores,
+    log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, nd.cores,
               use_uring ? "uring" : "epoll");
     const bool loopback = cfg.host == "127.0.0.1" || cfg.host == "::1" || cfg.host == "localhost";
     if (!loopback && cfg.auth_token.empty())
@@ -271,14 +271,14 @@ void server::run() {
   if (!cfg.unix_path.empty()) {
     impl_->listeners.push_back(net::listen_unix(cfg.unix_path));
     for (auto& fds : listen_fds) fds.push_back(impl_->listeners.back());
-    log::info("listening on unix:{} with {} core(s), transport {}", cfg.unix_path, cl.cores,
+    log::info("listening on unix:{} with {} core(s), transport {}", cfg.unix_path, nd.cores,
               use_uring ? "uring" : "epoll");
   }
   if (impl_->listeners.empty())
     throw std::runtime_error("nothing to listen on: give --port or --unix");
 
   std::vector<std::thread> threads;
-  for (int i = 0; i < cl.cores; ++i) {
+  for (int i = 0; i < nd.cores; ++i) {
     threads.emplace_back([&, i] {
       const smp::core_scope as_core(i);  // this thread is core i for its whole life
       pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
@@ -288,8 +288,8 @@ void server::run() {
       options.header_timeout_ms = cfg.header_timeout_ms;
       options.drain_timeout_ms = cfg.drain_timeout_ms;
       options.connections_max = cfg.connections_per_core_max;
-      options.stats = &cl.core[static_cast<std::size_t>(i)]->connections;
-      core_runner hooks(cl, i);
+      options.stats = &nd.core[static_cast<std::size_t>(i)]->connections;
+      core_runner hooks(nd, i);
       try {
         if (use_uring)
           net::run_uring_loop(options, hooks);
@@ -302,7 +302,7 @@ void server::run() {
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& core : cl.core) persist::finish_snapshot(*core);
+  for (auto& core : nd.core) persist::finish_snapshot(*core);
   log::info("stopped");
 }
 
@@ -334,9 +334,9 @@ int verify_data_dir(const std::string& path) { return persist::verify_data_dir(p
 bool uring_usable() { return net::uring_available(); }
 
 void server::stop() noexcept {
-  pipeline::cluster& cl = *impl_->cluster;
-  cl.stopping.store(true);
-  for (int c = 0; c < cl.cores; ++c) cl.mailbox.wake(c);
+  pipeline::node& nd = *impl_->node;
+  nd.stopping.store(true);
+  for (int c = 0; c < nd.cores; ++c) nd.mailbox.wake(c);
 }
 
 }  // namespace metad

@@ -53,7 +53,7 @@ class directory {
   // finish: `bindings` ranks dropped the key since begin. Confirmations that arrived
   // meanwhile keep the key (with the count they make; used at now if that leaves it
   // complete); else it leaves: returns true (for the log). The caller makes sure the
-  // directory was not cleared in between (cluster::clears).
+  // directory was not cleared in between (node::clears).
   bool finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now);
   // A rank lost its binding of `key` without a removal (the rank shrank): one
   // confirmation less, so a complete key becomes incomplete (its leases end). Returns

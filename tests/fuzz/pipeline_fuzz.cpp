@@ -1,9 +1,9 @@
-// libFuzzer harness for the whole sans-IO pipeline: one pipeline::cluster of 3 simulated
+// libFuzzer harness for the whole sans-IO pipeline: one pipeline::node of 3 simulated
 // cores lives across inputs (state is kept, like a long-running server); each input is one
 // connection's bytes, delivered in pieces whose sizes come from the input, with cross-core
 // work drained on this thread. After each input: every response is a well-formed
 // HTTP/1.1 answer with an expected status and a JSON body, nothing follows a
-// "connection: close", and the cluster is consistent (every page of every rank exactly
+// "connection: close", and the node is consistent (every page of every rank exactly
 // one of free/reserved/bound, directory counts equal to the ranks' bindings, incomplete keys
 // counted). Eviction, reservation expiry, stale-key reclamation and read leases are on, on a clock
 // that moves 100 ms per input.
@@ -23,9 +23,9 @@
 #include "fuzz_input.hpp"
 #include "http/parser.hpp"
 #include "metad/config.hpp"
-#include "pipeline/cluster.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/consistency.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
 #include "smp/core.hpp"
 
@@ -58,10 +58,10 @@ metad::config make_config() {
 
 struct world {
   world() {
-    cl.clock = [this] { return now_ms * smp::kNsPerMs; };
+    nd.clock = [this] { return now_ms * smp::kNsPerMs; };
   }
   metad::config cfg = make_config();
-  pipeline::cluster cl{cfg, kCores};
+  pipeline::node nd{cfg, kCores};
   counting_waker waker;
   pipeline::stale_sweeper sweepers[kCores];
   std::uint64_t inputs = 0;
@@ -77,7 +77,7 @@ world& the_world() {
 // whether the connection ended closed.
 std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split,
                      bool& closed) {
-  pipeline::connection x(w.cl, *w.cl.core[static_cast<std::size_t>(home)], w.waker);
+  pipeline::connection x(w.nd, *w.nd.core[static_cast<std::size_t>(home)], w.waker);
   // Calls into the connection as its home core would (drains run the other cores).
   auto on_home = [home](auto call) {
     const smp::core_scope as_home(home);
@@ -97,7 +97,7 @@ std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter&
       if (flow == net::flow::wait) {
         const int before = w.waker.wakes;
         for (int spin = 0; spin < 64 && w.waker.wakes == before; ++spin)
-          for (int c = 0; c < w.cl.cores; ++c) w.cl.mailbox.drain(c);
+          for (int c = 0; c < w.nd.cores; ++c) w.nd.mailbox.drain(c);
         fuzz::require(w.waker.wakes == before + 1, "a parked request wakes its connection once");
         flow = on_home([&] { return x.on_resume(); });
       } else if (flow == net::flow::drain) {  // the transport sends, then goes on
@@ -113,8 +113,8 @@ std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter&
     if (flow != net::flow::close) x.trim();
     closed = flow == net::flow::close;
   }
-  for (int c = 0; c < w.cl.cores; ++c)
-    fuzz::require(w.cl.mailbox.drain(c) == 0, "no work left in the mailbox after a connection");
+  for (int c = 0; c < w.nd.cores; ++c)
+    fuzz::require(w.nd.mailbox.drain(c) == 0, "no work left in the mailbox after a connection");
   return answers;
 }
 
@@ -232,17 +232,17 @@ bool check_answers(std::string_view out, const std::vector<bool>& heads) {
 }
 
 void check_state(world& w) {
-  const std::string problem = pipeline::check_consistency(w.cl);
-  fuzz::require(problem.empty(), "cluster consistency", problem);
+  const std::string problem = pipeline::check_consistency(w.nd);
+  fuzz::require(problem.empty(), "node consistency", problem);
   std::size_t ranks = 0;
-  for (const auto& core : w.cl.core) ranks += core->ranks.rank_count();
-  fuzz::require(static_cast<std::int64_t>(ranks) == w.cl.worker_ranks.load(),
+  for (const auto& core : w.nd.core) ranks += core->ranks.rank_count();
+  fuzz::require(static_cast<std::int64_t>(ranks) == w.nd.worker_ranks.load(),
                 "worker_ranks counts the initialised ranks");
 }
 
 std::size_t rank_count(const world& w) {
   std::size_t ranks = 0;
-  for (const auto& core : w.cl.core) ranks += core->ranks.rank_count();
+  for (const auto& core : w.nd.core) ranks += core->ranks.rank_count();
   return ranks;
 }
 
@@ -252,7 +252,7 @@ void clear(world& w) {
   const std::string out =
       converse(w, 0, "POST /clear HTTP/1.1\r\ncontent-length: 0\r\n\r\n", split, closed);
   fuzz::require(out == "HTTP/1.1 204 No Content\r\n\r\n", "clear answers 204", out);
-  fuzz::require(rank_count(w) == 0 && w.cl.worker_ranks.load() == 0, "clear drops every rank");
+  fuzz::require(rank_count(w) == 0 && w.nd.worker_ranks.load() == 0, "clear drops every rank");
 }
 
 }  // namespace
@@ -269,16 +269,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_state(w);
   // The loops' tick: expiry and lease sweeps, stale-key walks run to their end, then the
   // clock moves on.
-  for (auto& core : w.cl.core) {
+  for (auto& core : w.nd.core) {
     const smp::core_scope as_core(core->index);  // as core's own loop would
-    pipeline::expire_due(w.cl, *core);
-    pipeline::reclaim_stale_due(w.cl, *core, w.sweepers[core->index]);
+    pipeline::expire_due(w.nd, *core);
+    pipeline::reclaim_stale_due(w.nd, *core, w.sweepers[core->index]);
   }
   for (int spin = 0; spin < 1000; ++spin) {
     bool running = false;
     for (const auto& s : w.sweepers) running = running || s.running;
     if (!running) break;
-    for (int c = 0; c < kCores; ++c) w.cl.mailbox.drain(c);
+    for (int c = 0; c < kCores; ++c) w.nd.mailbox.drain(c);
   }
   for (const auto& s : w.sweepers) fuzz::require(!s.running, "stale-key walks end");
   check_state(w);

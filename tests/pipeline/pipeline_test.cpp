@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "pipeline/cluster.hpp"
 #include "pipeline/connection.hpp"
+#include "pipeline/node.hpp"
 #include "smp/core.hpp"
 
 using namespace metad;
@@ -25,7 +25,7 @@ struct counting_waker final : net::waker {
 
 class Pipeline : public ::testing::TestWithParam<int> {
  protected:
-  Pipeline() : cluster_(cfg_, GetParam()), x_(cluster_, *cluster_.core[0], waker_) {}
+  Pipeline() : node_(cfg_, GetParam()), x_(node_, *node_.core[0], waker_) {}
 
   // Feeds `bytes` to the connection, as much as it has room for at a time, and returns
   // everything it answers; does what a transport does on wait and drain.
@@ -54,7 +54,7 @@ class Pipeline : public ::testing::TestWithParam<int> {
       if (last_flow_ == net::flow::wait) {
         const int before = waker_.wakes;
         for (int spin = 0; spin < 100 && waker_.wakes == before; ++spin)
-          for (int c = 0; c < cluster_.cores; ++c) cluster_.mailbox.drain(c);
+          for (int c = 0; c < node_.cores; ++c) node_.mailbox.drain(c);
         EXPECT_EQ(waker_.wakes, before + 1) << "a parked request must wake its connection";
         last_flow_ = on_home([&] { return x_.on_resume(); });
       } else if (last_flow_ == net::flow::drain) {  // as a transport: send it all, go on
@@ -85,7 +85,7 @@ class Pipeline : public ::testing::TestWithParam<int> {
   static constexpr std::string_view kNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
 
   metad::config cfg_;
-  pipeline::cluster cluster_;
+  pipeline::node node_;
   counting_waker waker_;
   pipeline::connection x_;
   net::flow last_flow_ = net::flow::read;
@@ -136,7 +136,7 @@ TEST_P(Pipeline, PipelinedRequestsAreAnsweredInOrder) {
 // While stopping, every request received is answered, and the last one says
 // `connection: close` so that the client sends nothing more on the connection.
 TEST_P(Pipeline, WhileStoppingTheLastReceivedRequestClosesTheConnection) {
-  cluster_.stopping.store(true);
+  node_.stopping.store(true);
   const std::string init = post("/rank/5/initialize", R"({"num_pages":2})");
   const std::string alloc = post("/keys/batch_allocate", R"({"rank":5,"keys":["a"]})");
   const std::string_view body = R"({"rank":5,"results":[["a",0]]})";
@@ -151,7 +151,7 @@ TEST_P(Pipeline, WhileStoppingTheLastReceivedRequestClosesTheConnection) {
 
 // ... unless more has arrived in the socket: the transport reads and serves it first.
 TEST_P(Pipeline, WhileStoppingARequestWithMoreInTheSocketKeepsTheConnection) {
-  cluster_.stopping.store(true);
+  node_.stopping.store(true);
   waker_.pending = true;
   EXPECT_EQ(send(post("/rank/5/initialize", R"({"num_pages":2})")),
             json_200(R"({"message":"Rank 5 initialized with 2 pages"})"));
@@ -232,9 +232,9 @@ TEST_P(Pipeline, MalformedHttpIsAnsweredThenClosed) {
 TEST_P(Pipeline, ClearDropsEveryRankOnEveryCore) {
   for (int r = 0; r < 4; ++r)
     send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":1})"));
-  EXPECT_EQ(cluster_.worker_ranks.load(), 4);
+  EXPECT_EQ(node_.worker_ranks.load(), 4);
   EXPECT_EQ(send(post("/clear", "")), kNoContent);
-  EXPECT_EQ(cluster_.worker_ranks.load(), 0);
+  EXPECT_EQ(node_.worker_ranks.load(), 0);
   EXPECT_EQ(send("GET /rank/2 HTTP/1.1\r\n\r\n"),
             json_status("404 Not Found", R"({"detail":"Rank 2 not initialized"})"));
 }

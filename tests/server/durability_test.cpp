@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "node.hpp"
+#include "sim_node.hpp"
 #include "store/record.hpp"
 
 using namespace metad;
@@ -17,7 +17,7 @@ using namespace metad;
 namespace {
 
 namespace fs = std::filesystem;
-using server_test::node;
+using server_test::sim_node;
 
 class Durability : public ::testing::Test {
  protected:
@@ -32,7 +32,7 @@ class Durability : public ::testing::Test {
 
   // A TP=2 save of keys k0..k{n-1} on ranks 0 and 1, a reservation left open on rank 2
   // and a failed write released on rank 3.
-  static void populate(node& n, int keys) {
+  static void populate(sim_node& n, int keys) {
     for (int r = 0; r < 4; ++r)
       n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":64})");
     std::string list, confirmations;
@@ -52,7 +52,7 @@ class Durability : public ::testing::Test {
     n.post("/keys/confirm_write", R"({"rank":3,"confirmations":[],"pages_to_release":[0,1]})");
   }
 
-  static std::string state_of(node& n, int keys) {
+  static std::string state_of(sim_node& n, int keys) {
     std::string list;
     for (int i = 0; i < keys; ++i)
       list += (i ? "," : "") + std::string("\"k") + std::to_string(i) + "\"";
@@ -71,20 +71,20 @@ class Durability : public ::testing::Test {
 TEST_F(Durability, StateSurvivesARestartWithAnyCoreCount) {
   std::string expected;
   {
-    node reference(dir_ + "-reference", 1);  // the same history, never restarted
+    sim_node reference(dir_ + "-reference", 1);  // the same history, never restarted
     populate(reference, 20);
     expected = state_of(reference, 20);
   }
   fs::remove_all(dir_ + "-reference");
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     populate(n, 20);
   }
   {
-    node n(dir_, 3);  // three cores now own the ranks and keys two used to
+    sim_node n(dir_, 3);  // three cores now own the ranks and keys two used to
     EXPECT_EQ(state_of(n, 20), expected);
   }
-  node again(dir_, 1);
+  sim_node again(dir_, 1);
   EXPECT_EQ(again.get("/rank/0"),
             R"({"num_pages":64,"free":44,"reserved":0,"bound":20,"incomplete":20})");
   EXPECT_EQ(again.get("/rank/2"),
@@ -93,14 +93,14 @@ TEST_F(Durability, StateSurvivesARestartWithAnyCoreCount) {
 
 TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
   {
-    node n(dir_, 2, 4096);  // snapshot every few KiB of log
+    sim_node n(dir_, 2, 4096);  // snapshot every few KiB of log
     populate(n, 60);
   }
   std::size_t snapshots = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir_))
     if (e.path().filename().string().find(".snap-") != std::string::npos) ++snapshots;
   EXPECT_GE(snapshots, 2u);
-  node n(dir_, 3);
+  sim_node n(dir_, 3);
   EXPECT_EQ(n.get("/rank/1"),
             R"({"num_pages":64,"free":4,"reserved":0,"bound":60,"incomplete":60})");
   EXPECT_EQ(n.get("/rank/2"),
@@ -109,12 +109,12 @@ TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
 
 TEST_F(Durability, ClearIsDurableToo) {
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     populate(n, 5);
     n.post("/clear", "");
     n.post("/rank/9/initialize", R"({"num_pages":3})");
   }
-  node n(dir_, 2);
+  sim_node n(dir_, 2);
   EXPECT_EQ(n.get("/rank/0"), R"({"detail":"Rank 0 not initialized"})");
   EXPECT_EQ(n.get("/rank/9"), R"({"num_pages":3,"free":3,"reserved":0,"bound":0,"incomplete":0})");
 }
@@ -123,7 +123,7 @@ TEST_F(Durability, ClearIsDurableToo) {
 // request is not acknowledged, and the records are written again once syncs succeed.
 TEST_F(Durability, AFailedSyncIsNeverAcknowledged) {
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     n.post("/rank/1/initialize", R"({"num_pages":4})");
     n.fail_sync = true;
     const std::string kStorage = "Storage unavailable";
@@ -135,7 +135,7 @@ TEST_F(Durability, AFailedSyncIsNeverAcknowledged) {
     EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["b"]})"),
               R"({"rank":1,"results":[["b",1]]})");
   }
-  node n(dir_, 2);
+  sim_node n(dir_, 2);
   EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":2,"reserved":2,"bound":0,"incomplete":0})");
 }
 
@@ -147,7 +147,7 @@ TEST_F(Durability, AConfirmWhoseWriteFailedIsCountedAndItsRetrySucceeds) {
   const std::string kStorage = "Storage unavailable";
   std::string live;
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     for (int r = 0; r < 2; ++r) {
       n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4})");
       n.post("/keys/batch_allocate", "{\"rank\":" + std::to_string(r) + R"(,"keys":["k"]})");
@@ -165,7 +165,7 @@ TEST_F(Durability, AConfirmWhoseWriteFailedIsCountedAndItsRetrySucceeds) {
     EXPECT_EQ(live, R"({"num_pages":4,"free":3,"reserved":0,"bound":1,"incomplete":0})"
                     R"({"locations":[0]})");
   }
-  node n(dir_, 2);
+  sim_node n(dir_, 2);
   EXPECT_EQ(n.get("/rank/1") + n.post("/keys/get_locations", R"({"rank":1,"keys":["k"]})"), live);
 }
 
@@ -175,7 +175,7 @@ TEST_F(Durability, AConfirmWhoseWriteFailedIsCountedAndItsRetrySucceeds) {
 // one's snapshot.
 TEST_F(Durability, QuarantinesSurviveRestartsFromTheLogAndFromSnapshots) {
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     n.post("/rank/1/initialize", R"({"num_pages":4})");
     EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":1,"keys":["a","b"]})"),
               R"({"rank":1,"results":[["a",0],["b",1]]})");
@@ -186,7 +186,7 @@ TEST_F(Durability, QuarantinesSurviveRestartsFromTheLogAndFromSnapshots) {
   }
   for (int restart = 0; restart < 2; ++restart) {
     SCOPED_TRACE(restart == 0 ? "from the log" : "from the snapshot");
-    node n(dir_, 3);
+    sim_node n(dir_, 3);
     EXPECT_EQ(n.get("/rank/1"),
               R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
     if (restart == 1) {
@@ -194,7 +194,7 @@ TEST_F(Durability, QuarantinesSurviveRestartsFromTheLogAndFromSnapshots) {
                 R"({"rank":1,"results":[["c",0],["d",2],["e",3],["f",1]]})")
           << "free pages lowest first, then the quarantined one";
     }
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   }
 }
 
@@ -203,7 +203,7 @@ TEST_F(Durability, QuarantinesSurviveRestartsFromTheLogAndFromSnapshots) {
 // that binding and are incomplete; one record, recovered the same way.
 TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
   const std::string keys = R"({"keys":["k0","k1","k2","k3"]})";
-  auto state = [&](node& n) {
+  auto state = [&](sim_node& n) {
     return n.get("/rank/0") + "\n" + n.get("/rank/1") + "\n" + n.post("/keys/batch_exists", keys) +
            "\n" + n.post("/keys/get_locations", R"({"rank":0,"keys":["k0","k1","k2","k3"]})");
   };
@@ -215,7 +215,7 @@ TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
                            "\n"
                            R"({"locations":[0,1,null,null]})";
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     for (int r = 0; r < 2; ++r)
       n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4})");
     for (int r = 0; r < 2; ++r) {
@@ -227,12 +227,12 @@ TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
     EXPECT_EQ(n.post("/rank/1/initialize", R"({"num_pages":2})"),
               R"({"message":"Rank 1 initialized with 2 pages"})");
     EXPECT_EQ(state(n), want);
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   }
   for (int restart = 0; restart < 2; ++restart) {
-    node n(dir_, 3 - restart);
+    sim_node n(dir_, 3 - restart);
     EXPECT_EQ(state(n), want);
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   }
 }
 
@@ -241,29 +241,29 @@ TEST_F(Durability, AShrinkUnbindsTheKeysPastTheNewEndAndSurvivesRestarts) {
 // the next restart would replay later allocations against the wrong free pages.
 TEST_F(Durability, TurningTheQuarantineOffFreesItsPagesForGood) {
   {
-    node n(dir_, 1);
+    sim_node n(dir_, 1);
     n.post("/rank/0/initialize", R"({"num_pages":4})");
     n.post("/keys/batch_allocate", R"({"rank":0,"keys":["a","b"]})");
     n.post("/keys/confirm_write", R"({"rank":0,"confirmations":[],"pages_to_release":[0]})");
   }
-  { node n(dir_, 1); }  // the next start finds a snapshot with nothing logged after it
+  { sim_node n(dir_, 1); }  // the next start finds a snapshot with nothing logged after it
   {
     metad::config cfg;
     cfg.data_dir = dir_;
     cfg.release_quarantine_ms = 0;
-    node n(cfg, 1);
+    sim_node n(cfg, 1);
     EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["c"]})"),
               R"({"rank":0,"results":[["c",0]]})");
   }
-  node n(dir_, 1);
+  sim_node n(dir_, 1);
   EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["c","d"]})"),
             R"({"rank":0,"results":[["c",0],["d",2]]})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
   {
-    node n(dir_, 1);
+    sim_node n(dir_, 1);
     populate(n, 5);
   }
   std::string log_path;
@@ -278,7 +278,7 @@ TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
     f.put('\x7f');
   }
   try {
-    node n(dir_, 1);
+    sim_node n(dir_, 1);
     FAIL() << "start-up must refuse a corrupt log";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(log_path), std::string::npos) << e.what();
@@ -304,7 +304,7 @@ std::string hex_list(int first, int end, int step = 1) {
   return list;
 }
 
-std::string hex_state(node& n, int keys) {
+std::string hex_state(sim_node& n, int keys) {
   std::string s;
   for (int r = 0; r < 4; ++r) s += n.get("/rank/" + std::to_string(r)) + "\n";
   for (int first = 0; first < keys; first += kBatch) {
@@ -320,7 +320,7 @@ std::string hex_state(node& n, int keys) {
 
 // Ranks 0-3 confirm keys 0..n-1 but rank 2 only the even ones (the odd keys stay
 // incomplete), and rank 3 holds reservations of two keys never confirmed.
-void hex_populate(node& n, int keys) {
+void hex_populate(sim_node& n, int keys) {
   for (int r = 0; r < 4; ++r)
     n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4096})");
   for (int r = 0; r < 4; ++r) {
@@ -351,28 +351,28 @@ TEST_F(Durability, HexKeysSurviveLogSnapshotAndCoreCountRestarts) {
   constexpr int kKeys = 3000;  // several growths of each table when replayed from the log
   std::string expected;
   {
-    node reference(dir_ + "-reference", 1);
+    sim_node reference(dir_ + "-reference", 1);
     hex_populate(reference, kKeys);
     expected = hex_state(reference, kKeys);
   }
   fs::remove_all(dir_ + "-reference");
   {
-    node n(dir_, 2);
+    sim_node n(dir_, 2);
     hex_populate(n, kKeys);
   }
   {
-    node n(dir_, 2);  // from the log
+    sim_node n(dir_, 2);  // from the log
     EXPECT_EQ(hex_state(n, kKeys), expected);
   }
   {
-    node n(dir_, 2);  // from the compact snapshots the previous start wrote (linked again)
+    sim_node n(dir_, 2);  // from the compact snapshots the previous start wrote (linked again)
     EXPECT_EQ(hex_state(n, kKeys), expected);
   }
   {
-    node n(dir_, 3);  // the snapshots of two cores read by three
+    sim_node n(dir_, 3);  // the snapshots of two cores read by three
     EXPECT_EQ(hex_state(n, kKeys), expected);
   }
-  node n(dir_, 1);
+  sim_node n(dir_, 1);
   EXPECT_EQ(hex_state(n, kKeys), expected);
 }
 
@@ -396,7 +396,7 @@ TEST_F(Durability, SnapshotOfTheFormerFormatStillLoads) {
     std::ofstream(dir_ + "/g1/core-0.snap-1", std::ios::binary) << snap;
     std::ofstream(dir_ + "/g1/core-0.log-1", std::ios::binary);
   }
-  node n(dir_, 2);
+  sim_node n(dir_, 2);
   EXPECT_EQ(n.get("/rank/0"),
             R"({"num_pages":16,"free":13,"reserved":0,"bound":3,"incomplete":1})");
   EXPECT_EQ(n.get("/rank/1"),

@@ -8,15 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "node.hpp"
 #include "pipeline/rank_sample.hpp"
+#include "sim_node.hpp"
 
 using namespace metad;
 
 namespace {
 
 namespace fs = std::filesystem;
-using server_test::node;
+using server_test::sim_node;
 
 std::string list(const std::vector<std::string>& keys) {
   std::string out;
@@ -46,7 +46,7 @@ class Lifecycle : public ::testing::TestWithParam<int> {
 
   // A TP-wide save task: allocate then confirm `keys` on every rank; returns the pages
   // rank 0 got (-1s if it could not).
-  static std::string save(node& n, int ranks, const std::vector<std::string>& keys) {
+  static std::string save(sim_node& n, int ranks, const std::vector<std::string>& keys) {
     std::string first;
     for (int r = 0; r < ranks; ++r) {
       const std::string rank = std::to_string(r);
@@ -67,12 +67,12 @@ class Lifecycle : public ::testing::TestWithParam<int> {
     }
     return first;
   }
-  static void init(node& n, int ranks, int pages) {
+  static void init(sim_node& n, int ranks, int pages) {
     for (int r = 0; r < ranks; ++r)
       n.post("/rank/" + std::to_string(r) + "/initialize",
              "{\"num_pages\":" + std::to_string(pages) + "}");
   }
-  static std::string exists(node& n, const std::vector<std::string>& keys) {
+  static std::string exists(sim_node& n, const std::vector<std::string>& keys) {
     return n.post("/keys/batch_exists", "{\"keys\":[" + list(keys) + "]}");
   }
 
@@ -82,7 +82,7 @@ class Lifecycle : public ::testing::TestWithParam<int> {
 TEST_P(Lifecycle, AReservationPastItsTtlIsFreedOnTheTick) {
   metad::config cfg;
   cfg.reservation_ttl_ms = 600'000;
-  node n(cfg, GetParam());
+  sim_node n(cfg, GetParam());
   init(n, 2, 4);
   n.post("/keys/batch_allocate", R"({"rank":1,"keys":["a","b"]})");
   n.now += 599'999;
@@ -99,7 +99,7 @@ TEST_P(Lifecycle, AReservationPastItsTtlIsFreedOnTheTick) {
 TEST_P(Lifecycle, AShortAllocationFirstTakesBackExpiredReservations) {
   metad::config cfg;
   cfg.reservation_ttl_ms = 1000;
-  node n(cfg, GetParam());
+  sim_node n(cfg, GetParam());
   init(n, 1, 2);
   n.post("/keys/batch_allocate", R"({"rank":0,"keys":["a","b"]})");
   n.now += 1000;  // due, but no tick has run yet
@@ -108,7 +108,7 @@ TEST_P(Lifecycle, AShortAllocationFirstTakesBackExpiredReservations) {
 }
 
 TEST_P(Lifecycle, DeleteRemovesTheKeyOnEveryRank) {
-  node n(config(metad::eviction::none), GetParam());
+  sim_node n(config(metad::eviction::none), GetParam());
   init(n, 3, 8);
   save(n, 3, {key(1), key(2), key(3)});
   // Rank 2 is still writing key(4); ranks 0 and 1 confirmed it.
@@ -122,13 +122,13 @@ TEST_P(Lifecycle, DeleteRemovesTheKeyOnEveryRank) {
   // The writer of rank 2 can still confirm: its key starts over in the directory.
   EXPECT_EQ(
       n.post("/keys/confirm_write", "{\"rank\":2,\"confirmations\":[[\"" + key(4) + "\",3]]}"), "");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   EXPECT_EQ(n.post("/keys/delete", R"({"keys":"x"})"), R"({"detail":"Invalid keys format"})");
   EXPECT_NE(n.get("/stats").find(R"("deleted_keys":2)"), std::string::npos);
 }
 
 TEST_P(Lifecycle, AReadLeaseBlocksDeleteUntilItEnds) {
-  node n(config(metad::eviction::none, 10'000), GetParam());
+  sim_node n(config(metad::eviction::none, 10'000), GetParam());
   init(n, 1, 4);
   save(n, 1, {key(1), key(2)});
   EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[\"" + key(1) + "\"]}"),
@@ -140,11 +140,11 @@ TEST_P(Lifecycle, AReadLeaseBlocksDeleteUntilItEnds) {
   EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1)}) + "]}"), R"({"deleted":0})");
   n.now += 1;
   EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1)}) + "]}"), R"({"deleted":1})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
-  node n(config(metad::eviction::lru), GetParam());
+  sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 2, 4);
   for (int i = 0; i < 4; ++i) {
     save(n, 2, {key(i)});
@@ -158,11 +158,11 @@ TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
             R"({"exists":[true,false,false,true,true,true]})");
   EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":0})");
   EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2)"), std::string::npos);
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
-  node n(config(metad::eviction::lru, 10'000), GetParam());
+  sim_node n(config(metad::eviction::lru, 10'000), GetParam());
   init(n, 2, 3);
   save(n, 2, {key(1)});
   save(n, 2, {key(2)});
@@ -178,11 +178,11 @@ TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
       "{\"rank\":1,\"results\":[[\"" + key(7) + "\",0],[\"" + key(8) + "\",2]]}");
   EXPECT_EQ(exists(n, {key(1), key(2), key(3)}), R"({"exists":[false,true,false]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":3,"free":1,"reserved":0,"bound":2,"incomplete":1})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Lifecycle, AnAllocationHitLeasesItsKeyAgainstEviction) {
-  node n(config(metad::eviction::lru, 10'000), GetParam());
+  sim_node n(config(metad::eviction::lru, 10'000), GetParam());
   init(n, 1, 2);
   save(n, 1, {key(1)});
   n.now += 1;
@@ -198,7 +198,7 @@ TEST_P(Lifecycle, AnAllocationHitLeasesItsKeyAgainstEviction) {
 }
 
 TEST_P(Lifecycle, ABatchThatCanNeverFitEvictsNothing) {
-  node n(config(metad::eviction::lru), GetParam());
+  sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 1, 2);
   save(n, 1, {key(1), key(2)});
   EXPECT_EQ(n.post("/keys/batch_allocate",
@@ -209,7 +209,7 @@ TEST_P(Lifecycle, ABatchThatCanNeverFitEvictsNothing) {
 }
 
 TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
-  node n(config(metad::eviction::lru), GetParam());
+  sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 1, 100);  // rank 0 alone: its keys are complete with one confirmation
   for (int i = 0; i < 20; ++i) {
     save(n, 1, {key(i)});
@@ -238,11 +238,11 @@ TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
       n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + key(60) + "\"]}").find("-1"),
       std::string::npos);
   EXPECT_EQ(exists(n, {key(1), key(2)}), R"({"exists":[false,true]})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
-  node n(config(metad::eviction::lru), GetParam());
+  sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 2, 8);
   save(n, 1, {key(1), key(2)});   // confirmed on rank 0, being written on rank 1:
   n.post("/keys/batch_allocate",  // incomplete, reserved, not evictable
@@ -261,13 +261,13 @@ TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
       n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list(fresh) + "]}").find("-1"),
       std::string::npos);
   EXPECT_EQ(exists(n, {key(3), key(8)}), R"({"exists":[false,false]})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Lifecycle, AVllmFlowWithAPoolFarSmallerThanTheWorkingSetKeepsSaving) {
   for (const auto evict : {metad::eviction::lru, metad::eviction::none}) {
     SCOPED_TRACE(evict == metad::eviction::lru ? "lru" : "none");
-    node n(config(evict, 100), GetParam());
+    sim_node n(config(evict, 100), GetParam());
     init(n, 2, 16);
     int failed = 0;
     for (int task = 0; task < 60; ++task) {
@@ -279,7 +279,7 @@ TEST_P(Lifecycle, AVllmFlowWithAPoolFarSmallerThanTheWorkingSetKeepsSaving) {
       exists(n, keys);
       n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[" + list(keys) + "]}");
       n.now += 50;
-      ASSERT_EQ(pipeline::check_consistency(n.cluster()), "");
+      ASSERT_EQ(pipeline::check_consistency(n.state()), "");
     }
     if (evict == metad::eviction::lru) {
       EXPECT_EQ(failed, 0);
@@ -296,7 +296,7 @@ TEST_P(Lifecycle, DeletesEvictionsAndExpiriesSurviveARestart) {
     metad::config cfg = config(metad::eviction::lru, 0);
     cfg.data_dir = dir_;
     cfg.reservation_ttl_ms = 5000;
-    node n(cfg, GetParam());
+    sim_node n(cfg, GetParam());
     init(n, 2, 4);
     for (int i = 0; i < 4; ++i) {
       save(n, 2, {key(i)});
@@ -312,11 +312,11 @@ TEST_P(Lifecycle, DeletesEvictionsAndExpiriesSurviveARestart) {
   }
   metad::config cfg = config(metad::eviction::lru, 10'000);
   cfg.data_dir = dir_;
-  node n(cfg, 4 - GetParam());  // another core count
+  sim_node n(cfg, 4 - GetParam());  // another core count
   EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(4), key(5)}),
             R"({"exists":[false,false,false,true,true,true]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":1,"reserved":0,"bound":3,"incomplete":0})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   // The readers' leases were not kept: nothing is removed for one lease after start-up.
   EXPECT_EQ(
       n.post("/keys/delete", "{\"keys\":[\"" + key(3) + "\"]}"),
@@ -326,7 +326,7 @@ TEST_P(Lifecycle, DeletesEvictionsAndExpiriesSurviveARestart) {
 }
 
 TEST_P(Lifecycle, StatsListEveryRankInOrderWithTheCounters) {
-  node n(config(metad::eviction::none), GetParam());
+  sim_node n(config(metad::eviction::none), GetParam());
   init(n, 3, 2);
   save(n, 3, {key(1)});  // complete: three worker ranks when it was first confirmed
   n.post("/rank/-4/initialize", R"({"num_pages":5})");
@@ -346,7 +346,7 @@ TEST_P(Lifecycle, StatsListEveryRankInOrderWithTheCounters) {
 // Past kRankRowsMax ranks, /stats lists the lowest ones and /metrics gives only them
 // series; the totals still count every rank.
 TEST_P(Lifecycle, StatsAndMetricsListTheLowestRanksAndSumThemAll) {
-  node n(config(metad::eviction::none), GetParam());
+  sim_node n(config(metad::eviction::none), GetParam());
   const int ranks = static_cast<int>(pipeline::kRankRowsMax) + 7;
   for (int i = 0; i < ranks; ++i) {  // highest first: the first seen are not the lowest
     const int rank = ranks - 1 - i - 3;

@@ -15,14 +15,14 @@
 #include <utility>
 #include <vector>
 
-#include "node.hpp"
 #include "pipeline/removal.hpp"
+#include "sim_node.hpp"
 
 using namespace metad;
 
 namespace {
 
-using server_test::node;
+using server_test::sim_node;
 
 metad::config config(std::uint32_t quarantine_ms) {
   metad::config cfg;
@@ -58,7 +58,7 @@ struct writer {
 // One run: returns how many times two writers held one page, or a held page's confirm
 // was refused.
 int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
-  node n(config(quarantine_ms), cores);
+  sim_node n(config(quarantine_ms), cores);
   std::mt19937 rng(seed);
   auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<unsigned>(k)); };
   const std::string init = R"({"num_pages":128})";
@@ -142,7 +142,7 @@ int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
       }
       send("/keys/delete", R"({"keys":[)" + json_list(gone) + "]}");
     }
-    const std::string consistency = pipeline::check_consistency(n.cluster());
+    const std::string consistency = pipeline::check_consistency(n.state());
     if (!consistency.empty()) {
       ADD_FAILURE() << "seed " << seed << " step " << step << ": " << consistency;
       return violations + 1;
@@ -169,7 +169,7 @@ TEST_P(Replay, WithoutTheQuarantineAReplayedReleaseFreesAnotherWritersPage) {
 // docs/api.md's case: allocate A (page p), release p, allocate B, the release replayed:
 // B keeps its page, and p goes to nobody else while its quarantine lasts.
 TEST_P(Replay, TheDocumentedCase) {
-  node n(config(5'000), GetParam());
+  sim_node n(config(5'000), GetParam());
   n.post("/rank/0/initialize", R"({"num_pages":4})");
   EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["A"]})"),
             R"({"rank":0,"results":[["A",0]]})");
@@ -193,7 +193,7 @@ TEST_P(Replay, TheDocumentedCase) {
   n.tick();
   EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["F"]})"),
             R"({"rank":0,"results":[["F",3]]})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cores, Replay, ::testing::Values(1, 3));

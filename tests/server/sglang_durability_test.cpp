@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "node.hpp"
+#include "sim_node.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-using server_test::node;
+using server_test::sim_node;
 
 metad::config config(const std::string& dir, std::uint64_t snapshot_bytes) {
   metad::config cfg;
@@ -30,7 +30,7 @@ metad::config config(const std::string& dir, std::uint64_t snapshot_bytes) {
 // A history on every kind of record: pools of two tenants and namespaces, a grown pool,
 // saves with failed writes, reads, evictions (with leases), a delete, a clear with a
 // write in flight across it, and vLLM traffic between them.
-void history(node& n) {
+void history(sim_node& n) {
   auto post = [&n](std::string_view path, std::string_view body) {
     n.post(std::string(path), std::string(body));
   };
@@ -64,7 +64,7 @@ void history(node& n) {
 
 // What the pools answer from here: their rows, then calls that depend on every part of
 // their state (free order, bindings, LRU order, leases, reservations).
-std::string probe(node& n) {
+std::string probe(sim_node& n) {
   std::string out;
   const std::string stats = n.get("/stats");
   const std::size_t begin = stats.find(R"("sglang":{"pools":)");
@@ -103,7 +103,7 @@ class SglangDurability : public ::testing::TestWithParam<int> {
 
   // The probe's answers on a server that never stopped, after `history`.
   std::string expected(int cores) {
-    node reference(config(dir_ + "-ref", 1u << 30), cores);
+    sim_node reference(config(dir_ + "-ref", 1u << 30), cores);
     history(reference);
     std::string want = probe(reference);
     fs::remove_all(dir_ + "-ref");
@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Cores, SglangDurability, ::testing::Values(1, 3));
 TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
   const std::string want = expected(GetParam());
   {
-    node n(config(dir_, 1u << 30), GetParam());
+    sim_node n(config(dir_, 1u << 30), GetParam());
     history(n);
   }
   for (int cores : {GetParam(), 4 - GetParam()}) {  // the same core count, then another
@@ -126,9 +126,9 @@ TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
     std::string dir_copy = dir_ + "-copy";
     fs::remove_all(dir_copy);
     fs::copy(dir_, dir_copy, fs::copy_options::recursive);
-    node n(config(dir_copy, 1u << 30), cores);
+    sim_node n(config(dir_copy, 1u << 30), cores);
     EXPECT_EQ(probe(n), want);
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
     fs::remove_all(dir_copy);
   }
 }
@@ -136,44 +136,44 @@ TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
 TEST_P(SglangDurability, SnapshotCutsKeepThePools) {
   const std::string want = expected(GetParam());
   {
-    node n(config(dir_, 4096), GetParam());  // a cut every few requests
+    sim_node n(config(dir_, 4096), GetParam());  // a cut every few requests
     history(n);
     n.post("/0/exists", "{}");
   }
-  node n(config(dir_, 4096), GetParam());
+  sim_node n(config(dir_, 4096), GetParam());
   EXPECT_EQ(probe(n), want);
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(SglangDurability, AVllmClearKeepsThePoolsAcrossARestart) {
   std::string want;
   {
-    node reference(config(dir_ + "-ref", 1u << 30), GetParam());
+    sim_node reference(config(dir_ + "-ref", 1u << 30), GetParam());
     history(reference);
     reference.post("/clear", "");
     want = probe(reference);
   }
   fs::remove_all(dir_ + "-ref");
   {
-    node n(config(dir_, 1u << 30), GetParam());
+    sim_node n(config(dir_, 1u << 30), GetParam());
     history(n);
     n.post("/clear", "");
   }
-  node n(config(dir_, 1u << 30), GetParam());
+  sim_node n(config(dir_, 1u << 30), GetParam());
   EXPECT_EQ(probe(n), want);
   EXPECT_NE(want.find(R"({"exists":[false,false]})"), std::string::npos);  // vLLM's are gone
 }
 
 TEST_P(SglangDurability, ExpiredReservationsStayExpired) {
   {
-    node n(config(dir_, 1u << 30), GetParam());
+    sim_node n(config(dir_, 1u << 30), GetParam());
     n.post("/0/initialize", R"({"num_pages":3})");
     n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a","b"]})");
     n.now += 10'001;
     n.tick();
     n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["c"]})");
   }
-  node n(config(dir_, 1u << 30), GetParam());
+  sim_node n(config(dir_, 1u << 30), GetParam());
   // a's and b's pages went back (1 then 2 on top), c took 1... as before the restart.
   EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["d","e","f"]})"),
             R"({"indices":[[false,2],[false,0],[false,-1]]})");
@@ -186,7 +186,7 @@ TEST_P(SglangDurability, ExpiredReservationsStayExpired) {
 namespace {
 
 TEST_P(SglangDurability, AFailedSyncIsA503AndTheRetrySucceeds) {
-  node n(config(dir_, 1u << 30), GetParam());
+  sim_node n(config(dir_, 1u << 30), GetParam());
   EXPECT_EQ(n.post("/0/initialize", R"({"num_pages":2})"), "");
   n.fail_sync = true;
   EXPECT_EQ(n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["a"]})"),

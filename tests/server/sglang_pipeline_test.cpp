@@ -7,11 +7,11 @@
 #include <string>
 #include <string_view>
 
-#include "node.hpp"
+#include "sim_node.hpp"
 
 namespace {
 
-using server_test::node;
+using server_test::sim_node;
 
 constexpr std::string_view kNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
 
@@ -41,7 +41,7 @@ class SglangPipeline : public ::testing::TestWithParam<int> {
   }
   std::string stats() { return n_.get("/stats"); }
 
-  node n_;
+  sim_node n_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Cores, SglangPipeline, ::testing::Values(1, 3));
@@ -260,7 +260,7 @@ TEST_P(SglangPipeline, VllmAndSglangStateNeverTouch) {
   EXPECT_EQ(post("/keys/batch_exists", R"({"keys":["k"]})"), ok(R"({"exists":[false]})"));
   EXPECT_EQ(post("/0/get_page_indices", R"({"keys":["k"]})"), ok(R"({"indices":[3]})"));
   // vLLM's tp_world_size counts its own ranks only.
-  EXPECT_EQ(n_.cluster().worker_ranks.load(), 0);
+  EXPECT_EQ(n_.state().worker_ranks.load(), 0);
 }
 
 TEST_P(SglangPipeline, MetricsShowPoolsAndEndpoints) {

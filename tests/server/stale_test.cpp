@@ -12,12 +12,12 @@
 #include <tuple>
 #include <vector>
 
-#include "node.hpp"
+#include "sim_node.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-using server_test::node;
+using server_test::sim_node;
 
 constexpr std::uint32_t kGraceMs = 30'000;
 
@@ -53,16 +53,16 @@ class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> 
     return cfg;
   }
 
-  static void init(node& n, int ranks, int pages) {
+  static void init(sim_node& n, int ranks, int pages) {
     for (int r = 0; r < ranks; ++r)
       n.post("/rank/" + std::to_string(r) + "/initialize",
              "{\"num_pages\":" + std::to_string(pages) + "}");
   }
-  static std::vector<long> allocate(node& n, int rank, const std::vector<std::string>& ks) {
+  static std::vector<long> allocate(sim_node& n, int rank, const std::vector<std::string>& ks) {
     return pages_of(n.post("/keys/batch_allocate",
                            fmt::format("{{\"rank\":{},\"keys\":[{}]}}", rank, list(ks))));
   }
-  static std::string confirm(node& n, int rank, const std::vector<std::string>& ks,
+  static std::string confirm(sim_node& n, int rank, const std::vector<std::string>& ks,
                              const std::vector<long>& pages) {
     std::string confirmations;
     for (std::size_t i = 0; i < ks.size(); ++i)
@@ -70,13 +70,13 @@ class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> 
     return n.post("/keys/confirm_write",
                   fmt::format("{{\"rank\":{},\"confirmations\":[{}]}}", rank, confirmations));
   }
-  static std::string release(node& n, int rank, const std::vector<long>& pages) {
+  static std::string release(sim_node& n, int rank, const std::vector<long>& pages) {
     return n.post("/keys/confirm_write",
                   fmt::format("{{\"rank\":{},\"confirmations\":[],\"pages_to_release\":[{}]}}",
                               rank, fmt::join(pages, ",")));
   }
   // One rank's side of a save: allocate, then confirm. Returns the pages (-1s: failed).
-  static std::vector<long> save_on(node& n, int rank, const std::vector<std::string>& ks) {
+  static std::vector<long> save_on(sim_node& n, int rank, const std::vector<std::string>& ks) {
     const std::vector<long> pages = allocate(n, rank, ks);
     if (pages.empty() || pages[0] < 0) return pages;
     EXPECT_EQ(confirm(n, rank, ks, pages), "");
@@ -84,23 +84,23 @@ class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> 
   }
   // vLLM's write-failure path on a TP-2 save: rank 0 writes and confirms, rank 1's
   // write fails and it releases its pages.
-  static void half_save(node& n, const std::vector<std::string>& ks) {
+  static void half_save(sim_node& n, const std::vector<std::string>& ks) {
     ASSERT_EQ(save_on(n, 0, ks).size(), ks.size());
     const std::vector<long> pages = allocate(n, 1, ks);
     ASSERT_TRUE(!pages.empty() && pages[0] >= 0);
     EXPECT_EQ(release(n, 1, pages), "");
   }
-  static std::string exists(node& n, const std::vector<std::string>& ks) {
+  static std::string exists(sim_node& n, const std::vector<std::string>& ks) {
     return n.post("/keys/batch_exists", "{\"keys\":[" + list(ks) + "]}");
   }
-  static std::string stats_tail(node& n) {
+  static std::string stats_tail(sim_node& n) {
     const std::string s = n.get("/stats");
     return s.substr(s.find("\"incomplete_keys\""));
   }
 };
 
 TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
-  node n(config(), cores());
+  sim_node n(config(), cores());
   init(n, 2, 4);
   half_save(n, keys(0, 4));  // rank 0 is full of keys that can never complete
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":4,"incomplete_pages":4,"stale_keys":0})");
@@ -114,7 +114,7 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
     EXPECT_TRUE(pages[0] >= 0 && pages[0] < pages[1] && pages[1] < 4) << pages[0] << pages[1];
     EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
     EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2,)"), std::string::npos);
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
     return;
   }
   EXPECT_EQ(allocate(n, 0, keys(10, 2)), (std::vector<long>{-1, -1}));
@@ -128,11 +128,11 @@ TEST_P(Stale, AHalfFailedSaveNoLongerBlocksTheRankOnceItsGraceHasPassed) {
   EXPECT_EQ(exists(n, keys(10, 2)), R"({"exists":[true,true]})");
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":4})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":2,"reserved":0,"bound":2,"incomplete":0})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Stale, TheTickReclaimsStaleKeysOnEveryRank) {
-  node n(config(), cores());
+  sim_node n(config(), cores());
   init(n, 3, 4);
   // Keys confirmed on ranks 0 and 1 of a TP-3 group; rank 2 never wrote them.
   ASSERT_EQ(save_on(n, 0, keys(0, 3)).size(), 3u);
@@ -148,11 +148,11 @@ TEST_P(Stale, TheTickReclaimsStaleKeysOnEveryRank) {
   EXPECT_NE(metrics.find("\nhf3fs_metad_stale_keys_total 3\n"), std::string::npos);
   EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_keys 0\n"), std::string::npos);
   EXPECT_NE(metrics.find("\nhf3fs_metad_incomplete_pages 0\n"), std::string::npos);
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Stale, ALaggingWriterThatCompletesJustBeforeTheGraceKeepsTheKey) {
-  node n(config(), cores());
+  sim_node n(config(), cores());
   init(n, 2, 4);
   ASSERT_EQ(save_on(n, 0, keys(0, 2)).size(), 2u);
   n.now += kGraceMs - 1;
@@ -164,7 +164,7 @@ TEST_P(Stale, ALaggingWriterThatCompletesJustBeforeTheGraceKeepsTheKey) {
 }
 
 TEST_P(Stale, AKeyARankStillReservesIsKeptUntilAGraceAfterTheWriterGaveUp) {
-  node n(config(), cores());
+  sim_node n(config(), cores());
   init(n, 2, 4);
   ASSERT_EQ(save_on(n, 0, keys(0, 1)).size(), 1u);
   const std::vector<long> slow = allocate(n, 1, keys(0, 1));  // rank 1 is still writing
@@ -179,11 +179,11 @@ TEST_P(Stale, AKeyARankStillReservesIsKeptUntilAGraceAfterTheWriterGaveUp) {
   n.now += 1;
   n.tick();
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":1})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Stale, AWriterThatFinishesAfterBeingLookedAtCompletesTheKey) {
-  node n(config(), cores());
+  sim_node n(config(), cores());
   init(n, 2, 4);
   ASSERT_EQ(save_on(n, 0, keys(0, 1)).size(), 1u);
   const std::vector<long> slow = allocate(n, 1, keys(0, 1));
@@ -201,7 +201,7 @@ TEST_P(Stale, AWriterThatFinishesAfterBeingLookedAtCompletesTheKey) {
 // rank reserves; the others keep their place (and their grace).
 TEST_P(Stale, EvictionTakesIncompleteKeysOnTheShortRankOnly) {
   if (!lru()) GTEST_SKIP() << "eviction only";
-  node n(config(), cores());
+  sim_node n(config(), cores());
   init(n, 3, 2);
   // Rank 2 holds two incomplete keys; rank 0 two more, the older one being written on
   // rank 1 (reserved there).
@@ -220,7 +220,7 @@ TEST_P(Stale, EvictionTakesIncompleteKeysOnTheShortRankOnly) {
   n.tick();
   EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":2,"free":2,"reserved":0,"bound":0,"incomplete":0})");
   EXPECT_EQ(stats_tail(n), R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":2})");
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 // Eviction takes the dead before the living: incomplete keys nobody reserves go before
@@ -230,7 +230,7 @@ TEST_P(Stale, SettledIncompleteKeysAreEvictedBeforeCompleteOnes) {
   if (!lru()) GTEST_SKIP() << "eviction only";
   for (const std::uint64_t wait_ms : {10u, 1'000u}) {
     SCOPED_TRACE(wait_ms);
-    node n(config(), cores());
+    sim_node n(config(), cores());
     init(n, 2, 4);
     ASSERT_EQ(save_on(n, 0, keys(0, 1)).size(), 1u);  // complete
     ASSERT_EQ(save_on(n, 1, keys(0, 1)).size(), 1u);
@@ -243,7 +243,7 @@ TEST_P(Stale, SettledIncompleteKeysAreEvictedBeforeCompleteOnes) {
     EXPECT_EQ(stats_tail(n), settled
                                  ? R"("incomplete_keys":1,"incomplete_pages":1,"stale_keys":0})"
                                  : R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   }
 }
 
@@ -253,7 +253,7 @@ TEST_P(Stale, SettledIncompleteKeysAreEvictedBeforeCompleteOnes) {
 // eviction on, and the pages held by incomplete keys stay bounded; without eviction the
 // reclamation alone keeps the incomplete keys from filling the pool for good.
 TEST_P(Stale, AReplayWithFailingRanksNeverSpiralsIntoRefusals) {
-  node n(config(), cores());
+  sim_node n(config(), cores());
   constexpr int kRanks = 4, kPages = 64, kTaskKeys = 8;
   init(n, kRanks, kPages);
   std::uint64_t seed = 12345;
@@ -292,13 +292,13 @@ TEST_P(Stale, AReplayWithFailingRanksNeverSpiralsIntoRefusals) {
   n.tick();
   EXPECT_NE(n.get("/stats").find(R"("incomplete_keys":0,"incomplete_pages":0,)"),
             std::string::npos);
-  EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Stale, ZeroGraceNeverReclaims) {
   metad::config cfg = config();
   cfg.incomplete_grace_ms = 0;
-  node n(cfg, cores());
+  sim_node n(cfg, cores());
   init(n, 2, 2);
   half_save(n, keys(0, 2));
   n.now += 100 * kGraceMs;
@@ -325,7 +325,7 @@ TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) 
   metad::config cfg = config();
   cfg.data_dir = dir;
   {
-    node n(cfg, cores());
+    sim_node n(cfg, cores());
     init(n, 2, 4);
     half_save(n, keys(0, 2));
     n.now += kGraceMs;
@@ -334,7 +334,7 @@ TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) 
     EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":2})");
   }
   {
-    node n(cfg, 4 - cores());
+    sim_node n(cfg, 4 - cores());
     EXPECT_EQ(n.get("/rank/0"),
               R"({"num_pages":4,"free":2,"reserved":0,"bound":2,"incomplete":2})");
     EXPECT_EQ(stats_tail(n), R"("incomplete_keys":2,"incomplete_pages":2,"stale_keys":0})");
@@ -345,7 +345,7 @@ TEST_P(Stale, ReclaimedKeysStayGoneAfterARestartAndRecoveredOnesGetAFreshGrace) 
     n.tick();
     EXPECT_EQ(n.get("/rank/0"),
               R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
-    EXPECT_EQ(pipeline::check_consistency(n.cluster()), "");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   }
   fs::remove_all(dir);
 }

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "persist/durability.hpp"
-#include "pipeline/cluster.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/consistency.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
 #include "smp/core.hpp"
 
@@ -28,21 +28,22 @@ struct counting_waker final : net::waker {
   bool input_pending() override { return false; }
 };
 
-// One cluster over a data directory, driven by hand: mailbox drains and log flushes.
-class node {
+// One simulated node (a pipeline::node) over a data directory, driven by hand: mailbox
+// drains and log flushes.
+class sim_node {
  public:
-  node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30)
-      : node(with_dir(dir, snapshot_bytes), cores) {}
+  sim_node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30)
+      : sim_node(with_dir(dir, snapshot_bytes), cores) {}
   // Any configuration; state in memory unless cfg.data_dir is set.
-  node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
+  sim_node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
     cfg_.log = metad::log_level::error;
-    cluster_ = std::make_unique<pipeline::cluster>(cfg_, cores);
-    cluster_->clock = [this] { return now * smp::kNsPerMs; };
-    persist::recover(*cluster_);
-    x_ = std::make_unique<pipeline::connection>(*cluster_, *cluster_->core[0], waker_);
+    node_ = std::make_unique<pipeline::node>(cfg_, cores);
+    node_->clock = [this] { return now * smp::kNsPerMs; };
+    persist::recover(*node_);
+    x_ = std::make_unique<pipeline::connection>(*node_, *node_->core[0], waker_);
   }
-  ~node() {
-    for (auto& core : cluster_->core) persist::finish_snapshot(*core);
+  ~sim_node() {
+    for (auto& core : node_->core) persist::finish_snapshot(*core);
   }
 
   std::string send(const std::string& bytes) {
@@ -55,15 +56,15 @@ class node {
     while (f == net::flow::wait) {
       const int before = waker_.wakes;
       for (int spin = 0; spin < 1000 && waker_.wakes == before; ++spin) {
-        for (auto& core : cluster_->core) {
-          cluster_->mailbox.drain(core->index);
+        for (auto& core : node_->core) {
+          node_->mailbox.drain(core->index);
           flush(*core);
         }
       }
       EXPECT_EQ(waker_.wakes, before + 1);
       f = on_home([&] { return x_->on_resume(); });
     }
-    for (auto& core : cluster_->core) persist::snapshot_tick(*cluster_, *core);
+    for (auto& core : node_->core) persist::snapshot_tick(*node_, *core);
     return drained + std::exchange(x_->output(), {});
   }
 
@@ -80,27 +81,26 @@ class node {
   // What each core's loop does every tick, at the fake clock's time; the background
   // walks a tick starts are run to their end.
   void tick() {
-    sweepers_.resize(cluster_->core.size());
-    for (auto& core : cluster_->core) {
+    sweepers_.resize(node_->core.size());
+    for (auto& core : node_->core) {
       const smp::core_scope as_core(core->index);  // as core's own loop would
-      pipeline::expire_due(*cluster_, *core);
-      pipeline::reclaim_stale_due(*cluster_, *core,
-                                  sweepers_[static_cast<std::size_t>(core->index)]);
+      pipeline::expire_due(*node_, *core);
+      pipeline::reclaim_stale_due(*node_, *core, sweepers_[static_cast<std::size_t>(core->index)]);
       flush(*core);
     }
     for (int spin = 0; spin < 1000 && walking(); ++spin) {
-      for (auto& core : cluster_->core) {
-        cluster_->mailbox.drain(core->index);
+      for (auto& core : node_->core) {
+        node_->mailbox.drain(core->index);
         flush(*core);
       }
     }
     EXPECT_FALSE(walking());
   }
-  pipeline::cluster& cluster() { return *cluster_; }
+  pipeline::node& state() { return *node_; }
   // While set, every group commit's fdatasync fails with EIO (its write succeeds).
   bool fail_sync = false;
 
-  std::uint64_t now = 1'000'000;  // the cluster's clock, in ms
+  std::uint64_t now = 1'000'000;  // the node's clock, in ms
 
  private:
   static metad::config with_dir(const std::string& dir, std::uint64_t snapshot_bytes) {
@@ -114,9 +114,9 @@ class node {
   void flush(pipeline::core_state& core) {
     const smp::core_scope as_core(core.index);  // resumes the requests that waited for it
     store::log_writer::flush_job job;
-    if (!persist::take_flush(*cluster_, core, true, job)) return;
+    if (!persist::take_flush(*node_, core, true, job)) return;
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
-    persist::flush_done(*cluster_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
+    persist::flush_done(*node_, core, written, fail_sync ? -EIO : ::fdatasync(job.fd));
   }
 
   // Calls into the connection as its home, core 0, would (drains run the other cores).
@@ -133,7 +133,7 @@ class node {
   }
 
   metad::config cfg_;
-  std::unique_ptr<pipeline::cluster> cluster_;
+  std::unique_ptr<pipeline::node> node_;
   std::vector<pipeline::stale_sweeper> sweepers_;
   counting_waker waker_;
   std::unique_ptr<pipeline::connection> x_;

@@ -1,10 +1,10 @@
-#include "pipeline/cluster.hpp"
+#include "pipeline/node.hpp"
 
 #include <algorithm>
 
 namespace metad::pipeline {
 
-cluster::cluster(const metad::config& config, int core_count)
+node::node(const metad::config& config, int core_count)
     : cfg(config),
       cores(core_count),
       directory_cores(std::clamp(config.directory_cores, 1, core_count)),
