@@ -159,7 +159,6 @@ endpoint_task run_metrics(connection& x) {
   co_return answer::metrics(s.body);
 }
 
-
 endpoint_task run_delete(connection& x) {
   node& nd = x.shared();
   const int home = x.home().index;

@@ -19,7 +19,6 @@ bool same_stats(const std::optional<shard::rank_stats>& a,
          a->num_pages == b->num_pages;
 }
 
-
 // Why an initialization that would create or grow a rank was not carried out.
 enum class init_refusal : std::uint8_t { none, too_many_ranks, over_budget };
 
