@@ -3,6 +3,7 @@
 #   smp                           includes only itself (and include/metad)
 #   http, api, shard, store, net, ha  include only themselves and smp (the leaves)
 #   pipeline                      includes itself, the leaves and smp
+#   persist                       includes itself, pipeline, the leaves and smp
 #   server                        may include everything
 # "metad/..." is include/metad, which any module may include; only main.cpp includes
 # server's public header (metad/server.hpp).
@@ -11,12 +12,13 @@ cd "$(dirname "$0")/.."
 allowed_smp="smp"
 allowed_leaf="smp"
 allowed_pipeline="smp|http|api|shard|store|net|ha"
+allowed_persist="pipeline|$allowed_pipeline"
 status=0
 check() {  # module allowed-others
   local module=$1 allowed=$2 bad
   # Any quoted include of a project module (a src/ directory) must be the module's own
   # or an allowed one.
-  bad=$(grep -rnE '^#include "(smp|http|api|shard|store|net|ha|pipeline|server)/' "src/$module" |
+  bad=$(grep -rnE '^#include "(smp|http|api|shard|store|net|ha|pipeline|persist|server)/' "src/$module" |
         grep -vE "^[^:]+:[0-9]+:#include \"($module|$allowed)/" || true)
   if [[ -n "$bad" ]]; then
     echo "src/$module includes a module it may not (it may include itself, ${allowed//|/, } and metad/):"
@@ -27,6 +29,7 @@ check() {  # module allowed-others
 check smp "$allowed_smp"
 for module in http api shard store net ha; do check "$module" "$allowed_leaf"; done
 check pipeline "$allowed_pipeline"
+check persist "$allowed_persist"
 # metad/server.hpp is the embedding API: only main.cpp and server/ use it.
 bad=$(grep -rn '^#include "metad/server.hpp"' src | grep -vE '^src/(main\.cpp|server/)' || true)
 if [[ -n "$bad" ]]; then

@@ -1,4 +1,5 @@
-// Everything the cores share: the config, each core's state, the mailbox between them.
+// One process (a node: in a high-availability cluster, one member): everything its cores
+// share, namely the config, each core's state and the mailbox between them.
 // core_state i is touched only by core i's thread (other cores reach it by hopping).
 #pragma once
 

@@ -18,13 +18,13 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
-#include "pipeline/node.hpp"
+#include "persist/durability.hpp"
+#include "persist/sglang_import.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/endpoints.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
-#include "persist/durability.hpp"
 #include "server/ha_setup.hpp"
-#include "persist/sglang_import.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/for_each_core.hpp"
@@ -32,8 +32,8 @@
 
 namespace metad {
 
-using pipeline::node;
 using pipeline::core_state;
+using pipeline::node;
 
 static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
               "request bodies must be readable by simdjson without a copy");
@@ -72,8 +72,7 @@ class core_runner final : public net::core_hooks {
                                     ? std::system_category().message(static_cast<int>(-written))
                                 : synced == -ECANCELED ? std::string("short write: disk full?")
                                                        : std::system_category().message(-synced);
-      log::error("log write failed ({}): mutating requests get 503 until it succeeds",
-                        cause);
+      log::error("log write failed ({}): mutating requests get 503 until it succeeds", cause);
     }
     if (!log.failing() && was_failing) log::info("log writes succeed again");
   }
@@ -127,10 +126,9 @@ smp::request_task log_summary(core_runner& self) {
   const std::array<std::uint64_t, 4> pools{ranks, free_pages, pages, keys};
   // Expiry and reclamation change the pools without a request: those still show.
   if (requests != self.last_requests_ || pools != self.last_pools_)
-    log::info(
-        "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-        seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
-        free_pages, pages, keys);
+    log::info("summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+              seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0,
+              ranks, free_pages, pages, keys);
   self.last_requests_ = requests;
   self.last_pools_ = pools;
   self.last_summary_ms_ = now;
@@ -216,7 +214,7 @@ void pin_to(int cpu) {
 
 struct server::impl {
   config cfg;
-  std::unique_ptr<pipeline::node> cluster;
+  std::unique_ptr<pipeline::node> node;
   std::vector<int> listeners;
   std::unique_ptr<ha::control> ha;  // --ha-etcd: the leader lease's control thread
 };
@@ -250,7 +248,7 @@ void server::run() {
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw std::runtime_error("importing an SGLang state file needs a data directory");
   persist::recover(nd, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
-                                                       : persist::import_sglang_state);
+                                                      : persist::import_sglang_state);
   nd.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
   if (nd.memory.used() > nd.memory.max())

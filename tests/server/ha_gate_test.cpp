@@ -8,8 +8,8 @@
 #include <string_view>
 
 #include "ha/control.hpp"
-#include "pipeline/node.hpp"
 #include "pipeline/connection.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/routes.hpp"
 #include "smp/core.hpp"
 
