@@ -4,7 +4,8 @@
 #   http, api, shard, store, net, ha  include only themselves and smp (the leaves)
 #   repl                          includes itself, store and smp (a level above the leaves:
 #                                 it ships store's log frames)
-#   pipeline                      includes itself, the leaves, repl and smp
+#   pipeline                      includes itself, the leaves and smp
+#   persist                       includes itself, pipeline, the leaves and smp
 #   server                        may include everything
 # "metad/..." is include/metad, which any module may include; only main.cpp includes
 # server's public header (metad/server.hpp).
@@ -13,13 +14,14 @@ cd "$(dirname "$0")/.."
 allowed_smp="smp"
 allowed_leaf="smp"
 allowed_repl="smp|store"
-allowed_pipeline="smp|http|api|shard|store|net|repl"
+allowed_pipeline="smp|http|api|shard|store|net|ha"
+allowed_persist="pipeline|$allowed_pipeline"
 status=0
 check() {  # module allowed-others
   local module=$1 allowed=$2 bad
   # Any quoted include of a project module (a src/ directory) must be the module's own
   # or an allowed one.
-  bad=$(grep -rnE '^#include "(smp|http|api|shard|store|net|ha|repl|pipeline|server)/' "src/$module" |
+  bad=$(grep -rnE '^#include "(smp|http|api|shard|store|net|ha|repl|pipeline|persist|server)/' "src/$module" |
         grep -vE "^[^:]+:[0-9]+:#include \"($module|$allowed)/" || true)
   if [[ -n "$bad" ]]; then
     echo "src/$module includes a module it may not (it may include itself, ${allowed//|/, } and metad/):"
@@ -31,6 +33,7 @@ check smp "$allowed_smp"
 for module in http api shard store net ha; do check "$module" "$allowed_leaf"; done
 check repl "$allowed_repl"
 check pipeline "$allowed_pipeline"
+check persist "$allowed_persist"
 # metad/server.hpp is the embedding API: only main.cpp and server/ use it.
 bad=$(grep -rn '^#include "metad/server.hpp"' src | grep -vE '^src/(main\.cpp|server/)' || true)
 if [[ -n "$bad" ]]; then

@@ -89,6 +89,19 @@ metadata server; same HTTP API, default port 18000).
                             for N ms (default 0: the reference's eviction order)
   --strict-reinit           SGLang API: initializing a pool again with fewer pages is a
                             409 (default: 204, the pool unchanged, and a warning)
+  --ha-etcd URL[,URL...]    high availability: hold the leader lease in this etcd
+                            cluster (its members' http://HOST:PORT); only the leader
+                            serves the API, the other nodes answer 503 naming it. Needs
+                            --ha-cluster and --ha-node (docs/operations.md)
+  --ha-cluster NAME         the nodes that share one leader lease (A-Za-z0-9._-)
+  --ha-node ID              this node's id in the cluster, unique (A-Za-z0-9._-)
+  --ha-advertise URL        http://HOST:PORT the other nodes name as this node's address
+                            when it leads (default http://<--host>:<port>)
+  --ha-ttl-ms N             leader lease TTL, whole seconds (default 1000; etcd grants at
+                            least 1.5 x its election timeout)
+  --ha-renew-ms N           renew the lease this often while leading (default 200)
+  --ha-margin-ms N          stop serving this long before the lease could expire, counted
+                            from the last renewal sent (default 150)
   --log-level LEVEL         error|warn|info|debug (default info)
   --verify-data-dir DIR     read DIR (stopped server) without serving: print its ranks,
                             pages, bindings and keys, or the damage with file and offset;
@@ -162,8 +175,29 @@ void print_version() {
     std::printf("io_uring: refused here (kernel %s): --io auto serves on epoll\n", kernel);
 }
 
+// --ha-*: kept as given; metad::ha_config_error checks them together once all are read.
+void parse_ha_flag(metad::config& cfg, std::string_view flag, std::string_view value) {
+  if (flag == "--ha-etcd")
+    cfg.ha_etcd = value;
+  else if (flag == "--ha-cluster")
+    cfg.ha_cluster = value;
+  else if (flag == "--ha-node")
+    cfg.ha_node = value;
+  else if (flag == "--ha-advertise")
+    cfg.ha_advertise = value;
+  else if (flag == "--ha-ttl-ms")
+    cfg.ha_ttl_ms = parse_int<std::uint32_t>(flag, value, 1000, 3'600'000);
+  else if (flag == "--ha-renew-ms")
+    cfg.ha_renew_ms = parse_int<std::uint32_t>(flag, value, 1, 3'600'000);
+  else if (flag == "--ha-margin-ms")
+    cfg.ha_margin_ms = parse_int<std::uint32_t>(flag, value, 1, 3'600'000);
+  else
+    throw usage_error(std::string(flag) + ": unknown flag (see --help)");
+}
+
 metad::config parse_flags(int argc, char** argv) {
   metad::config cfg;
+  bool ha_flags = false;  // any --ha-* given
   for (int i = 1; i < argc; ++i) {
     std::string_view flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -289,6 +323,9 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.sglang_read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--incomplete-grace-ms") {
       cfg.incomplete_grace_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag.starts_with("--ha-")) {
+      parse_ha_flag(cfg, flag, value);
+      ha_flags = true;
     } else if (flag == "--log-level") {
       if (value == "error")
         cfg.log = metad::log_level::error;
@@ -305,6 +342,12 @@ metad::config parse_flags(int argc, char** argv) {
     }
   }
   if (!cfg.tcp && cfg.unix_path.empty()) throw usage_error("--no-tcp needs --unix PATH");
+  if (ha_flags && cfg.ha_etcd.empty())
+    throw usage_error(
+        "--ha-* flags need --ha-etcd (give --ha-etcd, --ha-cluster and --ha-node, or none)");
+  if (const std::string error = metad::ha_config_error(cfg); !error.empty())
+    throw usage_error(error);
+
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw usage_error("--import-sglang-state needs --data-dir (the imported state lives there)");
   return cfg;

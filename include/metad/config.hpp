@@ -97,6 +97,20 @@ struct config {
   std::uint32_t sglang_read_lease_ms = 0;
   // Re-initializing a pool with fewer pages: 409 (else 204, unchanged, and a warning).
   bool strict_reinit = false;
+
+  // High availability (docs/operations.md): with ha_etcd set, this node campaigns for
+  // the leader lease in etcd and serves the API only while it holds it; other nodes
+  // answer 503 naming the leader. Empty ha_etcd: off (and every ha_* must be unset).
+  std::string ha_etcd;     // URL[,URL...] of etcd's members (http://HOST:PORT)
+  std::string ha_cluster;  // the nodes that share one lease
+  std::string ha_node;     // this node's id, unique in the cluster
+  // The http://HOST:PORT other nodes name in their 503s; empty: http://host:port.
+  std::string ha_advertise;
+  // Lease TTL (whole seconds), renewal period, and how long before the lease could
+  // expire the leader stops serving (design: TTL 1 s with a tuned etcd).
+  std::uint32_t ha_ttl_ms = 1000;
+  std::uint32_t ha_renew_ms = 200;
+  std::uint32_t ha_margin_ms = 150;
 };
 
 // The CPUs of a list such as "0-3,8,10-11" (the --cpus flag, sysfs cpulist files), each

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "metad/config.hpp"
 
@@ -17,6 +18,10 @@ int verify_data_dir(const std::string& path);
 // io_uring disabled by sysctl, a seccomp filter such as Docker's default), --io auto
 // serves on the epoll transport and --io uring refuses to start.
 bool uring_usable();
+
+// Why the high-availability settings (config::ha_*) are unusable, naming the flag; empty
+// when they are usable or HA is off. The server's constructor throws it.
+std::string ha_config_error(const config& cfg);
 
 class server {
  public:
@@ -32,6 +37,8 @@ class server {
   void stop() noexcept;
 
  private:
+  void start_ha(std::uint16_t port);
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -81,6 +81,22 @@ std::string validate(const config& c) {
   return {};
 }
 
+std::optional<leader_info> parse_leader_value(std::string_view value) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  simdjson::dom::object object;
+  if (parser.parse(value.data(), value.size()).get(doc) || doc.get(object)) return std::nullopt;
+  leader_info out;
+  std::string_view text;
+  if (!object["node"].get(text)) out.node = text;
+  if (!object["http"].get(text)) out.http = text;
+  return out;
+}
+
+std::string sync_value(std::int64_t epoch, std::string_view leader) {
+  return fmt::format(R"({{"epoch":{},"leader":"{}","sync":[]}})", epoch, leader);
+}
+
 bool listed_in_sync(const std::optional<std::string>& sync, std::string_view node) {
   if (!sync) return true;
   simdjson::dom::parser parser;
@@ -137,7 +153,26 @@ void control::sleep_until(time_point at) {
   wake_.wait_until(lock, at, [this] { return stopping_.load(); });
 }
 
+std::optional<leader_info> control::leader() const {
+  std::lock_guard lock(mutex_);
+  return leader_;
+}
+
 void control::publish(const leadership& machine) {
+  const std::optional<holder>& known = machine.known_leader();
+  const bool same =
+      known.has_value() == leader_seen_.has_value() &&
+      (!known || (known->epoch == leader_seen_->epoch && known->value == leader_seen_->value));
+  if (!same) {
+    leader_seen_ = known;
+    std::optional<leader_info> info;
+    if (known) info = parse_leader_value(known->value);
+    {
+      std::lock_guard lock(mutex_);
+      leader_ = std::move(info);
+    }
+    leader_changes_.fetch_add(1, std::memory_order_acq_rel);
+  }
   serving_until_.store(ticks(machine.serving_until()), std::memory_order_release);
   epoch_.store(machine.epoch(), std::memory_order_release);
   lease_.store(machine.lease(), std::memory_order_release);
@@ -159,7 +194,7 @@ class session {
   session(const config& c, const leadership::may_campaign_fn& may_campaign)
       : config_(c),
         etcd_(c.etcd, c.connect_timeout),
-        machine_(c.timings, may_campaign, steady::now()),
+        machine_(c.timings, may_campaign, steady::now(), c.claim_sync),
         leader_(leader_key(c.cluster)),
         keys_{leader_, sync_key(c.cluster)} {}
 
@@ -253,6 +288,13 @@ void session::perform(const action& next, time_point sent) {
       auto outcome = etcd_.create_if_absent(leader_, config_.advertise, machine_.lease(), by);
       if (!outcome) return failed("campaign", outcome.error);
       machine_.on_campaign(steady::now(), to_holder(outcome->holder), outcome->revision);
+      return;
+    }
+    case action_kind::claim_sync: {
+      auto written = etcd_.fenced_put(leader_, machine_.key_epoch(), keys_[1],
+                                      sync_value(machine_.key_epoch(), config_.node), by);
+      if (!written) return failed("sync claim", written.error);
+      machine_.on_sync_claimed(steady::now(), *written);
       return;
     }
     case action_kind::keepalive: {

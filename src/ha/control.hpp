@@ -1,7 +1,7 @@
 // The ha control thread: one std::thread that holds (or waits for) the leader lease in
 // etcd, driving the leadership state machine with the etcd client. Any thread may read
-// serving() (one atomic); the callback runs on the ha thread. Not wired into the server
-// yet: its flags are parsed into ha::config by set_flag().
+// serving() (one atomic) and the leader it knows of; the callback runs on the ha thread.
+// The server starts one with --ha-etcd (server/ha_setup.cpp).
 #pragma once
 
 #include <atomic>
@@ -25,7 +25,12 @@ struct config {
   std::string cluster;         // --ha-cluster NAME
   std::string node;            // --ha-node ID
   std::string advertise;       // the leader key's value; empty: {"node":"<ID>"}
-  ha::timing timings;          // --ha-ttl-ms, --ha-renew-ms, --ha-margin-ms
+  // A new leader writes /sync {"epoch":E,"leader":"<ID>","sync":[]} (fenced by its
+  // epoch) before it serves. With no replication no standby is in sync, so after the
+  // first leader of a cluster only that node may ever campaign (the /sync rule). Tests
+  // of takeover without replication turn it off.
+  bool claim_sync = true;
+  ha::timing timings;  // --ha-ttl-ms, --ha-renew-ms, --ha-margin-ms
   milliseconds connect_timeout{100};
   milliseconds request_timeout{500};  // reads, grants and campaigns
 };
@@ -38,6 +43,16 @@ std::string validate(const config& c);
 
 std::string leader_key(std::string_view cluster);
 std::string sync_key(std::string_view cluster);
+
+// The leader key's value fields: {"node":"<ID>","http":"<URL>"} (either may be absent);
+// nullopt when the value is not such an object.
+struct leader_info {
+  std::string node;
+  std::string http;
+};
+std::optional<leader_info> parse_leader_value(std::string_view value);
+// /sync's value as a new leader writes it: no standby in sync.
+std::string sync_value(std::int64_t epoch, std::string_view leader);
 
 // The /sync rule (Patroni's): with no /sync key anyone may campaign (bootstrap); else
 // only its "leader" and the nodes in its "sync" list. A malformed value allows no one.
@@ -71,6 +86,12 @@ class control {
     return time_point(time_point::duration(renewed_sent_.load(std::memory_order_acquire)));
   }
   const config& settings() const { return config_; }
+  // The holder of the leader key as last seen (this node included; nullopt: none known
+  // or its value unreadable), and a count that changes whenever it does, so that readers
+  // can keep what they built from it until then. leader() locks; leader_changes() is one
+  // atomic load.
+  std::optional<leader_info> leader() const;
+  std::uint64_t leader_changes() const { return leader_changes_.load(std::memory_order_acquire); }
 
  private:
   void run();
@@ -86,7 +107,10 @@ class control {
   std::atomic<std::int64_t> renewed_sent_{INT64_MIN};
   std::atomic<std::int64_t> lease_{0};
   std::atomic<bool> stopping_{false};
-  std::mutex mutex_;
+  std::atomic<std::uint64_t> leader_changes_{0};
+  std::optional<holder> leader_seen_;  // ha thread only
+  std::optional<leader_info> leader_;  // under mutex_
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::thread thread_;
 };

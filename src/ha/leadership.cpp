@@ -33,12 +33,17 @@ const char* to_string(action_kind k) {
       return "keepalive";
     case action_kind::watch:
       return "watch";
+    case action_kind::claim_sync:
+      return "claim_sync";
   }
   return "?";
 }
 
-leadership::leadership(timing t, may_campaign_fn may_campaign, time_point now)
-    : timing_(t), may_campaign_(std::move(may_campaign)), step_{action_kind::observe, now} {}
+leadership::leadership(timing t, may_campaign_fn may_campaign, time_point now, bool claim_sync)
+    : timing_(t),
+      may_campaign_(std::move(may_campaign)),
+      step_{action_kind::observe, now},
+      claim_sync_(claim_sync) {}
 
 void leadership::schedule(action_kind kind, time_point at) { step_ = {kind, at}; }
 
@@ -55,12 +60,23 @@ action leadership::next(time_point now) {
   return step_;
 }
 
-void leadership::become_leader(std::int64_t epoch, time_point deadline, std::int64_t revision) {
+void leadership::become_leader(time_point now, std::int64_t epoch, time_point deadline,
+                               std::int64_t revision) {
   role_ = role::leader;
   epoch_ = epoch;
   deadline_ = deadline;
   watch_revision_ = std::max(watch_revision_, revision + 1);
-  schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+  schedule_holder_step(now);
+}
+
+void leadership::schedule_holder_step(time_point now) {
+  if (!sync_claimed()) {
+    schedule(action_kind::claim_sync, now);
+  } else if (role_ == role::fenced) {
+    schedule(action_kind::keepalive, now);  // renew at once: the only way back to serving
+  } else {
+    schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+  }
 }
 
 void leadership::become_standby(time_point now, std::int64_t revision) {
@@ -82,7 +98,7 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
     if (leader && leader->lease == lease_ && leader->epoch == epoch_) {
       role_ = role::leader;
       watch_revision_ = std::max(watch_revision_, revision + 1);
-      schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+      schedule_holder_step(now);
       return;
     }
     become_standby(now, revision);
@@ -92,7 +108,7 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
   if (leader) {
     // A campaign whose answer was lost may have won: the key then carries our lease.
     if (lease_ != 0 && leader->lease == lease_) {
-      become_leader(leader->epoch, grant_deadline_, revision);
+      become_leader(now, leader->epoch, grant_deadline_, revision);
       return;
     }
     become_standby(now, revision);
@@ -120,7 +136,7 @@ void leadership::on_campaign(time_point now, const std::optional<holder>& key,
   if (role_ != role::candidate) return;
   known_ = key;
   if (key && lease_ != 0 && key->lease == lease_) {
-    become_leader(key->epoch, grant_deadline_, revision);
+    become_leader(now, key->epoch, grant_deadline_, revision);
     return;
   }
   // Lost: the unused lease expires by itself within its TTL.
@@ -141,10 +157,21 @@ void leadership::on_keepalive(time_point now, time_point sent_at, milliseconds t
   renewed_sent_ = std::max(renewed_sent_, sent_at);
   deadline_ = std::max(deadline_, deadline_from(sent_at, ttl));
   if (role_ == role::leader) {
-    schedule(action_kind::keepalive, renewed_sent_ + timing_.renew_interval);
+    schedule_holder_step(now);
   } else {
     schedule(action_kind::observe, now);
   }
+}
+
+void leadership::on_sync_claimed(time_point now, bool written) {
+  if (role_ != role::leader && role_ != role::fenced) return;
+  if (!written) {
+    // The leader key is not (or no longer) the one of key_epoch(): find out whose it is.
+    schedule(action_kind::observe, now);
+    return;
+  }
+  synced_epoch_ = epoch_;
+  schedule_holder_step(now);
 }
 
 void leadership::on_leader_deleted(time_point now, std::int64_t revision) {
@@ -180,6 +207,13 @@ void leadership::on_watch_broken(time_point now) {
 void leadership::on_etcd_failed(time_point now) {
   if (step_.kind == action_kind::keepalive) {
     schedule(action_kind::keepalive, now + timing_.retry_interval);
+  } else if (step_.kind == action_kind::claim_sync) {
+    // Retry, but keep the lease alive meanwhile: a renewal due first goes first (its
+    // answer brings the claim back).
+    const time_point renew = renewed_sent_ + timing_.renew_interval;
+    const time_point retry = now + timing_.retry_interval;
+    schedule(renew <= retry ? action_kind::keepalive : action_kind::claim_sync,
+             std::max(now, std::min(renew, retry)));
   } else {
     schedule(action_kind::observe, now + timing_.retry_interval);
   }

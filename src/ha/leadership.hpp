@@ -40,13 +40,15 @@ struct holder {
 };
 
 enum class action_kind {
-  wait,       // nothing to do before `at`
-  observe,    // read the leader and /sync keys → on_observed
-  grant,      // grant a lease of timing.ttl → on_granted
-  campaign,   // create-if-absent of the leader key with lease() → on_campaign
-  keepalive,  // renew lease() → on_keepalive
-  watch,      // standby: wait for changes of the leader key until `at` (every role
-              // follows the key's watch while it waits for its next action)
+  wait,        // nothing to do before `at`
+  observe,     // read the leader and /sync keys → on_observed
+  grant,       // grant a lease of timing.ttl → on_granted
+  campaign,    // create-if-absent of the leader key with lease() → on_campaign
+  keepalive,   // renew lease() → on_keepalive
+  claim_sync,  // leader: write /sync {"epoch":key_epoch(),"leader":<this node>,"sync":[]},
+               // fenced by the leader key's create_revision → on_sync_claimed
+  watch,       // standby: wait for changes of the leader key until `at` (every role
+               // follows the key's watch while it waits for its next action)
 };
 const char* to_string(action_kind k);
 
@@ -61,7 +63,9 @@ class leadership {
   // campaign when no one leads.
   using may_campaign_fn = std::function<bool(const std::optional<std::string>& sync)>;
 
-  leadership(timing t, may_campaign_fn may_campaign, time_point now);
+  // claim_sync: a new leader serves only once it has written /sync naming itself, with
+  // no standby in sync (claim_sync action), so that only it may campaign afterwards.
+  leadership(timing t, may_campaign_fn may_campaign, time_point now, bool claim_sync = false);
 
   // What to do next; first moves a leader past its deadline to fenced.
   action next(time_point now);
@@ -74,6 +78,9 @@ class leadership {
   void on_campaign(time_point now, const std::optional<holder>& key, std::int64_t revision);
   // ttl == 0: the lease no longer exists.
   void on_keepalive(time_point now, time_point sent_at, milliseconds ttl);
+  // written: /sync now names this node for key_epoch(); false: the fence did not hold
+  // (the leader key is no longer the one this node created).
+  void on_sync_claimed(time_point now, bool written);
   // Watch events, at their mod_revision; older than watch_revision() are ignored. A
   // leader whose key is deleted stops serving at once.
   void on_leader_deleted(time_point now, std::int64_t revision);
@@ -84,10 +91,18 @@ class leadership {
   void on_etcd_failed(time_point now);
 
   role current() const { return role_; }
-  bool serving(time_point now) const { return role_ == role::leader && now < deadline_; }
+  bool serving(time_point now) const {
+    return role_ == role::leader && sync_claimed() && now < deadline_;
+  }
   // The instant up to which this node may serve (time_point::min() when it may not).
-  time_point serving_until() const { return role_ == role::leader ? deadline_ : time_point::min(); }
+  time_point serving_until() const {
+    return role_ == role::leader && sync_claimed() ? deadline_ : time_point::min();
+  }
   std::int64_t epoch() const { return role_ == role::leader ? epoch_ : 0; }
+  // The epoch of the leader key this node holds, leader or fenced (0: none).
+  std::int64_t key_epoch() const { return epoch_; }
+  // Whether /sync names this node for its epoch (always, without claim_sync).
+  bool sync_claimed() const { return !claim_sync_ || synced_epoch_ == epoch_; }
   std::int64_t lease() const { return lease_; }
   // The first revision not yet seen (0: none read yet); a watch (re)opens from it.
   std::int64_t watch_revision() const { return watch_revision_; }
@@ -97,7 +112,10 @@ class leadership {
 
  private:
   void become_standby(time_point now, std::int64_t revision);
-  void become_leader(std::int64_t epoch, time_point deadline, std::int64_t revision);
+  void become_leader(time_point now, std::int64_t epoch, time_point deadline,
+                     std::int64_t revision);
+  // A leader's (or fenced leader's) next step: claim /sync first, then keep renewing.
+  void schedule_holder_step(time_point now);
   void schedule(action_kind kind, time_point at);
   time_point deadline_from(time_point sent_at, milliseconds ttl) const;
 
@@ -112,6 +130,8 @@ class leadership {
   time_point renewed_sent_ = time_point::min();
   std::int64_t watch_revision_ = 0;
   std::optional<holder> known_;
+  bool claim_sync_ = false;
+  std::int64_t synced_epoch_ = 0;  // the epoch /sync was last claimed for
 };
 
 }  // namespace metad::ha

@@ -16,6 +16,7 @@
 
 #include "metad/log.hpp"
 #include "net/accept_backoff.hpp"
+#include "net/connection_list.hpp"
 #include "net/connection_policy.hpp"
 #include "net/input.hpp"
 #include "net/transport.hpp"
@@ -120,8 +121,7 @@ class asio_loop {
       ++stats_->accepted;
       socket.set_option(asio::ip::tcp::no_delay(true), ec);  // fails harmlessly on unix sockets
       auto* c = new connection(std::move(socket), hooks_, limits_);
-      c->index = connections_.size();
-      connections_.push_back(c);
+      connections_.add(c);
       asio::co_spawn(ctx_, serve(c), asio::detached);
     }
   }
@@ -233,10 +233,7 @@ class asio_loop {
   }
 
   void close(connection* c) {
-    connection* last = connections_.back();
-    connections_[c->index] = last;
-    last->index = c->index;
-    connections_.pop_back();
+    connections_.remove(c);
     ++stats_->closed;
     delete c;
   }
@@ -261,7 +258,7 @@ class asio_loop {
   accept_backoff backoff_;
   asio::posix::stream_descriptor wake_;
   asio::steady_timer tick_;
-  std::vector<connection*> connections_;
+  connection_list<connection> connections_;
   std::array<char, 16 * 1024> discard_;  // lingering closes read into it, all at once
   bool stopping_ = false;
   bool retry_flush_ = false;

@@ -18,6 +18,7 @@
 
 #include "metad/log.hpp"
 #include "net/accept_backoff.hpp"
+#include "net/connection_list.hpp"
 #include "net/connection_policy.hpp"
 #include "net/detached.hpp"
 #include "net/input.hpp"
@@ -176,7 +177,7 @@ class uring_loop {
   core_hooks& hooks_;
   loop_stats* stats_;
   io_uring ring_{};
-  std::vector<connection*> connections_;
+  connection_list<connection> connections_;
   std::vector<connection*> ready_;
   std::vector<listener> listeners_;
   loop_completion wake_done_, tick_done_, write_done_, sync_done_;
@@ -283,8 +284,7 @@ void uring_loop::open(int fd) {
     connection* owner = static_cast<connection::send_completion*>(self)->owner;
     owner->loop.on_send(owner, cqe.res);
   };
-  c->index = connections_.size();
-  connections_.push_back(c);
+  connections_.add(c);
   serve(c);
 }
 
@@ -294,10 +294,7 @@ void uring_loop::shut(connection* c) {
 }
 
 void uring_loop::close(connection* c) {
-  connection* last = connections_.back();
-  connections_[c->index] = last;
-  last->index = c->index;
-  connections_.pop_back();
+  connections_.remove(c);
   ++stats_->closed;
   ::close(c->fd);
   delete c;

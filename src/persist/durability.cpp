@@ -12,16 +12,16 @@
 #include <utility>
 
 #include "metad/log.hpp"
-#include "pipeline/sglang_journal.hpp"
 #include "persist/replayer.hpp"
+#include "pipeline/sglang_journal.hpp"
 #include "shard/packed_key.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
 namespace metad::persist {
 
-using pipeline::node;
 using pipeline::core_state;
+using pipeline::node;
 
 namespace {
 
@@ -358,8 +358,7 @@ void snapshot_tick(node& nd, core_state& core) {
     core.snapshot_due = true;
 }
 
-bool take_flush(node& nd, core_state& core, bool retry_failed,
-                store::log_writer::flush_job& job) {
+bool take_flush(node& nd, core_state& core, bool retry_failed, store::log_writer::flush_job& job) {
   store::log_writer& log = core.log;
   if (core.snapshot_due && !log.failing() && !core.snapshot_writer.joinable()) {
     core.snapshot_due = false;

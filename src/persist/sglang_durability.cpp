@@ -9,8 +9,8 @@
 
 namespace metad::persist {
 
-using pipeline::node;
 using pipeline::core_state;
+using pipeline::node;
 
 std::string apply_sg_record(node& nd, core_state& core, const store::record& r) {
   // The SGLang clock goes on from the latest time logged.

@@ -10,7 +10,6 @@
 namespace metad::persist {
 
 // Replays one sg_* record on the core that owns its rank; "" or what went wrong.
-std::string apply_sg_record(pipeline::node& nd, pipeline::core_state& core,
-                            const store::record& r);
+std::string apply_sg_record(pipeline::node& nd, pipeline::core_state& core, const store::record& r);
 
 }  // namespace metad::persist

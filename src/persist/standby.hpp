@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "pipeline/node.hpp"
 #include "persist/replayer.hpp"
+#include "pipeline/node.hpp"
 
 namespace metad::persist {
 

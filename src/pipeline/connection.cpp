@@ -7,6 +7,7 @@
 #include "http/response.hpp"
 #include "metad/assert.hpp"
 #include "metad/log.hpp"
+#include "pipeline/ha_gate.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 
@@ -138,6 +139,7 @@ std::size_t connection::buffer_bytes() const {
 
 void connection::start(route_label route) {
   route_ = route;
+  leader_only_ = false;
   status_ = 0;
   started_ns_ = smp::monotonic_ns();
 }
@@ -224,6 +226,14 @@ answer connection::refused(api::error err) {
 
 void connection::finish(const answer& a) {
   METAD_ASSERT(!a.is_later());
+  if (leader_only_) {
+    // Fencing (design-ha §4): the deadline may have passed while the request ran (a
+    // group commit, hops). A change already made is then not acknowledged: the client
+    // retries, at the leader.
+    leader_only_ = false;
+    if (!ha_serving(node_, smp::monotonic_ns()))
+      return finish(answer::error(503, not_leader_detail(node_)));
+  }
   switch (a.kind_) {
     case answer::kind::later:
       return;
@@ -271,6 +281,12 @@ void connection::dispatch(const http::request& request) {
                                  : route.allow == http::methods::get
                                      ? http::canned::method_not_allowed_get
                                      : http::canned::method_not_allowed));
+  }
+  // High availability: the API answers on the serving leader only (one atomic load).
+  leader_only_ = node_.ha != nullptr && kEndpoints[route.row].on == serves::leader;
+  if (leader_only_ && !ha_serving(node_, started_ns_)) {
+    leader_only_ = false;
+    return finish(answer::error(503, not_leader_detail(node_)));
   }
   const answer a = kEndpoints[route.row].start(*this, request, route);
   if (!a.is_later()) finish(a);

@@ -213,6 +213,10 @@ class connection final : public net::connection_handler {
   std::string_view target_;  // for the access log; valid until consume()
   bool in_flight_ = false;   // a request is being executed
   bool parked_ = false;      // ... and the connection was told to wait for it
+  // With HA, the request's route answers on the leader only: its answer goes out only
+  // while this node still serves (else a 503), so that no answer leaves past the lease
+  // deadline, the fencing rule.
+  bool leader_only_ = false;
 };
 
 }  // namespace metad::pipeline

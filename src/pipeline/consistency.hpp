@@ -1,4 +1,4 @@
-// Whole-cluster consistency, for tests and fuzzers (every core idle, read from one
+// Whole-node consistency, for tests and fuzzers (every core idle, read from one
 // thread): vLLM's ranks against the directory, SGLang's pools against their owners.
 #pragma once
 

@@ -13,24 +13,11 @@
 namespace metad::pipeline {
 namespace {
 
-// Drops core c's ranks and directory slice (on core c).
-void clear_core(node& nd, int c) {
-  core_state& core = *nd.core[c];
-  nd.worker_ranks.fetch_sub(static_cast<std::int64_t>(core.ranks.rank_count()),
-                            std::memory_order_relaxed);
-  core.ranks.clear();
-  core.directory.clear();
-}
-
 bool same_stats(const std::optional<shard::rank_stats>& a,
                 const std::optional<shard::rank_stats>& b) {
   return a && b && a->free == b->free && a->reserved == b->reserved && a->bound == b->bound &&
          a->num_pages == b->num_pages;
 }
-
-}  // namespace
-
-namespace {
 
 // Why an initialization that would create or grow a rank was not carried out.
 enum class init_refusal : std::uint8_t { none, too_many_ranks, over_budget };
@@ -387,134 +374,6 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
     if (!s.flags[i]) s.pages[i] = -1;
   api::encode_locations(s.body, s.pages);
   co_return answer::json(200, s.body);
-}
-
-endpoint_task run_clear(connection& x) {
-  node& nd = x.shared();
-  bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
-  nd.clears_begun.fetch_add(1);
-  co_await smp::for_each_core(
-      nd.mailbox, x.home().index, smp::every_core, [&](int c) -> smp::subtask<bool> {
-        clear_core(nd, c);
-        core_state& core = *nd.core[c];
-        core.journal.clear();
-        log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
-        if (!co_await core.journal.durable()) stored = false;
-        co_return true;
-      });
-  nd.clears_done.fetch_add(1);
-  if (stored) {
-    co_return answer::canned(http::canned::no_content);
-  }
-  co_return answer::error(503, kStorageFailed);
-}
-
-endpoint_task run_rank_info(connection& x) {
-  node& nd = x.shared();
-  const int home = x.home().index;
-  scratch& s = x.work();
-  const std::int64_t rank = s.init.rank;
-  const int owner = shard::owner_of_rank(rank, nd.cores);
-  // How many of the rank's bound pages hold incomplete keys: the incomplete keys of
-  // every directory slice (few in a healthy cluster: a key is incomplete between its
-  // first and its last rank's confirmation, or until it is reclaimed as stale), then
-  // those bound on the rank. The copy is sized on this core first, so the walk allocates
-  // nowhere else: their count and bytes, then the copy into twice that room. If other
-  // requests made more keys incomplete meanwhile than the room holds, again, larger.
-  removal_job& job = s.removal;
-  std::size_t count = 0, bytes = 0;
-  co_await smp::for_each_core(nd.mailbox, home, smp::every_core, [&](int c) {
-    nd.core[c]->directory.for_each_incomplete([&](std::string_view key) {
-      ++count;
-      bytes += key.size();
-      return true;
-    });
-  });
-  for (bool complete = false; !complete;) {
-    job.begin(nd);
-    job.bytes.reserve(2 * bytes + 4096);
-    job.ends.reserve(2 * count + 64);
-    job.used.reserve(2 * count + 64);
-    job.member.reserve(2 * count + 64);
-    complete = true;
-    co_await smp::for_each_core(nd.mailbox, home, smp::every_core, [&](int c) {
-      nd.core[c]->directory.for_each_incomplete([&](std::string_view key) {
-        complete = job.ends.size() < job.ends.capacity() &&
-                   job.bytes.size() + key.size() <= job.bytes.capacity();
-        if (complete) job.add(key);
-        return complete;
-      });
-      return complete;  // out of room: again, larger
-    });
-    count = 2 * count + 64;
-    bytes = 2 * bytes + 4096;
-  }
-  job.seal(nd);
-  s.pages.assign(job.keys.size(), -1);
-  co_await nd.mailbox.hop_to(owner);
-  const std::optional<shard::rank_stats> stats = nd.core[owner]->ranks.stats(rank);
-  if (stats) nd.core[owner]->ranks.confirmed_pages(rank, job.keys, s.pages);
-  co_await nd.mailbox.hop_to(home);
-  s.body.clear();
-  if (!stats) {
-    s.detail = fmt::format("Rank {} not initialized", rank);
-    co_return answer::error(404, s.detail);
-  }
-  const auto held = static_cast<std::uint64_t>(
-      std::count_if(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }));
-  api::encode_rank_info(s.body, stats->num_pages, stats->free, stats->reserved, stats->bound, held);
-  co_return answer::json(200, s.body);
-}
-
-endpoint_task run_metrics(connection& x) {
-  node& nd = x.shared();
-  scratch& s = x.work();
-  if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
-  metrics_snapshot& snap = *s.snapshot;
-  snap = metrics_snapshot{};
-  snap.connections.assign(static_cast<std::size_t>(nd.cores), connection_counts{});
-  s.rank_rows.clear();
-  s.sg_rows.clear();
-  s.sg_sum = {};
-  auto collect = [&nd, &s, &snap](const core_state& core) {
-    collect_sg_pools(core, s);
-    snap.requests.add(core.metrics);
-    snap.flushes.add(core.flushes);
-    snap.keys += core.directory.size();
-    snap.refused_releases += core.ranks.refused_releases();
-    snap.expired_reservations += core.ranks.expired_reservations();
-    snap.evicted_keys += core.evicted_keys;
-    snap.deleted_keys += core.deleted_keys;
-    snap.stale_keys += core.stale_keys;
-    snap.ranks_grown += core.ranks_grown;
-    snap.ranks_shrunk += core.ranks_shrunk;
-    snap.incomplete_keys += core.directory.incomplete_count();
-    snap.incomplete_pages += core.directory.incomplete_bindings();
-    snap.hops += nd.mailbox.posted(core.index);
-    snap.ranks += core.ranks.rank_count();
-    const net::loop_stats& conn = core.connections;
-    snap.connections[static_cast<std::size_t>(core.index)] = {
-        conn.accepted - conn.closed, conn.accepted, conn.rejected, conn.timed_out};
-    core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
-      s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
-    });
-  };
-  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
-                              [&](int c) { collect(*nd.core[c]); });
-  snap.memory_max = nd.memory.max();
-  snap.memory_used = nd.memory.used();
-  snap.refused_ranks = nd.memory.refused_ranks.load(std::memory_order_relaxed);
-  snap.refused_bodies = nd.memory.refused_bodies.load(std::memory_order_relaxed);
-  const api::rank_pool& pool = s.rank_rows.pool();
-  snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
-  snap.rank_series_omitted = s.rank_rows.omitted();
-  s.body.clear();
-  render_metrics(s.body, snap);
-  render_rank_headers(s.body);
-  for (const api::rank_info_row& r : s.rank_rows.sorted())
-    render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
-  render_sg_metrics(s.body, s);
-  co_return answer::metrics(s.body);
 }
 
 }  // namespace metad::pipeline

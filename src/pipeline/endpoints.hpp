@@ -8,15 +8,20 @@
 
 namespace metad::pipeline {
 
+// vLLM's key endpoints (endpoints.cpp).
 endpoint_task run_initialize(connection& x);
 endpoint_task run_allocate(connection& x);
 endpoint_task run_confirm(connection& x);
 // batch_exists (with_rank == false) and get_locations (true) share the directory walk.
 endpoint_task run_lookup(connection& x, bool with_rank);
+
+// Every core at once (admin_endpoints.cpp): /clear, GET /rank/{rank}, GET /metrics
+// (every core's counters and ranks, as Prometheus text), /keys/delete, GET /stats.
 endpoint_task run_clear(connection& x);
 endpoint_task run_rank_info(connection& x);
-// GET /metrics: gathers every core's counters and ranks, renders Prometheus text.
 endpoint_task run_metrics(connection& x);
+endpoint_task run_delete(connection& x);
+endpoint_task run_stats(connection& x);
 
 // SGLang's seven operations (sglang_endpoints.cpp): scratch::sg says which, with the
 // command, tenant and rank decoded; any decoding error in scratch::sg_error is answered

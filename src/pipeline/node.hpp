@@ -1,4 +1,5 @@
-// Everything the cores share: the config, each core's state, the mailbox between them.
+// One process (a node: in a high-availability cluster, one member): everything its cores
+// share, namely the config, each core's state and the mailbox between them.
 // core_state i is touched only by core i's thread (other cores reach it by hopping).
 #pragma once
 
@@ -27,6 +28,10 @@
 #include "store/data_dir.hpp"
 #include "store/journal.hpp"
 #include "store/log.hpp"
+
+namespace metad::ha {
+class control;
+}
 
 namespace metad::pipeline {
 
@@ -131,6 +136,10 @@ struct node {
   // core to core, stops touching state once a clear has begun since it started (it would
   // drop what was written after the clear), and does not start while one runs.
   std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
+  // High availability (--ha-etcd; null: off): the control thread's published role and
+  // serving deadline, which the leader-only gate reads (ha_gate.hpp). Set before the
+  // cores start, owned by the server.
+  const ha::control* ha = nullptr;
 };
 
 }  // namespace metad::pipeline

@@ -232,8 +232,8 @@ void keep_oldest_members(removal_job& job, std::size_t need) {
 
 }  // namespace
 
-smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need,
-                                removal_job& job, bool& stored) {
+smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need, removal_job& job,
+                                bool& stored) {
   const int at = smp::this_core();  // the rank's owner
   const std::uint64_t now = nd.clock();
   if (need == 0 || now < nd.removal_floor || !job.begin(nd)) co_return 0;
@@ -375,27 +375,14 @@ void reclaim_stale_due(node& nd, core_state& core, stale_sweeper& sweeper) {
 }
 
 namespace {
-
 // A delete retries keys that another removal holds (an eviction's candidate may be put
 // back) this many times.
 constexpr int kDeletePasses = 4;
 
-constexpr std::string_view kDeleteStorageFailed =
-    "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
-    "the delete may be partly applied: retry it";
-constexpr std::string_view kRestarting =
-    "Deletes are refused for --read-lease-ms after a restart: readers' leases were not kept";
-
 }  // namespace
 
-endpoint_task run_delete(connection& x) {
-  node& nd = x.shared();
-  const int home = x.home().index;
-  scratch& s = x.work();
+smp::subtask<std::size_t> delete_keys(node& nd, int home, scratch& s, bool& stored) {
   const api::key_list& keys = s.remove.keys;
-  if (nd.clock() < nd.removal_floor) {
-    co_return answer::error(503, kRestarting);
-  }
   removal_job& job = s.removal;
   std::size_t key_bytes = 0;
   for (const std::string_view k : keys.views()) key_bytes += k.size();
@@ -403,7 +390,6 @@ endpoint_task run_delete(connection& x) {
   // s.flags: 1 while a key is still to be tried (it was busy in another removal).
   s.flags.assign(keys.size(), 1);
   std::size_t deleted = 0;
-  bool stored = true;
   for (int pass = 0; pass < kDeletePasses; ++pass) {
     if (!job.begin(nd)) break;
     job.bytes.reserve(key_bytes);
@@ -429,48 +415,7 @@ endpoint_task run_delete(connection& x) {
     deleted += co_await remove_everywhere(nd, job, removal_kind::deleted, stored);
     if (!busy) break;
   }
-  if (!stored) {
-    co_return answer::error(503, kDeleteStorageFailed);
-  }
-  s.body.clear();
-  api::encode_deleted(s.body, deleted);
-  co_return answer::json(200, s.body);
-}
-
-endpoint_task run_stats(connection& x) {
-  node& nd = x.shared();
-  scratch& s = x.work();
-  s.rank_rows.clear();
-  s.totals = api::stats_totals{};
-  s.sg_rows.clear();
-  s.sg_sum = {};
-  const std::uint64_t now = nd.clock();
-  auto collect = [&s, now](const core_state& core) {
-    collect_sg_pools(core, s);
-    api::stats_totals& t = s.totals;
-    t.keys += core.directory.size();
-    t.leased_keys += core.directory.leased_count(now);
-    t.evicted_keys += core.evicted_keys;
-    t.deleted_keys += core.deleted_keys;
-    t.stale_keys += core.stale_keys;
-    t.incomplete_keys += core.directory.incomplete_count();
-    t.incomplete_pages += core.directory.incomplete_bindings();
-    t.expired_reservations += core.ranks.expired_reservations();
-    t.refused_releases += core.ranks.refused_releases();
-    core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
-      s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
-    });
-  };
-  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
-                              [&](int c) { collect(*nd.core[c]); });
-  s.body.clear();
-  api::encode_stats(s.body, s.rank_rows.sorted(), s.rank_rows.pool(), s.totals);
-  if (s.sg_rows.pools > 0) {  // without SGLang pools, /stats is what it always was
-    s.body.back() = ',';
-    append_sg_stats(s.body, s);
-    s.body.push_back('}');
-  }
-  co_return answer::json(200, s.body);
+  co_return deleted;
 }
 
 }  // namespace metad::pipeline

@@ -25,8 +25,8 @@ std::size_t expire_due(node& nd, core_state& core);
 // `need` least recently used complete keys without a read lease that `rank` holds a page
 // for — or nothing, if there are not that many. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
-smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need,
-                                removal_job& job, bool& stored);
+smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need, removal_job& job,
+                                bool& stored);
 
 // --incomplete-grace-ms in the clock's unit (0: stale keys are never reclaimed).
 std::uint64_t stale_grace_ns(const node& nd);
@@ -59,8 +59,10 @@ struct stale_sweeper {
 // them (it runs on while the loop serves; `sweeper.running` until it ends).
 void reclaim_stale_due(node& nd, core_state& core, stale_sweeper& sweeper);
 
-// POST /keys/delete and GET /stats.
-endpoint_task run_delete(connection& x);
-endpoint_task run_stats(connection& x);
+// POST /keys/delete's work, from `home`, on which it ends: removes s.remove.keys from
+// every directory slice and rank, retrying (a few passes) keys that another removal
+// holds. Returns how many keys left; `stored` turns false if a core's log could not take
+// the change.
+smp::subtask<std::size_t> delete_keys(node& nd, int home, scratch& s, bool& stored);
 
 }  // namespace metad::pipeline

@@ -6,6 +6,7 @@
 
 #include "pipeline/connection.hpp"
 #include "pipeline/endpoints.hpp"
+#include "pipeline/ha_gate.hpp"
 #include "pipeline/removal.hpp"
 
 namespace metad::pipeline {
@@ -54,13 +55,12 @@ answer start_rank_info(connection& x, const http::request&, const http::route& r
   return run_rank_info(x);
 }
 
-answer start_health(connection&, const http::request&, const http::route&) {
-  return answer::canned(http::canned::health_ok);
+answer start_health(connection& x, const http::request&, const http::route&) {
+  return health_answer(x.shared());
 }
 
 answer start_ready(connection& x, const http::request&, const http::route&) {
-  const bool stopping = x.shared().stopping.load(std::memory_order_relaxed);
-  return answer::canned(stopping ? http::canned::not_ready : http::canned::ready_ok);
+  return ready_answer(x.shared());
 }
 
 answer start_metrics(connection& x, const http::request&, const http::route&) {

@@ -24,6 +24,12 @@ enum class access : std::uint8_t {
   admin,  // --admin-token-file's token when set, else as `token`
 };
 
+// Which nodes answer an endpoint under high availability (--ha-etcd; without it, all do).
+enum class serves : std::uint8_t {
+  leader,    // the API: other nodes answer 503 naming the leader, and change nothing
+  any_node,  // probes and metrics: every node answers, saying its role
+};
+
 // Decodes the request into connection::work() and answers it, or starts the endpoint
 // coroutine that will (and returns it: answer::later()).
 using start_fn = answer (*)(connection& x, const http::request& request, const http::route& route);
@@ -33,6 +39,7 @@ struct endpoint_row {
   std::string_view label;  // hf3fs_metad_requests_total{endpoint="..."} and the access log
   access auth;
   start_fn start;
+  serves on = serves::leader;
 };
 
 // The start functions (routes.cpp).
@@ -71,9 +78,9 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"POST /keys/get_locations",     "get_locations",  access::token, start_locations},
     {"POST /clear",                  "clear",          access::admin, start_clear},
     {"GET /rank/{rank}",             "rank_info",      access::token, start_rank_info},
-    {"GET /health",                  "health",         access::open,  start_health},
-    {"GET /ready",                   "ready",          access::token, start_ready},
-    {"GET /metrics",                 "metrics",        access::token, start_metrics},
+    {"GET /health",                  "health",         access::open,  start_health,  serves::any_node},
+    {"GET /ready",                   "ready",          access::token, start_ready,   serves::any_node},
+    {"GET /metrics",                 "metrics",        access::token, start_metrics, serves::any_node},
     {"POST /keys/delete",            "delete",         access::admin, start_delete},
     {"GET /stats",                   "stats",          access::token, start_stats},
     // SGLang, default tenant: the first segment is an integer (vLLM's paths start with

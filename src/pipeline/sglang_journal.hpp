@@ -10,7 +10,7 @@
 
 namespace metad::pipeline {
 
-// The SGLang clock on core `core`: the cluster's clock plus the offset recovery set, so
+// The SGLang clock on core `core`: the node's clock plus the offset recovery set, so
 // that it never runs behind the times of the records it replayed (their pools' deadlines
 // and leases are on that clock).
 std::uint64_t sg_now(node& nd, core_state& core);

@@ -18,12 +18,13 @@
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
-#include "pipeline/node.hpp"
-#include "pipeline/connection.hpp"
-#include "pipeline/endpoints.hpp"
-#include "pipeline/removal.hpp"
 #include "persist/durability.hpp"
 #include "persist/sglang_import.hpp"
+#include "pipeline/connection.hpp"
+#include "pipeline/endpoints.hpp"
+#include "pipeline/node.hpp"
+#include "pipeline/removal.hpp"
+#include "server/ha_setup.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/for_each_core.hpp"
@@ -31,8 +32,8 @@
 
 namespace metad {
 
-using pipeline::node;
 using pipeline::core_state;
+using pipeline::node;
 
 static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
               "request bodies must be readable by simdjson without a copy");
@@ -71,8 +72,7 @@ class core_runner final : public net::core_hooks {
                                     ? std::system_category().message(static_cast<int>(-written))
                                 : synced == -ECANCELED ? std::string("short write: disk full?")
                                                        : std::system_category().message(-synced);
-      log::error("log write failed ({}): mutating requests get 503 until it succeeds",
-                        cause);
+      log::error("log write failed ({}): mutating requests get 503 until it succeeds", cause);
     }
     if (!log.failing() && was_failing) log::info("log writes succeed again");
   }
@@ -126,10 +126,9 @@ smp::request_task log_summary(core_runner& self) {
   const std::array<std::uint64_t, 4> pools{ranks, free_pages, pages, keys};
   // Expiry and reclamation change the pools without a request: those still show.
   if (requests != self.last_requests_ || pools != self.last_pools_)
-    log::info(
-        "summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
-        seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0, ranks,
-        free_pages, pages, keys);
+    log::info("summary: {:.0f} req/s, {} ranks, {} of {} pages free, {} keys",
+              seconds > 0 ? static_cast<double>(requests - self.last_requests_) / seconds : 0.0,
+              ranks, free_pages, pages, keys);
   self.last_requests_ = requests;
   self.last_pools_ = pools;
   self.last_summary_ms_ = now;
@@ -217,9 +216,12 @@ struct server::impl {
   config cfg;
   std::unique_ptr<pipeline::node> node;
   std::vector<int> listeners;
+  std::unique_ptr<ha::control> ha;  // --ha-etcd: the leader lease's control thread
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
+  if (const std::string error = ha_config_error(cfg); !error.empty())
+    throw std::runtime_error(error);
   if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
@@ -246,7 +248,7 @@ void server::run() {
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw std::runtime_error("importing an SGLang state file needs a data directory");
   persist::recover(nd, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
-                                                       : persist::import_sglang_state);
+                                                      : persist::import_sglang_state);
   nd.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
   if (nd.memory.used() > nd.memory.max())
@@ -255,8 +257,8 @@ void server::run() {
   // One TCP listener per core (SO_REUSEPORT spreads connections); the first picks the
   // port when it is 0. The unix socket, if any, is one listener all cores accept from.
   std::vector<std::vector<int>> listen_fds(static_cast<std::size_t>(nd.cores));
+  std::uint16_t port = cfg.port;
   if (cfg.tcp) {
-    std::uint16_t port = cfg.port;
     for (auto& fds : listen_fds) {
       impl_->listeners.push_back(net::listen_tcp(cfg.host, port));
       port = net::local_port(impl_->listeners.back());
@@ -278,6 +280,7 @@ void server::run() {
   }
   if (impl_->listeners.empty())
     throw std::runtime_error("nothing to listen on: give --port or --unix");
+  if (!cfg.ha_etcd.empty()) start_ha(port);
 
   std::vector<std::thread> threads;
   for (int i = 0; i < nd.cores; ++i) {
@@ -304,8 +307,27 @@ void server::run() {
     });
   }
   for (auto& t : threads) t.join();
+  // Drained: give the lease back at once, so that a node that may lead need not wait
+  // for it to expire.
+  if (impl_->ha) impl_->ha->stop(true);
   for (auto& core : nd.core) persist::finish_snapshot(*core);
   log::info("stopped");
+}
+
+// After recovery and listening: until it is elected, the node answers the API with 503.
+void server::start_ha(std::uint16_t port) {
+  std::string error;
+  ha::config settings = ha_settings(impl_->cfg, port, error);
+  if (!error.empty()) throw std::runtime_error(error);
+  if (impl_->cfg.ha_advertise.empty() &&
+      (impl_->cfg.host == "0.0.0.0" || impl_->cfg.host == "::" || !impl_->cfg.tcp))
+    log::warn("ha: other nodes' 503s will name this node as {}: set --ha-advertise",
+              settings.advertise);
+  log::info("ha: node {} of cluster {}, leader key value {}", settings.node, settings.cluster,
+            settings.advertise);
+  impl_->ha = std::make_unique<ha::control>(std::move(settings));
+  impl_->node->ha = impl_->ha.get();
+  impl_->ha->start();
 }
 
 bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus) {

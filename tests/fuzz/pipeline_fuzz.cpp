@@ -3,7 +3,7 @@
 // connection's bytes, delivered in pieces whose sizes come from the input, with cross-core
 // work drained on this thread. After each input: every response is a well-formed
 // HTTP/1.1 answer with an expected status and a JSON body, nothing follows a
-// "connection: close", and the cluster is consistent (every page of every rank exactly
+// "connection: close", and the node is consistent (every page of every rank exactly
 // one of free/reserved/bound, directory counts equal to the ranks' bindings, incomplete keys
 // counted). Eviction, reservation expiry, stale-key reclamation and read leases are on, on a clock
 // that moves 100 ms per input.
@@ -23,11 +23,11 @@
 #include "fuzz_input.hpp"
 #include "http/parser.hpp"
 #include "metad/config.hpp"
-#include "pipeline/node.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/consistency.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
-#include "smp/core.hpp"
+#include "sim.hpp"
 
 using namespace metad;
 
@@ -37,12 +37,6 @@ constexpr int kCores = 3;
 // State is dropped (through /clear) when it grows past these, so that the invariant check
 // after each input stays fast.
 constexpr std::size_t kRanksBeforeClear = 48;
-
-struct counting_waker final : net::waker {
-  int wakes = 0;
-  void wake() override { ++wakes; }
-  bool input_pending() override { return false; }
-};
 
 metad::config make_config() {
   metad::config cfg;
@@ -62,7 +56,7 @@ struct world {
   }
   metad::config cfg = make_config();
   pipeline::node nd{cfg, kCores};
-  counting_waker waker;
+  sim::counting_waker waker;
   pipeline::stale_sweeper sweepers[kCores];
   std::uint64_t inputs = 0;
   std::uint64_t now_ms = 1'000'000;
@@ -78,11 +72,6 @@ world& the_world() {
 std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter& split,
                      bool& closed) {
   pipeline::connection x(w.nd, *w.nd.core[static_cast<std::size_t>(home)], w.waker);
-  // Calls into the connection as its home core would (drains run the other cores).
-  auto on_home = [home](auto call) {
-    const smp::core_scope as_home(home);
-    return call();
-  };
   std::string answers;
   std::size_t at = 0;
   closed = false;
@@ -92,22 +81,15 @@ std::string converse(world& w, int home, std::string_view bytes, fuzz::splitter&
     const std::size_t n = std::min({split.next_piece(), space.size(), bytes.size() - at});
     std::memcpy(space.data(), bytes.data() + at, n);
     at += n;
-    net::flow flow = on_home([&] { return x.on_bytes(n); });
-    for (;;) {
-      if (flow == net::flow::wait) {
-        const int before = w.waker.wakes;
-        for (int spin = 0; spin < 64 && w.waker.wakes == before; ++spin)
-          for (int c = 0; c < w.nd.cores; ++c) w.nd.mailbox.drain(c);
-        fuzz::require(w.waker.wakes == before + 1, "a parked request wakes its connection once");
-        flow = on_home([&] { return x.on_resume(); });
-      } else if (flow == net::flow::drain) {  // the transport sends, then goes on
-        answers += x.output();
-        x.output().clear();
-        flow = on_home([&] { return x.on_drained(); });
-      } else {
-        break;
-      }
-    }
+    bool woken = true;
+    const net::flow flow = sim::settle(
+        w.nd, x, home, w.waker, sim::as_core(home, [&] { return x.on_bytes(n); }),
+        [&](std::string& output) {  // the transport sends, then goes on
+          answers += output;
+          output.clear();
+        },
+        woken, 64);
+    fuzz::require(woken, "a parked request wakes its connection once");
     answers += x.output();
     x.output().clear();
     if (flow != net::flow::close) x.trim();
@@ -233,7 +215,7 @@ bool check_answers(std::string_view out, const std::vector<bool>& heads) {
 
 void check_state(world& w) {
   const std::string problem = pipeline::check_consistency(w.nd);
-  fuzz::require(problem.empty(), "cluster consistency", problem);
+  fuzz::require(problem.empty(), "node consistency", problem);
   std::size_t ranks = 0;
   for (const auto& core : w.nd.core) ranks += core->ranks.rank_count();
   fuzz::require(static_cast<std::int64_t>(ranks) == w.nd.worker_ranks.load(),
@@ -269,18 +251,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_state(w);
   // The loops' tick: expiry and lease sweeps, stale-key walks run to their end, then the
   // clock moves on.
-  for (auto& core : w.nd.core) {
-    const smp::core_scope as_core(core->index);  // as core's own loop would
-    pipeline::expire_due(w.nd, *core);
-    pipeline::reclaim_stale_due(w.nd, *core, w.sweepers[core->index]);
-  }
-  for (int spin = 0; spin < 1000; ++spin) {
-    bool running = false;
-    for (const auto& s : w.sweepers) running = running || s.running;
-    if (!running) break;
-    for (int c = 0; c < kCores; ++c) w.nd.mailbox.drain(c);
-  }
-  for (const auto& s : w.sweepers) fuzz::require(!s.running, "stale-key walks end");
+  fuzz::require(sim::tick(w.nd, w.sweepers), "stale-key walks end");
   check_state(w);
   w.now_ms += 100;
   ++w.inputs;

@@ -8,20 +8,13 @@
 #include <string>
 #include <string_view>
 
-#include "pipeline/node.hpp"
 #include "pipeline/connection.hpp"
-#include "smp/core.hpp"
+#include "pipeline/node.hpp"
+#include "sim.hpp"
 
 using namespace metad;
 
 namespace {
-
-struct counting_waker final : net::waker {
-  int wakes = 0;
-  bool pending = false;  // what input_pending() says
-  void wake() override { ++wakes; }
-  bool input_pending() override { return pending; }
-};
 
 class Pipeline : public ::testing::TestWithParam<int> {
  protected:
@@ -37,35 +30,19 @@ class Pipeline : public ::testing::TestWithParam<int> {
       const std::size_t n = std::min(space.size(), bytes.size() - at);
       std::copy_n(bytes.data() + at, n, space.begin());
       at += n;
-      last_flow_ = on_home([&] { return x_.on_bytes(n); });
-      settle(answers);
+      bool woken = true;
+      last_flow_ = sim::settle(
+          node_, x_, 0, waker_, sim::as_core(0, [&] { return x_.on_bytes(n); }),
+          [&](std::string& output) {  // as a transport: send it all, go on
+            largest_unsent_ = std::max(largest_unsent_, output.size());
+            answers += std::exchange(output, {});
+            ++drains_;
+          },
+          woken, 100);
+      EXPECT_TRUE(woken) << "a parked request must wake its connection, once";
     }
     largest_unsent_ = std::max(largest_unsent_, x_.output().size());
     return answers + std::exchange(x_.output(), {});
-  }
-  // Calls into the connection as its home, core 0, would (drains run the other cores).
-  template <typename Call>
-  static net::flow on_home(Call call) {
-    const smp::core_scope home(0);
-    return call();
-  }
-  void settle(std::string& answers) {
-    for (;;) {
-      if (last_flow_ == net::flow::wait) {
-        const int before = waker_.wakes;
-        for (int spin = 0; spin < 100 && waker_.wakes == before; ++spin)
-          for (int c = 0; c < node_.cores; ++c) node_.mailbox.drain(c);
-        EXPECT_EQ(waker_.wakes, before + 1) << "a parked request must wake its connection";
-        last_flow_ = on_home([&] { return x_.on_resume(); });
-      } else if (last_flow_ == net::flow::drain) {  // as a transport: send it all, go on
-        largest_unsent_ = std::max(largest_unsent_, x_.output().size());
-        answers += std::exchange(x_.output(), {});
-        ++drains_;
-        last_flow_ = on_home([&] { return x_.on_drained(); });
-      } else {
-        return;
-      }
-    }
   }
 
   static std::string post(std::string_view path, std::string_view body) {
@@ -86,7 +63,7 @@ class Pipeline : public ::testing::TestWithParam<int> {
 
   metad::config cfg_;
   pipeline::node node_;
-  counting_waker waker_;
+  sim::counting_waker waker_;
   pipeline::connection x_;
   net::flow last_flow_ = net::flow::read;
   int drains_ = 0;                  // flow::drain answers in the last send()

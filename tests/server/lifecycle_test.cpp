@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "sim_node.hpp"
 #include "pipeline/rank_sample.hpp"
+#include "sim_node.hpp"
 
 using namespace metad;
 

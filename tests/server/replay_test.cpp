@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "sim_node.hpp"
 #include "pipeline/removal.hpp"
+#include "sim_node.hpp"
 
 using namespace metad;
 

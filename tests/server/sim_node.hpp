@@ -1,5 +1,5 @@
-// A whole server without sockets or threads: one connection's connection fed requests,
-// every core's mailbox drained and log group-committed by hand, on a fake clock.
+// A whole server without sockets or threads: one connection fed requests, every core's
+// mailbox drained and log group-committed by hand (sim.hpp), on a fake clock.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,24 +12,20 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/node.hpp"
+#include "persist/durability.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/consistency.hpp"
+#include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
-#include "persist/durability.hpp"
+#include "sim.hpp"
 #include "smp/core.hpp"
 
 using namespace metad;
 
 namespace server_test {
 
-struct counting_waker final : net::waker {
-  int wakes = 0;
-  void wake() override { ++wakes; }
-  bool input_pending() override { return false; }
-};
-
-// One cluster over a data directory, driven by hand: mailbox drains and log flushes.
+// One simulated node (a pipeline::node) over a data directory, driven by hand: mailbox
+// drains and log flushes.
 class sim_node {
  public:
   sim_node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30)
@@ -49,21 +45,13 @@ class sim_node {
   std::string send(const std::string& bytes) {
     std::span<char> space = x_->read_space();
     std::copy(bytes.begin(), bytes.end(), space.begin());
-    net::flow f = on_home([&] { return x_->on_bytes(bytes.size()); });
     std::string drained;  // answers a drain handed over (flow::drain: sent, then go on)
-    for (; f == net::flow::drain; f = on_home([&] { return x_->on_drained(); }))
-      drained += std::exchange(x_->output(), {});
-    while (f == net::flow::wait) {
-      const int before = waker_.wakes;
-      for (int spin = 0; spin < 1000 && waker_.wakes == before; ++spin) {
-        for (auto& core : node_->core) {
-          node_->mailbox.drain(core->index);
-          flush(*core);
-        }
-      }
-      EXPECT_EQ(waker_.wakes, before + 1);
-      f = on_home([&] { return x_->on_resume(); });
-    }
+    bool woken = true;
+    sim::settle(
+        *node_, *x_, 0, waker_, sim::as_core(0, [&] { return x_->on_bytes(bytes.size()); }),
+        [&](std::string& output) { drained += std::exchange(output, {}); }, woken, 1000,
+        flush_step());
+    EXPECT_TRUE(woken);
     for (auto& core : node_->core) persist::snapshot_tick(*node_, *core);
     return drained + std::exchange(x_->output(), {});
   }
@@ -82,22 +70,9 @@ class sim_node {
   // walks a tick starts are run to their end.
   void tick() {
     sweepers_.resize(node_->core.size());
-    for (auto& core : node_->core) {
-      const smp::core_scope as_core(core->index);  // as core's own loop would
-      pipeline::expire_due(*node_, *core);
-      pipeline::reclaim_stale_due(*node_, *core,
-                                  sweepers_[static_cast<std::size_t>(core->index)]);
-      flush(*core);
-    }
-    for (int spin = 0; spin < 1000 && walking(); ++spin) {
-      for (auto& core : node_->core) {
-        node_->mailbox.drain(core->index);
-        flush(*core);
-      }
-    }
-    EXPECT_FALSE(walking());
+    EXPECT_TRUE(sim::tick(*node_, sweepers_.data(), 1000, flush_step()));
   }
-  pipeline::node& cluster() { return *node_; }
+  pipeline::node& state() { return *node_; }
   // While set, every group commit's fdatasync fails with EIO (its write succeeds).
   bool fail_sync = false;
   // Replication tests: on_flush is called with each group commit before it is written
@@ -107,7 +82,7 @@ class sim_node {
       std::function<void(pipeline::core_state&, const store::log_writer::flush_job&)>;
   flush_hook on_flush, after_sync;
 
-  std::uint64_t now = 1'000'000;  // the cluster's clock, in ms
+  std::uint64_t now = 1'000'000;  // the node's clock, in ms
 
  private:
   static metad::config with_dir(const std::string& dir, std::uint64_t snapshot_bytes) {
@@ -129,23 +104,14 @@ class sim_node {
     persist::flush_done(*node_, core, written, synced);
   }
 
-  // Calls into the connection as its home, core 0, would (drains run the other cores).
-  template <typename Call>
-  static net::flow on_home(Call call) {
-    const smp::core_scope home(0);
-    return call();
-  }
-
-  bool walking() const {
-    for (const auto& s : sweepers_)
-      if (s.running) return true;
-    return false;
+  sim::core_step flush_step() {
+    return [this](pipeline::core_state& core) { flush(core); };
   }
 
   metad::config cfg_;
   std::unique_ptr<pipeline::node> node_;
   std::vector<pipeline::stale_sweeper> sweepers_;
-  counting_waker waker_;
+  sim::counting_waker waker_;
   std::unique_ptr<pipeline::connection> x_;
 };
 

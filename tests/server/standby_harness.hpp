@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "sim_node.hpp"
+#include "persist/standby.hpp"
 #include "repl/protocol.hpp"
 #include "repl/session.hpp"
-#include "persist/standby.hpp"
+#include "sim_node.hpp"
 
 using namespace metad;
 

@@ -54,7 +54,7 @@ void run_standby(standby& s, std::uint16_t port) {
 // commit (ship before the write, wait for the ack after the sync).
 class leader_link {
  public:
-  leader_link(node& leader, repl::socket_fd sock)
+  leader_link(sim_node& leader, repl::socket_fd sock)
       : sock_(std::move(sock)), out_(kEpoch, 1, 0, 0), log_(leader.state().core[0]->log) {
     std::string in;
     repl::decoder hello;
@@ -113,7 +113,7 @@ class StandbyTcp : public ::testing::Test {
 
 TEST_F(StandbyTcp, StreamsALiveLeaderOverLoopback) {
   standby s(base_ + "/standby", 1, 1);
-  node leader(base_ + "/leader", 1);
+  sim_node leader(base_ + "/leader", 1);
   repl::socket_fd listener = repl::listen_tcp("127.0.0.1", 0);
   std::thread standby_thread(run_standby, std::ref(s), repl::bound_port(listener));
   {
@@ -132,7 +132,7 @@ TEST_F(StandbyTcp, StreamsALiveLeaderOverLoopback) {
 }
 
 // n allocate → release pairs on rank 0 (each request its own group commit); seconds.
-double time_pairs(node& n, int from, int pairs) {
+double time_pairs(sim_node& n, int from, int pairs) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = from; i < from + pairs; ++i) {
     const std::string got =
@@ -151,17 +151,17 @@ double time_pairs(node& n, int from, int pairs) {
 // of one set-up then another would confound.
 TEST_F(StandbyTcp, DISABLED_ThroughputOfAllocateReleasePairs) {
   constexpr int kRounds = 12, kPairs = 100;
-  node alone(base_ + "/alone", 1), control(base_ + "/control", 1);
+  sim_node alone(base_ + "/alone", 1), control(base_ + "/control", 1);
   standby s(base_ + "/standby", 1, 1);
-  node leader(base_ + "/leader", 1);
+  sim_node leader(base_ + "/leader", 1);
   repl::socket_fd listener = repl::listen_tcp("127.0.0.1", 0);
   std::thread standby_thread(run_standby, std::ref(s), repl::bound_port(listener));
-  node* setups[] = {&alone, &control, &leader};
+  sim_node* setups[] = {&alone, &control, &leader};
   double seconds[3] = {};
   std::vector<double> ratio[3];  // per round, against `alone`
   {
     leader_link link(leader, repl::accept_tcp(listener));
-    for (node* n : setups) n->post("/rank/0/initialize", R"({"num_pages":4096})");
+    for (sim_node* n : setups) n->post("/rank/0/initialize", R"({"num_pages":4096})");
     for (int round = 0; round < kRounds; ++round) {
       double took[3];
       for (int k = 0; k < 3; ++k) {

@@ -39,7 +39,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
   std::string expected;
   std::vector<std::string> logs;
   {
-    node leader(base_ + "/leader", kCores);
+    sim_node leader(base_ + "/leader", kCores);
     history(leader);
     for (int c = 0; c < kCores; ++c)
       logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
@@ -100,7 +100,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
     s.promote();
     EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
     EXPECT_EQ(probe(s.n()), expected);
-    node restarted(dir + "-copy", kCores);
+    sim_node restarted(dir + "-copy", kCores);
     EXPECT_EQ(probe(restarted), expected);
   }
 }
@@ -111,7 +111,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
 // leader acknowledged.
 TEST_F(Standby, ALiveLeaderAcknowledgesOnlyWhatTheStandbyHolds) {
   standby s(base_ + "/standby", 1);
-  node leader(base_ + "/leader", kCores);
+  sim_node leader(base_ + "/leader", kCores);
   std::vector<repl::leader_stream> out;
   std::vector<repl::decoder> acks(kCores);
   for (int c = 0; c < kCores; ++c) {

@@ -1,0 +1,76 @@
+#include "server/ha_setup.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "metad/server.hpp"
+
+namespace metad {
+namespace {
+
+// The advertised URL goes into JSON (the leader key's value) and into other nodes' 503
+// details as is: http://HOST:PORT, printable, nothing to escape.
+bool valid_advertise(const std::string& url) {
+  if (!ha::parse_endpoint(url)) return false;
+  for (const char c : url)
+    if (c <= ' ' || c > '~' || c == '"' || c == '\\') return false;
+  return true;
+}
+
+std::string default_advertise(const std::string& host, std::uint16_t port) {
+  if (host.find(':') != std::string::npos) return fmt::format("http://[{}]:{}", host, port);
+  return fmt::format("http://{}:{}", host, port);
+}
+
+}  // namespace
+
+std::string leader_value(const std::string& node, const std::string& http) {
+  return fmt::format(R"({{"node":"{}","http":"{}"}})", node, http);
+}
+
+ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string& error) {
+  ha::config c;
+  error.clear();
+  if (cfg.ha_etcd.empty()) {
+    if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty())
+      error = "--ha-cluster, --ha-node and --ha-advertise need --ha-etcd";
+    return c;
+  }
+  if (cfg.ha_cluster.empty() || cfg.ha_node.empty()) {
+    error = "--ha-etcd needs --ha-cluster and --ha-node (give all three, or none)";
+    return c;
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--ha-etcd", &cfg.ha_etcd}, std::pair{"--ha-cluster", &cfg.ha_cluster},
+        std::pair{"--ha-node", &cfg.ha_node}}) {
+    error = ha::set_flag(c, flag, *value);
+    if (!error.empty()) return c;
+  }
+  c.timings.ttl = std::chrono::milliseconds(cfg.ha_ttl_ms);
+  c.timings.renew_interval = std::chrono::milliseconds(cfg.ha_renew_ms);
+  c.timings.margin = std::chrono::milliseconds(cfg.ha_margin_ms);
+  error = ha::validate(c);
+  if (!error.empty()) return c;
+  const std::string http =
+      cfg.ha_advertise.empty() ? default_advertise(cfg.host, port) : cfg.ha_advertise;
+  if (!valid_advertise(http)) {
+    error = fmt::format("--ha-advertise: expected http://HOST:PORT, got {}", http);
+    return c;
+  }
+  c.advertise = leader_value(c.node, http);
+  return c;
+}
+
+}  // namespace metad
+
+namespace metad {
+
+std::string ha_config_error(const config& cfg) {
+  std::string error;
+  // A port of 0 is picked at start-up: any port stands in for it here.
+  ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error);
+  return error;
+}
+
+}  // namespace metad

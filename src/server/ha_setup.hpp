@@ -1,0 +1,21 @@
+// High availability's start-up wiring: the ha control's settings from the server's
+// config (flags checked here, once, for main and embedders alike), and the leader
+// key's value that names this node. Start-up only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ha/control.hpp"
+#include "metad/config.hpp"
+
+namespace metad {
+
+// The ha control's settings for a node listening on `port` (the advertised address
+// defaults to http://<host>:<port>); why they are unusable in `error`, empty if usable.
+ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string& error);
+
+// The leader key's value: {"node":"<id>","http":"<advertised URL>"}.
+std::string leader_value(const std::string& node, const std::string& http);
+
+}  // namespace metad

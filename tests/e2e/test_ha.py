@@ -1,0 +1,380 @@
+"""High availability on a real etcd (Debian's /usr/bin/etcd on free loopback ports,
+tuned as deploy/etcd: heartbeat 50 ms, election 500 ms, so a 1 s lease): two nodes of
+one cluster, each with its own --data-dir. Exactly one leads and answers the API; the
+other answers 503 naming it, /ready 200 only on the leader, /health 200 on both. With no
+replication (yet) only the first leader is in /sync: kill -9 of the leader leaves the
+standby answering 503, and the old leader leads again after a restart with its data.
+SIGTERM revokes the lease before the process exits. Skipped where etcd is absent.
+Run by scripts/test.sh's release stage only (ctest label etcd)."""
+
+import base64
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import requests
+
+from metad_harness import Client, MetadServer, keys, run_to_exit
+
+ETCD = "/usr/bin/etcd"
+HAPROXY = "/usr/sbin/haproxy"
+NGINX = "/usr/sbin/nginx"
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+class Etcd:
+    """A one-member etcd with the tuned timing of design-ha (TTL 1 s is its minimum)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="metad-ha-etcd-")
+        client, peer = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "n1", "--data-dir", os.path.join(self.dir, "data"),
+             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+             "--initial-cluster", f"n1={peer_url}",
+             "--heartbeat-interval", "50", "--election-timeout", "500"],
+            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        if not wait_until(self._answers, 10):
+            self.stop()
+            raise RuntimeError("etcd did not start")
+
+    def _answers(self):
+        try:
+            return requests.post(self.url + "/v3/kv/range", json={"key": "eA=="},
+                                 timeout=0.5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def get(self, key):
+        """The key's value (str) or None."""
+        answer = requests.post(self.url + "/v3/kv/range",
+                               json={"key": base64.b64encode(key.encode()).decode()},
+                               timeout=2).json()
+        kvs = answer.get("kvs", [])
+        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@unittest.skipUnless(os.access(ETCD, os.X_OK),
+                     f"{ETCD} not found (Debian package etcd-server; scripts/setup.sh --test)")
+class HaCase(unittest.TestCase):
+    """One etcd per class; each test's nodes form a cluster named after the test."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.etcd = Etcd()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.etcd.stop()
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="metad-ha-")
+        self.cluster = self.id().rsplit(".", 1)[-1].replace("_", "-")[:64]
+        self.nodes = []
+
+    def tearDown(self):
+        for node in self.nodes:
+            if node.alive():
+                node.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, node_id, *extra):
+        data = os.path.join(self.dir, node_id)
+        os.makedirs(data, exist_ok=True)
+        server = MetadServer(["--ha-etcd", self.etcd.url, "--ha-cluster", self.cluster,
+                              "--ha-node", node_id, "--data-dir", data, *extra])
+        self.nodes.append(server)
+        return server
+
+    @staticmethod
+    def ready(server):
+        try:
+            return requests.get(server.base_url + "/ready", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_leader(self, servers, timeout=5):
+        found = []
+        self.assertTrue(wait_until(lambda: found.extend(s for s in servers if self.ready(s))
+                                   or found, timeout), "no node became ready")
+        return found[0]
+
+    def assert_standby(self, server, leader_id, leader):
+        c = Client(server.base_url)
+        try:
+            for answer in (c.initialize(0, 16), c.batch_exists(keys(2)),
+                           c.post("/0/exists", {"keys": ["k"]}), c.request("GET", "/stats"),
+                           c.request("GET", "/ready")):
+                self.assertEqual(answer.status_code, 503, answer.text)
+                detail = answer.json()["detail"]
+                if leader is None:
+                    self.assertIn("no leader", detail)
+                else:
+                    self.assertEqual(detail, f"not the leader; the leader is node {leader_id} "
+                                             f"at {leader.base_url}")
+            health = c.request("GET", "/health")
+            self.assertEqual(health.status_code, 200)
+            self.assertEqual(health.json(), {"status": "ok", "role": "standby"})
+            metrics = c.request("GET", "/metrics")
+            self.assertEqual(metrics.status_code, 200)
+            self.assertIn('hf3fs_metad_ha_role{role="standby"} 1', metrics.text)
+            self.assertIn("hf3fs_metad_ha_serving 0", metrics.text)
+            self.assertIn("hf3fs_metad_ranks 0", metrics.text)  # the 503s changed nothing
+        finally:
+            c.close()
+
+
+
+class HaTest(HaCase):
+
+    def test_one_leader_no_takeover_without_replication_and_the_old_leader_returns(self):
+        a, b = self.start("a"), self.start("b")
+        leader = self.wait_leader([a, b])
+        standby = b if leader is a else a
+        leader_id, standby_id = ("a", "b") if leader is a else ("b", "a")
+        self.assertFalse(self.ready(standby))
+        sync = json.loads(self.etcd.get(f"/hf3fs-metad/{self.cluster}/sync"))
+        self.assertEqual((sync["leader"], sync["sync"]), (leader_id, []))
+
+        c = Client(leader.base_url)
+        self.assertEqual(c.request("GET", "/health").json(), {"status": "ok", "role": "leader"})
+        metrics = c.request("GET", "/metrics").text
+        self.assertIn('hf3fs_metad_ha_role{role="leader"} 1', metrics)
+        self.assertIn("hf3fs_metad_ha_serving 1", metrics)
+        ks = keys(8, "ha")
+        self.assertEqual(c.initialize(0, 16).status_code, 200)
+        pages = dict(c.batch_allocate(0, ks).json()["results"])
+        self.assertEqual(c.confirm_write(0, pages.items()).status_code, 204)
+        self.assertEqual(c.get_locations(0, ks).json()["locations"], [pages[k] for k in ks])
+        c.close()
+        self.assert_standby(standby, leader_id, leader)
+
+        # kill -9: the lease expires (TTL 1 s, etcd checks every 0.5 s) and the standby,
+        # not in /sync, does not campaign: it keeps answering 503, now with no leader.
+        leader.kill()
+        key = f"/hf3fs-metad/{self.cluster}/leader"
+        self.assertTrue(wait_until(lambda: self.etcd.get(key) is None, 3), "lease not expired")
+        time.sleep(0.5)
+        self.assertFalse(self.ready(standby))
+        self.assert_standby(standby, None, None)
+        self.assertIn(f"node {standby_id} candidate -> standby", standby.log())
+        self.assertNotIn(f"node {standby_id} candidate -> leader", standby.log())
+
+        # The old leader restarts on its data directory and leads again, data intact.
+        back = self.start(leader_id)
+        self.assertTrue(wait_until(lambda: self.ready(back), 5), back.log())
+        c = Client(back.base_url)
+        self.assertEqual(c.get_locations(0, ks).json()["locations"], [pages[k] for k in ks])
+        self.assertEqual(c.batch_exists(ks).json()["exists"], [True] * len(ks))
+        c.close()
+        self.assertTrue(wait_until(lambda: requests.post(
+            standby.base_url + "/keys/batch_exists", json={"keys": []}).json()["detail"].endswith(
+                back.base_url), 3))
+        self.assert_standby(standby, leader_id, back)
+        new_sync = json.loads(self.etcd.get(f"/hf3fs-metad/{self.cluster}/sync"))
+        self.assertGreater(new_sync["epoch"], sync["epoch"])
+
+        # SIGTERM: drained, then the lease is revoked before the process exits, so the
+        # leader key is gone at once (not a TTL later).
+        began = time.monotonic()
+        self.assertEqual(back.stop(), 0)
+        took = time.monotonic() - began
+        self.assertIsNone(self.etcd.get(key), "the lease was not revoked")
+        self.assertLess(took, 1.0)
+        self.assertFalse(self.ready(standby))
+
+    def test_a_fresh_cluster_elects_the_first_node_and_a_second_stands_by(self):
+        a = self.start("a")
+        self.assertTrue(wait_until(lambda: self.ready(a), 5), a.log())
+        b = self.start("b")
+        self.assertTrue(wait_until(lambda: "candidate -> standby" in b.log(), 3), b.log())
+        self.assert_standby(b, "a", a)
+        value = json.loads(self.etcd.get(f"/hf3fs-metad/{self.cluster}/leader"))
+        self.assertEqual(value, {"node": "a", "http": a.base_url})
+
+
+@unittest.skipUnless(os.access(ETCD, os.X_OK), f"{ETCD} not found (Debian package etcd-server)")
+@unittest.skipUnless(os.access(HAPROXY, os.X_OK),
+                     f"{HAPROXY} absent: install haproxy (scripts/setup.sh --test)")
+class HaproxyHaTest(HaCase):
+    """deploy/haproxy/hf3fs-metad-ha.cfg in front of two nodes: it follows /ready."""
+
+    def haproxy(self, port_a, port_b):
+        with open(os.path.join(ROOT, "deploy", "haproxy", "hf3fs-metad-ha.cfg")) as f:
+            text = f.read()
+        port = free_port()
+        for shipped, ours in (("NODE_A_HOST:18000", f"127.0.0.1:{port_a}"),
+                              ("NODE_B_HOST:18000", f"127.0.0.1:{port_b}"),
+                              ("bind 127.0.0.1:18000", f"bind 127.0.0.1:{port}"),
+                              ("CHANGE-ME", "t")):
+            self.assertIn(shipped, text)
+            text = text.replace(shipped, ours)
+        if os.geteuid() != 0:
+            text = re.sub(r"\n\s*(user|group) haproxy\b", "", text)
+        text = text.replace("log /dev/log local0 warning", "")
+        conf = os.path.join(self.dir, "haproxy.cfg")
+        with open(conf, "w") as f:
+            f.write(text)
+        check = subprocess.run([HAPROXY, "-c", "-f", conf], capture_output=True, timeout=30)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        proc = subprocess.Popen([HAPROXY, "-db", "-f", conf], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (proc.kill(), proc.wait()))
+        return f"http://127.0.0.1:{port}"
+
+    def test_haproxy_sends_everything_to_the_leader_and_finds_it_again(self):
+        ports = {"a": free_port(), "b": free_port()}
+        a = self.start("a", "--port", str(ports["a"]))
+        b = self.start("b", "--port", str(ports["b"]))
+        leader = self.wait_leader([a, b])
+        leader_id = "a" if leader is a else "b"
+        c = Client(self.haproxy(ports["a"], ports["b"]))
+        self.addCleanup(c.close)
+        time.sleep(0.5)  # the standby's first failed check marks it down
+        ks = keys(4, "haproxy")
+        self.assertEqual(c.initialize(0, 16).status_code, 200)
+        pages = dict(c.batch_allocate(0, ks).json()["results"])
+        self.assertEqual(c.confirm_write(0, pages.items()).status_code, 204)
+        statuses = [c.batch_exists(ks).status_code for _ in range(40)]
+        self.assertEqual(statuses, [200] * 40, "a request reached the standby")
+
+        def status():
+            # A connection through HAProxy closes when its node is marked down
+            # (on-marked-down shutdown-sessions); vLLM's client retries those.
+            try:
+                return c.batch_exists(ks).status_code
+            except requests.ConnectionError:
+                return None
+
+        leader.kill()
+        self.assertTrue(wait_until(lambda: status() == 503, 2))  # no node is up
+        back = self.start(leader_id, "--port", str(ports[leader_id]))
+        self.assertTrue(wait_until(lambda: status() == 200, 5), back.log())
+        self.assertEqual(c.get_locations(0, ks).json()["locations"], [pages[k] for k in ks])
+
+
+class DeployConfigTest(unittest.TestCase):
+
+    @unittest.skipUnless(os.access(ETCD, os.X_OK), f"{ETCD} not found")
+    def test_the_etcd_example_makes_a_3_member_cluster_granting_1_s_leases(self):
+        """deploy/etcd/etcd.default, its three members moved to loopback ports."""
+        with open(os.path.join(ROOT, "deploy", "etcd", "etcd.default")) as f:
+            env = dict(line.strip().split("=", 1) for line in f
+                       if "=" in line and not line.startswith("#"))
+        d = tempfile.mkdtemp(prefix="metad-ha-etcd3-")
+        self.addCleanup(shutil.rmtree, d, True)
+        ports = {n: (free_port(), free_port()) for n in (1, 2, 3)}  # client, peer
+
+        def local(text):
+            for n, (client, peer) in ports.items():
+                text = text.replace(f"10.0.1.{n}:2379", f"127.0.0.1:{client}")
+                text = text.replace(f"10.0.1.{n}:2380", f"127.0.0.1:{peer}")
+            return text.replace(",http://127.0.0.1:2379", "")
+
+        procs = []
+        for n in (1, 2, 3):
+            # The example is member 1's: the other two put their own address in its URLs.
+            member = {k: v.replace("10.0.1.1:", f"10.0.1.{n}:") if k.endswith("_URLS") else v
+                      for k, v in env.items()}
+            member = {k: local(v) for k, v in member.items()}
+            member.update(ETCD_NAME=f"etcd{n}", ETCD_DATA_DIR=os.path.join(d, str(n)))
+            log = open(os.path.join(d, f"{n}.log"), "wb")
+            self.addCleanup(log.close)
+            proc = subprocess.Popen([ETCD], env={**os.environ, **member}, stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL)
+            procs.append(proc)
+            self.addCleanup(lambda p=proc: (p.kill(), p.wait()))
+        url = f"http://127.0.0.1:{ports[2][0]}"
+
+        def grant():
+            try:
+                return requests.post(url + "/v3/lease/grant", json={"TTL": 1}, timeout=1).json()
+            except (requests.RequestException, ValueError):
+                return None
+
+        self.assertTrue(wait_until(lambda: (grant() or {}).get("TTL") is not None, 15),
+                        open(os.path.join(d, "2.log")).read()[-2000:])
+        self.assertEqual(grant()["TTL"], "1")  # the tuned timing's minimum: 1 s
+        members = requests.post(url + "/v3/cluster/member/list", json={}, timeout=2).json()
+        self.assertEqual(len(members["members"]), 3)
+
+    @unittest.skipUnless(os.access(NGINX, os.X_OK), f"{NGINX} absent")
+    def test_nginx_ha_example_parses(self):
+        d = tempfile.mkdtemp(prefix="metad-ha-nginx-")
+        self.addCleanup(shutil.rmtree, d, True)
+        with open(os.path.join(ROOT, "deploy", "nginx", "hf3fs-metad-ha.conf")) as f:
+            text = f.read().replace("NODE_A_HOST", "127.0.0.1").replace("NODE_B_HOST",
+                                                                       "127.0.0.2")
+        shipped = os.path.join(d, "ha.conf")
+        with open(shipped, "w") as f:
+            f.write(text)
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"pid {d}/nginx.pid;\nevents {{}}\nhttp {{\n    include {shipped};\n}}\n")
+        run = subprocess.run([NGINX, "-t", "-p", d, "-c", conf, "-e", os.path.join(d, "error.log")],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr.decode())
+
+
+class HaFlagsTest(unittest.TestCase):
+    """Bad HA flags: one line, exit 2 (no etcd needed)."""
+
+    def test_bad_ha_flags_are_refused(self):
+        etcd = ["--ha-etcd", "http://127.0.0.1:1"]
+        named = [*etcd, "--ha-cluster", "c", "--ha-node", "a"]
+        cases = [
+            (etcd, "--ha-etcd needs --ha-cluster and --ha-node"),
+            ([*etcd, "--ha-cluster", "c"], "--ha-etcd needs --ha-cluster and --ha-node"),
+            (["--ha-node", "a"], "need --ha-etcd"),
+            (["--ha-ttl-ms", "2000"], "need --ha-etcd"),
+            (["--ha-etcd", "localhost:2379", "--ha-cluster", "c", "--ha-node", "a"],
+             "--ha-etcd: expected http://HOST:PORT"),
+            ([*etcd, "--ha-cluster", "c/d", "--ha-node", "a"], "--ha-cluster"),
+            ([*named, "--ha-ttl-ms", "1500"], "whole seconds"),
+            ([*named, "--ha-renew-ms", "900"], "must be < TTL"),
+            ([*named, "--ha-ttl-ms", "500"], "--ha-ttl-ms: expected an integer"),
+            ([*named, "--ha-advertise", "https://x:1"], "--ha-advertise"),
+            ([*named, "--ha-advertise", 'http://x":1'], "--ha-advertise"),
+        ]
+        for args, message in cases:
+            with self.subTest(args=args):
+                code, err, started = run_to_exit(args)
+                self.assertFalse(started)
+                self.assertEqual(code, 2, err)
+                self.assertIn(message, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
