@@ -6,7 +6,8 @@
 #include <cstring>
 #include <memory>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "micro/bodies.hpp"
 
 using namespace metad;

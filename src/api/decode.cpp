@@ -1,7 +1,7 @@
 // Request decoders: the simdjson DOM parser validates the whole body (syntax errors
 // anywhere, NaN/Infinity, trailing content) before any field is read. Runs on the core
 // that owns the decoder; the decoded commands own copies of their keys.
-#include "api/codec.hpp"
+#include "api/decode.hpp"
 
 #include "api/json_detail.hpp"
 

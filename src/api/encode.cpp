@@ -1,7 +1,7 @@
 // Response encoders: compact JSON, byte-identical to the reference's (Python's json with
 // separators (",", ":") and ensure_ascii=False). Pure functions appending to a caller's
 // buffer: any core may call them.
-#include "api/codec.hpp"
+#include "api/encode.hpp"
 
 #include <array>
 #include <charconv>

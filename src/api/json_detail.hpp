@@ -9,7 +9,7 @@
 
 #include <simdjson.h>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
 
 namespace metad::api::detail {
 

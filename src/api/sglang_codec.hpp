@@ -14,7 +14,8 @@
 
 #include <simdjson.h>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 
 namespace metad::api {
 

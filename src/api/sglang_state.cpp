@@ -8,7 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "api/json_detail.hpp"
 #include "api/sglang_codec.hpp"
 

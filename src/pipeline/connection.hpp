@@ -11,7 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "api/sglang_codec.hpp"
 #include "http/parser.hpp"
 #include "http/response.hpp"

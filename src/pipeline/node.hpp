@@ -13,7 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "api/sglang_codec.hpp"
 #include "metad/config.hpp"
 #include "net/transport.hpp"

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "api/codec.hpp"
+#include "api/encode.hpp"
 
 namespace metad::pipeline {
 

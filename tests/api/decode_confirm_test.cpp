@@ -7,7 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "test_util.hpp"
 
 namespace metad::api {

@@ -9,7 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 
 namespace metad::api::testing {
 

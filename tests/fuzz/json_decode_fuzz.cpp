@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "fuzz_input.hpp"
 
 using namespace metad;

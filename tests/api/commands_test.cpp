@@ -1,4 +1,4 @@
-// key_list ownership and the {rank} path segment parser.
+// Tests of key_list (owned copies of request keys) and the {rank} path segment parser.
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -10,7 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "api/codec.hpp"
+#include "api/decode.hpp"
+#include "api/encode.hpp"
 #include "test_util.hpp"
 
 namespace metad::api {

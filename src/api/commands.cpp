@@ -1,6 +1,6 @@
 // key_list (owned copies of request keys) and the {rank} path segment parser.
 // Pure values: any core may use them.
-#include "api/codec.hpp"
+#include "api/commands.hpp"
 
 #include <functional>
 #include <limits>
