@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "metad/assert.hpp"
+#include "store/byte_reader.hpp"
 #include "store/record.hpp"
 
 namespace metad::repl {
@@ -37,36 +38,15 @@ void close(std::string& out, std::size_t start) {
   std::memcpy(out.data() + start + 4, &crc, 4);
 }
 
-class reader {
- public:
-  explicit reader(std::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool get(T& value) {
-    if (bytes_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(&value, bytes_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool get_name(std::string& s) {
-    std::uint8_t length = 0;
-    if (!get(length) || bytes_.size() - pos_ < length) return false;
-    s.assign(bytes_.data() + pos_, length);
-    pos_ += length;
-    return true;
-  }
-  bool get_bytes(std::string_view& s) {
-    std::uint32_t length = 0;
-    if (!get(length) || bytes_.size() - pos_ < length) return false;
-    s = bytes_.substr(pos_, length);
-    pos_ += length;
-    return true;
-  }
-  bool done() const { return pos_ == bytes_.size(); }
+using reader = store::byte_reader;
 
- private:
-  std::string_view bytes_;
-  std::size_t pos_ = 0;
-};
+// A name (cluster, node) prefixed by its length in one byte.
+bool get_name(reader& in, std::string& name) {
+  std::string_view view;
+  if (!in.get_prefixed<std::uint8_t>(view)) return false;
+  name.assign(view);
+  return true;
+}
 
 }  // namespace
 
@@ -145,7 +125,7 @@ decoder::status decoder::decode_body(std::string_view body) {
   bool ok = false;
   switch (type) {
     case message_type::hello:
-      ok = in.get(hello.version) && in.get_name(hello.cluster) && in.get_name(hello.node) &&
+      ok = in.get(hello.version) && get_name(in, hello.cluster) && get_name(in, hello.node) &&
            in.get(hello.epoch) && in.get(hello.generation) && in.get(hello.cores) &&
            in.get(hello.core) && in.get(hello.lsn) && in.done();
       break;
@@ -159,7 +139,7 @@ decoder::status decoder::decode_body(std::string_view body) {
     }
     case message_type::batch:
       ok = in.get(batch.epoch) && in.get(batch.generation) && in.get(batch.core) &&
-           in.get(batch.start_lsn) && in.get_bytes(batch.bytes) && in.done();
+           in.get(batch.start_lsn) && in.get_prefixed<std::uint32_t>(batch.bytes) && in.done();
       break;
     case message_type::ack:
       ok = in.get(ack.epoch) && in.get(ack.generation) && in.get(ack.core) && in.get(ack.lsn) &&

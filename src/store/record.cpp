@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "store/byte_reader.hpp"
+
 namespace metad::store {
 namespace {
 
@@ -60,41 +62,14 @@ void append_rank_keys(std::string& out, record_kind kind, std::int64_t rank,
   close_frame(out, frame);
 }
 
-class reader {
- public:
-  explicit reader(std::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool get(T& value) {
-    if (bytes_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(&value, bytes_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool get_string(std::string_view& s) {
-    std::uint32_t length = 0;
-    if (!get(length) || bytes_.size() - pos_ < length) return false;
-    s = bytes_.substr(pos_, length);
-    pos_ += length;
-    return true;
-  }
-  bool done() const { return pos_ == bytes_.size(); }
-  std::string_view rest() {
-    const std::string_view r = bytes_.substr(pos_);
-    pos_ = bytes_.size();
-    return r;
-  }
-
- private:
-  std::string_view bytes_;
-  std::size_t pos_ = 0;
-};
+using reader = byte_reader;
 
 bool decode_keys(reader& in, record& out, bool with_pages) {
   std::uint32_t count = 0;
   if (!in.get(count)) return false;
   for (std::uint32_t i = 0; i < count; ++i) {
     std::string_view key;
-    if (!in.get_string(key)) return false;
+    if (!in.get_prefixed<std::uint32_t>(key)) return false;
     out.keys.push_back(key);
     if (with_pages) {
       std::int64_t page = 0;
@@ -127,7 +102,7 @@ bool decode_items(reader& in, record& out) {
 // The last field of snapshot_entry, directory_key and directory_remove: one key, then nothing.
 bool decode_last_key(reader& in, record& out) {
   std::string_view key;
-  if (!in.get_string(key) || !in.done()) return false;
+  if (!in.get_prefixed<std::uint32_t>(key) || !in.done()) return false;
   out.keys.push_back(key);
   return true;
 }
@@ -429,7 +404,9 @@ bool decode_payload(std::string_view payload, record& out) {
       break;
   }
   // SGLang's records: the pool's name first.
-  if (!in.get_string(out.tenant) || !in.get(out.rank) || !in.get_string(out.ns)) return false;
+  if (!in.get_prefixed<std::uint32_t>(out.tenant) || !in.get(out.rank) ||
+      !in.get_prefixed<std::uint32_t>(out.ns))
+    return false;
   switch (out.kind) {
     case record_kind::sg_initialize:
       return in.get(out.num_pages) && in.done();
@@ -459,7 +436,8 @@ bool decode_payload(std::string_view payload, record& out) {
         std::string_view key;
         std::uint32_t epoch = 0;
         std::uint64_t deadline = 0;
-        if (!in.get(page) || !in.get_string(key) || !in.get(epoch) || !in.get(deadline))
+        if (!in.get(page) || !in.get_prefixed<std::uint32_t>(key) || !in.get(epoch) ||
+            !in.get(deadline))
           return false;
         out.sg_flight_pages.push_back(page);
         out.sg_flight_keys.push_back(key);

@@ -17,6 +17,7 @@
 
 #include "repl/socket.hpp"
 #include "standby_harness.hpp"
+#include "temp_dir.hpp"
 
 using namespace metad;
 
@@ -99,16 +100,8 @@ class leader_link {
 
 class StandbyTcp : public ::testing::Test {
  protected:
-  void SetUp() override {
-    base_ = (fs::temp_directory_path() /
-             ("metad-standby-tcp-" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-                .string();
-    fs::remove_all(base_);
-    fs::create_directories(base_);
-  }
-  void TearDown() override { fs::remove_all(base_); }
-  std::string base_;
+  sim::temp_dir dir_{"metad-standby-tcp"};
+  const std::string base_ = dir_.path();
 };
 
 TEST_F(StandbyTcp, StreamsALiveLeaderOverLoopback) {

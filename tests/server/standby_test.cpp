@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "standby_harness.hpp"
+#include "temp_dir.hpp"
 
 namespace {
 
@@ -20,16 +21,8 @@ using namespace standby_test;
 
 class Standby : public ::testing::Test {
  protected:
-  void SetUp() override {
-    base_ = (fs::temp_directory_path() /
-             ("metad-standby-" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-                .string();
-    fs::remove_all(base_);
-    fs::create_directories(base_);
-  }
-  void TearDown() override { fs::remove_all(base_); }
-  std::string base_;
+  sim::temp_dir dir_{"metad-standby"};
+  const std::string base_ = dir_.path();
 };
 
 // The leader's log of each core, from its files, shipped in batches cut at random frame

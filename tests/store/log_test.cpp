@@ -8,30 +8,14 @@
 #include <cstdio>
 #include <string>
 
+#include "log_waiter.hpp"
+
 using namespace metad;
 
 namespace {
 
-struct fire {
-  struct promise_type {
-    fire get_return_object() { return {}; }
-    std::suspend_never initial_suspend() { return {}; }
-    std::suspend_never final_suspend() noexcept { return {}; }
-    void return_void() {}
-    void unhandled_exception() { std::terminate(); }
-  };
-};
-
-fire wait_for(store::log_writer& log, std::uint64_t lsn, int& result) {
-  result = (co_await log.durable_until(lsn)) ? 1 : 0;
-}
-
-int temp_fd() {
-  char path[] = "/tmp/metad-log-XXXXXX";
-  const int fd = ::mkstemp(path);
-  ::unlink(path);
-  return fd;
-}
+using log_test::temp_fd;
+using log_test::wait_for;
 
 }  // namespace
 
