@@ -1,0 +1,486 @@
+"""Pieces shared by the failover test (tests/e2e/test_failover.py) and the long failover
+run (scripts/ha-failover.sh, which runs scripts/ha_failover.py).
+
+- Node: one HA node of a replicated cluster with a FIXED command line (HTTP port, repl
+  port, data dir chosen once), so a restart after kill -9 is "the same command line",
+  as a supervisor would do it. Its stderr goes to a file (appended across restarts) and
+  to memory; a start does not assume the node lives: a node that can no longer follow
+  exits with status 75 (EXIT_DIVERGED) and is restarted by whoever supervises it.
+- Cluster: reads the leader and /sync keys of one cluster from etcd.
+- Ledger: every ACKNOWLEDGED answer of the vLLM calls (batch_allocate 200 -> reserved,
+  confirm_write 204 -> bound or released), and check_ledger(), which compares it with
+  what a (new) leader answers: every bound key present with the same page, no page bound
+  to two keys, acknowledged reservations not handed out again.
+- Writer: one vLLM worker in a thread: sequential save tasks on one rank (batch_allocate
+  of fresh keys, then confirm_write of all pages, or on every Nth task the write-failure
+  path: confirm_write releasing all pages), optionally at a fixed rate and with vLLM's
+  retry schedule (attempts at 0, 0.01, 0.61, 1.81 s on a connection error or a 5xx).
+
+Standard library plus `requests`; the command line comes from metad_harness.server_args
+(METAD_BIN, METAD_IO, METAD_THREADS).
+"""
+
+import base64
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import requests
+
+from metad_harness import compact, key, server_args
+
+# The exit status of a node that can no longer follow the leader (its state diverged);
+# a supervisor restarts it with the same command line and it resyncs as an empty standby.
+EXIT_DIVERGED = 75
+
+_LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+
+# vLLM's Hf3fsGlobalMetadataClient: 3 retries of a POST on a lost connection or a
+# 500/502/503/504, after 0, 0.6 and 1.2 s (urllib3 backoff); 0.01 stands for "at once".
+VLLM_RETRY_SLEEPS = (0.01, 0.6, 1.2)
+RETRY_STATUSES = (500, 502, 503, 504)
+
+
+def wait_until(predicate, timeout, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def ready(base_url, timeout=1.0):
+    """GET /ready answers 200 (the node leads and serves)."""
+    try:
+        return requests.get(base_url + "/ready", timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Node:
+    """One hf3fs-metad HA node whose command line never changes between restarts."""
+
+    def __init__(self, node_id, etcd_url, cluster, root, port, repl_port, extra=()):
+        self.id = node_id
+        self.port = port
+        self.repl_port = repl_port
+        self.data = os.path.join(root, node_id)
+        os.makedirs(self.data, exist_ok=True)
+        self.log_path = os.path.join(root, f"{node_id}.log")
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.repl = f"127.0.0.1:{repl_port}"
+        self.args = server_args(["--ha-etcd", etcd_url, "--ha-cluster", cluster,
+                                 "--ha-node", node_id, "--data-dir", self.data,
+                                 "--port", str(port), "--repl-listen", self.repl, *extra])
+        self.proc = None
+        self.lines = collections.deque(maxlen=5000)  # this start's stderr
+        self.exits = []  # exit status of every earlier start, in order
+        self.starts = 0
+        self._listening = threading.Event()
+        self._drain = None
+
+    def start(self):
+        """Starts the process; does not wait (see wait_listening)."""
+        assert self.proc is None or self.proc.poll() is not None, "still running"
+        self._reap()
+        self.starts += 1
+        self.lines = collections.deque(maxlen=5000)
+        self._listening = threading.Event()
+        log = open(self.log_path, "ab")
+        log.write(f"==== start {self.starts} at {time.time():.3f}: {' '.join(self.args)}\n"
+                  .encode())
+        log.flush()
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._drain = threading.Thread(target=self._drain_stderr,
+                                       args=(self.proc, log, self.lines, self._listening),
+                                       daemon=True)
+        self._drain.start()
+        return self
+
+    @staticmethod
+    def _drain_stderr(proc, log, lines, listening):
+        with log:
+            for raw in proc.stderr:
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace").rstrip("\n")
+                lines.append(line)
+                if _LISTENING.search(line):
+                    listening.set()
+        proc.stderr.close()
+
+    def wait_listening(self, timeout=10.0):
+        """True once this start printed its "listening on" line; False if it exited first
+        (see exit_code) or did not within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._listening.wait(0.02):
+                return True
+            if self.proc.poll() is not None:
+                return self._listening.is_set()
+        return False
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self):
+        return None if self.proc is None else self.proc.poll()
+
+    def _reap(self):
+        if self.proc is not None and self.proc.poll() is not None and self._drain is not None:
+            self._drain.join(timeout=5)
+            self.exits.append(self.proc.returncode)
+            self._drain = None
+
+    def kill(self):
+        """kill -9 (a crash: no drain, no lease revoke); returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        code = self.proc.wait()
+        self._reap()
+        return code
+
+    def stop(self, timeout=10.0):
+        """SIGTERM; the exit status, or None if it had to be killed."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        self._reap()
+        return code
+
+    def log(self, last=None):
+        lines = list(self.lines)
+        return "\n".join(lines if last is None else lines[-last:])
+
+    def metrics(self):
+        try:
+            return requests.get(self.base_url + "/metrics", timeout=2).text
+        except requests.RequestException:
+            return ""
+
+
+class Cluster:
+    """The etcd keys of one cluster (v3 JSON gateway)."""
+
+    def __init__(self, etcd_url, name):
+        self.url = etcd_url
+        self.name = name
+        self.leader_key = f"/hf3fs-metad/{name}/leader"
+        self.sync_key = f"/hf3fs-metad/{name}/sync"
+
+    def _range(self, k):
+        answer = requests.post(self.url + "/v3/kv/range",
+                               json={"key": base64.b64encode(k.encode()).decode()},
+                               timeout=2).json()
+        kvs = answer.get("kvs", [])
+        return kvs[0] if kvs else None
+
+    def leader(self):
+        """(value dict, create_revision) of the leader key, or (None, None)."""
+        kv = self._range(self.leader_key)
+        if kv is None:
+            return None, None
+        return json.loads(base64.b64decode(kv["value"])), int(kv["create_revision"])
+
+    def sync(self):
+        """The /sync value as a dict, or None."""
+        kv = self._range(self.sync_key)
+        return None if kv is None else json.loads(base64.b64decode(kv["value"]))
+
+    def in_sync(self, node_id, leader_id):
+        """True when /sync names leader_id as leader and lists node_id as in sync."""
+        try:
+            s = self.sync()
+        except (requests.RequestException, ValueError):
+            return False
+        return bool(s) and s.get("leader") == leader_id and node_id in s.get("sync", [])
+
+
+class Ledger:
+    """Acknowledged results only, per rank: what the cluster promised a client.
+
+    reserved: key -> page from a batch_allocate 200 not yet settled by a confirm_write
+    204; bound: key -> page after a confirm_write 204 that confirmed it; released: keys
+    whose pages a confirm_write 204 released (vLLM's write-failure path)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reserved = collections.defaultdict(dict)
+        self.bound = collections.defaultdict(dict)
+        self.released = collections.defaultdict(set)
+        self.problems = []  # contradictions seen by writers (e.g. a 400 on confirm)
+
+    def on_allocate(self, rank, results):
+        with self.lock:
+            for k, page in results:
+                if page >= 0 and k not in self.bound[rank]:
+                    self.reserved[rank][k] = page
+
+    def on_confirm(self, rank, confirmations, released_keys=()):
+        with self.lock:
+            for k, page in confirmations:
+                self.bound[rank][k] = page
+                self.reserved[rank].pop(k, None)
+            for k in released_keys:
+                self.reserved[rank].pop(k, None)
+                self.released[rank].add(k)
+
+    def on_unknown_release(self, rank, released_keys):
+        """A releasing confirm_write got no answer: it may or may not have been applied,
+        so its reservations are no longer known to be held."""
+        with self.lock:
+            for k in released_keys:
+                self.reserved[rank].pop(k, None)
+
+    def problem(self, text):
+        with self.lock:
+            self.problems.append(text)
+
+    def snapshot(self):
+        """({rank: {key: page}} bound, {rank: {key: page}} reserved), copies."""
+        with self.lock:
+            return ({r: dict(m) for r, m in self.bound.items()},
+                    {r: dict(m) for r, m in self.reserved.items()})
+
+    def bound_count(self):
+        with self.lock:
+            return sum(len(m) for m in self.bound.values())
+
+
+def _post(session, url, obj, timeout=5.0):
+    return session.post(url, data=compact(obj), headers={"Content-Type": "application/json"},
+                        timeout=timeout)
+
+
+def check_ledger(base_url, bound, reserved=None, chunk=1000):
+    """Compares acknowledged bindings with what the node at base_url answers.
+
+    Returns a dict: checked (keys), lost (acked bound keys missing there), moved (present
+    with another page), duplicate_pages (pages the answers bind to two keys of a rank),
+    ledger_duplicates (pages the ACKS themselves gave to two keys), errors (non-200
+    answers), details (a few examples)."""
+    out = {"checked": 0, "lost": 0, "moved": 0, "duplicate_pages": 0,
+           "ledger_duplicates": 0, "errors": 0, "details": []}
+    session = requests.Session()
+    try:
+        for rank, pairs in sorted(bound.items()):
+            acked_pages = collections.Counter(pairs.values())
+            out["ledger_duplicates"] += sum(1 for n in acked_pages.values() if n > 1)
+            items = sorted(pairs.items())
+            seen = {}
+            for i in range(0, len(items), chunk):
+                part = items[i:i + chunk]
+                ks = [k for k, _ in part]
+                loc = _post(session, base_url + "/keys/get_locations", {"rank": rank, "keys": ks})
+                ex = _post(session, base_url + "/keys/batch_exists", {"keys": ks})
+                if loc.status_code != 200 or ex.status_code != 200:
+                    out["errors"] += 1
+                    out["details"].append(f"rank {rank}: get_locations {loc.status_code} "
+                                          f"{loc.text[:200]}, batch_exists {ex.status_code}")
+                    continue
+                locations, exists = loc.json()["locations"], ex.json()["exists"]
+                for (k, page), got, there in zip(part, locations, exists):
+                    out["checked"] += 1
+                    if got is None or not there:
+                        out["lost"] += 1
+                        if len(out["details"]) < 10:
+                            out["details"].append(f"rank {rank} key {k} page {page}: "
+                                                  f"location {got}, exists {there}")
+                    elif got != page:
+                        out["moved"] += 1
+                        if len(out["details"]) < 10:
+                            out["details"].append(f"rank {rank} key {k}: acked page {page}, "
+                                                  f"now {got}")
+                    if got is not None:
+                        if got in seen and seen[got] != k:
+                            out["duplicate_pages"] += 1
+                            if len(out["details"]) < 10:
+                                out["details"].append(f"rank {rank} page {got} bound to "
+                                                      f"{seen[got]} and {k}")
+                        seen[got] = k
+    finally:
+        session.close()
+    return out
+
+
+class Writer(threading.Thread):
+    """One vLLM worker's save loop on one rank, recording acknowledged answers.
+
+    url: where it sends (a node or the forwarder). rate: save tasks per second (None:
+    back to back). retry: False -> stop at the first failed call (used to kill a leader
+    under a live writer); True -> vLLM's retry schedule, and a call that still fails
+    counts as a client-visible failure (the task is then abandoned, as vLLM's worker does
+    on RuntimeError). Every `release_every`-th task takes the write-failure path."""
+
+    def __init__(self, url, rank, ledger, tag, keys_per_task=8, rate=None, retry=False,
+                 release_every=5, timeout=5.0):
+        super().__init__(daemon=True, name=f"writer-{tag}")
+        self.url = url
+        self.rank = rank
+        self.ledger = ledger
+        self.tag = tag
+        self.keys_per_task = keys_per_task
+        self.rate = rate
+        self.retry = retry
+        self.release_every = release_every
+        self.timeout = timeout
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.tasks = 0
+        self.calls = 0
+        self.failures = []  # (monotonic time of giving up, endpoint, last error)
+        self.retried_calls = 0
+        self.stopped_by = None  # the error that ended a non-retrying writer
+        self.session = requests.Session()
+
+    def stop(self):
+        self.stop_event.set()
+
+    def _call(self, path, body):
+        """One logical call with vLLM's retries: (response or None, last error text)."""
+        sleeps = VLLM_RETRY_SLEEPS if self.retry else ()
+        error = None
+        for attempt in range(len(sleeps) + 1):
+            if attempt:
+                with self.lock:
+                    if attempt == 1:
+                        self.retried_calls += 1
+                time.sleep(sleeps[attempt - 1])
+            try:
+                r = _post(self.session, self.url + path, body, self.timeout)
+            except requests.RequestException as e:
+                error = f"{type(e).__name__}: {e}"[:300]
+                continue
+            if r.status_code in RETRY_STATUSES:
+                error = f"{r.status_code} {r.text[:200]}"
+                continue
+            return r, None
+        return None, error
+
+    def _fail(self, path, error):
+        with self.lock:
+            self.failures.append((time.monotonic(), path, error))
+        if not self.retry:
+            self.stopped_by = f"{path}: {error}"
+            self.stop_event.set()
+
+    def run(self):
+        next_at = time.monotonic()
+        while not self.stop_event.is_set():
+            if self.rate:
+                delay = next_at - time.monotonic()
+                if delay > 0 and self.stop_event.wait(delay):
+                    break
+                next_at = max(next_at + 1.0 / self.rate, time.monotonic())  # no bursts
+            self._task()
+        self.session.close()
+
+    def _task(self):
+        n = self.tasks
+        self.tasks += 1
+        ks = [key(i, f"{self.tag}/{n}") for i in range(self.keys_per_task)]
+        with self.lock:
+            self.calls += 1
+        r, error = self._call("/keys/batch_allocate",
+                              {"rank": self.rank, "keys": [[k, ""] for k in ks]})
+        if r is None:
+            return self._fail("batch_allocate", error)
+        if r.status_code != 200:
+            self.ledger.problem(f"batch_allocate {r.status_code}: {r.text[:200]}")
+            return self._fail("batch_allocate", f"{r.status_code} {r.text[:200]}")
+        results = [(k, p) for k, p in r.json()["results"]]
+        self.ledger.on_allocate(self.rank, results)
+        pages = [(k, p) for k, p in results if p >= 0]
+        if len(pages) != len(results):
+            self.ledger.problem(f"batch_allocate gave -1 (pool full?): {results[:3]}")
+        if not pages:
+            return None
+        failing = self.release_every and n % self.release_every == self.release_every - 1
+        body = {"rank": self.rank, "confirmations": [] if failing else pages,
+                "pages_to_release": [p for _, p in pages] if failing else []}
+        with self.lock:
+            self.calls += 1
+        r, error = self._call("/keys/confirm_write", body)
+        if r is None:
+            if failing:
+                self.ledger.on_unknown_release(self.rank, [k for k, _ in pages])
+            return self._fail("confirm_write", error)
+        if r.status_code != 204:
+            # A 4xx to the confirm of an acknowledged reservation: the server no longer
+            # knows what it acknowledged (e.g. a lost reservation after failover).
+            self.ledger.problem(f"confirm_write {r.status_code} after an acked allocate: "
+                                f"{r.text[:200]}")
+            return self._fail("confirm_write", f"{r.status_code} {r.text[:200]}")
+        if failing:
+            self.ledger.on_confirm(self.rank, [], [k for k, _ in pages])
+        else:
+            self.ledger.on_confirm(self.rank, pages)
+        return None
+
+
+def initialize(url, rank, num_pages):
+    r = _post(requests, url + f"/rank/{rank}/initialize",
+              {"num_pages": num_pages, "role": "worker"})
+    return r
+
+
+def first_success(probe, t0, stop, step=0.005):
+    """Polls probe() until it is true; returns ms since t0 (monotonic), or None if stop()
+    says to give up first."""
+    while not stop():
+        if probe():
+            return (time.monotonic() - t0) * 1000.0
+        time.sleep(step)
+    return None
+
+
+def api_ok(base_url, session=None, timeout=1.0):
+    """An API call answered 200 (batch_exists of nothing: needs no rank)."""
+    try:
+        s = session or requests
+        r = s.post(base_url + "/keys/batch_exists", data=b'{"keys":[]}',
+                   headers={"Content-Type": "application/json"}, timeout=timeout)
+        return r.status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def measure_takeover(node_url, api_url, t0, timeout=15.0):
+    """After a kill at t0: ms to the first /ready 200 of node_url and to the first API
+    200 at api_url (the node itself or a forwarder), polled in two threads (5 ms)."""
+    deadline = time.monotonic() + timeout
+    out = {}
+
+    def poll(name, probe):
+        session = requests.Session()
+        try:
+            out[name] = first_success(lambda: probe(session), t0,
+                                      lambda: time.monotonic() > deadline)
+        finally:
+            session.close()
+
+    def ready_probe(session):
+        try:
+            return session.get(node_url + "/ready", timeout=1.0).status_code == 200
+        except requests.RequestException:
+            return False
+
+    threads = [threading.Thread(target=poll, args=("ready_ms", ready_probe)),
+               threading.Thread(target=poll, args=("api_ms", lambda s: api_ok(api_url, s)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out["ready_ms"], out["api_ms"]

@@ -1,0 +1,229 @@
+"""Failover with synchronous replication (design-ha.md §4, test plan T1 in small), on a
+real etcd tuned as deploy/etcd (1 s lease). Two nodes a and b run the same command line
+apart from --ha-node, ports, --data-dir and --repl-listen.
+
+Checks:
+  a. a leads; b starts as an empty standby, catches up and is listed in /sync within a
+     few seconds; b answers the API (and /ready) 503 naming a; the leader key carries
+     the repl address and /sync's epoch is the leader key's create_revision.
+  b. an ack ledger: a vLLM-like writer (initialize rank 0, then batch_allocate + confirm
+     of fresh keys, every 5th task releasing its pages instead) runs against a; a is
+     killed -9 under it. b must serve (kill -> /ready 200 and kill -> first API 200 are
+     measured and printed), and on b EVERY acknowledged binding is present with its page
+     (get_locations, batch_exists), no page is bound to two keys, the acknowledged but
+     unconfirmed reservation can still be confirmed, and a fresh allocation gets none of
+     the acknowledged pages. 0 lost.
+  c. the old leader a restarted with the same command line ends as b's standby, listed
+     in /sync (one exit with status 75 and a restart allowed); a second failover (kill -9
+     b under a writer) keeps the whole ledger of both phases intact on a.
+
+Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
+--repl-listen. Run by scripts/test.sh's release stage (ctest e2e_python_failover, label
+etcd). The long run (T1 x N through HAProxy) is scripts/ha-failover.sh.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+import requests
+
+from failover_harness import (EXIT_DIVERGED, Cluster, Ledger, Node, Writer, check_ledger,
+                              initialize, measure_takeover, ready, wait_until)
+from metad_harness import Client, keys
+from test_ha import HaCase, free_port
+
+NUM_PAGES = 1 << 16
+SYNC_TIMEOUT_S = 5.0      # a started standby must be in /sync by then
+TAKEOVER_TIMEOUT_S = 5.0  # kill -9 -> the standby serves (1 s lease + promotion)
+
+
+def repl_supported():
+    """(bool, why): METAD_BIN is set and its --help mentions --repl-listen."""
+    binary = os.environ.get("METAD_BIN")
+    if not binary:
+        return False, "METAD_BIN is not set"
+    try:
+        out = subprocess.run([binary, "--help"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"{binary} --help: {e}"
+    if b"--repl-listen" not in out.stdout + out.stderr:
+        return False, f"{binary} has no --repl-listen (replication not wired)"
+    return True, ""
+
+
+REPL, WHY = repl_supported()
+
+
+@unittest.skipUnless(REPL, WHY)
+class FailoverTest(HaCase):
+    """HaCase gives one etcd per class, a cluster named after the test and a temp dir;
+    its tearDown kills every node in self.nodes."""
+
+    def setUp(self):
+        super().setUp()
+        self.cluster_keys = Cluster(self.etcd.url, self.cluster)
+
+    def node(self, node_id):
+        n = Node(node_id, self.etcd.url, self.cluster, self.dir, free_port(), free_port())
+        self.nodes.append(n)
+        return n
+
+    def started(self, node):
+        node.start()
+        self.assertTrue(node.wait_listening(), f"node {node.id} did not start "
+                        f"(exit {node.exit_code()}):\n{node.log()}")
+        return node
+
+    def wait_in_sync(self, standby, leader, allow_diverged_exits=0, timeout=SYNC_TIMEOUT_S):
+        """Waits until /sync lists `standby` under `leader`. A standby that exits with
+        status 75 (cannot follow; resync) is restarted up to allow_diverged_exits times,
+        each restart getting a fresh `timeout`; any other exit fails the test."""
+        restarts = 0
+        deadline = time.monotonic() + timeout
+        while not self.cluster_keys.in_sync(standby.id, leader.id):
+            code = standby.exit_code()
+            if code is not None:
+                self.assertEqual(code, EXIT_DIVERGED,
+                                 f"{standby.id} exited with {code}:\n{standby.log()}")
+                self.assertLess(restarts, allow_diverged_exits,
+                                f"{standby.id} exited 75 again:\n{standby.log()}")
+                restarts += 1
+                sys.stderr.write(f"\n  {standby.id} exited 75, restarted; its last line: "
+                                 f"{standby.log(1)}\n")
+                standby.start()
+                deadline = time.monotonic() + timeout
+            self.assertLess(time.monotonic(), deadline,
+                            f"{standby.id} not in /sync of {leader.id} after {timeout} s; "
+                            f"/sync {self.cluster_keys.sync()}\n{standby.id}:\n"
+                            f"{standby.log(40)}\n{leader.id}:\n{leader.log(40)}")
+            time.sleep(0.02)
+        return restarts
+
+    def pair(self):
+        """a leads, b is its sync standby."""
+        a = self.started(self.node("a"))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        b = self.started(self.node("b"))
+        began = time.monotonic()
+        self.wait_in_sync(b, a)
+        sys.stderr.write(f"\n  b in /sync {(time.monotonic() - began) * 1000:.0f} ms "
+                         f"after its start\n")
+        return a, b
+
+    def write_then_kill(self, leader, standby, ledger, tag, min_bound=200):
+        """Runs a writer against `leader` until it has min_bound acked bindings more, then
+        kills the leader under it; returns (kill -> standby /ready 200 ms, kill -> first
+        API 200 ms)."""
+        before = ledger.bound_count()
+        writer = Writer(leader.base_url, 0, ledger, tag)
+        writer.start()
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= before + min_bound
+                                   or not writer.is_alive(), 20), "the writer made no progress")
+        self.assertTrue(writer.is_alive(), f"the writer stopped before the kill: "
+                        f"{writer.stopped_by}\n{leader.log(20)}")
+        t0 = time.monotonic()
+        leader.kill()
+        ready_ms, api_ms = measure_takeover(standby.base_url, standby.base_url, t0,
+                                            TAKEOVER_TIMEOUT_S)
+        writer.join(10)
+        self.assertFalse(writer.is_alive(), "the writer did not notice the kill")
+        sys.stderr.write(f"  kill -9 {leader.id}: {standby.id} /ready 200 after "
+                         f"{ready_ms and round(ready_ms)} ms, first API 200 after "
+                         f"{api_ms and round(api_ms)} ms; {writer.tasks} tasks, "
+                         f"{ledger.bound_count()} keys acked bound\n")
+        self.assertIsNotNone(ready_ms, f"{standby.id} did not serve within "
+                             f"{TAKEOVER_TIMEOUT_S} s:\n{standby.log(40)}")
+        self.assertIsNotNone(api_ms)
+        self.assertEqual(ledger.problems, [])
+        return ready_ms, api_ms
+
+    def assert_ledger(self, node, ledger, kills=1):
+        """Every acked binding on `node`, nothing aliased, acked reservations honoured.
+        kills: failovers so far, each of which may have left one unanswered task."""
+        bound, reserved = ledger.snapshot()
+        result = check_ledger(node.base_url, bound)
+        self.assertEqual(result["checked"], ledger.bound_count())
+        self.assertEqual((result["lost"], result["moved"], result["duplicate_pages"],
+                          result["ledger_duplicates"], result["errors"]), (0, 0, 0, 0, 0),
+                         result["details"])
+        c = Client(node.base_url)
+        try:
+            # The rank holds the acked bindings, plus at most the one task per kill that
+            # was in flight (its confirm may have been applied but not answered).
+            info = c.rank_info(0).json()
+            acked = len(bound.get(0, {}))
+            self.assertGreaterEqual(info["bound"], acked, info)
+            self.assertLessEqual(info["bound"], acked + 8 * kills, info)
+            # An acknowledged reservation (allocate answered, confirm not sent or not
+            # answered) is still this writer's: its confirm succeeds on the new leader.
+            pending = reserved.get(0, {})
+            if pending:
+                self.assertEqual(c.confirm_write(0, pending.items()).status_code, 204,
+                                 f"acked reservations {pending} lost")
+                ledger.on_confirm(0, pending.items())
+            # A fresh allocation never gets a page the old leader acknowledged.
+            taken = set(bound.get(0, {}).values()) | set(pending.values())
+            fresh = keys(64, f"fresh-{node.id}-{node.starts}-{time.monotonic()}")
+            answer = c.batch_allocate(0, fresh)
+            self.assertEqual(answer.status_code, 200, answer.text)
+            pages = [p for _, p in answer.json()["results"]]
+            self.assertNotIn(-1, pages)
+            self.assertEqual(set(pages) & taken, set(), "an acked page was handed out again")
+            self.assertEqual(c.confirm_write(0, answer.json()["results"], pages).status_code,
+                             204)  # released again (write-failure path): nothing kept
+        finally:
+            c.close()
+
+    # ---------------------------------------------------------------------------------
+
+    def test_a_the_second_node_becomes_a_sync_standby_and_answers_503(self):
+        a, b = self.pair()
+        value, revision = self.cluster_keys.leader()
+        self.assertEqual(value, {"node": "a", "http": a.base_url, "repl": a.repl})
+        self.assertEqual(self.cluster_keys.sync(), {"epoch": revision, "leader": "a",
+                                                    "sync": ["b"]})
+        self.assertFalse(ready(b.base_url))
+        self.assert_standby(b, "a", a)
+        self.assertIn('hf3fs_metad_ha_role{role="leader"} 1', a.metrics())
+
+    def test_b_kill_the_leader_under_a_writer_and_lose_no_acknowledged_write(self):
+        a, b = self.pair()
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        self.write_then_kill(a, b, ledger, "b1")
+        self.assert_ledger(b, ledger)
+        value, _ = self.cluster_keys.leader()
+        self.assertEqual(value["node"], "b")
+        sync = self.cluster_keys.sync()
+        self.assertEqual((sync["leader"], sync["sync"]), ("b", []))
+        self.assertIn('hf3fs_metad_ha_role{role="leader"} 1', b.metrics())
+
+    def test_c_the_old_leader_rejoins_as_standby_and_a_second_failover_loses_nothing(self):
+        a, b = self.pair()
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        self.write_then_kill(a, b, ledger, "c1")
+        self.assert_ledger(b, ledger)
+
+        # The old leader comes back with the same command line: another node leads, so
+        # it resyncs as an empty standby (maybe after one exit 75 and a restart).
+        began = time.monotonic()
+        a.start()
+        self.wait_in_sync(a, b, allow_diverged_exits=1)
+        sys.stderr.write(f"  a back in /sync {(time.monotonic() - began) * 1000:.0f} ms "
+                         f"after its restart (exits: {a.exits})\n")
+        self.assertFalse(ready(a.base_url))
+        self.assertTrue(ready(b.base_url))
+        self.assertIn('hf3fs_metad_ha_role{role="standby"} 1', a.metrics())
+
+        self.write_then_kill(b, a, ledger, "c2")
+        self.assert_ledger(a, ledger, kills=2)
+        value, _ = self.cluster_keys.leader()
+        self.assertEqual(value["node"], "a")
+
+
+if __name__ == "__main__":
+    unittest.main()
