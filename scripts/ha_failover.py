@@ -227,6 +227,13 @@ class Run:
             raise RuntimeError("no leader before the round")
         old = self.nodes[value["node"]]
         new = old if o.no_repl else self.nodes["b" if old.id == "a" else "a"]
+        exits = 0
+        if not o.no_repl and not self.cluster.in_sync(new.id, old.id):
+            # Only a standby listed in /sync may take over: a standby that dropped out
+            # (stopped acking for --sync-timeout-ms, or exited 75) is waited for first.
+            log(f"{new.id} is not in /sync before round {i} ({self.cluster.sync()}); "
+                f"waiting (exit status {new.exit_code()})")
+            exits += self.wait_rejoined(new, old, o.rejoin_timeout)
         failures0, retried0 = self.client_counts()
         problems0 = len(self.ledger.problems)
 
@@ -241,11 +248,11 @@ class Run:
                                f"{new.log(40)}")
         checked, lost, _ = self.check(new)
 
-        rejoin_ms, exits = None, 0
+        rejoin_ms = None
         if not o.no_repl:
             began = time.monotonic()
             self.start_node(old)
-            exits = self.wait_rejoined(old, new, o.rejoin_timeout)
+            exits += self.wait_rejoined(old, new, o.rejoin_timeout)
             rejoin_ms = (time.monotonic() - began) * 1000.0
         # Let calls that were retrying across the gap finish before counting them.
         time.sleep(o.settle)

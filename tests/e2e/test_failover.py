@@ -124,6 +124,11 @@ class FailoverTest(HaCase):
                                    or not writer.is_alive(), 20), "the writer made no progress")
         self.assertTrue(writer.is_alive(), f"the writer stopped before the kill: "
                         f"{writer.stopped_by}\n{leader.log(20)}")
+        # Only a standby listed in /sync takes over; one that dropped out under the
+        # writer (no ack within --sync-timeout-ms) would make the kill a plain outage.
+        self.assertTrue(self.cluster_keys.in_sync(standby.id, leader.id),
+                        f"{standby.id} fell out of /sync under the writer: "
+                        f"{self.cluster_keys.sync()}\n{leader.log(20)}")
         t0 = time.monotonic()
         leader.kill()
         ready_ms, api_ms = measure_takeover(standby.base_url, standby.base_url, t0,
