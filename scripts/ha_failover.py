@@ -14,7 +14,8 @@ against it -> restart the killed node with the same command line (it resyncs as 
 an exit with status 75 is restarted and counted) -> wait until /sync lists it again.
 
 Per round: kill -> new leader /ready 200 (ms), kill -> first API 200 through HAProxy
-(ms), restart -> back in /sync (ms), exits 75, acknowledged bindings checked and lost
+(ms), the longest writer call of the round (its retries included), restart -> back in
+/sync (ms), exits 75, acknowledged bindings checked and lost
 (missing, moved or aliased on the new leader, or a 4xx to the confirm of an acked
 allocation), client calls that still failed after all retries. A table, the median and
 max, per-round CSV and a summary go to --out. Exit status 1 if any acknowledged write was
@@ -46,8 +47,8 @@ from failover_harness import (EXIT_DIVERGED, Cluster, Ledger, Node, Writer,  # n
                               check_ledger, initialize, measure_takeover, ready, wait_until)
 from test_ha import HAPROXY, Etcd, free_port  # noqa: E402
 
-FIELDS = ["round", "killed", "new_leader", "ready_ms", "api_ms", "rejoin_ms", "exits_75",
-          "keys_checked", "lost", "client_failures", "retried_calls"]
+FIELDS = ["round", "killed", "new_leader", "ready_ms", "api_ms", "worst_call_ms",
+          "rejoin_ms", "exits_75", "keys_checked", "lost", "client_failures", "retried_calls"]
 
 
 def log(text):
@@ -262,6 +263,9 @@ class Run:
             log(f"writer saw: {text}")
         row = {"round": i, "killed": old.id, "new_leader": new.id,
                "ready_ms": round(ready_ms), "api_ms": round(api_ms),
+               "worst_call_ms": round(1000 * max([took for w in self.writers
+                                                  for end, took in list(w.slow_calls)
+                                                  if end >= t0] or [0])),
                "rejoin_ms": "" if rejoin_ms is None else round(rejoin_ms),
                "exits_75": exits, "keys_checked": checked, "lost": lost,
                "client_failures": failures1 - failures0,
@@ -304,6 +308,7 @@ class Run:
             f"kill -> new leader /ready 200:        {stat('ready_ms')}",
             f"kill -> first API 200 via HAProxy:    {stat('api_ms')}"
             f" ({over} round(s) over vLLM's 1.81 s retry window)",
+            f"longest writer call (with retries):   {stat('worst_call_ms')}",
             f"restart -> back in /sync:             {stat('rejoin_ms')}",
             f"exits 75 (restarted):                 {sum(r['exits_75'] for r in self.rows)}",
             f"acknowledged bindings lost:           {lost} (final check: {final['checked']} "

@@ -342,6 +342,7 @@ class Writer(threading.Thread):
         self.calls = 0
         self.failures = []  # (monotonic time of giving up, endpoint, last error)
         self.retried_calls = 0
+        self.slow_calls = []  # (monotonic end, seconds) of logical calls over 0.1 s
         self.stopped_by = None  # the error that ended a non-retrying writer
         self.session = requests.Session()
 
@@ -350,6 +351,16 @@ class Writer(threading.Thread):
 
     def _call(self, path, body):
         """One logical call with vLLM's retries: (response or None, last error text)."""
+        began = time.monotonic()
+        try:
+            return self._attempts(path, body)
+        finally:
+            took = time.monotonic() - began
+            if took > 0.1:
+                with self.lock:
+                    self.slow_calls.append((time.monotonic(), took))
+
+    def _attempts(self, path, body):
         sleeps = VLLM_RETRY_SLEEPS if self.retry else ()
         error = None
         for attempt in range(len(sleeps) + 1):
