@@ -264,7 +264,7 @@ def _post(session, url, obj, timeout=5.0):
                         timeout=timeout)
 
 
-def check_ledger(base_url, bound, reserved=None, chunk=1000):
+def check_ledger(base_url, bound, chunk=1000):
     """Compares acknowledged bindings with what the node at base_url answers.
 
     Returns a dict: checked (keys), lost (acked bound keys missing there), moved (present

@@ -28,7 +28,6 @@ import sys
 import time
 import unittest
 
-import requests
 
 from failover_harness import (EXIT_DIVERGED, Cluster, Ledger, Node, Writer, check_ledger,
                               initialize, measure_takeover, ready, wait_until)
