@@ -102,6 +102,11 @@ metadata server; same HTTP API, default port 18000).
   --ha-renew-ms N           renew the lease this often while leading (default 200)
   --ha-margin-ms N          stop serving this long before the lease could expire, counted
                             from the last renewal sent (default 150)
+  --repl-listen HOST:PORT   synchronous replication to a hot standby (with --ha-*
+                            and --data-dir): standbys connect here; a write is answered
+                            once this node and the standby both have it on disk
+  --sync-timeout-ms N       a standby silent this long is dropped from /sync, then the
+                            leader answers alone (default 500)
   --log-level LEVEL         error|warn|info|debug (default info)
   --verify-data-dir DIR     read DIR (stopped server) without serving: print its ranks,
                             pages, bindings and keys, or the damage with file and offset;
@@ -323,6 +328,10 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.sglang_read_lease_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--incomplete-grace-ms") {
       cfg.incomplete_grace_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
+    } else if (flag == "--repl-listen") {
+      cfg.repl_listen = value;
+    } else if (flag == "--sync-timeout-ms") {
+      cfg.sync_timeout_ms = parse_int<std::uint32_t>(flag, value, 10, 600'000);
     } else if (flag.starts_with("--ha-")) {
       parse_ha_flag(cfg, flag, value);
       ha_flags = true;

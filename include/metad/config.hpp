@@ -111,6 +111,12 @@ struct config {
   std::uint32_t ha_ttl_ms = 1000;
   std::uint32_t ha_renew_ms = 200;
   std::uint32_t ha_margin_ms = 150;
+  // Synchronous replication to a hot standby (needs ha_etcd and data_dir): where this
+  // node takes its standbys' streams (IPv4 HOST:PORT); empty: no replication. A
+  // standby that has not acknowledged for sync_timeout_ms is dropped from /sync, then
+  // the leader acknowledges alone.
+  std::string repl_listen;
+  std::uint32_t sync_timeout_ms = 500;
 };
 
 // The CPUs of a list such as "0-3,8,10-11" (the --cpus flag, sysfs cpulist files), each

@@ -90,11 +90,15 @@ std::optional<leader_info> parse_leader_value(std::string_view value) {
   std::string_view text;
   if (!object["node"].get(text)) out.node = text;
   if (!object["http"].get(text)) out.http = text;
+  if (!object["repl"].get(text)) out.repl = text;
   return out;
 }
 
-std::string sync_value(std::int64_t epoch, std::string_view leader) {
-  return fmt::format(R"({{"epoch":{},"leader":"{}","sync":[]}})", epoch, leader);
+std::string sync_value(std::int64_t epoch, std::string_view leader,
+                       const std::vector<std::string>& members) {
+  std::string list;
+  for (const std::string& m : members) list += fmt::format(R"({}"{}")", list.empty() ? "" : ",", m);
+  return fmt::format(R"({{"epoch":{},"leader":"{}","sync":[{}]}})", epoch, leader, list);
 }
 
 bool listed_in_sync(const std::optional<std::string>& sync, std::string_view node) {
@@ -153,6 +157,17 @@ void control::sleep_until(time_point at) {
   wake_.wait_until(lock, at, [this] { return stopping_.load(); });
 }
 
+std::uint64_t control::request_sync(std::vector<std::string> members) {
+  std::uint64_t asked = 0;
+  {
+    std::lock_guard lock(mutex_);
+    sync_members_ = std::move(members);
+    asked = ++sync_asked_;
+  }
+  wake_.notify_all();
+  return asked;
+}
+
 std::optional<leader_info> control::leader() const {
   std::lock_guard lock(mutex_);
   return leader_;
@@ -203,6 +218,8 @@ class session {
   template <typename Sleep>
   void wait(const action& next, time_point now, time_point until, Sleep&& sleep);
   void perform(const action& next, time_point sent);
+  // A leader's /sync with `members` in sync; false if etcd did not take it.
+  bool write_sync(const std::vector<std::string>& members);
 
  private:
   bool follow_watch(time_point now, time_point until);
@@ -307,14 +324,48 @@ void session::perform(const action& next, time_point sent) {
   }
 }
 
+bool session::write_sync(const std::vector<std::string>& members) {
+  const std::int64_t epoch = machine_.key_epoch();
+  auto written = etcd_.fenced_put(leader_, epoch, keys_[1],
+                                  sync_value(epoch, config_.node, members),
+                                  steady::now() + config_.request_timeout);
+  if (!written) {
+    metad::log::warn("ha: /sync update failed: {}", written.error);
+    return false;
+  }
+  if (!*written) metad::log::warn("ha: /sync update refused: this node no longer leads");
+  return *written;
+}
+
 }  // namespace
 
 void control::run() {
   session s(config_, may_campaign_);
+  std::int64_t sync_epoch = 0;  // the epoch the written sync_ requests belong to
   while (!stopping_.load()) {
     const time_point now = steady::now();
     const action next = s.machine().next(now);
     publish(s.machine());
+    // A request for /sync: written while this node leads with /sync claimed, in order.
+    std::uint64_t asked = 0;
+    std::vector<std::string> members;
+    {
+      std::lock_guard lock(mutex_);
+      asked = sync_asked_;
+      members = sync_members_;
+    }
+    const leadership& m = s.machine();
+    if (m.key_epoch() != sync_epoch) {
+      // A new leadership claims /sync with no standby: earlier requests are void.
+      sync_epoch = m.key_epoch();
+      sync_written_.store(asked, std::memory_order_release);
+    }
+    if (asked > sync_written_.load() && m.current() == role::leader && m.sync_claimed() &&
+        s.write_sync(members)) {
+      sync_written_.store(asked, std::memory_order_release);
+      metad::log::info("ha: /sync now lists [{}] in sync", fmt::join(members, ","));
+      continue;
+    }
     if (next.kind == action_kind::watch || next.at > now) {
       // Short waits, so that stop() is not held up by a quiet watch.
       const auto until = std::min(next.at, now + milliseconds(100));

@@ -44,15 +44,17 @@ std::string validate(const config& c);
 std::string leader_key(std::string_view cluster);
 std::string sync_key(std::string_view cluster);
 
-// The leader key's value fields: {"node":"<ID>","http":"<URL>"} (either may be absent);
-// nullopt when the value is not such an object.
+// The leader key's value fields: {"node":"<ID>","http":"<URL>","repl":"<HOST:PORT>"}
+// (any may be absent); nullopt when the value is not such an object.
 struct leader_info {
   std::string node;
   std::string http;
+  std::string repl;  // where its standbys connect (--repl-listen); empty: no replication
 };
 std::optional<leader_info> parse_leader_value(std::string_view value);
-// /sync's value as a new leader writes it: no standby in sync.
-std::string sync_value(std::int64_t epoch, std::string_view leader);
+// /sync's value as a new leader writes it: no standby in sync; or with `members`.
+std::string sync_value(std::int64_t epoch, std::string_view leader,
+                       const std::vector<std::string>& members = {});
 
 // The /sync rule (Patroni's): with no /sync key anyone may campaign (bootstrap); else
 // only its "leader" and the nodes in its "sync" list. A malformed value allows no one.
@@ -93,6 +95,16 @@ class control {
   std::optional<leader_info> leader() const;
   std::uint64_t leader_changes() const { return leader_changes_.load(std::memory_order_acquire); }
 
+  // The leader's standbys in sync (design-ha §4, "Modes"): asks the ha thread to write
+  // /sync with these members (a txn fenced by this node's epoch), and returns the
+  // request's number. sync_written(n) is true once /sync holds request n or a later
+  // one for the epoch current now; a node that does not lead (or lost the fence) writes
+  // nothing and never reports it written. Any thread.
+  std::uint64_t request_sync(std::vector<std::string> members);
+  bool sync_written(std::uint64_t request) const {
+    return sync_written_.load(std::memory_order_acquire) >= request;
+  }
+
  private:
   void run();
   void publish(const leadership& machine);
@@ -108,6 +120,10 @@ class control {
   std::atomic<std::int64_t> lease_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> leader_changes_{0};
+  // request_sync's numbers: asked (under mutex_, with the members) and written.
+  std::uint64_t sync_asked_ = 0;
+  std::vector<std::string> sync_members_;
+  std::atomic<std::uint64_t> sync_written_{0};
   std::optional<holder> leader_seen_;  // ha thread only
   std::optional<leader_info> leader_;  // under mutex_
   mutable std::mutex mutex_;

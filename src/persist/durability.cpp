@@ -118,6 +118,16 @@ std::string serialize(const core_state& core) {
 
 }  // namespace
 
+void serialize_state(const core_state& core, const std::function<void(std::string_view)>& piece) {
+  std::string buffer;
+  auto spill = [&](std::string& out) {
+    piece(out);
+    out.clear();
+  };
+  serialize(core, buffer, spill);
+  if (!buffer.empty()) piece(buffer);
+}
+
 namespace {
 
 // What a replay found, for the log line and --verify-data-dir.
@@ -180,14 +190,19 @@ replay_summary replay(node& nd, const store::data_dir& dir) {
 
 }  // namespace
 
-void recover(node& nd, const before_commit_fn& before_commit) {
+void recover(node& nd, const before_commit_fn& before_commit, bool discard) {
   if (nd.cfg.data_dir.empty()) {
     metad::log::info("no --data-dir: state lives in memory only and is lost on restart");
     return;
   }
   nd.data = std::make_unique<store::data_dir>(nd.cfg.data_dir);
   store::data_dir& dir = *nd.data;
-  replay_summary sum = replay(nd, dir);
+  replay_summary sum;
+  if (discard)
+    metad::log::info("recovery: {} starts empty (generation {} is dropped)", dir.path(),
+                     dir.generation());
+  else
+    sum = replay(nd, dir);
   // A recovered quarantine lasts its full time again (a client may retry across a
   // restart); with the quarantine off, those pages are free now, and a core whose
   // state that changed cannot reuse the snapshot it was recovered from.

@@ -15,7 +15,14 @@ namespace metad::persist {
 // generation is written, on the calling thread: what it adds to the cores' state (it
 // returns true then) is in that generation's snapshots when recover returns.
 using before_commit_fn = std::function<bool(pipeline::node&, const store::data_dir&)>;
-void recover(pipeline::node& nd, const before_commit_fn& before_commit = {});
+// discard: the directory's committed state is not replayed but dropped (a standby
+// that starts empty and copies the leader's state, design-ha §4 "Catch-up").
+void recover(pipeline::node& nd, const before_commit_fn& before_commit = {}, bool discard = false);
+
+// The core's state now as snapshot records (the snapshot files' format): piece(bytes)
+// is called with whole records, a few MiB at a time, in order. On the core's thread.
+void serialize_state(const pipeline::core_state& core,
+                     const std::function<void(std::string_view)>& piece);
 
 // --verify-data-dir: replays the directory's committed state without serving or writing
 // anything, prints what it holds (ranks, pages, bindings, keys, SGLang pools) or the damage

@@ -29,7 +29,17 @@ class standby_core {
   // Leader positions: what was received, and what this node's log holds durably (what
   // to ack once the core's group commit returns).
   std::uint64_t received_lsn() const { return leader_base_ + (log_.end() - local_base_); }
-  std::uint64_t durable_lsn() const { return leader_base_ + (log_.durable() - local_base_); }
+  // 0 until this node's log holds the bytes before leader_lsn (a snapshot received).
+  std::uint64_t durable_lsn() const {
+    return snapshot_durable() ? leader_base_ + (log_.durable() - local_base_) : 0;
+  }
+  bool snapshot_durable() const { return log_.durable() >= local_base_; }
+  // The state received so far (a snapshot's records) is the leader's at leader_lsn:
+  // what follows is the leader's log from there.
+  void rebase(std::uint64_t leader_lsn) {
+    leader_base_ = leader_lsn;
+    local_base_ = log_.end();
+  }
 
   int core() const { return core_; }
   replay_output& output() { return out_; }

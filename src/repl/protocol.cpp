@@ -84,6 +84,18 @@ void encode(std::string& out, const batch& m) {
   close(out, at);
 }
 
+void encode(std::string& out, const snapshot& m) {
+  const std::size_t at = open(out, message_type::snapshot);
+  put(out, m.epoch);
+  put(out, m.generation);
+  put(out, m.core);
+  put(out, m.lsn);
+  put(out, static_cast<std::uint8_t>(m.last ? 1 : 0));
+  put(out, static_cast<std::uint32_t>(m.bytes.size()));
+  out.append(m.bytes);
+  close(out, at);
+}
+
 void encode(std::string& out, const ack& m) {
   const std::size_t at = open(out, message_type::ack);
   put(out, m.epoch);
@@ -141,6 +153,14 @@ decoder::status decoder::decode_body(std::string_view body) {
       ok = in.get(batch.epoch) && in.get(batch.generation) && in.get(batch.core) &&
            in.get(batch.start_lsn) && in.get_prefixed<std::uint32_t>(batch.bytes) && in.done();
       break;
+    case message_type::snapshot: {
+      std::uint8_t last = 2;
+      ok = in.get(snapshot.epoch) && in.get(snapshot.generation) && in.get(snapshot.core) &&
+           in.get(snapshot.lsn) && in.get(last) && last <= 1 &&
+           in.get_prefixed<std::uint32_t>(snapshot.bytes) && in.done();
+      snapshot.last = last == 1;
+      break;
+    }
     case message_type::ack:
       ok = in.get(ack.epoch) && in.get(ack.generation) && in.get(ack.core) && in.get(ack.lsn) &&
            in.done();

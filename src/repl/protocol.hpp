@@ -26,6 +26,7 @@ enum class message_type : std::uint8_t {
   answer = 2,  // leader → standby: what the leader will do about it
   batch = 3,   // leader → standby: log bytes from start_lsn
   ack = 4,     // standby → leader: [0, lsn) is durable on the standby
+  snapshot = 5,  // leader → standby: one piece of the core's state as of lsn (need_snapshot)
 };
 
 // A position in one core's log: the generation (a leader's start-up writes a new one,
@@ -65,6 +66,18 @@ struct batch {
   std::uint64_t end_lsn() const { return start_lsn + bytes.size(); }
 };
 
+// After answer need_snapshot: the core's state as of log position `lsn`, as snapshot
+// records (the format of the data directory's snapshot files), in pieces of whole
+// records; the last has `last` set. Batches from `lsn` follow.
+struct snapshot {
+  std::uint64_t epoch = 0;
+  std::uint64_t generation = 0;
+  std::uint32_t core = 0;
+  std::uint64_t lsn = 0;
+  bool last = false;
+  std::string_view bytes;  // whole records; a view into the decoder's buffer
+};
+
 struct ack {
   std::uint64_t epoch = 0;
   std::uint64_t generation = 0;
@@ -78,6 +91,7 @@ void encode(std::string& out, const answer& m);
 void encode(std::string& out, const ack& m);
 // A batch's bytes are copied once, into `out` (the send buffer).
 void encode(std::string& out, const batch& m);
+void encode(std::string& out, const snapshot& m);
 
 // Cuts messages out of a byte stream split anywhere. feed() the bytes as they arrive,
 // then call next() until it returns need_more; a message's views stay valid until the
@@ -103,6 +117,7 @@ class decoder {
   struct hello hello;
   struct answer answer;
   struct batch batch;
+  struct snapshot snapshot;
   struct ack ack;
 
  private:

@@ -46,9 +46,33 @@ bool follower::on_answer(const answer& a) {
   return true;
 }
 
+bool follower::on_snapshot_answer(const answer& a) {
+  if (a.status != answer_status::need_snapshot || a.core != core_ || received_ != 0 ||
+      awaiting_snapshot_ || a.epoch < epoch_)
+    return false;
+  epoch_ = a.epoch;
+  generation_ = a.generation;
+  snapshot_lsn_ = a.lsn;
+  awaiting_snapshot_ = true;
+  return true;
+}
+
+bool follower::on_snapshot(const snapshot& s) {
+  if (!awaiting_snapshot_ || s.epoch != epoch_ || s.generation != generation_ ||
+      s.core != core_ || s.lsn != snapshot_lsn_)
+    return false;
+  if (s.last) {
+    awaiting_snapshot_ = false;
+    received_ = s.lsn;
+  }
+  return true;
+}
+
 follower::result follower::on_batch(const batch& b) {
   result r;
-  if (b.epoch != epoch_) {
+  if (awaiting_snapshot_) {
+    r.v = verdict::wrong_stream;  // the leader sends the whole snapshot first
+  } else if (b.epoch != epoch_) {
     r.v = verdict::wrong_epoch;
   } else if (b.generation != generation_ || b.core != core_) {
     r.v = verdict::wrong_stream;

@@ -62,6 +62,15 @@ class follower {
   // The leader's answer to our hello. stream from our own lsn: follow its epoch (an
   // empty standby, epoch 0, adopts it); anything else: false (no stream).
   bool on_answer(const answer& a);
+  // An empty standby's way in (nothing received yet): need_snapshot from the leader it
+  // asked. true: it follows that leader's epoch and generation, and snapshot pieces
+  // follow (on_snapshot), then batches from their lsn.
+  bool on_snapshot_answer(const answer& a);
+  // One piece of the awaited snapshot: false if none is awaited or it belongs to
+  // another stream or position (a protocol error). After the last piece received() is
+  // the snapshot's lsn, and the snapshot's durability is acked as durable(lsn).
+  bool on_snapshot(const snapshot& s);
+  bool awaiting_snapshot() const { return awaiting_snapshot_; }
 
   enum class verdict : std::uint8_t {
     apply,         // `bytes` (start_lsn at received() before the call) are new: append and apply
@@ -91,6 +100,8 @@ class follower {
   std::uint32_t core_;
   std::uint64_t received_;  // bytes handed to the applier
   std::uint64_t durable_;   // bytes the applier made durable
+  bool awaiting_snapshot_ = false;
+  std::uint64_t snapshot_lsn_ = 0;
 };
 
 }  // namespace metad::repl

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "metad/server.hpp"
+#include "repl/link.hpp"
 
 namespace metad {
 namespace {
@@ -25,16 +26,19 @@ std::string default_advertise(const std::string& host, std::uint16_t port) {
 
 }  // namespace
 
-std::string leader_value(const std::string& node, const std::string& http) {
-  return fmt::format(R"({{"node":"{}","http":"{}"}})", node, http);
+std::string leader_value(const std::string& node, const std::string& http,
+                         const std::string& repl) {
+  if (repl.empty()) return fmt::format(R"({{"node":"{}","http":"{}"}})", node, http);
+  return fmt::format(R"({{"node":"{}","http":"{}","repl":"{}"}})", node, http, repl);
 }
 
 ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string& error) {
   ha::config c;
   error.clear();
   if (cfg.ha_etcd.empty()) {
-    if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty())
-      error = "--ha-cluster, --ha-node and --ha-advertise need --ha-etcd";
+    if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty() ||
+        !cfg.repl_listen.empty())
+      error = "--ha-cluster, --ha-node, --ha-advertise and --repl-listen need --ha-etcd";
     return c;
   }
   if (cfg.ha_cluster.empty() || cfg.ha_node.empty()) {
@@ -58,8 +62,32 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
     error = fmt::format("--ha-advertise: expected http://HOST:PORT, got {}", http);
     return c;
   }
-  c.advertise = leader_value(c.node, http);
+  std::string repl;
+  if (!cfg.repl_listen.empty()) {
+    std::string host;
+    std::uint16_t repl_port = 0;
+    if (!repl::split_host_port(cfg.repl_listen, host, repl_port)) {
+      error = fmt::format("--repl-listen: expected IPv4 HOST:PORT, got {}", cfg.repl_listen);
+      return c;
+    }
+    if (cfg.data_dir.empty()) {
+      error = "--repl-listen needs --data-dir (a standby keeps what it acknowledges on disk)";
+      return c;
+    }
+    repl = repl_advertise(cfg.repl_listen, http);
+  }
+  c.advertise = leader_value(c.node, http, repl);
   return c;
+}
+
+std::string repl_advertise(const std::string& listen, const std::string& http) {
+  std::string host;
+  std::uint16_t port = 0;
+  if (!repl::split_host_port(listen, host, port)) return listen;
+  if (host != "0.0.0.0") return listen;
+  // Listening on every address: the host others reach this node's HTTP side at.
+  const auto at = ha::parse_endpoint(http);
+  return at ? fmt::format("{}:{}", at->host, port) : listen;
 }
 
 }  // namespace metad

@@ -15,7 +15,12 @@ namespace metad {
 // defaults to http://<host>:<port>); why they are unusable in `error`, empty if usable.
 ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string& error);
 
-// The leader key's value: {"node":"<id>","http":"<advertised URL>"}.
-std::string leader_value(const std::string& node, const std::string& http);
+// The leader key's value: {"node":"<id>","http":"<advertised URL>"}, and
+// "repl":"<HOST:PORT>" with replication.
+std::string leader_value(const std::string& node, const std::string& http,
+                         const std::string& repl = {});
+// The replication address others connect to: --repl-listen, with 0.0.0.0 replaced by
+// the host of the advertised http URL.
+std::string repl_advertise(const std::string& listen, const std::string& http);
 
 }  // namespace metad

@@ -25,6 +25,7 @@
 #include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
 #include "server/ha_setup.hpp"
+#include "server/replication.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/for_each_core.hpp"
@@ -43,12 +44,15 @@ namespace {
 // The server's side of one core's event loop.
 class core_runner final : public net::core_hooks {
  public:
-  core_runner(node& nd, int index) : node_(nd), index_(index) {}
+  core_runner(node& nd, int index, replication* repl) : node_(nd), index_(index), repl_(repl) {}
 
   std::unique_ptr<net::connection_handler> open(net::waker& w) override {
     return std::make_unique<pipeline::connection>(node_, *node_.core[index_], w);
   }
-  std::size_t poll() override { return node_.mailbox.drain(index_); }
+  std::size_t poll() override {
+    if (repl_ != nullptr) repl_->poll(index_);
+    return node_.mailbox.drain(index_);
+  }
   bool prepare_sleep() override { return node_.mailbox.prepare_sleep(index_); }
   void woke() override { node_.mailbox.woke(index_); }
   int wake_fd() override { return node_.mailbox.wake_fd(index_); }
@@ -58,6 +62,7 @@ class core_runner final : public net::core_hooks {
     store::log_writer::flush_job j;
     if (!persist::take_flush(node_, *node_.core[index_], retry_failed, j)) return false;
     flush_started_ns_ = smp::monotonic_ns();
+    if (repl_ != nullptr) repl_->shipped(index_, j);  // the standby gets the same bytes
     job = {j.fd, j.data, j.bytes, j.offset, node_.cfg.durable == durability::sync};
     return true;
   }
@@ -75,6 +80,7 @@ class core_runner final : public net::core_hooks {
       log::error("log write failed ({}): mutating requests get 503 until it succeeds", cause);
     }
     if (!log.failing() && was_failing) log::info("log writes succeed again");
+    if (repl_ != nullptr) repl_->flushed(index_);
   }
   bool may_exit() override {
     // Records of answered requests (none mode) go out before the core stops.
@@ -93,6 +99,7 @@ class core_runner final : public net::core_hooks {
  private:
   node& node_;
   int index_;
+  replication* repl_;  // --repl-listen; null without
   bool drained_ = false;
   std::uint64_t flush_started_ns_ = 0;
   pipeline::stale_sweeper stale_;  // this core's background reclamation of stale keys
@@ -139,8 +146,11 @@ void core_runner::tick() {
   core_state& core = *node_.core[index_];
   if (index_ == 0) node_.memory.sample();
   persist::snapshot_tick(node_, core);
-  pipeline::expire_due(node_, core);
-  pipeline::reclaim_stale_due(node_, core, stale_);
+  // A standby's state changes only as the leader's log says (its expiries included).
+  if (repl_ == nullptr || !repl_->standby()) {
+    pipeline::expire_due(node_, core);
+    pipeline::reclaim_stale_due(node_, core, stale_);
+  }
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
   core.directory.advance_growth();
   core.ranks.advance_growth();
@@ -217,6 +227,7 @@ struct server::impl {
   std::unique_ptr<pipeline::node> node;
   std::vector<int> listeners;
   std::unique_ptr<ha::control> ha;  // --ha-etcd: the leader lease's control thread
+  std::unique_ptr<replication> repl;  // --repl-listen
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
@@ -247,8 +258,21 @@ void server::run() {
   // Listeners open only after recovery: a client that connects sees the recovered state.
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     throw std::runtime_error("importing an SGLang state file needs a data directory");
-  persist::recover(nd, cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
-                                                      : persist::import_sglang_state);
+  // With replication, etcd says first whether this node recovers its own state or
+  // starts empty and copies the leader's.
+  auto start_as = replication::start_as::primary;
+  if (!cfg.repl_listen.empty()) {
+    std::string error;
+    start_as = probe_role(ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error), 30'000);
+    if (start_as == replication::start_as::standby && !cfg.sglang_import_path.empty())
+      throw std::runtime_error("--import-sglang-state: this node starts as a standby");
+  }
+  persist::recover(nd,
+                   cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
+                                                  : persist::import_sglang_state,
+                   start_as == replication::start_as::standby);
+  if (!cfg.repl_listen.empty())
+    impl_->repl = std::make_unique<replication>(nd, start_as);
   nd.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
   if (nd.memory.used() > nd.memory.max())
@@ -294,7 +318,7 @@ void server::run() {
       options.drain_timeout_ms = cfg.drain_timeout_ms;
       options.connections_max = cfg.connections_per_core_max;
       options.stats = &nd.core[static_cast<std::size_t>(i)]->connections;
-      core_runner hooks(nd, i);
+      core_runner hooks(nd, i, impl_->repl.get());
       try {
         if (use_uring)
           net::run_uring_loop(options, hooks);
@@ -310,6 +334,7 @@ void server::run() {
   // Drained: give the lease back at once, so that a node that may lead need not wait
   // for it to expire.
   if (impl_->ha) impl_->ha->stop(true);
+  if (impl_->repl) impl_->repl->stop();
   for (auto& core : nd.core) persist::finish_snapshot(*core);
   log::info("stopped");
 }
@@ -325,8 +350,17 @@ void server::start_ha(std::uint16_t port) {
               settings.advertise);
   log::info("ha: node {} of cluster {}, leader key value {}", settings.node, settings.cluster,
             settings.advertise);
-  impl_->ha = std::make_unique<ha::control>(std::move(settings));
+  replication* repl = impl_->repl.get();
+  if (repl == nullptr) {
+    impl_->ha = std::make_unique<ha::control>(std::move(settings));
+  } else {
+    impl_->ha = std::make_unique<ha::control>(
+        std::move(settings),
+        [repl](ha::role from, ha::role to, std::int64_t epoch) { repl->on_role(from, to, epoch); },
+        [repl](const std::optional<std::string>& sync) { return repl->may_campaign(sync); });
+  }
   impl_->node->ha = impl_->ha.get();
+  if (repl != nullptr) repl->start(*impl_->ha);
   impl_->ha->start();
 }
 

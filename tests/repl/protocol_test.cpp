@@ -35,6 +35,7 @@ std::string stream(const std::string& frames) {
   repl::encode(out, repl::answer{repl::answer_status::stream, 7, 2, 3, 123});
   repl::encode(out, repl::batch{7, 2, 3, 123, frames});
   repl::encode(out, repl::ack{7, 2, 3, 123 + frames.size()});
+  repl::encode(out, repl::snapshot{7, 2, 3, 456, true, frames});
   return out;
 }
 
@@ -59,6 +60,12 @@ std::vector<std::string> drain(decoder& d, decoder::status& last) {
                       std::to_string(d.batch.generation) + " " + std::to_string(d.batch.core) +
                       " " + std::to_string(d.batch.start_lsn) + " " + std::string(d.batch.bytes));
         break;
+      case repl::message_type::snapshot:
+        got.push_back("snapshot " + std::to_string(d.snapshot.epoch) + " " +
+                      std::to_string(d.snapshot.generation) + " " +
+                      std::to_string(d.snapshot.core) + " " + std::to_string(d.snapshot.lsn) +
+                      " " + std::to_string(d.snapshot.last) + " " + std::string(d.snapshot.bytes));
+        break;
       case repl::message_type::ack:
         got.push_back("ack " + std::to_string(d.ack.epoch) + " " +
                       std::to_string(d.ack.generation) + " " + std::to_string(d.ack.core) + " " +
@@ -76,11 +83,12 @@ TEST(ReplProtocol, EveryMessageRoundTrips) {
   decoder::status last{};
   const std::vector<std::string> got = drain(d, last);
   EXPECT_EQ(last, decoder::status::need_more);
-  ASSERT_EQ(got.size(), 4u);
+  ASSERT_EQ(got.size(), 5u);
   EXPECT_EQ(got[0], "hello 1 prod node-b 7 2 4 3 123");
   EXPECT_EQ(got[1], "answer 1 7 2 3 123");
   EXPECT_EQ(got[2], "batch 7 2 3 123 " + frames);  // the log bytes exactly as written
   EXPECT_EQ(got[3], "ack 7 2 3 " + std::to_string(123 + frames.size()));
+  EXPECT_EQ(got[4], "snapshot 7 2 3 456 1 " + frames);
   EXPECT_EQ(d.buffered(), 0u);
 }
 

@@ -88,6 +88,30 @@ TEST(ReplFollower, TakesTheLeadersEpochFromAStreamAnswer) {
   EXPECT_FALSE(f.on_answer({answer_status::stream, 6, 2, 3, 0}));  // never back
 }
 
+TEST(ReplFollower, AnEmptyStandbyTakesASnapshotThenBatchesFromItsPosition) {
+  follower f(0, 0, 3, 0);
+  const std::string piece = frames(2);
+  EXPECT_FALSE(f.on_snapshot({7, 2, 3, 900, true, piece}));  // not asked for
+  EXPECT_FALSE(f.on_snapshot_answer({answer_status::stream, 7, 2, 3, 900}));
+  EXPECT_FALSE(f.on_snapshot_answer({answer_status::need_snapshot, 7, 2, 4, 900}));  // core
+  ASSERT_TRUE(f.on_snapshot_answer({answer_status::need_snapshot, 7, 2, 3, 900}));
+  EXPECT_TRUE(f.awaiting_snapshot());
+  EXPECT_EQ(f.on_batch(batch(7, 900, piece)).v, verdict::wrong_stream);  // snapshot first
+  EXPECT_FALSE(f.on_snapshot({7, 2, 3, 901, false, piece}));  // another position
+  EXPECT_FALSE(f.on_snapshot({7, 1, 3, 900, false, piece}));  // another generation
+  EXPECT_TRUE(f.on_snapshot({7, 2, 3, 900, false, piece}));
+  EXPECT_EQ(f.received(), 0u);
+  EXPECT_TRUE(f.on_snapshot({7, 2, 3, 900, true, piece}));
+  EXPECT_FALSE(f.awaiting_snapshot());
+  EXPECT_EQ(f.received(), 900u);
+  EXPECT_EQ(f.durable(900).lsn, 900u);  // the snapshot is acked at its position
+  const std::string more = frames(1, 5);
+  const follower::result r = f.on_batch(batch(7, 900, more));
+  ASSERT_EQ(r.v, verdict::apply);
+  EXPECT_EQ(r.start_lsn, 900u);
+  EXPECT_FALSE(f.on_snapshot_answer({answer_status::need_snapshot, 8, 2, 3, 0}));  // not empty
+}
+
 TEST(ReplFollower, AppliesNewBatchesInOrderAndAcksWhatIsDurable) {
   const std::string a = frames(2), b = frames(3, 2);
   follower f(7, 2, 3, 0);

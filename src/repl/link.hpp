@@ -1,0 +1,94 @@
+// The sockets of replication: one thread per node moves bytes between each core's
+// stream (one TCP connection per core pair) and that core's channel. The cores run the
+// protocol (protocol.hpp, session.hpp) on their own threads; this thread only reads,
+// writes, accepts and connects, so a slow or silent peer never blocks a core.
+//
+// A link is in one of three modes, set by the server as the node's role changes:
+// - idle: no streams (a node without a role yet, or one being promoted);
+// - accept (a leader): connections from standbys are taken; the first message of each
+//   (a hello) names the core whose channel gets the stream, replacing any older one;
+// - follow (a standby): one connection per core to the address given, each core's
+//   channel gets its stream, and the core says hello. When any of them ends, all are
+//   closed and the set is connected again after a pause.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace metad::repl {
+
+// One core's bytes to and from its peer. The core calls take, send and close; the link
+// thread fills the inbox and empties the outbox. Every connection is a new stream
+// number: bytes of an older stream are dropped on both sides.
+class channel {
+ public:
+  // Appends what arrived on the current stream to `into` and returns that stream's
+  // number (0: no stream).
+  std::uint64_t take(std::string& into);
+  // Queues bytes for the peer of stream `stream` (dropped if that stream has ended).
+  void send(std::uint64_t stream, std::string_view bytes);
+  // Ends stream `stream` (a protocol error, or the peer dropped from the sync set).
+  void close(std::uint64_t stream);
+  // The current stream's number (0: none); for close() from another thread.
+  std::uint64_t current() const;
+  // Bytes queued and not yet written (back-pressure: the core drops a peer past a bound).
+  std::size_t queued() const;
+
+ private:
+  friend class link;
+  mutable std::mutex mutex_;
+  std::uint64_t stream_ = 0;
+  std::string inbox_, outbox_;
+  bool close_asked_ = false;
+  std::function<void()> wake_link_;
+};
+
+struct link_config {
+  int cores = 1;
+  // accept mode: where standbys connect; empty host: no listener.
+  std::string listen_host;
+  std::uint16_t listen_port = 0;
+  // Called (from the link thread) when core c's channel has news: bytes, or a stream
+  // that began or ended.
+  std::function<void(int core)> wake_core;
+  // Called on the link thread every loop turn (at most ~20 ms apart).
+  std::function<void()> each_turn;
+  int connect_timeout_ms = 200;
+  int reconnect_pause_ms = 100;
+};
+
+class link {
+ public:
+  explicit link(link_config cfg);  // binds the listener; throws std::system_error
+  ~link();
+  link(const link&) = delete;
+  link& operator=(const link&) = delete;
+
+  void start();
+  void stop();
+  std::uint16_t port() const { return port_; }
+  channel& at(int core) { return *channels_[static_cast<std::size_t>(core)]; }
+
+  enum class mode : std::uint8_t { idle, accept, follow };
+  // Changes mode; returns once every stream of the old mode is closed (the promotion's
+  // "cut the old stream first"). follow needs the leader's HOST:PORT.
+  void set_mode(mode m, const std::string& leader = {});
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  std::vector<std::unique_ptr<channel>> channels_;
+  std::uint16_t port_ = 0;
+};
+
+// "HOST:PORT" → host and port; false if malformed.
+bool split_host_port(std::string_view text, std::string& host, std::uint16_t& port);
+
+}  // namespace metad::repl

@@ -1,0 +1,548 @@
+#include "server/replication.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ha/etcd.hpp"
+#include "metad/log.hpp"
+#include "persist/durability.hpp"
+#include "persist/standby.hpp"
+#include "repl/link.hpp"
+#include "repl/protocol.hpp"
+#include "repl/session.hpp"
+#include "smp/clock.hpp"
+
+namespace metad {
+
+namespace {
+
+// A stream whose peer is this far behind in bytes queued is cut (a standby that cannot
+// keep up must not take the leader's memory with it).
+constexpr std::size_t kQueuedBytesMax = std::size_t{1} << 30;
+// A standby still catching up (its snapshot in transfer) may be silent this long.
+constexpr std::uint64_t kCatchUpSilenceMs = 60'000;
+
+[[noreturn]] void exit_to_resync(std::string_view why) {
+  log::error("replication: {}; exiting with status {} to start again as an empty standby", why,
+             kExitResync);
+  std::_Exit(kExitResync);
+}
+
+}  // namespace
+
+struct replication::impl {
+  // What each core's end of its stream shares with the sync-set decisions.
+  enum class progress : std::uint8_t { none, catching_up, caught_up };
+  struct shared_core {
+    std::atomic<progress> state{progress::none};
+    std::atomic<std::uint64_t> oldest_unacked_ns{0};  // 0: everything sent was acked
+    std::atomic<bool> require_applied{false};
+  };
+  // One core's end, touched by that core only (and by promotion while it is parked).
+  struct core_end {
+    std::uint64_t stream = 0;
+    repl::decoder decoder;
+    std::string in, out;
+    // Leader.
+    std::optional<repl::leader_stream> leading;
+    std::uint64_t caught_up_at = 0;  // the snapshot's (or hello's) position
+    std::deque<std::pair<std::uint64_t, std::uint64_t>> unacked;  // (end lsn, sent ns)
+    // Standby.
+    std::optional<repl::follower> following;
+    std::unique_ptr<persist::standby_core> applier;
+    bool acked_once = false;
+  };
+
+  pipeline::node& nd;
+  std::atomic<start_as> mode;
+  std::vector<core_end> ends;
+  std::unique_ptr<shared_core[]> shared;
+  std::atomic<bool> require{false};
+  std::mutex standby_mutex;
+  std::string standby_node;  // the node whose hello the cores answered last
+  std::unique_ptr<repl::link> link;
+  ha::control* control = nullptr;  // the lease's control thread (writes /sync)
+
+  // Promotion parks every core in poll() while the ha thread finishes the replay.
+  std::mutex park_mutex;
+  std::condition_variable park_cv;
+  std::atomic<bool> park_asked{false};
+  int parked = 0;
+
+  // The sync set, decided on the link thread.
+  enum class sync_state : std::uint8_t { alone, requiring, publishing, in_sync, dropping };
+  sync_state sync = sync_state::alone;
+  std::uint64_t sync_ticket = 0;
+  std::int64_t sync_epoch = 0;
+
+  impl(pipeline::node& n, start_as as)
+      : nd(n), mode(as), ends(static_cast<std::size_t>(n.cores)),
+        shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))) {
+    std::string host;
+    std::uint16_t port = 0;
+    repl::split_host_port(nd.cfg.repl_listen, host, port);
+    repl::link_config lc;
+    lc.cores = nd.cores;
+    lc.listen_host = host;
+    lc.listen_port = port;
+    lc.wake_core = [this](int c) { nd.mailbox.wake(c); };
+    lc.each_turn = [this] { decide_sync(); };
+    link = std::make_unique<repl::link>(std::move(lc));
+  }
+
+  pipeline::core_state& core(int c) { return *nd.core[static_cast<std::size_t>(c)]; }
+  void send(int c, core_end& e) {
+    if (!e.out.empty()) link->at(c).send(e.stream, e.out);
+    e.out.clear();
+  }
+  void close(int c, core_end& e) { link->at(c).close(e.stream); }
+
+  // --- the leader's side -------------------------------------------------------------
+
+  void publish_unacked(int c, const core_end& e) {
+    shared[static_cast<std::size_t>(c)].oldest_unacked_ns.store(
+        e.unacked.empty() ? 0 : e.unacked.front().second, std::memory_order_relaxed);
+  }
+
+  void end_leading(int c, core_end& e) {
+    e.leading.reset();
+    e.unacked.clear();
+    publish_unacked(c, e);
+    shared[static_cast<std::size_t>(c)].state.store(progress::none);
+  }
+
+  void on_hello(int c, core_end& e, const repl::hello& h) {
+    const bool leading = nd.ha != nullptr && nd.ha->serving();
+    store::log_writer& log = core(c).log;
+    repl::leader_view view;
+    view.cluster = nd.cfg.ha_cluster;
+    view.epoch = leading ? static_cast<std::uint64_t>(nd.ha->epoch()) : 0;
+    view.generation = nd.data ? nd.data->generation() : 0;
+    view.cores = static_cast<std::uint32_t>(nd.cores);
+    view.retained_from = log.end();  // this version resends nothing from its segments
+    view.end = log.end();
+    repl::answer a = repl::answer_hello(h, view);
+    if (!leading) a.status = repl::answer_status::refused;
+    if (a.status == repl::answer_status::need_snapshot) {
+      a.lsn = log.end();  // the state now is the log up to its end, pending records included
+      repl::encode(e.out, a);
+      send(c, e);
+      const repl::snapshot head{view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn,
+                                false, {}};
+      persist::serialize_state(core(c), [&](std::string_view piece) {
+        repl::snapshot s = head;
+        s.bytes = piece;
+        repl::encode(e.out, s);
+        send(c, e);
+      });
+      repl::snapshot last = head;
+      last.last = true;
+      repl::encode(e.out, last);
+      send(c, e);
+    } else {
+      repl::encode(e.out, a);
+      send(c, e);
+      if (a.status != repl::answer_status::stream) {
+        log::warn("replication: core {} refused node {}'s stream ({})", c, h.node,
+                  static_cast<int>(a.status));
+        return close(c, e);
+      }
+    }
+    e.leading.emplace(view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn);
+    e.caught_up_at = a.lsn;
+    e.unacked.assign(1, {a.lsn, smp::monotonic_ns()});
+    publish_unacked(c, e);
+    shared[static_cast<std::size_t>(c)].state.store(progress::catching_up);
+    std::lock_guard lock(standby_mutex);
+    standby_node = h.node;
+  }
+
+  void on_ack(int c, core_end& e, const repl::ack& a) {
+    if (!e.leading || !e.leading->on_ack(a)) {
+      log::warn("replication: core {}: an ack out of order; closing the stream", c);
+      return close(c, e);
+    }
+    store::log_writer& log = core(c).log;
+    log.replicated_until(std::min(a.lsn, log.end()));
+    while (!e.unacked.empty() && e.unacked.front().first <= a.lsn) e.unacked.pop_front();
+    publish_unacked(c, e);
+    if (a.lsn >= e.caught_up_at)
+      shared[static_cast<std::size_t>(c)].state.store(progress::caught_up);
+  }
+
+  // --- the standby's side ------------------------------------------------------------
+
+  void say_hello(int c, core_end& e) {
+    if (e.following && (e.following->received() > 0 || e.following->awaiting_snapshot()))
+      exit_to_resync("the stream from the leader ended and this version cannot resume it");
+    e.following.emplace(0, 0, static_cast<std::uint32_t>(c), 0);
+    repl::hello h;
+    h.cluster = nd.cfg.ha_cluster;
+    h.node = nd.cfg.ha_node;
+    h.cores = static_cast<std::uint32_t>(nd.cores);
+    h.core = static_cast<std::uint32_t>(c);
+    repl::encode(e.out, h);
+    send(c, e);
+  }
+
+  void on_answer(int c, core_end& e, const repl::answer& a) {
+    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
+      return;
+    if (a.status == repl::answer_status::refused) {  // not (yet) serving: try again later
+      log::info("replication: the leader refused core {}'s stream for now", c);
+      return close(c, e);
+    }
+    exit_to_resync("the leader cannot stream to this standby's position");
+  }
+
+  void on_snapshot(int c, core_end& e, const repl::snapshot& s) {
+    if (!e.following->on_snapshot(s)) exit_to_resync("a snapshot piece out of order");
+    if (!e.applier) e.applier = std::make_unique<persist::standby_core>(nd, c, 0);
+    try {
+      e.applier->receive(s.bytes);
+    } catch (const std::exception& error) {
+      exit_to_resync(error.what());
+    }
+    if (s.last) {
+      e.applier->rebase(s.lsn);
+      log::info("replication: core {} received the leader's state at {}", c, s.lsn);
+    }
+  }
+
+  void on_batch(int c, core_end& e, const repl::batch& b) {
+    using verdict = repl::follower::verdict;
+    const repl::follower::result r = e.following->on_batch(b);
+    switch (r.v) {
+      case verdict::apply:
+        try {
+          e.applier->receive(r.bytes);
+        } catch (const std::exception& error) {
+          exit_to_resync(error.what());
+        }
+        return;
+      case verdict::duplicate:
+        repl::encode(e.out, e.following->current_ack());
+        return send(c, e);
+      case verdict::wrong_epoch:  // a deposed leader's: never acked (fencing)
+        log::warn("replication: core {}: a batch of epoch {}, following {}; closing", c, b.epoch,
+                  e.following->epoch());
+        return close(c, e);
+      default:
+        exit_to_resync("a batch that does not continue this standby's log");
+    }
+  }
+
+  void ack_durable(int c, core_end& e) {
+    if (!e.following || !e.applier || e.following->awaiting_snapshot() || e.stream == 0) return;
+    const std::uint64_t log_durable = e.applier->durable_lsn();
+    if (log_durable == 0 && !e.applier->snapshot_durable()) return;
+    const std::uint64_t durable = std::min(log_durable, e.following->received());
+    // The first ack says the snapshot is durable, even at position 0.
+    if (durable <= e.following->acked() && e.acked_once) return;
+    e.acked_once = true;
+    repl::encode(e.out, e.following->durable(durable));
+    send(c, e);
+  }
+
+  // --- both -------------------------------------------------------------------------
+
+  void handle(int c, core_end& e) {
+    const bool leader = mode.load() == start_as::primary;
+    for (;;) {
+      const repl::decoder::status st = e.decoder.next();
+      if (st == repl::decoder::status::need_more) return;
+      if (st != repl::decoder::status::message) {
+        log::warn("replication: core {}: a damaged message; closing the stream", c);
+        return close(c, e);
+      }
+      using type = repl::message_type;
+      const type t = e.decoder.type;
+      if (leader && t == type::hello) {
+        on_hello(c, e, e.decoder.hello);
+      } else if (leader && t == type::ack) {
+        on_ack(c, e, e.decoder.ack);
+      } else if (!leader && t == type::answer) {
+        on_answer(c, e, e.decoder.answer);
+      } else if (!leader && t == type::snapshot) {
+        on_snapshot(c, e, e.decoder.snapshot);
+      } else if (!leader && t == type::batch) {
+        on_batch(c, e, e.decoder.batch);
+      } else {
+        log::warn("replication: core {}: an unexpected message; closing the stream", c);
+        return close(c, e);
+      }
+      if (e.stream == 0) return;
+    }
+  }
+
+  void poll(int c) {
+    core_end& e = ends[static_cast<std::size_t>(c)];
+    e.in.clear();
+    const std::uint64_t stream = link->at(c).take(e.in);
+    if (stream != e.stream) {
+      e.stream = stream;
+      e.decoder = repl::decoder{};
+      if (mode.load() == start_as::primary)
+        end_leading(c, e);
+      else if (stream != 0)
+        say_hello(c, e);
+    }
+    if (!e.in.empty() && e.stream != 0) {
+      e.decoder.feed(e.in);
+      handle(c, e);
+    }
+    if (mode.load() == start_as::standby) ack_durable(c, e);
+    store::log_writer& log = core(c).log;
+    const bool required = require.load();
+    if (log.standby_required() != required) log.require_standby(required);
+    shared[static_cast<std::size_t>(c)].require_applied.store(required);
+    if (park_asked.load()) park();
+  }
+
+  void park() {
+    std::unique_lock lock(park_mutex);
+    ++parked;
+    park_cv.notify_all();
+    park_cv.wait(lock, [this] { return !park_asked.load(); });
+    --parked;
+  }
+
+  void shipped(int c, const store::log_writer::flush_job& job) {
+    core_end& e = ends[static_cast<std::size_t>(c)];
+    if (!e.leading) return;
+    const std::uint64_t end = job.lsn + job.bytes;
+    const std::uint64_t from = std::max(job.lsn, e.leading->sent());
+    if (end <= from) return;
+    METAD_ASSERT(job.lsn <= e.leading->sent());  // every byte since the snapshot passes here
+    e.leading->send(e.out, std::string_view(job.data + (from - job.lsn), end - from));
+    send(c, e);
+    e.unacked.emplace_back(end, smp::monotonic_ns());
+    publish_unacked(c, e);
+    if (link->at(c).queued() > kQueuedBytesMax) {
+      log::warn("replication: core {}: the standby is {} bytes behind; closing its stream", c,
+                link->at(c).queued());
+      close(c, e);
+    }
+  }
+
+  // --- the sync set (link thread) -----------------------------------------------------
+
+  bool all(progress p) const {
+    for (int c = 0; c < nd.cores; ++c)
+      if (shared[static_cast<std::size_t>(c)].state.load() != p) return false;
+    return true;
+  }
+
+  // A core whose standby has been silent past its bound, or whose stream ended.
+  bool lagging(bool in_set) const {
+    const std::uint64_t now = smp::monotonic_ns();
+    const std::uint64_t bound =
+        (in_set ? nd.cfg.sync_timeout_ms : kCatchUpSilenceMs) * smp::kNsPerMs;
+    for (int c = 0; c < nd.cores; ++c) {
+      const shared_core& s = shared[static_cast<std::size_t>(c)];
+      if (in_set && s.state.load() != progress::caught_up) return true;
+      const std::uint64_t oldest = s.oldest_unacked_ns.load(std::memory_order_relaxed);
+      if (oldest != 0 && now > oldest && now - oldest > bound) return true;
+    }
+    return false;
+  }
+
+  void wake_cores() {
+    for (int c = 0; c < nd.cores; ++c) nd.mailbox.wake(c);
+  }
+
+  void decide_sync() {
+    if (nd.ha == nullptr || mode.load() != start_as::primary) return;
+    const std::int64_t epoch = nd.ha->epoch();
+    if (epoch != sync_epoch) {  // a new leadership (or none): its /sync lists no standby
+      sync_epoch = epoch;
+      if (sync != sync_state::alone) {
+        require = false;
+        wake_cores();
+        sync = sync_state::alone;
+      }
+    }
+    if (epoch == 0) return;
+    switch (sync) {
+      case sync_state::alone:
+        if (lagging(false)) {
+          log::warn("replication: a standby catching up went silent; closing its streams");
+          close_all();
+        } else if (all(progress::caught_up)) {
+          require = true;  // into the ack set first
+          wake_cores();
+          sync = sync_state::requiring;
+        }
+        return;
+      case sync_state::requiring: {
+        if (lagging(true)) {  // not yet named in /sync: release at once
+          require = false;
+          wake_cores();
+          close_all();
+          sync = sync_state::alone;
+          return;
+        }
+        for (int c = 0; c < nd.cores; ++c)
+          if (!shared[static_cast<std::size_t>(c)].require_applied.load()) return;
+        std::string node;
+        {
+          std::lock_guard lock(standby_mutex);
+          node = standby_node;
+        }
+        sync_ticket = control->request_sync({node});
+        sync = sync_state::publishing;
+        return;
+      }
+      case sync_state::publishing:
+      case sync_state::in_sync:
+        if (lagging(true)) {
+          close_all();
+          log::warn("replication: the standby stopped acknowledging: /sync first, then alone");
+          sync_ticket = control->request_sync({});
+          sync = sync_state::dropping;
+        } else if (sync == sync_state::publishing && nd.ha->sync_written(sync_ticket)) {
+          log::info("replication: the standby is in sync: writes wait for its acknowledgement");
+          sync = sync_state::in_sync;
+        }
+        return;
+      case sync_state::dropping:
+        if (!nd.ha->sync_written(sync_ticket)) return;  // until /sync no longer names it
+        require = false;
+        wake_cores();
+        log::info("replication: /sync lists no standby: acknowledging alone");
+        sync = sync_state::alone;
+        return;
+    }
+  }
+
+  void close_all() {
+    for (int c = 0; c < nd.cores; ++c) link->at(c).close(link->at(c).current());
+  }
+
+  // --- promotion (ha thread) ---------------------------------------------------------
+
+  void promote() {
+    auto t = std::chrono::steady_clock::now();
+    link->set_mode(repl::link::mode::idle);  // the old leader's streams end first
+    {
+      std::unique_lock lock(park_mutex);
+      park_asked = true;
+      wake_cores();
+      park_cv.wait(lock, [this] { return parked == nd.cores; });
+    }
+    std::vector<std::unique_ptr<persist::standby_core>> appliers;
+    for (core_end& e : ends) {
+      appliers.push_back(std::move(e.applier));
+      e.following.reset();
+    }
+    persist::promote_standby(nd, appliers);
+    mode = start_as::primary;
+    {
+      std::lock_guard lock(park_mutex);
+      park_asked = false;
+    }
+    park_cv.notify_all();
+    link->set_mode(repl::link::mode::accept);
+    log::info("replication: promoted in {:.1f} ms",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+                  .count());
+  }
+
+  bool caught_up_standby() const {
+    for (const core_end& e : ends)
+      if (!e.applier || !e.following || e.following->awaiting_snapshot()) return false;
+    return true;
+  }
+};
+
+replication::replication(pipeline::node& nd, start_as as)
+    : impl_(std::make_unique<impl>(nd, as)) {}
+
+replication::~replication() { stop(); }
+
+void replication::start(ha::control& control) {
+  impl_->control = &control;
+  if (impl_->mode.load() == start_as::standby) {
+    log::info("replication: starting empty, as a standby: waiting for the leader's address");
+  }
+  impl_->link->start();
+}
+
+void replication::stop() { impl_->link->stop(); }
+
+bool replication::standby() const { return impl_->mode.load() == start_as::standby; }
+
+void replication::poll(int c) { impl_->poll(c); }
+
+void replication::shipped(int c, const store::log_writer::flush_job& job) {
+  impl_->shipped(c, job);
+}
+
+void replication::flushed(int c) {
+  if (standby()) impl_->ack_durable(c, impl_->ends[static_cast<std::size_t>(c)]);
+}
+
+void replication::on_role(ha::role from, ha::role to, std::int64_t) {
+  impl& m = *impl_;
+  const bool primary = m.mode.load() == start_as::primary;
+  if (to == ha::role::leader) {
+    if (!primary) m.promote();
+    m.link->set_mode(repl::link::mode::accept);
+    return;
+  }
+  if (to != ha::role::standby) return;
+  if (primary)
+    exit_to_resync(from == ha::role::candidate
+                       ? "another node leads: this node's own state may have forked from it"
+                       : "this node was deposed: its state may have forked from the new leader's");
+  const auto leader = m.nd.ha->leader();
+  if (!leader || leader->repl.empty()) {
+    log::warn("replication: the leader names no replication address: waiting");
+    m.link->set_mode(repl::link::mode::idle);
+    return;
+  }
+  log::info("replication: following node {} at {}", leader->node, leader->repl);
+  m.link->set_mode(repl::link::mode::follow, leader->repl);
+}
+
+bool replication::may_campaign(const std::optional<std::string>& sync) const {
+  if (!ha::listed_in_sync(sync, impl_->nd.cfg.ha_node)) return false;
+  // A standby leads only with the whole of the leader's state (promotion needs it).
+  return !standby() || impl_->caught_up_standby();
+}
+
+replication::start_as probe_role(const ha::config& settings, std::uint32_t patience_ms) {
+  ha::etcd_client etcd(settings.etcd, settings.connect_timeout);
+  const std::vector<std::string> keys{ha::leader_key(settings.cluster),
+                                      ha::sync_key(settings.cluster)};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(patience_ms);
+  for (;;) {
+    auto read = etcd.read(keys, std::chrono::steady_clock::now() + settings.request_timeout);
+    if (read) {
+      std::optional<std::string> sync;
+      if (read->keys[1]) sync = read->keys[1]->value;
+      if (read->keys[0]) {
+        const auto info = ha::parse_leader_value(read->keys[0]->value);
+        if (!info || info->node != settings.node) return replication::start_as::standby;
+      }
+      return ha::listed_in_sync(sync, settings.node) ? replication::start_as::primary
+                                                     : replication::start_as::standby;
+    }
+    if (std::chrono::steady_clock::now() >= until)
+      throw std::runtime_error("replication: etcd does not answer (" + read.error +
+                               "): cannot tell whether this node leads or follows");
+    log::warn("replication: etcd does not answer yet ({}); retrying", read.error);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace metad

@@ -1,0 +1,68 @@
+// Synchronous replication to a hot standby (--repl-listen; design-ha.md §4), wired into
+// the cores' loops. One object per node:
+// - on a leader, each core ships what its group commit writes to the standby's core
+//   and moves its log's replicated watermark as acks come back; a standby that is new
+//   first gets a snapshot of each core's state. Once every core's standby caught up,
+//   the standby joins the ack set, then /sync names it (Patroni's order); one silent for
+//   --sync-timeout-ms is taken off /sync first, then the leader acknowledges alone.
+// - on a standby, each core appends the leader's frames to its own log, applies them
+//   as recovery does, and acks what its own group commit made durable. Its cores do
+//   not expire or reclaim anything (the leader's log says when). When it wins the
+//   lease it cuts the streams, parks the cores, finishes the replay (promotion) and
+//   serves.
+// A node whose state can no longer follow the leader (it led and was deposed, or its
+// stream cannot resume) exits with status 75 (kExitResync) so that its supervisor
+// starts it again: empty, as a standby.
+//
+// Threads: the core hooks run on their core; on_role and may_campaign on the ha thread;
+// the sync-set decisions on the link thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ha/control.hpp"
+#include "pipeline/node.hpp"
+#include "store/log.hpp"
+
+namespace metad {
+
+inline constexpr int kExitResync = 75;  // EX_TEMPFAIL: restart me
+
+class replication {
+ public:
+  enum class start_as : std::uint8_t { primary, standby };
+
+  // Binds --repl-listen (throws std::system_error).
+  replication(pipeline::node& nd, start_as as);
+  ~replication();
+  replication(const replication&) = delete;
+  replication& operator=(const replication&) = delete;
+
+  // Before the control starts (its callbacks call this object); nd.ha set too.
+  void start(ha::control& control);
+  void stop();
+  bool standby() const;  // the cores must leave expiry and reclamation to the leader
+
+  // Core c's loop.
+  void poll(int c);
+  void shipped(int c, const store::log_writer::flush_job& job);
+  void flushed(int c);
+
+  // The ha thread.
+  void on_role(ha::role from, ha::role to, std::int64_t epoch);
+  bool may_campaign(const std::optional<std::string>& sync) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// Start-up, before recovery: whether this node joins as an empty standby (another
+// node leads, or /sync exists and does not list it) or recovers its own state. Asks
+// etcd, retrying for up to `patience_ms`; throws std::runtime_error if it never answers.
+replication::start_as probe_role(const ha::config& settings, std::uint32_t patience_ms);
+
+}  // namespace metad
