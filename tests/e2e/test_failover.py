@@ -6,16 +6,16 @@ Checks:
   a. a leads; b starts as an empty standby, catches up and is listed in /sync within a
      few seconds; b answers the API (and /ready) 503 naming a; the leader key carries
      the repl address and /sync's epoch is the leader key's create_revision.
-  b. an ack ledger: a vLLM-like writer (initialize rank 0, then batch_allocate + confirm
-     of fresh keys, every 5th task releasing its pages instead) runs against a; a is
-     killed -9 under it. b must serve (kill -> /ready 200 and kill -> first API 200 are
+  b. an ack ledger: two vLLM-like writers (initialize rank 0, then batch_allocate +
+     confirm of fresh keys, every 5th task releasing its pages instead) run against a; a
+     is killed -9 under them. b must serve (kill -> /ready 200 and kill -> first API 200 are
      measured and printed), and on b EVERY acknowledged binding is present with its page
      (get_locations, batch_exists), no page is bound to two keys, the acknowledged but
      unconfirmed reservation can still be confirmed, and a fresh allocation gets none of
      the acknowledged pages. 0 lost.
   c. the old leader a restarted with the same command line ends as b's standby, listed
      in /sync (one exit with status 75 and a restart allowed); a second failover (kill -9
-     b under a writer) keeps the whole ledger of both phases intact on a.
+     b under the writers) keeps the whole ledger of both phases intact on a.
 
 Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 --repl-listen. Run by scripts/test.sh's release stage (ctest e2e_python_failover, label
@@ -112,32 +112,38 @@ class FailoverTest(HaCase):
                          f"after its start\n")
         return a, b
 
-    def write_then_kill(self, leader, standby, ledger, tag, min_bound=200):
-        """Runs a writer against `leader` until it has min_bound acked bindings more, then
-        kills the leader under it; returns (kill -> standby /ready 200 ms, kill -> first
-        API 200 ms)."""
+    def write_then_kill(self, leader, standby, ledger, tag, min_bound=1000, writers=2):
+        """Runs `writers` writers (engines sharing rank 0) against `leader` until they
+        have min_bound acked bindings more, then kills the leader under them; returns
+        (kill -> standby /ready 200 ms, kill -> first API 200 ms)."""
         before = ledger.bound_count()
-        writer = Writer(leader.base_url, 0, ledger, tag)
-        writer.start()
+        ws = [Writer(leader.base_url, 0, ledger, f"{tag}-{i}") for i in range(writers)]
+        for w in ws:
+            w.start()
         self.assertTrue(wait_until(lambda: ledger.bound_count() >= before + min_bound
-                                   or not writer.is_alive(), 20), "the writer made no progress")
-        self.assertTrue(writer.is_alive(), f"the writer stopped before the kill: "
-                        f"{writer.stopped_by}\n{leader.log(20)}")
+                                   or not all(w.is_alive() for w in ws), 30),
+                        "the writers made no progress")
+        for w in ws:
+            self.assertTrue(w.is_alive(), f"a writer stopped before the kill: "
+                            f"{w.stopped_by}\n{leader.log(20)}")
         # Only a standby listed in /sync takes over; one that dropped out under the
-        # writer (no ack within --sync-timeout-ms) would make the kill a plain outage.
+        # writers (no ack within --sync-timeout-ms) would make the kill a plain outage.
         self.assertTrue(self.cluster_keys.in_sync(standby.id, leader.id),
-                        f"{standby.id} fell out of /sync under the writer: "
+                        f"{standby.id} fell out of /sync under the writers: "
                         f"{self.cluster_keys.sync()}\n{leader.log(20)}")
         t0 = time.monotonic()
         leader.kill()
         ready_ms, api_ms = measure_takeover(standby.base_url, standby.base_url, t0,
                                             TAKEOVER_TIMEOUT_S)
-        writer.join(10)
-        self.assertFalse(writer.is_alive(), "the writer did not notice the kill")
+        for w in ws:
+            w.join(10)
+            self.assertFalse(w.is_alive(), "a writer did not notice the kill")
+        pending = sum(len(m) for m in ledger.snapshot()[1].values())
         sys.stderr.write(f"  kill -9 {leader.id}: {standby.id} /ready 200 after "
                          f"{ready_ms and round(ready_ms)} ms, first API 200 after "
-                         f"{api_ms and round(api_ms)} ms; {writer.tasks} tasks, "
-                         f"{ledger.bound_count()} keys acked bound\n")
+                         f"{api_ms and round(api_ms)} ms; {sum(w.tasks for w in ws)} tasks, "
+                         f"{ledger.bound_count()} keys acked bound, {pending} acked "
+                         f"reservations pending\n")
         self.assertIsNotNone(ready_ms, f"{standby.id} did not serve within "
                              f"{TAKEOVER_TIMEOUT_S} s:\n{standby.log(40)}")
         self.assertIsNotNone(api_ms)
@@ -155,12 +161,12 @@ class FailoverTest(HaCase):
                          result["details"])
         c = Client(node.base_url)
         try:
-            # The rank holds the acked bindings, plus at most the one task per kill that
-            # was in flight (its confirm may have been applied but not answered).
+            # The rank holds the acked bindings, plus at most one task per writer and kill
+            # that was in flight (its confirm may have been applied but not answered).
             info = c.rank_info(0).json()
             acked = len(bound.get(0, {}))
             self.assertGreaterEqual(info["bound"], acked, info)
-            self.assertLessEqual(info["bound"], acked + 8 * kills, info)
+            self.assertLessEqual(info["bound"], acked + 8 * 2 * kills, info)
             # An acknowledged reservation (allocate answered, confirm not sent or not
             # answered) is still this writer's: its confirm succeeds on the new leader.
             pending = reserved.get(0, {})
@@ -176,8 +182,8 @@ class FailoverTest(HaCase):
             pages = [p for _, p in answer.json()["results"]]
             self.assertNotIn(-1, pages)
             self.assertEqual(set(pages) & taken, set(), "an acked page was handed out again")
-            self.assertEqual(c.confirm_write(0, answer.json()["results"], pages).status_code,
-                             204)  # released again (write-failure path): nothing kept
+            # Released again (the write-failure path): nothing kept.
+            self.assertEqual(c.confirm_write(0, [], pages).status_code, 204)
         finally:
             c.close()
 
