@@ -258,14 +258,18 @@ class Run:
         # Let calls that were retrying across the gap finish before counting them.
         time.sleep(o.settle)
         failures1, retried1 = self.client_counts()
+        slow = sorted((call for w in self.writers for call in list(w.slow_calls)
+                       if call[0] >= t0), key=lambda call: -call[1])
+        for end, took, path, attempts in slow[:3]:
+            log(f"  slow call: {path} {took * 1000:.0f} ms, ended +{(end - t0) * 1000:.0f} ms "
+                "after the kill; tries (start ms, ms, outcome): "
+                + ", ".join(f"({a * 1000:.0f}, {d * 1000:.0f}, {o})" for a, d, o in attempts))
         lost += len(self.ledger.problems) - problems0
         for text in self.ledger.problems[problems0:]:
             log(f"writer saw: {text}")
         row = {"round": i, "killed": old.id, "new_leader": new.id,
                "ready_ms": round(ready_ms), "api_ms": round(api_ms),
-               "worst_call_ms": round(1000 * max([took for w in self.writers
-                                                  for end, took in list(w.slow_calls)
-                                                  if end >= t0] or [0])),
+               "worst_call_ms": round(1000 * max([call[1] for call in slow] or [0])),
                "rejoin_ms": "" if rejoin_ms is None else round(rejoin_ms),
                "exits_75": exits, "keys_checked": checked, "lost": lost,
                "client_failures": failures1 - failures0,

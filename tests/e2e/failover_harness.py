@@ -342,7 +342,9 @@ class Writer(threading.Thread):
         self.calls = 0
         self.failures = []  # (monotonic time of giving up, endpoint, last error)
         self.retried_calls = 0
-        self.slow_calls = []  # (monotonic end, seconds) of logical calls over 0.1 s
+        # (monotonic end, seconds, path, attempts) of logical calls over 0.1 s; attempts:
+        # (start offset s, seconds, outcome) of each try.
+        self.slow_calls = []
         self.stopped_by = None  # the error that ended a non-retrying writer
         self.session = requests.Session()
 
@@ -352,15 +354,16 @@ class Writer(threading.Thread):
     def _call(self, path, body):
         """One logical call with vLLM's retries: (response or None, last error text)."""
         began = time.monotonic()
+        attempts = []
         try:
-            return self._attempts(path, body)
+            return self._attempts(path, body, began, attempts)
         finally:
             took = time.monotonic() - began
             if took > 0.1:
                 with self.lock:
-                    self.slow_calls.append((time.monotonic(), took))
+                    self.slow_calls.append((time.monotonic(), took, path, attempts))
 
-    def _attempts(self, path, body):
+    def _attempts(self, path, body, began, attempts):
         sleeps = VLLM_RETRY_SLEEPS if self.retry else ()
         error = None
         for attempt in range(len(sleeps) + 1):
@@ -369,11 +372,14 @@ class Writer(threading.Thread):
                     if attempt == 1:
                         self.retried_calls += 1
                 time.sleep(sleeps[attempt - 1])
+            at = time.monotonic()
             try:
                 r = _post(self.session, self.url + path, body, self.timeout)
             except requests.RequestException as e:
                 error = f"{type(e).__name__}: {e}"[:300]
+                attempts.append((at - began, time.monotonic() - at, type(e).__name__))
                 continue
+            attempts.append((at - began, time.monotonic() - at, r.status_code))
             if r.status_code in RETRY_STATUSES:
                 error = f"{r.status_code} {r.text[:200]}"
                 continue
