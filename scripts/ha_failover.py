@@ -10,8 +10,11 @@ vLLM's retry schedule (attempts at 0, 0.01, 0.61, 1.81 s on a lost connection or
 Every acknowledged answer goes into an ack ledger (tests/e2e/failover_harness.py).
 
 Each round: kill -9 the current leader -> wait for the other to serve -> check the ledger
-against it -> restart the killed node with the same command line (it resyncs as standby;
-an exit with status 75 is restarted and counted) -> wait until /sync lists it again.
+against it -> restart the killed node with the same command line (it resyncs as standby)
+-> wait until /sync lists it again. Any exit with status 75 (cannot follow) is restarted
+0.2 s later and counted, as systemd does with deploy/ha/ha.conf. --restart-after-ms N
+restarts the killed node N ms after the kill instead (deploy/ha/ha.conf: 200), so it
+comes back inside its own lease; whichever node then serves is the new leader.
 
 Per round: kill -> new leader /ready 200 (ms), kill -> first API 200 through HAProxy
 (ms), the longest writer call of the round (its retries included), restart -> back in
@@ -43,8 +46,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 
 import requests  # noqa: E402
 
-from failover_harness import (EXIT_DIVERGED, Cluster, Ledger, Node, Writer,  # noqa: E402
-                              check_ledger, initialize, measure_takeover, ready, wait_until)
+from failover_harness import (EXIT_DIVERGED, Cluster, Diverged, Ledger, Node,  # noqa: E402
+                              Supervisor, Writer, check_ledger, initialize, ready,
+                              takeover_any, wait_until)
 from test_ha import HAPROXY, Etcd, free_port  # noqa: E402
 
 FIELDS = ["round", "killed", "new_leader", "ready_ms", "api_ms", "worst_call_ms",
@@ -114,6 +118,7 @@ class Run:
                 del n.args[i:i + 2]
             self.nodes[node_id] = n
         a, b = self.nodes["a"], self.nodes["b"]
+        self.supervisor = Supervisor([a, b], restart_s=0.2)
         self.start_node(a)
         if not wait_until(lambda: ready(a.base_url), 10):
             raise RuntimeError(f"a did not lead:\n{a.log(30)}")
@@ -181,27 +186,16 @@ class Run:
                                f"{node.log(30)}")
 
     def wait_rejoined(self, node, leader, timeout):
-        """Until /sync lists node under leader; restarts it after each exit 75 (counted).
-        Returns the number of such exits."""
-        exits = 0
-        deadline = time.monotonic() + timeout
-        while not self.cluster.in_sync(node.id, leader.id):
-            code = node.exit_code()
-            if code is not None:
-                if code != EXIT_DIVERGED or exits >= 3:
-                    raise RuntimeError(f"{node.id} exited with {code} (after {exits} exits "
-                                       f"75):\n{node.log(30)}")
-                exits += 1
-                log(f"{node.id} exited 75 ({node.log(1)}); restarting it")
-                self.start_node(node)
-            if not leader.alive():
-                raise RuntimeError(f"leader {leader.id} died (exit {leader.exit_code()}):\n"
-                                   f"{leader.log(30)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{node.id} not in /sync of {leader.id} after {timeout} s;"
-                                   f" /sync {self.cluster.sync()}\n{node.log(30)}")
-            time.sleep(0.05)
-        return exits
+        """Until /sync lists node under leader, the nodes supervised (exit 75 -> restart
+        0.2 s later, counted in self.supervisor.exits)."""
+        try:
+            ok = self.supervisor.until(lambda: self.cluster.in_sync(node.id, leader.id),
+                                       timeout)
+        except Diverged as e:
+            raise RuntimeError(str(e)) from None
+        if not ok:
+            raise RuntimeError(f"{node.id} not in /sync of {leader.id} after {timeout} s; "
+                               f"/sync {self.cluster.sync()}\n{node.log(30)}")
 
     def client_counts(self):
         failures = sum(len(w.failures) for w in self.writers)
@@ -227,34 +221,50 @@ class Run:
         if value is None:
             raise RuntimeError("no leader before the round")
         old = self.nodes[value["node"]]
-        new = old if o.no_repl else self.nodes["b" if old.id == "a" else "a"]
-        exits = 0
-        if not o.no_repl and not self.cluster.in_sync(new.id, old.id):
+        other = self.nodes["b" if old.id == "a" else "a"]
+        exits0 = dict(self.supervisor.exits)
+        if not o.no_repl and not self.cluster.in_sync(other.id, old.id):
             # Only a standby listed in /sync may take over: a standby that dropped out
             # (stopped acking for --sync-timeout-ms, or exited 75) is waited for first.
-            log(f"{new.id} is not in /sync before round {i} ({self.cluster.sync()}); "
-                f"waiting (exit status {new.exit_code()})")
-            exits += self.wait_rejoined(new, old, o.rejoin_timeout)
+            log(f"{other.id} is not in /sync before round {i} ({self.cluster.sync()}); "
+                f"waiting (exit status {other.exit_code()})")
+            self.wait_rejoined(other, old, o.rejoin_timeout)
         failures0, retried0 = self.client_counts()
         problems0 = len(self.ledger.problems)
 
+        # kill -9; the killed node comes back at once (--no-repl: nobody else can lead),
+        # --restart-after-ms later (a supervisor's restart delay), or, by default, only
+        # once the other node serves.
         t0 = time.monotonic()
         old.kill()
-        if o.no_repl:
-            self.start_node(old)
-        ready_ms, api_ms = measure_takeover(new.base_url, self.proxy, t0, o.takeover_timeout)
-        if ready_ms is None or api_ms is None:
-            raise RuntimeError(f"round {i}: {new.id} did not serve within "
-                               f"{o.takeover_timeout} s (ready {ready_ms}, api {api_ms}):\n"
-                               f"{new.log(40)}")
+        restarted = None
+        if o.no_repl or o.restart_after_ms is not None:
+            time.sleep((o.restart_after_ms or 0) / 1000.0)
+            restarted = time.monotonic()
+            old.start()
+        try:
+            new, ready_ms, api_ms = takeover_any(self.supervisor, self.proxy, t0,
+                                                 o.takeover_timeout)
+        except Diverged as e:
+            raise RuntimeError(f"round {i}: {e}") from None
+        if new is None or api_ms is None:
+            raise RuntimeError(f"round {i}: no node served within {o.takeover_timeout} s "
+                               f"(ready {ready_ms}, api {api_ms}):\n{other.log(40)}")
         checked, lost, _ = self.check(new)
 
         rejoin_ms = None
         if not o.no_repl:
-            began = time.monotonic()
-            self.start_node(old)
-            exits += self.wait_rejoined(old, new, o.rejoin_timeout)
-            rejoin_ms = (time.monotonic() - began) * 1000.0
+            if restarted is None:
+                restarted = time.monotonic()
+                old.start()
+            standby = other if new is old else old
+            self.wait_rejoined(standby, new, o.rejoin_timeout)
+            rejoin_ms = (time.monotonic() - restarted) * 1000.0
+        per_node = {k: v - exits0.get(k, 0) for k, v in self.supervisor.exits.items()
+                    if v != exits0.get(k, 0)}
+        if per_node:
+            log(f"  exits 75 this round (restarted 0.2 s later): {per_node}")
+        exits = sum(per_node.values())
         # Let calls that were retrying across the gap finish before counting them.
         time.sleep(o.settle)
         failures1, retried1 = self.client_counts()
@@ -313,7 +323,7 @@ class Run:
             f"kill -> first API 200 via HAProxy:    {stat('api_ms')}"
             f" ({over} round(s) over vLLM's 1.81 s retry window)",
             f"longest writer call (with retries):   {stat('worst_call_ms')}",
-            f"restart -> back in /sync:             {stat('rejoin_ms')}",
+            f"restart -> both in /sync again:       {stat('rejoin_ms')}",
             f"exits 75 (restarted):                 {sum(r['exits_75'] for r in self.rows)}",
             f"acknowledged bindings lost:           {lost} (final check: {final['checked']} "
             f"keys on {final['node']}, {final['lost']} lost)",
@@ -345,6 +355,10 @@ def main():
     p.add_argument("--rejoin-timeout", type=float, default=60.0)
     p.add_argument("--node-arg", action="append", default=[],
                    help="one more argument for both nodes (repeatable)")
+    p.add_argument("--restart-after-ms", type=int, default=None,
+                   help="restart the killed node this long after the kill, as systemd's "
+                        "RestartSec (deploy/ha/ha.conf: 200), instead of after the other "
+                        "node serves")
     p.add_argument("--no-repl", action="store_true",
                    help="baseline without replication (see the top of this file)")
     o = p.parse_args()

@@ -82,6 +82,7 @@ class Node:
         self.lines = collections.deque(maxlen=5000)  # this start's stderr
         self.exits = []  # exit status of every earlier start, in order
         self.starts = 0
+        self.killed = False  # the last exit was our kill(): no supervisor restarts it
         self._listening = threading.Event()
         self._drain = None
 
@@ -90,6 +91,7 @@ class Node:
         assert self.proc is None or self.proc.poll() is not None, "still running"
         self._reap()
         self.starts += 1
+        self.killed = False
         self.lines = collections.deque(maxlen=5000)
         self._listening = threading.Event()
         log = open(self.log_path, "ab")
@@ -141,6 +143,7 @@ class Node:
 
     def kill(self):
         """kill -9 (a crash: no drain, no lease revoke); returns the exit status."""
+        self.killed = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         code = self.proc.wait()
@@ -501,3 +504,74 @@ def measure_takeover(node_url, api_url, t0, timeout=15.0):
     for t in threads:
         t.join()
     return out["ready_ms"], out["api_ms"]
+
+
+class Diverged(RuntimeError):
+    """A supervised node exited with a status other than 75, or too often."""
+
+
+class Supervisor:
+    """systemd's Restart=always for the nodes, as deploy/ha/ha.conf sets it up: a node
+    that exited with status 75 is started again restart_s later (RestartSec=200ms);
+    exits[node id] counts those exits. Any other exit status raises Diverged; a node the
+    caller killed (Node.kill) is left to the caller. Call poll() often."""
+
+    def __init__(self, nodes, restart_s=0.2, limit=100):
+        self.nodes = nodes
+        self.restart_s = restart_s
+        self.limit = limit
+        self.exits = {}
+        self._seen = {}  # node id -> monotonic time its exit was first seen
+
+    def poll(self):
+        for n in self.nodes:
+            code = n.exit_code()
+            if code is None or n.killed:
+                self._seen.pop(n.id, None)
+                continue
+            if code != EXIT_DIVERGED:
+                raise Diverged(f"{n.id} exited with status {code}:\n{n.log(30)}")
+            seen = self._seen.setdefault(n.id, time.monotonic())
+            if time.monotonic() - seen < self.restart_s:
+                continue
+            self.exits[n.id] = self.exits.get(n.id, 0) + 1
+            if self.exits[n.id] > self.limit:
+                raise Diverged(f"{n.id} exited 75 more than {self.limit} times:\n"
+                               f"{n.log(30)}")
+            del self._seen[n.id]
+            n.start()
+
+    def until(self, predicate, timeout):
+        """Polls predicate() for up to timeout s, supervising meanwhile; its last value."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.poll()
+            if predicate():
+                return True
+            time.sleep(0.02)
+        return predicate()
+
+
+def takeover_any(supervisor, api_url, t0, timeout):
+    """After a kill at t0, the nodes supervised: polls each running node's /ready and an
+    API call at api_url (a forwarder; None: the ready node) until a node is ready and an
+    API call was answered 200. Returns (the ready node, kill -> its /ready 200 ms, kill ->
+    first API 200 ms); (None, ...) on timeout."""
+    deadline = time.monotonic() + timeout
+    session = requests.Session()
+    leader, ready_ms, api_ms = None, None, None
+    try:
+        while time.monotonic() < deadline and (leader is None or api_ms is None):
+            supervisor.poll()
+            if leader is None:
+                for n in supervisor.nodes:
+                    if n.alive() and ready(n.base_url, timeout=0.3):
+                        leader, ready_ms = n, (time.monotonic() - t0) * 1000.0
+                        break
+            target = api_url or (leader.base_url if leader else None)
+            if api_ms is None and target and api_ok(target, session, timeout=0.5):
+                api_ms = (time.monotonic() - t0) * 1000.0
+            time.sleep(0.005)
+    finally:
+        session.close()
+    return leader, ready_ms, api_ms

@@ -16,6 +16,11 @@ Checks:
   c. the old leader a restarted with the same command line ends as b's standby, listed
      in /sync (one exit with status 75 and a restart allowed); a second failover (kill -9
      b under the writers) keeps the whole ledger of both phases intact on a.
+  d. the shipped restart policy (deploy/ha/ha.conf: Restart=always, RestartSec=200ms):
+     a is restarted 0.2 s after its kill -9, inside its lease, and every exit 75 of
+     either node is restarted 0.2 s later. Whichever node ends up leading must hold the
+     whole ledger, and the other must rejoin /sync. Who leads and how many exits 75 it
+     took are printed, not asserted.
 
 Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 --repl-listen. Run by scripts/test.sh's release stage (ctest e2e_python_failover, label
@@ -29,8 +34,9 @@ import time
 import unittest
 
 
-from failover_harness import (EXIT_DIVERGED, Cluster, Ledger, Node, Writer, check_ledger,
-                              initialize, measure_takeover, ready, wait_until)
+from failover_harness import (EXIT_DIVERGED, Cluster, Diverged, Ledger, Node, Supervisor,
+                              Writer, check_ledger, initialize, measure_takeover, ready,
+                              takeover_any, wait_until)
 from metad_harness import Client, keys
 from test_ha import HaCase, free_port
 
@@ -233,6 +239,41 @@ class FailoverTest(HaCase):
         self.assert_ledger(a, ledger, kills=2)
         value, _ = self.cluster_keys.leader()
         self.assertEqual(value["node"], "a")
+
+
+    def test_d_a_leader_restarted_inside_its_lease_loses_nothing(self):
+        a, b = self.pair()
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        ws = [Writer(a.base_url, 0, ledger, f"d-{i}") for i in range(2)]
+        for w in ws:
+            w.start()
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= 1000, 30))
+        self.assertTrue(self.cluster_keys.in_sync("b", "a"))
+        t0 = time.monotonic()
+        a.kill()
+        time.sleep(0.2)  # RestartSec=200ms
+        a.start()
+        systemd = Supervisor([a, b], restart_s=0.2)
+        exits = systemd.exits
+        try:
+            leader, ready_ms, api_ms = takeover_any(systemd, None, t0, 15)
+            self.assertIsNotNone(leader, f"no node served within 15 s (exits 75: {exits})"
+                                 f"\na:\n{a.log(20)}\nb:\n{b.log(20)}")
+            standby = b if leader is a else a
+            self.assertTrue(systemd.until(lambda: self.cluster_keys.in_sync(
+                standby.id, leader.id), 15),
+                f"{standby.id} not back in /sync: {self.cluster_keys.sync()}; exits 75: "
+                f"{exits}\n{standby.log(20)}")
+        except Diverged as e:
+            self.fail(str(e))
+        for w in ws:
+            w.join(10)
+        sys.stderr.write(f"  kill -9 a, restarted 200 ms later: {leader.id} leads, /ready "
+                         f"200 after {ready_ms:.0f} ms; exits 75 (restarted): {exits}; "
+                         f"{ledger.bound_count()} keys acked bound\n")
+        self.assertEqual(ledger.problems, [])
+        self.assert_ledger(leader, ledger)
 
 
 if __name__ == "__main__":
