@@ -21,6 +21,11 @@ Checks:
      either node is restarted 0.2 s later. Whichever node ends up leading must hold the
      whole ledger, and the other must rejoin /sync. Who leads and how many exits 75 it
      took are printed, not asserted.
+  e. a standby that stops acknowledging (SIGSTOP) is dropped from /sync within
+     --sync-timeout-ms (500) plus an etcd write, and the writer goes on after one stall;
+     resumed, the standby exits 75 or rejoins (restarted, it rejoins /sync); stopped
+     again and dropped, a kill -9 of the leader does NOT make it serve: only a standby
+     listed in /sync may take over.
 
 Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 --repl-listen. Run by scripts/test.sh's release stage (ctest e2e_python_failover, label
@@ -28,6 +33,7 @@ etcd). The long run (T1 x N through HAProxy) is scripts/ha-failover.sh.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -274,6 +280,53 @@ class FailoverTest(HaCase):
                          f"{ledger.bound_count()} keys acked bound\n")
         self.assertEqual(ledger.problems, [])
         self.assert_ledger(leader, ledger)
+
+
+    def test_e_a_silent_standby_is_dropped_from_sync_and_never_takes_over(self):
+        a, b = self.pair()
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        writer = Writer(a.base_url, 0, ledger, "e")
+        writer.start()
+        self.addCleanup(writer.join, 10)
+        self.addCleanup(writer.stop)
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= 200, 20))
+
+        t0 = time.monotonic()
+        b.proc.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: b.alive() and b.proc.send_signal(signal.SIGCONT))
+        self.assertTrue(wait_until(lambda: not self.cluster_keys.in_sync("b", "a"), 5, 0.005),
+                        a.log(20))
+        dropped_ms = (time.monotonic() - t0) * 1000
+        self.assertEqual(self.cluster_keys.sync()["sync"], [])
+        before = ledger.bound_count()
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= before + 200, 10),
+                        f"writes stopped with the standby out of /sync: {writer.stopped_by}")
+        stall_ms = max([took for end, took, _, _ in list(writer.slow_calls) if end >= t0]
+                       or [0]) * 1000
+        sys.stderr.write(f"  SIGSTOP b: dropped from /sync after {dropped_ms:.0f} ms; "
+                         f"longest write meanwhile {stall_ms:.0f} ms\n")
+        self.assertLess(dropped_ms, 2000)
+        self.assertLess(stall_ms, 2000)
+
+        # Resumed, its stream cannot go on: it exits 75 (or rejoins); restarted, it
+        # resyncs and is listed again.
+        b.proc.send_signal(signal.SIGCONT)
+        self.wait_in_sync(b, a, allow_diverged_exits=1)
+
+        # Out of /sync again, it must not take over when the leader dies.
+        b.proc.send_signal(signal.SIGSTOP)
+        self.assertTrue(wait_until(lambda: not self.cluster_keys.in_sync("b", "a"), 5, 0.005))
+        writer.stop()
+        writer.join(10)
+        a.kill()
+        b.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(wait_until(lambda: self.cluster_keys.leader()[0] is None, 3),
+                        "the dead leader's lease did not expire")
+        time.sleep(1.0)  # time enough to campaign, were it allowed to
+        self.assertFalse(ready(b.base_url), "a standby not in /sync took over")
+        self.assertIsNone(self.cluster_keys.leader()[0])
+        self.assertTrue(b.alive() or b.exit_code() == EXIT_DIVERGED, b.log(20))
 
 
 if __name__ == "__main__":
