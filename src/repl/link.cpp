@@ -211,7 +211,8 @@ struct link::impl {
         return;
       }
     }
-    for (int c = 0; c < cfg.cores; ++c) open_stream(c, std::move(fds[static_cast<std::size_t>(c)]), {});
+    for (int c = 0; c < cfg.cores; ++c)
+      open_stream(c, std::move(fds[static_cast<std::size_t>(c)]), {});
   }
 
   void accept_all() {
@@ -267,7 +268,7 @@ void link::impl::run() {
     owner.clear();
     fds.push_back({event_fd, POLLIN, 0});
     owner.push_back(-1);
-    if (current == mode::accept && listener.open()) {
+    if (listener.open()) {  // taken in accept mode, else closed at once
       fds.push_back({listener.get(), POLLIN, 0});
       owner.push_back(-2);
     }
@@ -313,7 +314,8 @@ void link::impl::run() {
           accept_all();
         } else if (who <= -3) {
           unrouted& u = waiting[static_cast<std::size_t>(-3 - who)];
-          if (!read_into(u.fd.get(), u.bytes) || route(u)) routed.push_back(static_cast<std::size_t>(-3 - who));
+          if (!read_into(u.fd.get(), u.bytes) || route(u))
+            routed.push_back(static_cast<std::size_t>(-3 - who));
         } else {
           stream& s = streams[static_cast<std::size_t>(who)];
           if (!s.fd.open() || s.fd.get() != fds[i].fd) continue;  // replaced meanwhile

@@ -85,7 +85,9 @@ struct replication::impl {
   std::int64_t sync_epoch = 0;
 
   impl(pipeline::node& n, start_as as)
-      : nd(n), mode(as), ends(static_cast<std::size_t>(n.cores)),
+      : nd(n),
+        mode(as),
+        ends(static_cast<std::size_t>(n.cores)),
         shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))) {
     std::string host;
     std::uint16_t port = 0;
@@ -136,8 +138,8 @@ struct replication::impl {
       a.lsn = log.end();  // the state now is the log up to its end, pending records included
       repl::encode(e.out, a);
       send(c, e);
-      const repl::snapshot head{view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn,
-                                false, {}};
+      const repl::snapshot head{view.epoch, view.generation, static_cast<std::uint32_t>(c),
+                                a.lsn,      false,           {}};
       persist::serialize_state(core(c), [&](std::string_view piece) {
         repl::snapshot s = head;
         s.bytes = piece;
@@ -214,6 +216,8 @@ struct replication::impl {
     }
     if (s.last) {
       e.applier->rebase(s.lsn);
+      // It holds the leader's whole state from here on, even after the stream ends.
+      shared[static_cast<std::size_t>(c)].state.store(progress::caught_up);
       log::info("replication: core {} received the leader's state at {}", c, s.lsn);
     }
   }
@@ -452,20 +456,13 @@ struct replication::impl {
     }
     park_cv.notify_all();
     link->set_mode(repl::link::mode::accept);
-    log::info("replication: promoted in {:.1f} ms",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
-                  .count());
-  }
-
-  bool caught_up_standby() const {
-    for (const core_end& e : ends)
-      if (!e.applier || !e.following || e.following->awaiting_snapshot()) return false;
-    return true;
+    log::info(
+        "replication: promoted in {:.1f} ms",
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   }
 };
 
-replication::replication(pipeline::node& nd, start_as as)
-    : impl_(std::make_unique<impl>(nd, as)) {}
+replication::replication(pipeline::node& nd, start_as as) : impl_(std::make_unique<impl>(nd, as)) {}
 
 replication::~replication() { stop(); }
 
@@ -517,7 +514,7 @@ void replication::on_role(ha::role from, ha::role to, std::int64_t) {
 bool replication::may_campaign(const std::optional<std::string>& sync) const {
   if (!ha::listed_in_sync(sync, impl_->nd.cfg.ha_node)) return false;
   // A standby leads only with the whole of the leader's state (promotion needs it).
-  return !standby() || impl_->caught_up_standby();
+  return !standby() || impl_->all(impl::progress::caught_up);
 }
 
 replication::start_as probe_role(const ha::config& settings, std::uint32_t patience_ms) {
