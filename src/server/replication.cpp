@@ -154,8 +154,14 @@ struct replication::impl {
       repl::encode(e.out, a);
       send(c, e);
       if (a.status != repl::answer_status::stream) {
-        log::warn("replication: core {} refused node {}'s stream ({})", c, h.node,
-                  static_cast<int>(a.status));
+        // While not serving (starting, promoting) a refusal is expected: the standby
+        // comes back. While serving it is a mismatch an operator must see.
+        if (leading)
+          log::warn(
+              "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol "
+              "{} (this node: {}, {} cores, protocol {})",
+              h.node, c, h.cluster, h.cores, h.version, view.cluster, view.cores,
+              repl::kProtocolVersion);
         return close(c, e);
       }
     }
@@ -199,8 +205,9 @@ struct replication::impl {
   void on_answer(int c, core_end& e, const repl::answer& a) {
     if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
       return;
-    if (a.status == repl::answer_status::refused) {  // not (yet) serving: try again later
-      log::info("replication: the leader refused core {}'s stream for now", c);
+    if (a.status == repl::answer_status::refused) {
+      // Not serving yet (its log says why if it is a mismatch): try again shortly.
+      log::debug("replication: the leader refused core {}'s stream for now", c);
       return close(c, e);
     }
     exit_to_resync("the leader cannot stream to this standby's position");
