@@ -21,6 +21,10 @@
 #                               kill -9 (from the log) and after a graceful stop (from the
 #                               snapshots the previous start wrote), VmRSS before and after
 #                               (RESTART_BINDINGS="1 2" picks the millions to run)
+#   scripts/bench.sh --repl     ~3 minutes: the fresh allocate → release pair (-t64 -c64)
+#                               with synchronous replication to a hot standby (etcd, a
+#                               leader and a standby, both on the server's CPU) against
+#                               local --durability sync alone, alternating, 3 rounds
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
@@ -37,7 +41,7 @@ do_build=1
 sglang_ref=""
 while (($#)); do
   case "$1" in
-    --quick | --memory | --micro | --scaling | --stale | --fanout | --restart | --sglang) mode=${1#--} ;;
+    --quick | --memory | --micro | --scaling | --stale | --fanout | --restart | --sglang | --repl) mode=${1#--} ;;
     --no-build) do_build=0 ;;
     --build-dir) build=$(realpath -m "$2"); shift ;;
     --sglang-ref) sglang_ref=$(realpath "$2"); shift ;;
@@ -50,7 +54,8 @@ done
 tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
-  scaling | sglang) tools+=" wrk curl" ;;  # no nginx: scripts/bench-kit.sh packs these two
+  scaling | sglang) tools+=" wrk curl" ;;
+  repl) tools+=" wrk curl /usr/bin/etcd python3" ;;  # no nginx: scripts/bench-kit.sh packs these two
   memory | stale | restart) tools+=" curl" ;;  # waits for the server's port with it
   fanout) tools+=" python3" ;;
 esac
@@ -62,7 +67,7 @@ if ((do_build)); then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMETAD_BENCH=ON -DMETAD_TESTS=OFF >/dev/null
   targets=(hf3fs-metad metad-load)
   [[ $mode == restart ]] && targets+=(metad-memory)
-  [[ $mode == stale || $mode == fanout || $mode == restart ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
+  [[ $mode == stale || $mode == fanout || $mode == restart || $mode == repl ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
   cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
 fi
 server_bin="$build/hf3fs-metad"
@@ -72,6 +77,7 @@ wrk_dir="$root/bench/wrk"
 case $mode in
   quick) seconds=1; warmup=1; runs=3; replay_seconds=3; replay_runs=1 ;;
   sglang) seconds=3; warmup=1; runs=3; replay_seconds=0; replay_runs=0 ;;
+  repl) seconds=3; warmup=1; runs=3; replay_seconds=0; replay_runs=0 ;;
   scaling) seconds=3; warmup=2; runs=3; replay_seconds=5 ;;  # ~4 minutes on 16 CPUs
   *) seconds=10; warmup=2; runs=3; replay_seconds=10; replay_runs=3 ;;
 esac
@@ -577,7 +583,59 @@ run_sglang() {
     "(uvicorn $(/usr/bin/python3 -c 'import uvicorn; print(uvicorn.__version__)'), its default access log on)."
 }
 
+# --repl: one etcd (tuned as deploy/etcd: 50/500 ms); per round a fresh cluster (its own
+# name, empty data directories): the leader, then the standby, which copies the leader's
+# state and joins /sync; wrk runs once /sync lists it. The control is the same server
+# alone with --durability sync. Server CPU per request counts the leader only.
+run_repl() {
+  local etcd_port=18391 etcd_peer=18392 repl_port=18393 standby_port=18311 round etcd_pid
+  local etcd_url="http://127.0.0.1:$etcd_port"
+  /usr/bin/etcd --name b1 --data-dir "$tmp/etcd" --listen-client-urls "$etcd_url" \
+    --advertise-client-urls "$etcd_url" --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "b1=http://127.0.0.1:$etcd_peer" --heartbeat-interval 50 \
+    --election-timeout 500 >"$tmp/etcd.log" 2>&1 &
+  etcd_pid=$!
+  pids+=("$etcd_pid")
+  for _ in $(seq 100); do
+    curl -s -o /dev/null -m 1 -X POST -d '{"key":"eA=="}' "$etcd_url/v3/kv/range" && break
+    sleep 0.1
+  done
+  for round in 1 2 3; do
+    rm -rf "$tmp/data"
+    start_server uring "$server_cpus" --data-dir "$tmp/data" --durability sync
+    wrk_case "alloc→release pair, 64 conns, local --durability sync" uring "$server_port" \
+      alloc_release.lua 64 64 "$load_cpus" "$server_pid"
+    stop_server
+    rm -rf "$tmp/a" "$tmp/b"
+    local ha=(--ha-etcd "$etcd_url" --ha-cluster "bench-$round")
+    start_server uring "$server_cpus" "${ha[@]}" --ha-node a --data-dir "$tmp/a" \
+      --repl-listen "127.0.0.1:$repl_port"
+    for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$server_port/ready" && break; sleep 0.05; done
+    taskset -c "$server_cpus" "$server_bin" --port "$standby_port" --cpus "$server_cpus" \
+      --io uring --log-level warn "${ha[@]}" --ha-node b --data-dir "$tmp/b" \
+      --repl-listen "127.0.0.1:$((repl_port + 1))" &
+    local standby_pid=$!
+    pids+=("$standby_pid")
+    local key
+    key=$(printf '/hf3fs-metad/bench-%s/sync' "$round" | base64 -w0)
+    for _ in $(seq 200); do
+      curl -s -X POST -d "{\"key\":\"$key\"}" "$etcd_url/v3/kv/range" |
+        python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); sys.exit(0 if kv and "\"b\"" in base64.b64decode(kv[0]["value"]).decode() else 1)' && break
+      sleep 0.05
+    done
+    wrk_case "alloc→release pair, 64 conns, sync + standby in /sync" uring "$server_port" \
+      alloc_release.lua 64 64 "$load_cpus" "$server_pid"
+    kill -9 "$server_pid" "$standby_pid"
+    wait "$server_pid" "$standby_pid" 2>/dev/null || true
+  done
+  print_table
+  echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
+    "cluster; rows alternate control and replication, 3 rounds."
+}
+
 case $mode in
+  repl) run_repl ;;
   sglang) run_sglang ;;
   fanout) run_fanout ;;
   restart) run_restart ;;

@@ -27,7 +27,7 @@ echo "== TSan (cross-core) =="
 dir=$(scripts/build.sh tsan)
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir "$dir" -j"$jobs" --timeout 600 \
-    -R '^(Mailbox|.*Pipeline|Durability|e2e_cpp)'
+    -R '^(Mailbox|.*Pipeline|Durability|ReplLink|e2e_cpp)'
 
 echo "== Fuzzing =="
 scripts/fuzz.sh 30

@@ -326,9 +326,9 @@ void session::perform(const action& next, time_point sent) {
 
 bool session::write_sync(const std::vector<std::string>& members) {
   const std::int64_t epoch = machine_.key_epoch();
-  auto written = etcd_.fenced_put(leader_, epoch, keys_[1],
-                                  sync_value(epoch, config_.node, members),
-                                  steady::now() + config_.request_timeout);
+  auto written =
+      etcd_.fenced_put(leader_, epoch, keys_[1], sync_value(epoch, config_.node, members),
+                       steady::now() + config_.request_timeout);
   if (!written) {
     metad::log::warn("ha: /sync update failed: {}", written.error);
     return false;

@@ -134,7 +134,8 @@ struct link::impl {
   std::vector<stream> streams;  // by core
   std::vector<unrouted> waiting;
   std::uint64_t next_id = 0;
-  clock::time_point next_connect{};
+  clock::time_point next_connect{}, connected_at{};
+  std::chrono::milliseconds pause{0};
 
   impl(link_config c, std::vector<std::unique_ptr<channel>>& ch)
       : cfg(std::move(c)), channels(ch), streams(static_cast<std::size_t>(cfg.cores)) {}
@@ -183,7 +184,18 @@ struct link::impl {
   void fail_stream(int c) {
     if (current != mode::follow) return end_stream(c);
     for (int i = 0; i < cfg.cores; ++i) end_stream(i);
-    next_connect = clock::now() + std::chrono::milliseconds(cfg.reconnect_pause_ms);
+    retry_later();
+  }
+
+  // The pause before the follower connects again: short after a set that lived, then
+  // doubling up to 5 s while the leader keeps refusing (or is unreachable).
+  void retry_later() {
+    const auto now = clock::now();
+    pause = now - connected_at > std::chrono::seconds(1)
+                ? std::chrono::milliseconds(cfg.reconnect_pause_ms)
+                : std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(5));
+    next_connect = now + pause;
+    connected_at = now;  // a failed connect counts as a set that did not live
   }
 
   void apply_mode() {
@@ -194,6 +206,7 @@ struct link::impl {
     current = asked_mode;
     leader = asked_leader;
     next_connect = {};
+    pause = std::chrono::milliseconds(cfg.reconnect_pause_ms);
     applied = asked;
     mode_applied.notify_all();
   }
@@ -206,12 +219,11 @@ struct link::impl {
     std::vector<socket_fd> fds;
     for (int c = 0; c < cfg.cores; ++c) {
       fds.push_back(connect_within(host, port, cfg.connect_timeout_ms));
-      if (!fds.back().open()) {
-        next_connect = clock::now() + std::chrono::milliseconds(cfg.reconnect_pause_ms);
-        return;
-      }
+      if (!fds.back().open()) return retry_later();
     }
-    for (int c = 0; c < cfg.cores; ++c) open_stream(c, std::move(fds[static_cast<std::size_t>(c)]), {});
+    connected_at = clock::now();
+    for (int c = 0; c < cfg.cores; ++c)
+      open_stream(c, std::move(fds[static_cast<std::size_t>(c)]), {});
   }
 
   void accept_all() {
@@ -267,7 +279,7 @@ void link::impl::run() {
     owner.clear();
     fds.push_back({event_fd, POLLIN, 0});
     owner.push_back(-1);
-    if (current == mode::accept && listener.open()) {
+    if (listener.open()) {  // taken in accept mode, else closed at once
       fds.push_back({listener.get(), POLLIN, 0});
       owner.push_back(-2);
     }
@@ -313,7 +325,8 @@ void link::impl::run() {
           accept_all();
         } else if (who <= -3) {
           unrouted& u = waiting[static_cast<std::size_t>(-3 - who)];
-          if (!read_into(u.fd.get(), u.bytes) || route(u)) routed.push_back(static_cast<std::size_t>(-3 - who));
+          if (!read_into(u.fd.get(), u.bytes) || route(u))
+            routed.push_back(static_cast<std::size_t>(-3 - who));
         } else {
           stream& s = streams[static_cast<std::size_t>(who)];
           if (!s.fd.open() || s.fd.get() != fds[i].fd) continue;  // replaced meanwhile

@@ -85,7 +85,9 @@ struct replication::impl {
   std::int64_t sync_epoch = 0;
 
   impl(pipeline::node& n, start_as as)
-      : nd(n), mode(as), ends(static_cast<std::size_t>(n.cores)),
+      : nd(n),
+        mode(as),
+        ends(static_cast<std::size_t>(n.cores)),
         shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))) {
     std::string host;
     std::uint16_t port = 0;
@@ -136,8 +138,8 @@ struct replication::impl {
       a.lsn = log.end();  // the state now is the log up to its end, pending records included
       repl::encode(e.out, a);
       send(c, e);
-      const repl::snapshot head{view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn,
-                                false, {}};
+      const repl::snapshot head{view.epoch, view.generation, static_cast<std::uint32_t>(c),
+                                a.lsn,      false,           {}};
       persist::serialize_state(core(c), [&](std::string_view piece) {
         repl::snapshot s = head;
         s.bytes = piece;
@@ -152,8 +154,14 @@ struct replication::impl {
       repl::encode(e.out, a);
       send(c, e);
       if (a.status != repl::answer_status::stream) {
-        log::warn("replication: core {} refused node {}'s stream ({})", c, h.node,
-                  static_cast<int>(a.status));
+        // While not serving (starting, promoting) a refusal is expected: the standby
+        // comes back. While serving it is a mismatch an operator must see.
+        if (leading)
+          log::warn(
+              "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol "
+              "{} (this node: {}, {} cores, protocol {})",
+              h.node, c, h.cluster, h.cores, h.version, view.cluster, view.cores,
+              repl::kProtocolVersion);
         return close(c, e);
       }
     }
@@ -197,8 +205,9 @@ struct replication::impl {
   void on_answer(int c, core_end& e, const repl::answer& a) {
     if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
       return;
-    if (a.status == repl::answer_status::refused) {  // not (yet) serving: try again later
-      log::info("replication: the leader refused core {}'s stream for now", c);
+    if (a.status == repl::answer_status::refused) {
+      // Not serving yet (its log says why if it is a mismatch): try again shortly.
+      log::debug("replication: the leader refused core {}'s stream for now", c);
       return close(c, e);
     }
     exit_to_resync("the leader cannot stream to this standby's position");
@@ -214,6 +223,8 @@ struct replication::impl {
     }
     if (s.last) {
       e.applier->rebase(s.lsn);
+      // It holds the leader's whole state from here on, even after the stream ends.
+      shared[static_cast<std::size_t>(c)].state.store(progress::caught_up);
       log::info("replication: core {} received the leader's state at {}", c, s.lsn);
     }
   }
@@ -452,20 +463,13 @@ struct replication::impl {
     }
     park_cv.notify_all();
     link->set_mode(repl::link::mode::accept);
-    log::info("replication: promoted in {:.1f} ms",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
-                  .count());
-  }
-
-  bool caught_up_standby() const {
-    for (const core_end& e : ends)
-      if (!e.applier || !e.following || e.following->awaiting_snapshot()) return false;
-    return true;
+    log::info(
+        "replication: promoted in {:.1f} ms",
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   }
 };
 
-replication::replication(pipeline::node& nd, start_as as)
-    : impl_(std::make_unique<impl>(nd, as)) {}
+replication::replication(pipeline::node& nd, start_as as) : impl_(std::make_unique<impl>(nd, as)) {}
 
 replication::~replication() { stop(); }
 
@@ -517,7 +521,7 @@ void replication::on_role(ha::role from, ha::role to, std::int64_t) {
 bool replication::may_campaign(const std::optional<std::string>& sync) const {
   if (!ha::listed_in_sync(sync, impl_->nd.cfg.ha_node)) return false;
   // A standby leads only with the whole of the leader's state (promotion needs it).
-  return !standby() || impl_->caught_up_standby();
+  return !standby() || impl_->all(impl::progress::caught_up);
 }
 
 replication::start_as probe_role(const ha::config& settings, std::uint32_t patience_ms) {

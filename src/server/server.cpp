@@ -226,7 +226,7 @@ struct server::impl {
   config cfg;
   std::unique_ptr<pipeline::node> node;
   std::vector<int> listeners;
-  std::unique_ptr<ha::control> ha;  // --ha-etcd: the leader lease's control thread
+  std::unique_ptr<ha::control> ha;    // --ha-etcd: the leader lease's control thread
   std::unique_ptr<replication> repl;  // --repl-listen
 };
 
@@ -267,12 +267,11 @@ void server::run() {
     if (start_as == replication::start_as::standby && !cfg.sglang_import_path.empty())
       throw std::runtime_error("--import-sglang-state: this node starts as a standby");
   }
-  persist::recover(nd,
-                   cfg.sglang_import_path.empty() ? persist::before_commit_fn{}
-                                                  : persist::import_sglang_state,
-                   start_as == replication::start_as::standby);
-  if (!cfg.repl_listen.empty())
-    impl_->repl = std::make_unique<replication>(nd, start_as);
+  persist::recover(
+      nd,
+      cfg.sglang_import_path.empty() ? persist::before_commit_fn{} : persist::import_sglang_state,
+      start_as == replication::start_as::standby);
+  if (!cfg.repl_listen.empty()) impl_->repl = std::make_unique<replication>(nd, start_as);
   nd.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
   if (nd.memory.used() > nd.memory.max())

@@ -126,11 +126,25 @@ TEST(SyncClaim, TheValueALeaderWritesLetsOnlyItCampaign) {
   EXPECT_TRUE(ha::listed_in_sync(std::nullopt, "b"));  // a fresh cluster: anyone
 }
 
+TEST(SyncClaim, AStandbyInSyncMayCampaignToo) {
+  const std::string sync = ha::sync_value(100, "a", {"b"});
+  EXPECT_EQ(sync, R"({"epoch":100,"leader":"a","sync":["b"]})");
+  EXPECT_TRUE(ha::listed_in_sync(sync, "a"));
+  EXPECT_TRUE(ha::listed_in_sync(sync, "b"));
+  EXPECT_FALSE(ha::listed_in_sync(sync, "c"));
+  EXPECT_EQ(ha::sync_value(7, "a", {"b", "c"}), R"({"epoch":7,"leader":"a","sync":["b","c"]})");
+}
+
 TEST(SyncClaim, LeaderValuesAreReadForTheirNodeAndAddress) {
   const auto info = ha::parse_leader_value(R"({"node":"b","http":"http://10.0.0.2:18000"})");
   ASSERT_TRUE(info);
   EXPECT_EQ(info->node, "b");
   EXPECT_EQ(info->http, "http://10.0.0.2:18000");
+  EXPECT_EQ(info->repl, "");
+  const auto with_repl = ha::parse_leader_value(
+      R"({"node":"b","http":"http://10.0.0.2:18000","repl":"10.0.0.2:18200"})");
+  ASSERT_TRUE(with_repl);
+  EXPECT_EQ(with_repl->repl, "10.0.0.2:18200");
   const auto bare = ha::parse_leader_value(R"({"node":"c"})");
   ASSERT_TRUE(bare);
   EXPECT_EQ(bare->node, "c");

@@ -130,7 +130,7 @@ TEST(ReplProtocol, OneByteAtATimeDecodesTheSame) {
     for (std::string& m : drain(d, last)) got.push_back(std::move(m));
     ASSERT_EQ(last, decoder::status::need_more);
   }
-  EXPECT_EQ(got.size(), 4u);
+  EXPECT_EQ(got.size(), 5u);
 }
 
 TEST(ReplProtocol, ATruncatedStreamNeverYieldsItsLastMessage) {
