@@ -17,10 +17,11 @@ restarts the killed node N ms after the kill instead (deploy/ha/ha.conf: 200), s
 comes back inside its own lease; whichever node then serves is the new leader.
 
 Per round: kill -> new leader /ready 200 (ms), kill -> first API 200 through HAProxy
-(ms), the longest writer call of the round (its retries included), restart -> back in
-/sync (ms), exits 75, acknowledged bindings checked and lost
-(missing, moved or aliased on the new leader, or a 4xx to the confirm of an acked
-allocation), client calls that still failed after all retries. A table, the median and
+(ms), kill -> first write answered through HAProxy (a probe allocate + release; ms), the
+longest writer call of the round (its retries included), restart -> back in /sync (ms),
+exits 75, acknowledged bindings checked and lost (missing, moved or aliased on the new
+leader, or a 4xx to the confirm of an acked allocation), client calls that still failed
+after all retries. A table, the median and
 max, per-round CSV and a summary go to --out. Exit status 1 if any acknowledged write was
 lost, 2 if the run could not go on (no takeover, a node that would not rejoin).
 
@@ -51,7 +52,7 @@ from failover_harness import (EXIT_DIVERGED, Cluster, Diverged, Ledger, Node,  #
                               takeover_any, wait_until)
 from test_ha import HAPROXY, Etcd, free_port  # noqa: E402
 
-FIELDS = ["round", "killed", "new_leader", "ready_ms", "api_ms", "worst_call_ms",
+FIELDS = ["round", "killed", "new_leader", "ready_ms", "api_ms", "write_ms", "worst_call_ms",
           "rejoin_ms", "exits_75", "keys_checked", "lost", "client_failures", "retried_calls"]
 
 
@@ -243,13 +244,14 @@ class Run:
             restarted = time.monotonic()
             old.start()
         try:
-            new, ready_ms, api_ms = takeover_any(self.supervisor, self.proxy, t0,
-                                                 o.takeover_timeout)
+            new, ready_ms, api_ms, write_ms = takeover_any(self.supervisor, self.proxy, t0,
+                                                           o.takeover_timeout)
         except Diverged as e:
             raise RuntimeError(f"round {i}: {e}") from None
-        if new is None or api_ms is None:
+        if new is None or api_ms is None or write_ms is None:
             raise RuntimeError(f"round {i}: no node served within {o.takeover_timeout} s "
-                               f"(ready {ready_ms}, api {api_ms}):\n{other.log(40)}")
+                               f"(ready {ready_ms}, api {api_ms}, write {write_ms}):\n"
+                               f"{(new or other).log(40)}")
         checked, lost, _ = self.check(new)
 
         rejoin_ms = None
@@ -279,6 +281,7 @@ class Run:
             log(f"writer saw: {text}")
         row = {"round": i, "killed": old.id, "new_leader": new.id,
                "ready_ms": round(ready_ms), "api_ms": round(api_ms),
+               "write_ms": round(write_ms),
                "worst_call_ms": round(1000 * max([call[1] for call in slow] or [0])),
                "rejoin_ms": "" if rejoin_ms is None else round(rejoin_ms),
                "exits_75": exits, "keys_checked": checked, "lost": lost,
@@ -322,6 +325,7 @@ class Run:
             f"kill -> new leader /ready 200:        {stat('ready_ms')}",
             f"kill -> first API 200 via HAProxy:    {stat('api_ms')}"
             f" ({over} round(s) over vLLM's 1.81 s retry window)",
+            f"kill -> first write via HAProxy:      {stat('write_ms')}",
             f"longest writer call (with retries):   {stat('worst_call_ms')}",
             f"restart -> both in /sync again:       {stat('rejoin_ms')}",
             f"exits 75 (restarted):                 {sum(r['exits_75'] for r in self.rows)}",

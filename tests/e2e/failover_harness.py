@@ -477,9 +477,40 @@ def api_ok(base_url, session=None, timeout=1.0):
         return False
 
 
+def write_once(url, session, tag, rank=0, timeout=1.0):
+    """One real write: batch_allocate of a fresh key on `rank`, then confirm_write
+    releasing its page (the write-failure path, so nothing stays). True if both were
+    answered (200 with a page, 204) within `timeout` each."""
+    k = key(0, f"probe/{tag}/{time.monotonic_ns()}")
+    try:
+        r = _post(session, url + "/keys/batch_allocate", {"rank": rank, "keys": [[k, ""]]},
+                  timeout)
+        if r.status_code != 200 or r.json()["results"][0][1] < 0:
+            return False
+        page = r.json()["results"][0][1]
+        r = _post(session, url + "/keys/confirm_write",
+                  {"rank": rank, "confirmations": [], "pages_to_release": [page]}, timeout)
+        return r.status_code == 204
+    except (requests.RequestException, ValueError, KeyError, IndexError):
+        return False
+
+
+def first_write(url, t0, timeout, rank=0):
+    """kill at t0 -> the first write_once() answered at url, in ms; None if none within
+    `timeout` s (each try waits up to 1 s per call)."""
+    deadline = time.monotonic() + timeout
+    session = requests.Session()
+    try:
+        return first_success(lambda: write_once(url, session, "first", rank), t0,
+                             lambda: time.monotonic() > deadline)
+    finally:
+        session.close()
+
+
 def measure_takeover(node_url, api_url, t0, timeout=15.0):
-    """After a kill at t0: ms to the first /ready 200 of node_url and to the first API
-    200 at api_url (the node itself or a forwarder), polled in two threads (5 ms)."""
+    """After a kill at t0: ms to the first /ready 200 of node_url, to the first API
+    200 at api_url (the node itself or a forwarder) and to the first write answered
+    there (write_once on rank 0), polled in three threads; None where none came."""
     deadline = time.monotonic() + timeout
     out = {}
 
@@ -498,12 +529,14 @@ def measure_takeover(node_url, api_url, t0, timeout=15.0):
             return False
 
     threads = [threading.Thread(target=poll, args=("ready_ms", ready_probe)),
-               threading.Thread(target=poll, args=("api_ms", lambda s: api_ok(api_url, s)))]
+               threading.Thread(target=poll, args=("api_ms", lambda s: api_ok(api_url, s))),
+               threading.Thread(target=poll, args=("write_ms", lambda s: write_once(
+                   api_url, s, "takeover")))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return out["ready_ms"], out["api_ms"]
+    return out["ready_ms"], out["api_ms"], out["write_ms"]
 
 
 class Diverged(RuntimeError):
@@ -555,8 +588,9 @@ class Supervisor:
 def takeover_any(supervisor, api_url, t0, timeout):
     """After a kill at t0, the nodes supervised: polls each running node's /ready and an
     API call at api_url (a forwarder; None: the ready node) until a node is ready and an
-    API call was answered 200. Returns (the ready node, kill -> its /ready 200 ms, kill ->
-    first API 200 ms); (None, ...) on timeout."""
+    API call was answered 200, then for the first write answered there (write_once on
+    rank 0). Returns (the ready node, kill -> its /ready 200 ms, kill -> first API 200
+    ms, kill -> first write ms); None where none came within `timeout`."""
     deadline = time.monotonic() + timeout
     session = requests.Session()
     leader, ready_ms, api_ms = None, None, None
@@ -574,4 +608,8 @@ def takeover_any(supervisor, api_url, t0, timeout):
             time.sleep(0.005)
     finally:
         session.close()
-    return leader, ready_ms, api_ms
+    write_ms = None
+    if leader is not None:
+        write_ms = first_write(api_url or leader.base_url, t0,
+                               max(0.0, deadline - time.monotonic()))
+    return leader, ready_ms, api_ms, write_ms

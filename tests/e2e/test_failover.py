@@ -145,20 +145,23 @@ class FailoverTest(HaCase):
                         f"{self.cluster_keys.sync()}\n{leader.log(20)}")
         t0 = time.monotonic()
         leader.kill()
-        ready_ms, api_ms = measure_takeover(standby.base_url, standby.base_url, t0,
-                                            TAKEOVER_TIMEOUT_S)
+        ready_ms, api_ms, write_ms = measure_takeover(standby.base_url, standby.base_url, t0,
+                                                      TAKEOVER_TIMEOUT_S)
         for w in ws:
             w.join(10)
             self.assertFalse(w.is_alive(), "a writer did not notice the kill")
         pending = sum(len(m) for m in ledger.snapshot()[1].values())
         sys.stderr.write(f"  kill -9 {leader.id}: {standby.id} /ready 200 after "
                          f"{ready_ms and round(ready_ms)} ms, first API 200 after "
-                         f"{api_ms and round(api_ms)} ms; {sum(w.tasks for w in ws)} tasks, "
+                         f"{api_ms and round(api_ms)} ms, first write after "
+                         f"{write_ms and round(write_ms)} ms; {sum(w.tasks for w in ws)} tasks, "
                          f"{ledger.bound_count()} keys acked bound, {pending} acked "
                          f"reservations pending\n")
         self.assertIsNotNone(ready_ms, f"{standby.id} did not serve within "
                              f"{TAKEOVER_TIMEOUT_S} s:\n{standby.log(40)}")
         self.assertIsNotNone(api_ms)
+        self.assertIsNotNone(write_ms, f"{standby.id} serves, but no write was answered "
+                             f"within {TAKEOVER_TIMEOUT_S} s of the kill:\n{standby.log(20)}")
         self.assertEqual(ledger.problems, [])
         return ready_ms, api_ms
 
@@ -263,9 +266,11 @@ class FailoverTest(HaCase):
         systemd = Supervisor([a, b], restart_s=0.2)
         exits = systemd.exits
         try:
-            leader, ready_ms, api_ms = takeover_any(systemd, None, t0, 15)
+            leader, ready_ms, api_ms, write_ms = takeover_any(systemd, None, t0, 15)
             self.assertIsNotNone(leader, f"no node served within 15 s (exits 75: {exits})"
                                  f"\na:\n{a.log(20)}\nb:\n{b.log(20)}")
+            self.assertIsNotNone(write_ms, f"{leader.id} serves, but no write was answered "
+                                 f"within 15 s of the kill:\n{leader.log(20)}")
             standby = b if leader is a else a
             self.assertTrue(systemd.until(lambda: self.cluster_keys.in_sync(
                 standby.id, leader.id), 15),
@@ -276,7 +281,8 @@ class FailoverTest(HaCase):
         for w in ws:
             w.join(10)
         sys.stderr.write(f"  kill -9 a, restarted 200 ms later: {leader.id} leads, /ready "
-                         f"200 after {ready_ms:.0f} ms; exits 75 (restarted): {exits}; "
+                         f"200 after {ready_ms:.0f} ms, first write after {write_ms:.0f} ms; "
+                         f"exits 75 (restarted): {exits}; "
                          f"{ledger.bound_count()} keys acked bound\n")
         self.assertEqual(ledger.problems, [])
         self.assert_ledger(leader, ledger)
