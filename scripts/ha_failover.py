@@ -5,8 +5,9 @@ pair under load, N rounds. Run through scripts/ha-failover.sh.
 Set-up, all on 127.0.0.1: a 1-member etcd tuned as deploy/etcd (1 s lease), nodes a and
 b with --repl-listen (same command line apart from node id, ports, data dir), HAProxy
 with deploy/haproxy/hf3fs-metad-ha.cfg in front (active /ready checks every 100 ms), and
-W vLLM-like writers (engines sharing worker rank 0) at a fixed rate of save tasks through HAProxy, with
-vLLM's retry schedule (attempts at 0, 0.01, 0.61, 1.81 s on a lost connection or a 5xx).
+W vLLM-like writers (engines sharing worker rank 0) at a fixed rate of save tasks through
+HAProxy, with vLLM's retry schedule (attempts at 0, 0.01, 0.61, 1.81 s on a lost
+connection or a 5xx).
 Every acknowledged answer goes into an ack ledger (tests/e2e/failover_harness.py).
 
 Each round: kill -9 the current leader -> wait for the other to serve -> check the ledger
@@ -21,8 +22,7 @@ Per round: kill -> new leader /ready 200 (ms), kill -> first API 200 through HAP
 longest writer call of the round (its retries included), restart -> back in /sync (ms),
 exits 75, acknowledged bindings checked and lost (missing, moved or aliased on the new
 leader, or a 4xx to the confirm of an acked allocation), client calls that still failed
-after all retries. A table, the median and
-max, per-round CSV and a summary go to --out. Exit status 1 if any acknowledged write was
+after all retries. A table, the median and max, per-round CSV and a summary go to --out. Exit status 1 if any acknowledged write was
 lost, 2 if the run could not go on (no takeover, a node that would not rejoin).
 
 --no-repl: baseline for a binary without replication: nodes without --repl-listen, and the
