@@ -22,8 +22,10 @@ Per round: kill -> new leader /ready 200 (ms), kill -> first API 200 through HAP
 longest writer call of the round (its retries included), restart -> back in /sync (ms),
 exits 75, acknowledged bindings checked and lost (missing, moved or aliased on the new
 leader, or a 4xx to the confirm of an acked allocation), client calls that still failed
-after all retries. A table, the median and max, per-round CSV and a summary go to --out. Exit status 1 if any acknowledged write was
-lost, 2 if the run could not go on (no takeover, a node that would not rejoin).
+after all retries. A table, the median and max, per-round CSV and a summary go to
+--out. Exit status 1 if any acknowledged write was lost, 2 if the run could not go on (no
+takeover, no write answered, a node that would not rejoin); a stopped run still checks
+the ledger on whichever node answers /ready 200.
 
 --no-repl: baseline for a binary without replication: nodes without --repl-listen, and the
 killed leader is restarted at once (no standby can take over), so "new leader" is the
@@ -392,6 +394,17 @@ def main():
     except (RuntimeError, requests.RequestException) as e:
         broken = str(e)
         log(f"RUN STOPPED: {broken}")
+        for w in run.writers:
+            w.stop()
+        # Reads may still be served where writes are not: check what is there.
+        for n in run.nodes.values():
+            if n.alive() and ready(n.base_url):
+                try:
+                    checked, lost, _ = run.check(n)
+                    final = {"checked": checked, "lost": lost, "node": n.id}
+                except requests.RequestException as e2:
+                    log(f"final ledger check on {n.id} failed: {e2}")
+                break
     finally:
         run.teardown()
     lost = run.report(final)
