@@ -66,7 +66,7 @@ done
 if ((do_build)); then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMETAD_BENCH=ON -DMETAD_TESTS=OFF >/dev/null
   targets=(hf3fs-metad metad-load)
-  [[ $mode == restart ]] && targets+=(metad-memory)
+  [[ $mode == restart || $mode == repl ]] && targets+=(metad-memory)
   [[ $mode == stale || $mode == fanout || $mode == restart || $mode == repl ]] || targets+=(metad-memory bench_parser bench_decode bench_shard)
   cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
 fi
@@ -632,6 +632,51 @@ run_repl() {
   print_table
   echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
     "cluster; rows alternate control and replication, 3 rounds."
+  echo
+  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | kill -9 → standby /ready ms | promotion ms |"
+  echo "|---:|---:|---:|---:|---:|---:|"
+  local m
+  for m in ${REPL_BINDINGS:-1 8}; do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
+  kill "$etcd_pid"
+}
+
+# An empty standby joins a leader holding M million bindings (metad-memory fills it);
+# then the leader is killed (-9) and the standby takes over. One table row.
+now_ms() { date +%s%3N; }
+sync_lists_b() {  # etcd_url cluster
+  local key
+  key=$(printf '/hf3fs-metad/%s/sync' "$2" | base64 -w0)
+  curl -s -X POST -d "{\"key\":\"$key\"}" "$1/v3/kv/range" |
+    python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); sys.exit(0 if kv and "\"b\"" in base64.b64decode(kv[0]["value"]).decode() else 1)'
+}
+repl_catch_up() {  # millions etcd_url repl_port
+  local keys=$(($1 * 1048576 / 8)) cluster="catch-up-$1" t0 t1 t2 t3 bytes promoted
+  local ha=(--ha-etcd "$2" --ha-cluster "$cluster" --durability sync --io uring --log-level info)
+  rm -rf "$tmp/a" "$tmp/b"
+  taskset -c "$server_cpus" "$server_bin" --port "$server_port" --cpus "$server_cpus" "${ha[@]}" \
+    --ha-node a --data-dir "$tmp/a" --repl-listen "127.0.0.1:$3" >"$tmp/a.log" 2>&1 &
+  local leader=$!
+  pids+=("$leader")
+  for _ in $(seq 200); do curl -sf -o /dev/null "http://127.0.0.1:$server_port/ready" && break; sleep 0.05; done
+  "$build/bench/metad-memory" --pid "$leader" --port "$server_port" --ranks 8 \
+    --pages $((keys * 2)) --keys "$keys" >"$tmp/memory.log" || { cat "$tmp/memory.log" >&2; exit 1; }
+  t0=$(now_ms)
+  taskset -c "$server_cpus" "$server_bin" --port 18311 --cpus "$server_cpus" "${ha[@]}" \
+    --ha-node b --data-dir "$tmp/b" --repl-listen "127.0.0.1:$(($3 + 1))" >"$tmp/b.log" 2>&1 &
+  local standby=$!
+  pids+=("$standby")
+  until sync_lists_b "$2" "$cluster"; do sleep 0.02; done
+  t1=$(now_ms)
+  kill -9 "$leader"
+  t2=$(now_ms)
+  until curl -sf -o /dev/null -m 1 "http://127.0.0.1:18311/ready"; do sleep 0.01; done
+  t3=$(now_ms)
+  bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
+  promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
+  awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" 'BEGIN {
+    printf "| %dM | %.1f | %.2f | %.1f | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), f, p }'
+  kill -9 "$standby"
+  wait "$leader" "$standby" 2>/dev/null || true
 }
 
 case $mode in

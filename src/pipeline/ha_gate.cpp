@@ -97,6 +97,27 @@ void render_ha_metrics(std::string& out, const node& nd) {
                  "knows of (including none).\n# TYPE hf3fs_metad_ha_leader_changes_total "
                  "counter\nhf3fs_metad_ha_leader_changes_total {}\n",
                  nd.ha->leader_changes());
+  if (!nd.repl.enabled.load()) return;
+  const auto& r = nd.repl;
+  const auto metric = [&](const char* name, const char* help, const char* type,
+                          std::uint64_t value) {
+    fmt::format_to(it, "# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, value);
+  };
+  metric("hf3fs_metad_repl_in_sync",
+         "1 while a standby is in etcd's /sync and every write waits for its acknowledgement "
+         "(leader).",
+         "gauge", r.in_sync.load() ? 1 : 0);
+  metric("hf3fs_metad_repl_caught_up", "1 once this standby holds the leader's whole state.",
+         "gauge", r.caught_up.load() ? 1 : 0);
+  metric("hf3fs_metad_repl_lag_bytes",
+         "Log bytes sent to the standby and not yet acknowledged, all cores (leader).", "gauge",
+         r.lag_bytes.load());
+  metric("hf3fs_metad_repl_snapshots_sent_total", "Core states sent to a standby that joined.",
+         "counter", r.snapshots_sent.load());
+  metric("hf3fs_metad_repl_standby_drops_total", "Times the standby was taken off /sync.",
+         "counter", r.drops.load());
+  metric("hf3fs_metad_repl_promotions_total", "Times this standby took over.", "counter",
+         r.promotions.load());
 }
 
 }  // namespace metad::pipeline

@@ -141,6 +141,15 @@ struct node {
   // serving deadline, which the leader-only gate reads (ha_gate.hpp). Set before the
   // cores start, owned by the server.
   const ha::control* ha = nullptr;
+  // Replication (--repl-listen), as the server's replication publishes it for /metrics
+  // (ha_gate.hpp); any thread reads.
+  struct replication_status {
+    std::atomic<bool> enabled{false};
+    std::atomic<bool> in_sync{false};         // leader: /sync names a standby; writes wait for it
+    std::atomic<bool> caught_up{false};       // standby: it holds the leader's whole state
+    std::atomic<std::uint64_t> lag_bytes{0};  // leader: sent and not yet acked, all cores
+    std::atomic<std::uint64_t> drops{0}, promotions{0}, snapshots_sent{0};
+  } repl;
 };
 
 }  // namespace metad::pipeline

@@ -46,6 +46,7 @@ struct replication::impl {
     std::atomic<progress> state{progress::none};
     std::atomic<std::uint64_t> oldest_unacked_ns{0};  // 0: everything sent was acked
     std::atomic<bool> require_applied{false};
+    std::atomic<std::uint64_t> lag_bytes{0};  // sent − acked
   };
   // One core's end, touched by that core only (and by promotion while it is parked).
   struct core_end {
@@ -111,8 +112,11 @@ struct replication::impl {
   // --- the leader's side -------------------------------------------------------------
 
   void publish_unacked(int c, const core_end& e) {
-    shared[static_cast<std::size_t>(c)].oldest_unacked_ns.store(
-        e.unacked.empty() ? 0 : e.unacked.front().second, std::memory_order_relaxed);
+    shared_core& s = shared[static_cast<std::size_t>(c)];
+    s.oldest_unacked_ns.store(e.unacked.empty() ? 0 : e.unacked.front().second,
+                              std::memory_order_relaxed);
+    s.lag_bytes.store(e.leading ? e.leading->sent() - e.leading->acked() : 0,
+                      std::memory_order_relaxed);
   }
 
   void end_leading(int c, core_end& e) {
@@ -138,18 +142,28 @@ struct replication::impl {
       a.lsn = log.end();  // the state now is the log up to its end, pending records included
       repl::encode(e.out, a);
       send(c, e);
-      const repl::snapshot head{view.epoch, view.generation, static_cast<std::uint32_t>(c),
-                                a.lsn,      false,           {}};
+      repl::snapshot head;
+      head.epoch = view.epoch;
+      head.generation = view.generation;
+      head.core = static_cast<std::uint32_t>(c);
+      head.lsn = a.lsn;
+      const std::uint64_t started = smp::monotonic_ns();
+      std::uint64_t bytes = 0;
       persist::serialize_state(core(c), [&](std::string_view piece) {
         repl::snapshot s = head;
         s.bytes = piece;
+        bytes += piece.size();
         repl::encode(e.out, s);
         send(c, e);
       });
+      log::info("replication: core {} sends node {} its state at {}: {} bytes, cut in {:.1f} ms", c,
+                h.node, a.lsn, bytes,
+                static_cast<double>(smp::monotonic_ns() - started) / smp::kNsPerMs);
       repl::snapshot last = head;
       last.last = true;
       repl::encode(e.out, last);
       send(c, e);
+      nd.repl.snapshots_sent.fetch_add(1);
     } else {
       repl::encode(e.out, a);
       send(c, e);
@@ -225,6 +239,7 @@ struct replication::impl {
       e.applier->rebase(s.lsn);
       // It holds the leader's whole state from here on, even after the stream ends.
       shared[static_cast<std::size_t>(c)].state.store(progress::caught_up);
+      if (all(progress::caught_up)) nd.repl.caught_up = true;
       log::info("replication: core {} received the leader's state at {}", c, s.lsn);
     }
   }
@@ -373,6 +388,11 @@ struct replication::impl {
 
   void decide_sync() {
     if (nd.ha == nullptr || mode.load() != start_as::primary) return;
+    std::uint64_t lag = 0;
+    for (int c = 0; c < nd.cores; ++c)
+      lag += shared[static_cast<std::size_t>(c)].lag_bytes.load(std::memory_order_relaxed);
+    nd.repl.lag_bytes.store(lag);
+    nd.repl.in_sync.store(sync == sync_state::in_sync);
     const std::int64_t epoch = nd.ha->epoch();
     if (epoch != sync_epoch) {  // a new leadership (or none): its /sync lists no standby
       sync_epoch = epoch;
@@ -420,6 +440,7 @@ struct replication::impl {
           log::warn("replication: the standby stopped acknowledging: /sync first, then alone");
           sync_ticket = control->request_sync({});
           sync = sync_state::dropping;
+          nd.repl.drops.fetch_add(1);
         } else if (sync == sync_state::publishing && nd.ha->sync_written(sync_ticket)) {
           log::info("replication: the standby is in sync: writes wait for its acknowledgement");
           sync = sync_state::in_sync;
@@ -456,7 +477,11 @@ struct replication::impl {
       e.following.reset();
     }
     persist::promote_standby(nd, appliers);
+    // A leader now, with no standby of its own yet: its progress starts over.
+    for (int c = 0; c < nd.cores; ++c) shared[static_cast<std::size_t>(c)].state = progress::none;
     mode = start_as::primary;
+    nd.repl.caught_up = false;
+    nd.repl.promotions.fetch_add(1);
     {
       std::lock_guard lock(park_mutex);
       park_asked = false;
@@ -469,7 +494,9 @@ struct replication::impl {
   }
 };
 
-replication::replication(pipeline::node& nd, start_as as) : impl_(std::make_unique<impl>(nd, as)) {}
+replication::replication(pipeline::node& nd, start_as as) : impl_(std::make_unique<impl>(nd, as)) {
+  nd.repl.enabled = true;
+}
 
 replication::~replication() { stop(); }
 
