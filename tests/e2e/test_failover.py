@@ -142,7 +142,9 @@ class FailoverTest(HaCase):
         # writers (no ack within --sync-timeout-ms) would make the kill a plain outage.
         self.assertTrue(self.cluster_keys.in_sync(standby.id, leader.id),
                         f"{standby.id} fell out of /sync under the writers: "
-                        f"{self.cluster_keys.sync()}\n{leader.log(20)}")
+                        f"{self.cluster_keys.sync()}\n{leader.id}:\n{leader.log(12)}\n"
+                        f"{standby.id} (exit status {standby.exit_code()}):\n"
+                        f"{standby.log(12)}")
         t0 = time.monotonic()
         leader.kill()
         ready_ms, api_ms, write_ms = measure_takeover(standby.base_url, standby.base_url, t0,
