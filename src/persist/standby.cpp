@@ -46,8 +46,9 @@ void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_cor
   std::int64_t ranks = 0;
   for (auto& core : nd.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
   nd.worker_ranks = ranks;
-  for (int c = 0; c < nd.cores; ++c)
+  on_every_core(nd, [&](int c) {  // one thread per core, as recovery does
     rebuild_directory(nd, c, outputs, static_cast<std::int32_t>(ranks));
+  });
   // As recovery does: quarantines last their full time again, keys are leased.
   const std::uint64_t quarantine_until =
       nd.cfg.release_quarantine_ms == 0 ? 0

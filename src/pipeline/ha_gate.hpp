@@ -16,9 +16,11 @@
 namespace metad::pipeline {
 
 // Whether this node may answer the API at `now_ns` (smp::monotonic_ns, the clock of
-// std::chrono::steady_clock): always without HA.
+// std::chrono::steady_clock): always without HA; with it, while the lease allows and no
+// promotion is under way.
 inline bool ha_serving(const node& nd, std::uint64_t now_ns) {
-  return nd.ha == nullptr || nd.ha->serving(ha::time_point(std::chrono::nanoseconds(now_ns)));
+  return nd.ha == nullptr || (nd.ha->serving(ha::time_point(std::chrono::nanoseconds(now_ns))) &&
+                              !nd.repl.promoting.load(std::memory_order_acquire));
 }
 
 // The 503's detail while not serving: "not the leader; the leader is node b at

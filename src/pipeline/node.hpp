@@ -149,6 +149,8 @@ struct node {
     std::atomic<bool> caught_up{false};       // standby: it holds the leader's whole state
     std::atomic<std::uint64_t> lag_bytes{0};  // leader: sent and not yet acked, all cores
     std::atomic<std::uint64_t> drops{0}, promotions{0}, snapshots_sent{0};
+    // A standby that won the lease finishes its replay before it answers (ha_gate.hpp).
+    std::atomic<bool> promoting{false};
   } repl;
 };
 

@@ -51,6 +51,7 @@ struct replication::impl {
   // One core's end, touched by that core only (and by promotion while it is parked).
   struct core_end {
     std::uint64_t stream = 0;
+    bool closing = false;  // close() asked; the link has not ended it yet
     repl::decoder decoder;
     std::string in, out;
     // Leader.
@@ -71,7 +72,9 @@ struct replication::impl {
   std::mutex standby_mutex;
   std::string standby_node;  // the node whose hello the cores answered last
   std::unique_ptr<repl::link> link;
-  ha::control* control = nullptr;  // the lease's control thread (writes /sync)
+  ha::control* control = nullptr;
+  std::thread promotion;  // a standby that won the lease: promote() runs here  // the lease's
+                          // control thread (writes /sync)
 
   // Promotion parks every core in poll() while the ha thread finishes the replay.
   std::mutex park_mutex;
@@ -107,7 +110,11 @@ struct replication::impl {
     if (!e.out.empty()) link->at(c).send(e.stream, e.out);
     e.out.clear();
   }
-  void close(int c, core_end& e) { link->at(c).close(e.stream); }
+  // Ends the stream: what else arrives on it is dropped until the link closes it.
+  void close(int c, core_end& e) {
+    link->at(c).close(e.stream);
+    e.closing = true;
+  }
 
   // --- the leader's side -------------------------------------------------------------
 
@@ -306,7 +313,7 @@ struct replication::impl {
         log::warn("replication: core {}: an unexpected message; closing the stream", c);
         return close(c, e);
       }
-      if (e.stream == 0) return;
+      if (e.closing) return;
     }
   }
 
@@ -316,13 +323,14 @@ struct replication::impl {
     const std::uint64_t stream = link->at(c).take(e.in);
     if (stream != e.stream) {
       e.stream = stream;
+      e.closing = false;
       e.decoder = repl::decoder{};
       if (mode.load() == start_as::primary)
         end_leading(c, e);
       else if (stream != 0)
         say_hello(c, e);
     }
-    if (!e.in.empty() && e.stream != 0) {
+    if (!e.in.empty() && e.stream != 0 && !e.closing) {
       e.decoder.feed(e.in);
       handle(c, e);
     }
@@ -462,14 +470,22 @@ struct replication::impl {
 
   // --- promotion (ha thread) ---------------------------------------------------------
 
-  void promote() {
+  // False if the node stopped first (it then never serves).
+  bool promote() {
     auto t = std::chrono::steady_clock::now();
     link->set_mode(repl::link::mode::idle);  // the old leader's streams end first
     {
       std::unique_lock lock(park_mutex);
       park_asked = true;
       wake_cores();
-      park_cv.wait(lock, [this] { return parked == nd.cores; });
+      // A core that stopped (SIGTERM) never parks: then the node stops without serving.
+      while (!park_cv.wait_for(lock, std::chrono::milliseconds(50),
+                               [this] { return parked == nd.cores; }))
+        if (nd.stopping.load()) {
+          park_asked = false;
+          park_cv.notify_all();
+          return false;
+        }
     }
     std::vector<std::unique_ptr<persist::standby_core>> appliers;
     for (core_end& e : ends) {
@@ -491,6 +507,7 @@ struct replication::impl {
     log::info(
         "replication: promoted in {:.1f} ms",
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+    return true;
   }
 };
 
@@ -508,7 +525,10 @@ void replication::start(ha::control& control) {
   impl_->link->start();
 }
 
-void replication::stop() { impl_->link->stop(); }
+void replication::stop() {
+  if (impl_->promotion.joinable()) impl_->promotion.join();
+  impl_->link->stop();
+}
 
 bool replication::standby() const { return impl_->mode.load() == start_as::standby; }
 
@@ -526,11 +546,19 @@ void replication::on_role(ha::role from, ha::role to, std::int64_t) {
   impl& m = *impl_;
   const bool primary = m.mode.load() == start_as::primary;
   if (to == ha::role::leader) {
-    if (!primary) m.promote();
-    m.link->set_mode(repl::link::mode::accept);
+    if (primary) return m.link->set_mode(repl::link::mode::accept);
+    // Off the ha thread, which must keep renewing the lease meanwhile; the API stays
+    // 503 until the replay is finished.
+    if (!m.promotion.joinable()) {
+      m.nd.repl.promoting = true;
+      m.promotion = std::thread([&m] {
+        if (m.promote()) m.nd.repl.promoting.store(false, std::memory_order_release);
+      });
+    }
     return;
   }
   if (to != ha::role::standby) return;
+  if (m.promotion.joinable()) exit_to_resync("this node lost the lease while it was taking over");
   if (primary)
     exit_to_resync(from == ha::role::candidate
                        ? "another node leads: this node's own state may have forked from it"
