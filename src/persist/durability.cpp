@@ -195,7 +195,7 @@ void recover(node& nd, const before_commit_fn& before_commit, bool discard) {
     metad::log::info("no --data-dir: state lives in memory only and is lost on restart");
     return;
   }
-  nd.data = std::make_unique<store::data_dir>(nd.cfg.data_dir);
+  if (!nd.data) nd.data = std::make_unique<store::data_dir>(nd.cfg.data_dir);  // locks it
   store::data_dir& dir = *nd.data;
   replay_summary sum;
   if (discard)

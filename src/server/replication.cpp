@@ -590,8 +590,19 @@ replication::start_as probe_role(const ha::config& settings, std::uint32_t patie
       std::optional<std::string> sync;
       if (read->keys[1]) sync = read->keys[1]->value;
       if (read->keys[0]) {
-        const auto info = ha::parse_leader_value(read->keys[0]->value);
+        const ha::key_value& key = *read->keys[0];
+        const auto info = ha::parse_leader_value(key.value);
         if (!info || info->node != settings.node) return replication::start_as::standby;
+        // This node's previous run (this one holds its data directory's lock, so that
+        // process is gone): give its lease back now rather than wait out the TTL; else
+        // (another address: the flags changed) wait until it expires.
+        if (key.value == settings.advertise &&
+            etcd.revoke(key.lease, std::chrono::steady_clock::now() + settings.request_timeout)) {
+          log::info("replication: revoked the lease of this node's previous run");
+          continue;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
       }
       return ha::listed_in_sync(sync, settings.node) ? replication::start_as::primary
                                                      : replication::start_as::standby;

@@ -60,9 +60,12 @@ class replication {
   std::unique_ptr<impl> impl_;
 };
 
-// Start-up, before recovery: whether this node joins as an empty standby (another
-// node leads, or /sync exists and does not list it) or recovers its own state. Asks
-// etcd, retrying for up to `patience_ms`; throws std::runtime_error if it never answers.
+// Start-up, before recovery, with the data directory locked: whether this node joins
+// as an empty standby (another node leads, or /sync exists and does not list it) or
+// recovers its own state. A leader key holding this node's own value is its previous
+// run's (that process is gone: the lock says so): its lease is revoked, so that a
+// restart does not wait out the TTL. Asks etcd, retrying for up to `patience_ms`
+// while it does not answer; throws std::runtime_error if it never does.
 replication::start_as probe_role(const ha::config& settings, std::uint32_t patience_ms);
 
 }  // namespace metad

@@ -263,6 +263,7 @@ void server::run() {
   auto start_as = replication::start_as::primary;
   if (!cfg.repl_listen.empty()) {
     std::string error;
+    nd.data = std::make_unique<store::data_dir>(cfg.data_dir);  // locked first (probe_role)
     start_as = probe_role(ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error), 30'000);
     if (start_as == replication::start_as::standby && !cfg.sglang_import_path.empty())
       throw std::runtime_error("--import-sglang-state: this node starts as a standby");
