@@ -25,6 +25,8 @@
 #                               with synchronous replication to a hot standby (etcd, a
 #                               leader and a standby, both on the server's CPU) against
 #                               local --durability sync alone, alternating, 3 rounds
+#                               (REPL_ROUNDS=N); then an empty standby's catch-up and its
+#                               promotion at 1M and 8M bindings (REPL_BINDINGS="1 8")
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
@@ -601,7 +603,7 @@ run_repl() {
     curl -s -o /dev/null -m 1 -X POST -d '{"key":"eA=="}' "$etcd_url/v3/kv/range" && break
     sleep 0.1
   done
-  for round in 1 2 3; do
+  for round in $(seq "${REPL_ROUNDS:-3}"); do
     rm -rf "$tmp/data"
     start_server uring "$server_cpus" --data-dir "$tmp/data" --durability sync
     wrk_case "alloc→release pair, 64 conns, local --durability sync" uring "$server_port" \
@@ -665,11 +667,19 @@ repl_catch_up() {  # millions etcd_url repl_port
     --ha-node b --data-dir "$tmp/b" --repl-listen "127.0.0.1:$(($3 + 1))" >"$tmp/b.log" 2>&1 &
   local standby=$!
   pids+=("$standby")
-  until sync_lists_b "$2" "$cluster"; do sleep 0.02; done
+  local deadline=$((SECONDS + 300))
+  until sync_lists_b "$2" "$cluster"; do
+    ((SECONDS < deadline)) || { echo "bench.sh: the standby never joined /sync" >&2; exit 1; }
+    sleep 0.02
+  done
   t1=$(now_ms)
   kill -9 "$leader"
   t2=$(now_ms)
-  until curl -sf -o /dev/null -m 1 "http://127.0.0.1:18311/ready"; do sleep 0.01; done
+  deadline=$((SECONDS + 60))
+  until curl -sf -o /dev/null -m 1 "http://127.0.0.1:18311/ready"; do
+    ((SECONDS < deadline)) || { echo "bench.sh: the standby never took over" >&2; tail "$tmp/b.log" >&2; exit 1; }
+    sleep 0.01
+  done
   t3=$(now_ms)
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')

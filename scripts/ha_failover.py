@@ -52,6 +52,7 @@ import requests  # noqa: E402
 from failover_harness import (EXIT_DIVERGED, Cluster, Diverged, Ledger, Node,  # noqa: E402
                               Supervisor, Writer, check_ledger, initialize, ready,
                               takeover_any, wait_until)
+import test_ha  # noqa: E402
 from test_ha import HAPROXY, Etcd, free_port  # noqa: E402
 
 FIELDS = ["round", "killed", "new_leader", "ready_ms", "api_ms", "write_ms", "worst_call_ms",
@@ -66,29 +67,10 @@ def log(text):
 def start_haproxy(out, port_a, port_b):
     """deploy/haproxy/hf3fs-metad-ha.cfg with the two nodes on loopback ports (as
     tests/e2e/test_ha.py runs it); returns (process, URL)."""
-    with open(os.path.join(ROOT, "deploy", "haproxy", "hf3fs-metad-ha.cfg")) as f:
-        text = f.read()
-    port = free_port()
-    for shipped, ours in (("NODE_A_HOST:18000", f"127.0.0.1:{port_a}"),
-                          ("NODE_B_HOST:18000", f"127.0.0.1:{port_b}"),
-                          ("bind 127.0.0.1:18000", f"bind 127.0.0.1:{port}"),
-                          ("CHANGE-ME", "t")):
-        if shipped not in text:
-            raise SystemExit(f"deploy/haproxy/hf3fs-metad-ha.cfg: no {shipped!r}")
-        text = text.replace(shipped, ours)
-    if os.geteuid() != 0:
-        text = re.sub(r"\n\s*(user|group) haproxy\b", "", text)
-    text = text.replace("log /dev/log local0 warning", "")
-    conf = os.path.join(out, "haproxy.cfg")
-    with open(conf, "w") as f:
-        f.write(text)
-    check = subprocess.run([HAPROXY, "-c", "-f", conf], capture_output=True, timeout=30)
-    if check.returncode != 0:
-        raise SystemExit(f"haproxy -c: {check.stdout + check.stderr}")
-    logf = open(os.path.join(out, "haproxy.log"), "wb")
-    proc = subprocess.Popen([HAPROXY, "-db", "-f", conf], stdin=subprocess.DEVNULL,
-                            stdout=logf, stderr=logf)
-    return proc, f"http://127.0.0.1:{port}"
+    try:
+        return test_ha.start_haproxy(out, port_a, port_b, os.path.join(out, "haproxy.log"))
+    except RuntimeError as e:
+        raise SystemExit(str(e))
 
 
 class Run:

@@ -32,7 +32,7 @@ import time
 
 import requests
 
-from metad_harness import compact, key, server_args
+from metad_harness import compact, key, server_args, wait_until
 
 # The exit status of a node that can no longer follow the leader (its state diverged);
 # a supervisor restarts it with the same command line and it resyncs as an empty standby.
@@ -44,15 +44,6 @@ _LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 # 500/502/503/504, after 0, 0.6 and 1.2 s (urllib3 backoff); 0.01 stands for "at once".
 VLLM_RETRY_SLEEPS = (0.01, 0.6, 1.2)
 RETRY_STATUSES = (500, 502, 503, 504)
-
-
-def wait_until(predicate, timeout, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def ready(base_url, timeout=1.0):

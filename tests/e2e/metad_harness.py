@@ -30,6 +30,23 @@ INT64_MIN = -(2**63)
 _LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
 
+def wait_until(predicate, timeout, step=0.02):
+    """Polls predicate until it is true or `timeout` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def free_port():
+    """A loopback TCP port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def key(i, tag=""):
     """A vLLM-like block key: 32 lowercase hex characters."""
     return hashlib.md5(f"{tag}/{i}".encode()).hexdigest()

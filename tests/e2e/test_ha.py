@@ -20,7 +20,7 @@ import unittest
 
 import requests
 
-from metad_harness import Client, MetadServer, keys, run_to_exit
+from metad_harness import Client, MetadServer, free_port, keys, run_to_exit, wait_until
 
 ETCD = "/usr/bin/etcd"
 HAPROXY = "/usr/sbin/haproxy"
@@ -28,19 +28,33 @@ NGINX = "/usr/sbin/nginx"
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
+def start_haproxy(directory, port_a, port_b, log_path=None):
+    """deploy/haproxy/hf3fs-metad-ha.cfg in front of two nodes on loopback ports, written
+    to `directory` and checked with haproxy -c; returns (process, URL). RuntimeError if
+    the shipped file lacks a placeholder or does not check."""
+    with open(os.path.join(ROOT, "deploy", "haproxy", "hf3fs-metad-ha.cfg")) as f:
+        text = f.read()
+    port = free_port()
+    for shipped, ours in (("NODE_A_HOST:18000", f"127.0.0.1:{port_a}"),
+                          ("NODE_B_HOST:18000", f"127.0.0.1:{port_b}"),
+                          ("bind 127.0.0.1:18000", f"bind 127.0.0.1:{port}"),
+                          ("CHANGE-ME", "t")):
+        if shipped not in text:
+            raise RuntimeError(f"deploy/haproxy/hf3fs-metad-ha.cfg: no {shipped!r}")
+        text = text.replace(shipped, ours)
+    if os.geteuid() != 0:
+        text = re.sub(r"\n\s*(user|group) haproxy\b", "", text)
+    text = text.replace("log /dev/log local0 warning", "")
+    conf = os.path.join(directory, "haproxy.cfg")
+    with open(conf, "w") as f:
+        f.write(text)
+    check = subprocess.run([HAPROXY, "-c", "-f", conf], capture_output=True, timeout=30)
+    if check.returncode != 0:
+        raise RuntimeError(f"haproxy -c: {check.stdout + check.stderr}")
+    out = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", conf], stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=out)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 class Etcd:
@@ -232,27 +246,9 @@ class HaproxyHaTest(HaCase):
     """deploy/haproxy/hf3fs-metad-ha.cfg in front of two nodes: it follows /ready."""
 
     def haproxy(self, port_a, port_b):
-        with open(os.path.join(ROOT, "deploy", "haproxy", "hf3fs-metad-ha.cfg")) as f:
-            text = f.read()
-        port = free_port()
-        for shipped, ours in (("NODE_A_HOST:18000", f"127.0.0.1:{port_a}"),
-                              ("NODE_B_HOST:18000", f"127.0.0.1:{port_b}"),
-                              ("bind 127.0.0.1:18000", f"bind 127.0.0.1:{port}"),
-                              ("CHANGE-ME", "t")):
-            self.assertIn(shipped, text)
-            text = text.replace(shipped, ours)
-        if os.geteuid() != 0:
-            text = re.sub(r"\n\s*(user|group) haproxy\b", "", text)
-        text = text.replace("log /dev/log local0 warning", "")
-        conf = os.path.join(self.dir, "haproxy.cfg")
-        with open(conf, "w") as f:
-            f.write(text)
-        check = subprocess.run([HAPROXY, "-c", "-f", conf], capture_output=True, timeout=30)
-        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
-        proc = subprocess.Popen([HAPROXY, "-db", "-f", conf], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc, url = start_haproxy(self.dir, port_a, port_b)
         self.addCleanup(lambda: (proc.kill(), proc.wait()))
-        return f"http://127.0.0.1:{port}"
+        return url
 
     def test_haproxy_sends_everything_to_the_leader_and_finds_it_again(self):
         ports = {"a": free_port(), "b": free_port()}
