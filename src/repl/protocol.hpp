@@ -22,10 +22,10 @@ inline constexpr std::uint32_t kBodyBytesMax = 256u << 20;
 inline constexpr std::size_t kNameBytesMax = 255;  // cluster and node names
 
 enum class message_type : std::uint8_t {
-  hello = 1,   // standby → leader: who it is and where it stands
-  answer = 2,  // leader → standby: what the leader will do about it
-  batch = 3,   // leader → standby: log bytes from start_lsn
-  ack = 4,     // standby → leader: [0, lsn) is durable on the standby
+  hello = 1,     // standby → leader: who it is and where it stands
+  answer = 2,    // leader → standby: what the leader will do about it
+  batch = 3,     // leader → standby: log bytes from start_lsn
+  ack = 4,       // standby → leader: [0, lsn) is durable on the standby
   snapshot = 5,  // leader → standby: one piece of the core's state as of lsn (need_snapshot)
 };
 

@@ -58,8 +58,8 @@ bool follower::on_snapshot_answer(const answer& a) {
 }
 
 bool follower::on_snapshot(const snapshot& s) {
-  if (!awaiting_snapshot_ || s.epoch != epoch_ || s.generation != generation_ ||
-      s.core != core_ || s.lsn != snapshot_lsn_)
+  if (!awaiting_snapshot_ || s.epoch != epoch_ || s.generation != generation_ || s.core != core_ ||
+      s.lsn != snapshot_lsn_)
     return false;
   if (s.last) {
     awaiting_snapshot_ = false;

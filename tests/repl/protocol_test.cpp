@@ -63,8 +63,8 @@ std::vector<std::string> drain(decoder& d, decoder::status& last) {
       case repl::message_type::snapshot:
         got.push_back("snapshot " + std::to_string(d.snapshot.epoch) + " " +
                       std::to_string(d.snapshot.generation) + " " +
-                      std::to_string(d.snapshot.core) + " " + std::to_string(d.snapshot.lsn) +
-                      " " + std::to_string(d.snapshot.last) + " " + std::string(d.snapshot.bytes));
+                      std::to_string(d.snapshot.core) + " " + std::to_string(d.snapshot.lsn) + " " +
+                      std::to_string(d.snapshot.last) + " " + std::string(d.snapshot.bytes));
         break;
       case repl::message_type::ack:
         got.push_back("ack " + std::to_string(d.ack.epoch) + " " +

@@ -97,8 +97,8 @@ TEST(ReplFollower, AnEmptyStandbyTakesASnapshotThenBatchesFromItsPosition) {
   ASSERT_TRUE(f.on_snapshot_answer({answer_status::need_snapshot, 7, 2, 3, 900}));
   EXPECT_TRUE(f.awaiting_snapshot());
   EXPECT_EQ(f.on_batch(batch(7, 900, piece)).v, verdict::wrong_stream);  // snapshot first
-  EXPECT_FALSE(f.on_snapshot({7, 2, 3, 901, false, piece}));  // another position
-  EXPECT_FALSE(f.on_snapshot({7, 1, 3, 900, false, piece}));  // another generation
+  EXPECT_FALSE(f.on_snapshot({7, 2, 3, 901, false, piece}));             // another position
+  EXPECT_FALSE(f.on_snapshot({7, 1, 3, 900, false, piece}));             // another generation
   EXPECT_TRUE(f.on_snapshot({7, 2, 3, 900, false, piece}));
   EXPECT_EQ(f.received(), 0u);
   EXPECT_TRUE(f.on_snapshot({7, 2, 3, 900, true, piece}));
