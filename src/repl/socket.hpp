@@ -1,8 +1,8 @@
 // Blocking TCP for one replication stream (a leader core and a standby core): listen,
 // accept, connect, whole writes and partial reads, with TCP_NODELAY (a batch or an ack
-// is latency-bound, never worth Nagle's delay). Used by a dedicated thread or, in this
-// first version, by the leader's core while it waits for an ack; the protocol itself
-// is sans-IO (protocol.hpp, session.hpp).
+// is latency-bound, never worth Nagle's delay). The link (link.hpp) binds its listener
+// here; the standby tests use the blocking calls. The protocol itself is sans-IO
+// (protocol.hpp, session.hpp).
 #pragma once
 
 #include <cstdint>

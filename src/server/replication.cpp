@@ -1,7 +1,5 @@
 #include "server/replication.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -72,11 +70,10 @@ struct replication::impl {
   std::mutex standby_mutex;
   std::string standby_node;  // the node whose hello the cores answered last
   std::unique_ptr<repl::link> link;
-  ha::control* control = nullptr;
-  std::thread promotion;  // a standby that won the lease: promote() runs here  // the lease's
-                          // control thread (writes /sync)
+  ha::control* control = nullptr;  // the lease's control thread (writes /sync)
+  std::thread promotion;           // a standby that won the lease: promote() runs here
 
-  // Promotion parks every core in poll() while the ha thread finishes the replay.
+  // Promotion parks every core in poll() while its thread finishes the replay.
   std::mutex park_mutex;
   std::condition_variable park_cv;
   std::atomic<bool> park_asked{false};
@@ -234,14 +231,20 @@ struct replication::impl {
     exit_to_resync("the leader cannot stream to this standby's position");
   }
 
-  void on_snapshot(int c, core_end& e, const repl::snapshot& s) {
-    if (!e.following->on_snapshot(s)) exit_to_resync("a snapshot piece out of order");
-    if (!e.applier) e.applier = std::make_unique<persist::standby_core>(nd, c, 0);
+  // Appends and applies whole frames; a record that no longer applies means the states
+  // diverged.
+  static void apply(core_end& e, std::string_view frames) {
     try {
-      e.applier->receive(s.bytes);
+      e.applier->receive(frames);
     } catch (const std::exception& error) {
       exit_to_resync(error.what());
     }
+  }
+
+  void on_snapshot(int c, core_end& e, const repl::snapshot& s) {
+    if (!e.following->on_snapshot(s)) exit_to_resync("a snapshot piece out of order");
+    if (!e.applier) e.applier = std::make_unique<persist::standby_core>(nd, c, 0);
+    apply(e, s.bytes);
     if (s.last) {
       e.applier->rebase(s.lsn);
       // It holds the leader's whole state from here on, even after the stream ends.
@@ -256,12 +259,7 @@ struct replication::impl {
     const repl::follower::result r = e.following->on_batch(b);
     switch (r.v) {
       case verdict::apply:
-        try {
-          e.applier->receive(r.bytes);
-        } catch (const std::exception& error) {
-          exit_to_resync(error.what());
-        }
-        return;
+        return apply(e, r.bytes);
       case verdict::duplicate:
         repl::encode(e.out, e.following->current_ack());
         return send(c, e);
@@ -394,6 +392,12 @@ struct replication::impl {
     for (int c = 0; c < nd.cores; ++c) nd.mailbox.wake(c);
   }
 
+  // Into or out of the ack set: each core applies it to its log on its next poll().
+  void set_require(bool on) {
+    require = on;
+    wake_cores();
+  }
+
   void decide_sync() {
     if (nd.ha == nullptr || mode.load() != start_as::primary) return;
     std::uint64_t lag = 0;
@@ -405,8 +409,7 @@ struct replication::impl {
     if (epoch != sync_epoch) {  // a new leadership (or none): its /sync lists no standby
       sync_epoch = epoch;
       if (sync != sync_state::alone) {
-        require = false;
-        wake_cores();
+        set_require(false);
         sync = sync_state::alone;
       }
     }
@@ -417,15 +420,13 @@ struct replication::impl {
           log::warn("replication: a standby catching up went silent; closing its streams");
           close_all();
         } else if (all(progress::caught_up)) {
-          require = true;  // into the ack set first
-          wake_cores();
+          set_require(true);  // into the ack set first
           sync = sync_state::requiring;
         }
         return;
       case sync_state::requiring: {
         if (lagging(true)) {  // not yet named in /sync: release at once
-          require = false;
-          wake_cores();
+          set_require(false);
           close_all();
           sync = sync_state::alone;
           return;
@@ -456,8 +457,7 @@ struct replication::impl {
         return;
       case sync_state::dropping:
         if (!nd.ha->sync_written(sync_ticket)) return;  // until /sync no longer names it
-        require = false;
-        wake_cores();
+        set_require(false);
         log::info("replication: /sync lists no standby: acknowledging alone");
         sync = sync_state::alone;
         return;
