@@ -1,3 +1,4 @@
+# ctest: etcd
 """High availability on a real etcd (Debian's /usr/bin/etcd on free loopback ports,
 tuned as deploy/etcd: heartbeat 50 ms, election 500 ms, so a 1 s lease): two nodes of
 one cluster, each with its own --data-dir. Exactly one leads and answers the API; the
