@@ -11,6 +11,8 @@ run (scripts/ha-failover.sh, which runs scripts/ha_failover.py).
   confirm_write 204 -> bound or released), and check_ledger(), which compares it with
   what a (new) leader answers: every bound key present with the same page, no page bound
   to two keys, acknowledged reservations not handed out again.
+- FailoverCase: the base of the replicated-pair suites (a leads, b its sync standby;
+  pair(), write_then_kill(), assert_ledger()); it has no tests of its own.
 - Writer: one vLLM worker in a thread: sequential save tasks on one rank (batch_allocate
   of fresh keys, then confirm_write of all pages, or on every Nth task the write-failure
   path: confirm_write releasing all pages), optionally at a fixed rate and with vLLM's
@@ -27,12 +29,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 import requests
 
-from metad_harness import compact, key, server_args, wait_until
+from metad_harness import Client, compact, free_port, key, keys, server_args, wait_until
+from test_ha import HaCase
 
 # The exit status of a node that can no longer follow the leader (its state diverged);
 # a supervisor restarts it with the same command line and it resyncs as an empty standby.
@@ -604,3 +608,174 @@ def takeover_any(supervisor, api_url, t0, timeout):
         write_ms = first_write(api_url or leader.base_url, t0,
                                max(0.0, deadline - time.monotonic()))
     return leader, ready_ms, api_ms, write_ms
+
+
+# ---------------------------------------------------------------------------------------
+# The base of the replicated-pair suites (test_failover and the ones after it).
+
+NUM_PAGES = 1 << 16
+SYNC_TIMEOUT_S = 5.0      # a started standby must be in /sync by then
+TAKEOVER_TIMEOUT_S = 5.0  # kill -9 -> the standby serves (1 s lease + promotion)
+
+
+def repl_supported():
+    """(bool, why): METAD_BIN is set and its --help mentions --repl-listen."""
+    binary = os.environ.get("METAD_BIN")
+    if not binary:
+        return False, "METAD_BIN is not set"
+    try:
+        out = subprocess.run([binary, "--help"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"{binary} --help: {e}"
+    if b"--repl-listen" not in out.stdout + out.stderr:
+        return False, f"{binary} has no --repl-listen (replication not wired)"
+    return True, ""
+
+
+REPL, WHY = repl_supported()
+
+
+
+class FailoverCase(HaCase):
+    """Two replicated nodes on HaCase's etcd (one per class), a cluster named after the
+    test and a temp dir; tearDown kills every node in self.nodes. No tests of its own:
+    suites subclass it (decorated @unittest.skipUnless(REPL, WHY))."""
+
+    def setUp(self):
+        super().setUp()
+        self.cluster_keys = Cluster(self.etcd.url, self.cluster)
+
+    # Cases a-d are about failover, not about dropping a slow standby: a loaded CI host's
+    # fdatasync can stall past the default 500 ms, so they give the standby 3 s. Case e
+    # (the drop) keeps the default.
+    sync_timeout_ms = 3000
+
+    def node(self, node_id):
+        n = Node(node_id, self.etcd.url, self.cluster, self.dir, free_port(), free_port(),
+                 ("--sync-timeout-ms", str(self.sync_timeout_ms)))
+        self.nodes.append(n)
+        return n
+
+    def started(self, node):
+        node.start()
+        self.assertTrue(node.wait_listening(), f"node {node.id} did not start "
+                        f"(exit {node.exit_code()}):\n{node.log()}")
+        return node
+
+    def wait_in_sync(self, standby, leader, allow_diverged_exits=0, timeout=SYNC_TIMEOUT_S):
+        """Waits until /sync lists `standby` under `leader`. A standby that exits with
+        status 75 (cannot follow; resync) is restarted up to allow_diverged_exits times,
+        each restart getting a fresh `timeout`; any other exit fails the test."""
+        restarts = 0
+        deadline = time.monotonic() + timeout
+        while not self.cluster_keys.in_sync(standby.id, leader.id):
+            code = standby.exit_code()
+            if code is not None:
+                self.assertEqual(code, EXIT_DIVERGED,
+                                 f"{standby.id} exited with {code}:\n{standby.log()}")
+                self.assertLess(restarts, allow_diverged_exits,
+                                f"{standby.id} exited 75 again:\n{standby.log()}")
+                restarts += 1
+                sys.stderr.write(f"\n  {standby.id} exited 75, restarted; its last line: "
+                                 f"{standby.log(1)}\n")
+                standby.start()
+                deadline = time.monotonic() + timeout
+            self.assertLess(time.monotonic(), deadline,
+                            f"{standby.id} not in /sync of {leader.id} after {timeout} s; "
+                            f"/sync {self.cluster_keys.sync()}\n{standby.id}:\n"
+                            f"{standby.log(40)}\n{leader.id}:\n{leader.log(40)}")
+            time.sleep(0.02)
+        return restarts
+
+    def pair(self):
+        """a leads, b is its sync standby."""
+        a = self.started(self.node("a"))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        b = self.started(self.node("b"))
+        began = time.monotonic()
+        self.wait_in_sync(b, a)
+        sys.stderr.write(f"\n  b in /sync {(time.monotonic() - began) * 1000:.0f} ms "
+                         f"after its start\n")
+        return a, b
+
+    def write_then_kill(self, leader, standby, ledger, tag, min_bound=1000, writers=2):
+        """Runs `writers` writers (engines sharing rank 0) against `leader` until they
+        have min_bound acked bindings more, then kills the leader under them; returns
+        (kill -> standby /ready 200 ms, kill -> first API 200 ms)."""
+        before = ledger.bound_count()
+        ws = [Writer(leader.base_url, 0, ledger, f"{tag}-{i}") for i in range(writers)]
+        for w in ws:
+            w.start()
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= before + min_bound
+                                   or not all(w.is_alive() for w in ws), 30),
+                        "the writers made no progress")
+        for w in ws:
+            self.assertTrue(w.is_alive(), f"a writer stopped before the kill: "
+                            f"{w.stopped_by}\n{leader.log(20)}")
+        # Only a standby listed in /sync takes over; one that dropped out under the
+        # writers (no ack within --sync-timeout-ms) would make the kill a plain outage.
+        self.assertTrue(self.cluster_keys.in_sync(standby.id, leader.id),
+                        f"{standby.id} fell out of /sync under the writers: "
+                        f"{self.cluster_keys.sync()}\n{leader.id}:\n{leader.log(12)}\n"
+                        f"{standby.id} (exit status {standby.exit_code()}):\n"
+                        f"{standby.log(12)}")
+        t0 = time.monotonic()
+        leader.kill()
+        ready_ms, api_ms, write_ms = measure_takeover(standby.base_url, standby.base_url, t0,
+                                                      TAKEOVER_TIMEOUT_S)
+        for w in ws:
+            w.join(10)
+            self.assertFalse(w.is_alive(), "a writer did not notice the kill")
+        pending = sum(len(m) for m in ledger.snapshot()[1].values())
+        sys.stderr.write(f"  kill -9 {leader.id}: {standby.id} /ready 200 after "
+                         f"{ready_ms and round(ready_ms)} ms, first API 200 after "
+                         f"{api_ms and round(api_ms)} ms, first write after "
+                         f"{write_ms and round(write_ms)} ms; {sum(w.tasks for w in ws)} tasks, "
+                         f"{ledger.bound_count()} keys acked bound, {pending} acked "
+                         f"reservations pending\n")
+        self.assertIsNotNone(ready_ms, f"{standby.id} did not serve within "
+                             f"{TAKEOVER_TIMEOUT_S} s:\n{standby.log(40)}")
+        self.assertIsNotNone(api_ms)
+        self.assertIsNotNone(write_ms, f"{standby.id} serves, but no write was answered "
+                             f"within {TAKEOVER_TIMEOUT_S} s of the kill:\n{standby.log(20)}")
+        self.assertEqual(ledger.problems, [])
+        return ready_ms, api_ms
+
+    def assert_ledger(self, node, ledger, kills=1):
+        """Every acked binding on `node`, nothing aliased, acked reservations honoured.
+        kills: failovers so far, each of which may have left one unanswered task."""
+        bound, reserved = ledger.snapshot()
+        result = check_ledger(node.base_url, bound)
+        self.assertEqual(result["checked"], ledger.bound_count())
+        self.assertEqual((result["lost"], result["moved"], result["duplicate_pages"],
+                          result["ledger_duplicates"], result["errors"]), (0, 0, 0, 0, 0),
+                         result["details"])
+        c = Client(node.base_url)
+        try:
+            # The rank holds the acked bindings, plus at most one task per writer and kill
+            # that was in flight (its confirm may have been applied but not answered).
+            info = c.rank_info(0).json()
+            acked = len(bound.get(0, {}))
+            self.assertGreaterEqual(info["bound"], acked, info)
+            self.assertLessEqual(info["bound"], acked + 8 * 2 * kills, info)
+            # An acknowledged reservation (allocate answered, confirm not sent or not
+            # answered) is still this writer's: its confirm succeeds on the new leader.
+            pending = reserved.get(0, {})
+            if pending:
+                self.assertEqual(c.confirm_write(0, pending.items()).status_code, 204,
+                                 f"acked reservations {pending} lost")
+                ledger.on_confirm(0, pending.items())
+            # A fresh allocation never gets a page the old leader acknowledged.
+            taken = set(bound.get(0, {}).values()) | set(pending.values())
+            fresh = keys(64, f"fresh-{node.id}-{node.starts}-{time.monotonic()}")
+            answer = c.batch_allocate(0, fresh)
+            self.assertEqual(answer.status_code, 200, answer.text)
+            pages = [p for _, p in answer.json()["results"]]
+            self.assertNotIn(-1, pages)
+            self.assertEqual(set(pages) & taken, set(), "an acked page was handed out again")
+            # Released again (the write-failure path): nothing kept.
+            self.assertEqual(c.confirm_write(0, [], pages).status_code, 204)
+        finally:
+            c.close()
+
+    # ---------------------------------------------------------------------------------
