@@ -105,6 +105,8 @@ metadata server; same HTTP API, default port 18000).
   --repl-listen HOST:PORT   synchronous replication to a hot standby (with --ha-*
                             and --data-dir): standbys connect here; a write is answered
                             once this node and the standby both have it on disk
+  --repl-advertise HOST:PORT  where the other nodes connect for this node's streams
+                            (default: --repl-listen, 0.0.0.0 as --ha-advertise's host)
   --sync-timeout-ms N       a standby silent this long is dropped from /sync, then the
                             leader answers alone (default 500)
   --log-level LEVEL         error|warn|info|debug (default info)
@@ -330,6 +332,8 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.incomplete_grace_ms = parse_int<std::uint32_t>(flag, value, 0, 86'400'000);
     } else if (flag == "--repl-listen") {
       cfg.repl_listen = value;
+    } else if (flag == "--repl-advertise") {
+      cfg.repl_advertise = value;
     } else if (flag == "--sync-timeout-ms") {
       cfg.sync_timeout_ms = parse_int<std::uint32_t>(flag, value, 10, 600'000);
     } else if (flag.starts_with("--ha-")) {

@@ -116,6 +116,10 @@ struct config {
   // standby that has not acknowledged for sync_timeout_ms is dropped from /sync, then
   // the leader acknowledges alone.
   std::string repl_listen;
+  // The HOST:PORT other nodes connect to for this node's streams, when it differs from
+  // repl_listen (NAT, a port mapping, a proxy); empty: repl_listen, with 0.0.0.0 replaced
+  // by the host of the advertised http URL.
+  std::string repl_advertise;
   std::uint32_t sync_timeout_ms = 500;
 };
 

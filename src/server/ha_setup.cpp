@@ -37,8 +37,10 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
   error.clear();
   if (cfg.ha_etcd.empty()) {
     if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty() ||
-        !cfg.repl_listen.empty())
-      error = "--ha-cluster, --ha-node, --ha-advertise and --repl-listen need --ha-etcd";
+        !cfg.repl_listen.empty() || !cfg.repl_advertise.empty())
+      error =
+          "--ha-cluster, --ha-node, --ha-advertise, --repl-listen and --repl-advertise need "
+          "--ha-etcd";
     return c;
   }
   if (cfg.ha_cluster.empty() || cfg.ha_node.empty()) {
@@ -75,6 +77,17 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
       return c;
     }
     repl = repl_advertise(cfg.repl_listen, http);
+    if (!cfg.repl_advertise.empty()) {
+      if (!repl::split_host_port(cfg.repl_advertise, host, repl_port) || host == "0.0.0.0") {
+        error = fmt::format("--repl-advertise: expected IPv4 HOST:PORT others can reach, got {}",
+                            cfg.repl_advertise);
+        return c;
+      }
+      repl = cfg.repl_advertise;
+    }
+  } else if (!cfg.repl_advertise.empty()) {
+    error = "--repl-advertise needs --repl-listen";
+    return c;
   }
   c.advertise = leader_value(c.node, http, repl);
   return c;

@@ -207,10 +207,16 @@ struct replication::impl {
 
   // --- the standby's side ------------------------------------------------------------
 
+  // A stream that ended after it brought something: this version cannot resume it.
+  static bool has_followed(const core_end& e) {
+    return e.following && (e.following->received() > 0 || e.following->awaiting_snapshot());
+  }
+
   void say_hello(int c, core_end& e) {
-    if (e.following && (e.following->received() > 0 || e.following->awaiting_snapshot()))
-      exit_to_resync("the stream from the leader ended and this version cannot resume it");
-    e.following.emplace(0, 0, static_cast<std::uint32_t>(c), 0);
+    // After a stream ended, what this core holds stays as it is until a leader answers:
+    // a connection that closes unanswered (the leader died, and something else accepted
+    // on its address) must leave this standby able to take over.
+    if (!has_followed(e)) e.following.emplace(0, 0, static_cast<std::uint32_t>(c), 0);
     repl::hello h;
     h.cluster = nd.cfg.ha_cluster;
     h.node = nd.cfg.ha_node;
@@ -221,13 +227,15 @@ struct replication::impl {
   }
 
   void on_answer(int c, core_end& e, const repl::answer& a) {
-    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
-      return;
     if (a.status == repl::answer_status::refused) {
       // Not serving yet (its log says why if it is a mismatch): try again shortly.
       log::debug("replication: the leader refused core {}'s stream for now", c);
       return close(c, e);
     }
+    if (has_followed(e))
+      exit_to_resync("the stream from the leader ended and this version cannot resume it");
+    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
+      return;
     exit_to_resync("the leader cannot stream to this standby's position");
   }
 

@@ -13,6 +13,8 @@ run (scripts/ha-failover.sh, which runs scripts/ha_failover.py).
   to two keys, acknowledged reservations not handed out again.
 - FailoverCase: the base of the replicated-pair suites (a leads, b its sync standby;
   pair(), write_then_kill(), assert_ledger()); it has no tests of its own.
+- Blackhole, Prober, serving_switches: partitions without a network namespace, and the
+  check that two nodes never answer at once (tests/e2e/test_partition.py).
 - Writer: one vLLM worker in a thread: sequential save tasks on one rank (batch_allocate
   of fresh keys, then confirm_write of all pages, or on every Nth task the write-failure
   path: confirm_write releasing all pages), optionally at a fixed rate and with vLLM's
@@ -28,10 +30,12 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 import requests
 
@@ -167,6 +171,102 @@ class Node:
             return requests.get(self.base_url + "/metrics", timeout=2).text
         except requests.RequestException:
             return ""
+
+
+class Blackhole:
+    """A TCP forwarder 127.0.0.1:<port> -> target that a test can cut, standing in for an
+    nft drop rule (design-ha.md §4.1) without a network namespace. While cut it keeps
+    every connection open and drops the bytes both ways, and accepts new connections and
+    drops theirs too: the peers see timeouts, not resets, as behind a dropping firewall.
+    heal() closes the connections that were cut (their TCP timeouts would have ended them;
+    their dropped bytes cannot be resent) and forwards new ones again."""
+
+    def __init__(self, target_host, target_port):
+        self.target = (target_host, target_port)
+        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.port = self.server.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.address}"
+        self.lock = threading.Lock()
+        self.is_cut = False
+        self.links = []  # [client socket, target socket or None, cut]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            link = [client, None, False]
+            with self.lock:
+                if self.closed:
+                    client.close()
+                    return
+                link[2] = self.is_cut
+                self.links.append(link)
+            if not link[2]:
+                try:
+                    link[1] = socket.create_connection(self.target, timeout=2)
+                    link[1].settimeout(None)
+                except OSError:
+                    self._close(link)
+                    continue
+            threading.Thread(target=self._pump, args=(link, 0, 1), daemon=True).start()
+            if link[1] is not None:
+                threading.Thread(target=self._pump, args=(link, 1, 0), daemon=True).start()
+
+    def _pump(self, link, src, dst):
+        while True:
+            try:
+                data = link[src].recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                return self._close(link)
+            if link[2] or link[dst] is None:
+                continue  # cut: dropped
+            try:
+                link[dst].sendall(data)
+            except OSError:
+                return self._close(link)
+
+    def _close(self, link):
+        for s in link[:2]:
+            if s is not None:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+        with self.lock:
+            if link in self.links:
+                self.links.remove(link)
+
+    def cut(self):
+        with self.lock:
+            self.is_cut = True
+            for link in self.links:
+                link[2] = True
+
+    def heal(self):
+        with self.lock:
+            self.is_cut = False
+            cut = [link for link in self.links if link[2]]
+        for link in cut:
+            self._close(link)
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            links = list(self.links)
+        self.server.close()
+        for link in links:
+            self._close(link)
 
 
 class Cluster:
@@ -534,6 +634,48 @@ def measure_takeover(node_url, api_url, t0, timeout=15.0):
     return out["ready_ms"], out["api_ms"], out["write_ms"]
 
 
+class Prober(threading.Thread):
+    """Asks one node an API question (batch_exists of nothing) every `period` s on its own
+    thread and keeps (node id, sent, received, status), monotonic seconds; status None
+    when no answer came within `timeout`. One thread per node, so that two nodes that
+    answered at the same time would show as interleaved answers (see serving_switches)."""
+
+    def __init__(self, node, period=0.01, timeout=0.5):
+        super().__init__(daemon=True)
+        self.node, self.period, self.timeout = node, period, timeout
+        self.records = []
+        self._done = threading.Event()
+
+    def run(self):
+        session = requests.Session()
+        while not self._done.is_set():
+            sent = time.monotonic()
+            try:
+                status = session.post(self.node.base_url + "/keys/batch_exists",
+                                      data=b'{"keys":[]}', timeout=self.timeout).status_code
+            except requests.RequestException:
+                status = None
+            self.records.append((self.node.id, sent, time.monotonic(), status))
+            self._done.wait(self.period)
+        session.close()
+
+    def stop(self):
+        self._done.set()
+        self.join(5)
+
+    def answered(self, status=200):
+        return [r for r in self.records if r[3] == status]
+
+
+def serving_switches(probers):
+    """The 200s of every prober in the order they were sent, cut where the answering node
+    changes: [(from id, its last 200's received, to id, the new one's first 200's sent)].
+    Two leaders answering at once would show as a switch whose new first 200 was sent
+    before the old last 200 came back, or as more switches than leadership changes."""
+    answers = sorted((r for p in probers for r in p.answered()), key=lambda r: r[1])
+    return [(p[0], p[2], q[0], q[1]) for p, q in zip(answers, answers[1:]) if p[0] != q[0]]
+
+
 class Diverged(RuntimeError):
     """A supervised node exited with a status other than 75, or too often."""
 
@@ -650,11 +792,41 @@ class FailoverCase(HaCase):
     # (the drop) keeps the default.
     sync_timeout_ms = 3000
 
-    def node(self, node_id):
-        n = Node(node_id, self.etcd.url, self.cluster, self.dir, free_port(), free_port(),
-                 ("--sync-timeout-ms", str(self.sync_timeout_ms)))
+    def node(self, node_id, cuttable=False):
+        """A node of this test's cluster. cuttable: its etcd traffic and the streams to
+        its --repl-listen go through Blackholes (n.etcd_link, n.repl_link), so that
+        cut(n) can partition it from etcd and from the other node while clients still
+        reach its HTTP port."""
+        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms)]
+        etcd_url, repl_port = self.etcd.url, free_port()
+        links = None
+        if cuttable:
+            at = urllib.parse.urlsplit(self.etcd.url.split(",")[0])
+            links = (Blackhole(at.hostname, at.port), Blackhole("127.0.0.1", repl_port))
+            for link in links:
+                self.addCleanup(link.close)
+            etcd_url = links[0].url
+            extra += ["--repl-advertise", links[1].address]
+        n = Node(node_id, etcd_url, self.cluster, self.dir, free_port(), repl_port, extra)
+        if links:
+            n.etcd_link, n.repl_link = links
+            n.repl = links[1].address  # what its leader key names
         self.nodes.append(n)
         return n
+
+    def cut(self, node):
+        """Partitions a cuttable node from etcd and from every replication stream (with
+        two nodes, the streams into either node's --repl-listen are all there are)."""
+        for n in [node, *self.nodes]:
+            if hasattr(n, "repl_link"):
+                n.repl_link.cut()
+        node.etcd_link.cut()
+
+    def heal(self, node):
+        node.etcd_link.heal()
+        for n in [node, *self.nodes]:
+            if hasattr(n, "repl_link"):
+                n.repl_link.heal()
 
     def started(self, node):
         node.start()

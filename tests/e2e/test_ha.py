@@ -364,6 +364,10 @@ class HaFlagsTest(unittest.TestCase):
             ([*named, "--ha-ttl-ms", "500"], "--ha-ttl-ms: expected an integer"),
             ([*named, "--ha-advertise", "https://x:1"], "--ha-advertise"),
             ([*named, "--ha-advertise", 'http://x":1'], "--ha-advertise"),
+            (["--repl-advertise", "127.0.0.1:1"], "need --ha-etcd"),
+            ([*named, "--repl-advertise", "127.0.0.1:1"], "--repl-advertise needs --repl-listen"),
+            ([*named, "--data-dir", "/tmp", "--repl-listen", "127.0.0.1:1",
+              "--repl-advertise", "0.0.0.0:5"], "--repl-advertise: expected"),
         ]
         for args, message in cases:
             with self.subTest(args=args):
