@@ -92,6 +92,7 @@ class follower {
   ack current_ack() const { return {epoch_, generation_, core_, durable_}; }
 
   std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t generation() const { return generation_; }
   std::uint64_t received() const { return received_; }
   std::uint64_t acked() const { return durable_; }
 

@@ -26,6 +26,10 @@ namespace {
 // A stream whose peer is this far behind in bytes queued is cut (a standby that cannot
 // keep up must not take the leader's memory with it).
 constexpr std::size_t kQueuedBytesMax = std::size_t{1} << 30;
+// What a leader core keeps of the log bytes it shipped, so that a standby whose stream
+// broke (a network blip, a restart of the link) resumes from its position instead of
+// copying the whole state again. Older positions need a snapshot.
+constexpr std::uint64_t kRetainBytes = std::uint64_t{16} << 20;
 // A standby still catching up (its snapshot in transfer) may be silent this long.
 constexpr std::uint64_t kCatchUpSilenceMs = 60'000;
 
@@ -56,6 +60,11 @@ struct replication::impl {
     std::optional<repl::leader_stream> leading;
     std::uint64_t caught_up_at = 0;  // the snapshot's (or hello's) position
     std::deque<std::pair<std::uint64_t, std::uint64_t>> unacked;  // (end lsn, sent ns)
+    // The bytes shipped lately, [retained_from, shipped_end) in consecutive chunks (one
+    // per flush), kept from this leadership's first stream on, with or without one now.
+    bool retaining = false;
+    std::deque<std::string> retained;
+    std::uint64_t retained_from = 0, retained_bytes = 0, shipped_end = 0;
     // Standby.
     std::optional<repl::follower> following;
     std::unique_ptr<persist::standby_core> applier;
@@ -138,8 +147,8 @@ struct replication::impl {
     view.epoch = leading ? static_cast<std::uint64_t>(nd.ha->epoch()) : 0;
     view.generation = nd.data ? nd.data->generation() : 0;
     view.cores = static_cast<std::uint32_t>(nd.cores);
-    view.retained_from = log.end();  // this version resends nothing from its segments
-    view.end = log.end();
+    view.retained_from = e.retaining ? e.retained_from : log.end();
+    view.end = e.retaining ? e.shipped_end : log.end();
     repl::answer a = repl::answer_hello(h, view);
     if (!leading) a.status = repl::answer_status::refused;
     if (a.status == repl::answer_status::need_snapshot) {
@@ -184,8 +193,16 @@ struct replication::impl {
       }
     }
     e.leading.emplace(view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn);
-    e.caught_up_at = a.lsn;
-    e.unacked.assign(1, {a.lsn, smp::monotonic_ns()});
+    if (!e.retaining) {
+      e.retaining = true;
+      e.retained_from = e.shipped_end = a.lsn;
+    } else if (a.status == repl::answer_status::stream) {
+      resend(c, e, a.lsn);
+      log::info("replication: core {} resumes node {}'s stream at {} ({} bytes resent)", c, h.node,
+                a.lsn, e.leading->sent() - a.lsn);
+    }
+    e.caught_up_at = e.leading->sent();
+    e.unacked.assign(1, {e.caught_up_at, smp::monotonic_ns()});
     publish_unacked(c, e);
     shared[static_cast<std::size_t>(c)].state.store(progress::catching_up);
     std::lock_guard lock(standby_mutex);
@@ -207,7 +224,8 @@ struct replication::impl {
 
   // --- the standby's side ------------------------------------------------------------
 
-  // A stream that ended after it brought something: this version cannot resume it.
+  // This core holds something from a stream (state, or the start of a snapshot): a new
+  // stream must resume where that one broke, or the node resyncs from empty.
   static bool has_followed(const core_end& e) {
     return e.following && (e.following->received() > 0 || e.following->awaiting_snapshot());
   }
@@ -222,6 +240,11 @@ struct replication::impl {
     h.node = nd.cfg.ha_node;
     h.cores = static_cast<std::uint32_t>(nd.cores);
     h.core = static_cast<std::uint32_t>(c);
+    if (!e.following->awaiting_snapshot()) {  // where it stands: the leader may resume there
+      h.epoch = e.following->epoch();
+      h.generation = e.following->generation();
+      h.lsn = e.following->acked();
+    }
     repl::encode(e.out, h);
     send(c, e);
   }
@@ -232,8 +255,16 @@ struct replication::impl {
       log::debug("replication: the leader refused core {}'s stream for now", c);
       return close(c, e);
     }
-    if (has_followed(e))
-      exit_to_resync("the stream from the leader ended and this version cannot resume it");
+    if (has_followed(e)) {
+      if (!e.following->awaiting_snapshot() && e.following->on_answer(a)) {
+        log::info("replication: core {} resumes the leader's stream at {}", c, a.lsn);
+        e.acked_once = false;  // tell the leader where it stands at once
+        return;
+      }
+      exit_to_resync(
+          "the leader cannot resume this standby's stream where it broke (another leadership, "
+          "or a position it no longer keeps)");
+    }
     if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
       return;
     exit_to_resync("the leader cannot stream to this standby's position");
@@ -356,8 +387,44 @@ struct replication::impl {
     --parked;
   }
 
+  // Keeps what a flush ships for a standby that comes back (kRetainBytes at most).
+  static void retain(core_end& e, const store::log_writer::flush_job& job) {
+    const std::uint64_t end = job.lsn + job.bytes;
+    if (end <= e.shipped_end) return;
+    if (job.lsn > e.shipped_end) {  // not consecutive (never expected): start again here
+      e.retained.clear();
+      e.retained_bytes = 0;
+      e.retained_from = e.shipped_end = job.lsn;
+    }
+    const std::uint64_t from = e.shipped_end;
+    e.retained.emplace_back(job.data + (from - job.lsn), end - from);
+    e.retained_bytes += end - from;
+    e.shipped_end = end;
+    while (e.retained_bytes - e.retained.front().size() >= kRetainBytes) {
+      e.retained_from += e.retained.front().size();
+      e.retained_bytes -= e.retained.front().size();
+      e.retained.pop_front();
+    }
+  }
+
+  // Sends the retained bytes from `lsn` (at least retained_from) on a resumed stream.
+  void resend(int c, core_end& e, std::uint64_t lsn) {
+    std::uint64_t at = e.retained_from;
+    for (const std::string& chunk : e.retained) {
+      const std::uint64_t end = at + chunk.size();
+      if (end > lsn) {
+        const std::uint64_t skip = lsn > at ? lsn - at : 0;
+        e.leading->send(e.out, std::string_view(chunk).substr(skip));
+        if (e.out.size() >= (std::size_t{4} << 20)) send(c, e);
+      }
+      at = end;
+    }
+    send(c, e);
+  }
+
   void shipped(int c, const store::log_writer::flush_job& job) {
     core_end& e = ends[static_cast<std::size_t>(c)];
+    if (e.retaining) retain(e, job);
     if (!e.leading) return;
     const std::uint64_t end = job.lsn + job.bytes;
     const std::uint64_t from = std::max(job.lsn, e.leading->sent());
@@ -566,7 +633,8 @@ void replication::on_role(ha::role from, ha::role to, std::int64_t) {
     return;
   }
   if (to != ha::role::standby) return;
-  if (m.promotion.joinable()) exit_to_resync("this node lost the lease while it was taking over");
+  if (m.promotion.joinable() && m.nd.repl.promoting.load())
+    exit_to_resync("this node lost the lease while it was taking over");
   if (primary)
     exit_to_resync(from == ha::role::candidate
                        ? "another node leads: this node's own state may have forked from it"

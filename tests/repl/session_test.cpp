@@ -156,6 +156,34 @@ TEST(ReplFollower, AnOverlappingBatchAppliesOnlyItsNewFrames) {
   EXPECT_EQ(r.start_lsn, a.size());
 }
 
+// A stream broke after the standby received a and b but made only a durable: its next
+// hello names (epoch, generation, a's end); the leader resends from there, and only what
+// the standby does not hold yet is applied.
+TEST(ReplFollower, AfterABrokenStreamItResumesFromWhatItAckedAndSkipsTheResentBytes) {
+  const std::string a = frames(2), b = frames(3, 2), c = frames(1, 5);
+  follower f(7, 2, 3, 0);
+  ASSERT_EQ(f.on_batch(batch(7, 0, a)).v, verdict::apply);
+  f.durable(a.size());
+  ASSERT_EQ(f.on_batch(batch(7, a.size(), b)).v, verdict::apply);
+  const repl::hello h = hello(f.epoch(), f.generation(), f.acked());
+  repl::leader_view view = leader();
+  view.retained_from = 0;
+  view.end = a.size() + b.size() + c.size();
+  const repl::answer answer = repl::answer_hello(h, view);
+  ASSERT_EQ(answer.status, answer_status::stream);
+  EXPECT_EQ(answer.lsn, a.size());
+  ASSERT_TRUE(f.on_answer(answer));
+  const follower::result r = f.on_batch(batch(7, a.size(), b + c));
+  ASSERT_EQ(r.v, verdict::apply);
+  EXPECT_EQ(r.bytes, c);
+  EXPECT_EQ(r.start_lsn, a.size() + b.size());
+  // A position the leader no longer keeps, or another leadership: no resuming.
+  view.retained_from = a.size() + 1;
+  EXPECT_EQ(repl::answer_hello(h, view).status, answer_status::need_snapshot);
+  EXPECT_EQ(repl::answer_hello(hello(6, 2, a.size()), leader()).status,
+            answer_status::need_snapshot);
+}
+
 TEST(ReplFollower, ABatchBeyondWhatItHasIsAGap) {
   const std::string a = frames(2), b = frames(1, 2);
   follower f(7, 2, 3, 0);
