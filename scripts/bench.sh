@@ -635,8 +635,8 @@ run_repl() {
   echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
     "cluster; rows alternate control and replication, 3 rounds."
   echo
-  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | kill -9 → standby /ready ms | promotion ms |"
-  echo "|---:|---:|---:|---:|---:|---:|"
+  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|"
   local m
   for m in ${REPL_BINDINGS:-1 8}; do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
   kill "$etcd_pid"
@@ -662,6 +662,25 @@ repl_catch_up() {  # millions etcd_url repl_port
   for _ in $(seq 200); do curl -sf -o /dev/null "http://127.0.0.1:$server_port/ready" && break; sleep 0.05; done
   "$build/bench/metad-memory" --pid "$leader" --port "$server_port" --ranks 8 \
     --pages $((keys * 2)) --keys "$keys" >"$tmp/memory.log" || { cat "$tmp/memory.log" >&2; exit 1; }
+  # The leader's longest answer while the standby copies its state (asked every 5 ms
+  # on the load CPU): how long a core stood still for the snapshot.
+  : >"$tmp/stall"
+  taskset -c "$load_cpus" python3 -c '
+import http.client, sys, time
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+worst = 0.0
+while True:
+    t = time.monotonic()
+    c.request("POST", "/keys/batch_exists", body=b"{\"keys\":[]}")
+    c.getresponse().read()
+    took = time.monotonic() - t
+    if took > worst:
+        worst = took
+        with open(sys.argv[2], "a") as f:
+            f.write(f"{worst * 1000:.0f} at {t:.3f}\n")
+    time.sleep(0.005)' "$server_port" "$tmp/stall" &
+  local prober=$!
+  pids+=("$prober")
   t0=$(now_ms)
   taskset -c "$server_cpus" "$server_bin" --port 18311 --cpus "$server_cpus" "${ha[@]}" \
     --ha-node b --data-dir "$tmp/b" --repl-listen "127.0.0.1:$(($3 + 1))" >"$tmp/b.log" 2>&1 &
@@ -673,6 +692,8 @@ repl_catch_up() {  # millions etcd_url repl_port
     sleep 0.02
   done
   t1=$(now_ms)
+  kill "$prober"
+  wait "$prober" 2>/dev/null || true
   kill -9 "$leader"
   t2=$(now_ms)
   deadline=$((SECONDS + 60))
@@ -683,8 +704,9 @@ repl_catch_up() {  # millions etcd_url repl_port
   t3=$(now_ms)
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
-  awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" 'BEGIN {
-    printf "| %dM | %.1f | %.2f | %.1f | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), f, p }'
+  awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" \
+    -v w="$(sort -n "$tmp/stall" | tail -1 | cut -d' ' -f1)" 'BEGIN {
+    printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, p }'
   kill -9 "$standby"
   wait "$leader" "$standby" 2>/dev/null || true
 }

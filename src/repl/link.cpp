@@ -301,9 +301,12 @@ void link::impl::run() {
       {
         std::lock_guard lock(ch.mutex_);
         close_asked = ch.close_asked_;
-        if (!close_asked) {
-          s.out.append(ch.outbox_);
+        // Only once the last batch is written: the outbox then holds what the peer has
+        // not taken yet (the cores' back-pressure counts it), and the swap is O(1).
+        if (!close_asked && s.out.empty() && !ch.outbox_.empty()) {
+          s.out.swap(ch.outbox_);
           ch.outbox_.clear();
+          s.written = 0;
         }
       }
       if (close_asked) {

@@ -1,8 +1,18 @@
 #include "server/replication.hpp"
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <csignal>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -30,6 +40,21 @@ constexpr std::size_t kQueuedBytesMax = std::size_t{1} << 30;
 // broke (a network blip, a restart of the link) resumes from its position instead of
 // copying the whole state again. Older positions need a snapshot.
 constexpr std::uint64_t kRetainBytes = std::uint64_t{16} << 20;
+// A snapshot cut by a child process is moved to the stream while less than this is
+// queued on it, a piece of at most kSnapshotReadBytes per read.
+constexpr std::size_t kSnapshotQueuedMax = std::size_t{32} << 20;
+constexpr std::size_t kSnapshotReadBytes = std::size_t{1} << 20;
+
+// Writes all of `bytes` to a blocking descriptor; false on an error (the reader went).
+bool write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
 // A standby still catching up (its snapshot in transfer) may be silent this long.
 constexpr std::uint64_t kCatchUpSilenceMs = 60'000;
 
@@ -46,6 +71,7 @@ struct replication::impl {
   enum class progress : std::uint8_t { none, catching_up, caught_up };
   struct shared_core {
     std::atomic<progress> state{progress::none};
+    std::atomic<bool> cutting{false};  // a child is cutting a snapshot: wake the core
     std::atomic<std::uint64_t> oldest_unacked_ns{0};  // 0: everything sent was acked
     std::atomic<bool> require_applied{false};
     std::atomic<std::uint64_t> lag_bytes{0};  // sent − acked
@@ -65,6 +91,15 @@ struct replication::impl {
     bool retaining = false;
     std::deque<std::string> retained;
     std::uint64_t retained_from = 0, retained_bytes = 0, shipped_end = 0;
+    // A new standby's snapshot being cut by a child process (fork(): a copy-on-write
+    // image of this core's state at the hello), its encoded messages read from `cut_fd`
+    // into the stream; what this core ships meanwhile waits in `held`, then follows.
+    pid_t cut_child = -1;
+    int cut_fd = -1;
+    std::string held;
+    std::uint64_t cut_lsn = 0, cut_bytes = 0, cut_started = 0;
+    std::string cut_for;  // the standby's node id, for the log
+    std::string cut_buffer;
     // Standby.
     std::optional<repl::follower> following;
     std::unique_ptr<persist::standby_core> applier;
@@ -72,6 +107,10 @@ struct replication::impl {
   };
 
   pipeline::node& nd;
+  // The process's CPUs before the cores were pinned: a child cutting a snapshot runs on
+  // any of them (at a lower priority), not on the pinned core that forked it.
+  cpu_set_t process_cpus;
+  bool have_process_cpus = false;
   std::atomic<start_as> mode;
   std::vector<core_end> ends;
   std::unique_ptr<shared_core[]> shared;
@@ -99,6 +138,8 @@ struct replication::impl {
         mode(as),
         ends(static_cast<std::size_t>(n.cores)),
         shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))) {
+    CPU_ZERO(&process_cpus);
+    have_process_cpus = ::sched_getaffinity(0, sizeof process_cpus, &process_cpus) == 0;
     std::string host;
     std::uint16_t port = 0;
     repl::split_host_port(nd.cfg.repl_listen, host, port);
@@ -107,7 +148,12 @@ struct replication::impl {
     lc.listen_host = host;
     lc.listen_port = port;
     lc.wake_core = [this](int c) { nd.mailbox.wake(c); };
-    lc.each_turn = [this] { decide_sync(); };
+    lc.each_turn = [this] {
+      decide_sync();
+      // A core moving a child's snapshot has no event to wake it when the pipe fills.
+      for (int c = 0; c < nd.cores; ++c)
+        if (shared[static_cast<std::size_t>(c)].cutting.load()) nd.mailbox.wake(c);
+    };
     link = std::make_unique<repl::link>(std::move(lc));
   }
 
@@ -133,6 +179,7 @@ struct replication::impl {
   }
 
   void end_leading(int c, core_end& e) {
+    abort_cut(c, e);
     e.leading.reset();
     e.unacked.clear();
     publish_unacked(c, e);
@@ -160,23 +207,7 @@ struct replication::impl {
       head.generation = view.generation;
       head.core = static_cast<std::uint32_t>(c);
       head.lsn = a.lsn;
-      const std::uint64_t started = smp::monotonic_ns();
-      std::uint64_t bytes = 0;
-      persist::serialize_state(core(c), [&](std::string_view piece) {
-        repl::snapshot s = head;
-        s.bytes = piece;
-        bytes += piece.size();
-        repl::encode(e.out, s);
-        send(c, e);
-      });
-      log::info("replication: core {} sends node {} its state at {}: {} bytes, cut in {:.1f} ms", c,
-                h.node, a.lsn, bytes,
-                static_cast<double>(smp::monotonic_ns() - started) / smp::kNsPerMs);
-      repl::snapshot last = head;
-      last.last = true;
-      repl::encode(e.out, last);
-      send(c, e);
-      nd.repl.snapshots_sent.fetch_add(1);
+      if (!fork_cut(c, e, head, h.node)) cut_here(c, e, head, h.node);
     } else {
       repl::encode(e.out, a);
       send(c, e);
@@ -207,6 +238,134 @@ struct replication::impl {
     shared[static_cast<std::size_t>(c)].state.store(progress::catching_up);
     std::lock_guard lock(standby_mutex);
     standby_node = h.node;
+  }
+
+  // A new standby's state, cut by a child process so that this core goes on serving: the
+  // fork is the only pause (it copies the page tables, not the state). False if no child
+  // could be started (then cut_here).
+  bool fork_cut(int c, core_end& e, const repl::snapshot& head, const std::string& node) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+    const std::uint64_t started = smp::monotonic_ns();
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      log::warn("replication: core {}: fork for a snapshot failed ({}); cutting it on the core", c,
+                std::strerror(errno));
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return false;
+    }
+    if (pid == 0) {
+      // The child: reads this core's state as it was at the fork and writes the encoded
+      // snapshot messages; no logging, no other thread, no destructors. It holds the
+      // server's descriptors (listeners, the data directory's lock), so it must not
+      // outlive the thread that forked it.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      if (have_process_cpus) ::sched_setaffinity(0, sizeof process_cpus, &process_cpus);
+      ::setpriority(PRIO_PROCESS, 0, 10);
+      ::close(fds[0]);
+      std::string out;
+      bool ok = true;
+      persist::serialize_state(core(c), [&](std::string_view piece) {
+        repl::snapshot s = head;
+        s.bytes = piece;
+        repl::encode(out, s);
+        ok = ok && write_all(fds[1], out);
+        out.clear();
+      });
+      repl::snapshot last = head;
+      last.last = true;
+      repl::encode(out, last);
+      ::_exit(ok && write_all(fds[1], out) ? 0 : 1);
+    }
+    ::close(fds[1]);
+    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    e.cut_child = pid;
+    e.cut_fd = fds[0];
+    e.cut_lsn = head.lsn;
+    e.cut_bytes = 0;
+    e.cut_started = started;
+    e.cut_for = node;
+    e.cut_buffer.resize(kSnapshotReadBytes);
+    shared[static_cast<std::size_t>(c)].cutting.store(true);
+    log::info("replication: core {} forked in {:.1f} ms to cut node {}'s snapshot at {}", c,
+              static_cast<double>(smp::monotonic_ns() - started) / smp::kNsPerMs, node, head.lsn);
+    return true;
+  }
+
+  // The same on the core itself, which serves nothing meanwhile.
+  void cut_here(int c, core_end& e, const repl::snapshot& head, const std::string& node) {
+    const std::uint64_t started = smp::monotonic_ns();
+    std::uint64_t bytes = 0;
+    persist::serialize_state(core(c), [&](std::string_view piece) {
+      repl::snapshot s = head;
+      s.bytes = piece;
+      bytes += piece.size();
+      repl::encode(e.out, s);
+      send(c, e);
+    });
+    repl::snapshot last = head;
+    last.last = true;
+    repl::encode(e.out, last);
+    send(c, e);
+    log::info("replication: core {} sends node {} its state at {}: {} bytes, cut in {:.1f} ms", c,
+              node, head.lsn, bytes,
+              static_cast<double>(smp::monotonic_ns() - started) / smp::kNsPerMs);
+    nd.repl.snapshots_sent.fetch_add(1);
+  }
+
+  // Moves what the child wrote to the stream (while the peer keeps up), then what this
+  // core shipped meanwhile.
+  void pump_cut(int c, core_end& e) {
+    repl::channel& ch = link->at(c);
+    while (ch.queued() < kSnapshotQueuedMax) {
+      const ssize_t n = ::read(e.cut_fd, e.cut_buffer.data(), e.cut_buffer.size());
+      if (n > 0) {
+        ch.send(e.stream, std::string_view(e.cut_buffer.data(), static_cast<std::size_t>(n)));
+        e.cut_bytes += static_cast<std::uint64_t>(n);
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      const bool whole = n == 0 && reap_cut(c, e) == 0;
+      if (!whole) {
+        log::warn("replication: core {}: cutting node {}'s snapshot failed; closing its stream", c,
+                  e.cut_for);
+        abort_cut(c, e);
+        return close(c, e);
+      }
+      log::info(
+          "replication: core {} sends node {} its state at {}: {} bytes, cut in {:.1f} ms by a "
+          "child",
+          c, e.cut_for, e.cut_lsn, e.cut_bytes,
+          static_cast<double>(smp::monotonic_ns() - e.cut_started) / smp::kNsPerMs);
+      nd.repl.snapshots_sent.fetch_add(1);
+      ch.send(e.stream, e.held);
+      std::string().swap(e.held);
+      std::string().swap(e.cut_buffer);
+      return;
+    }
+  }
+
+  // Closes the pipe and waits for the child; its wait status (0: it wrote everything).
+  int reap_cut(int c, core_end& e) {
+    ::close(e.cut_fd);
+    e.cut_fd = -1;
+    int status = -1;
+    while (::waitpid(e.cut_child, &status, 0) < 0 && errno == EINTR) {
+    }
+    e.cut_child = -1;
+    shared[static_cast<std::size_t>(c)].cutting.store(false);
+    return status;
+  }
+
+  void abort_cut(int c, core_end& e) {
+    if (e.cut_child < 0) return;
+    ::kill(e.cut_child, SIGKILL);
+    reap_cut(c, e);
+    std::string().swap(e.held);
+    std::string().swap(e.cut_buffer);
   }
 
   void on_ack(int c, core_end& e, const repl::ack& a) {
@@ -371,6 +530,7 @@ struct replication::impl {
       e.decoder.feed(e.in);
       handle(c, e);
     }
+    if (e.cut_fd >= 0 && !e.closing) pump_cut(c, e);
     if (mode.load() == start_as::standby) ack_durable(c, e);
     store::log_writer& log = core(c).log;
     const bool required = require.load();
@@ -431,10 +591,15 @@ struct replication::impl {
     if (end <= from) return;
     METAD_ASSERT(job.lsn <= e.leading->sent());  // every byte since the snapshot passes here
     e.leading->send(e.out, std::string_view(job.data + (from - job.lsn), end - from));
-    send(c, e);
+    if (e.cut_fd >= 0) {  // after the snapshot a child is cutting
+      e.held += e.out;
+      e.out.clear();
+    } else {
+      send(c, e);
+    }
     e.unacked.emplace_back(end, smp::monotonic_ns());
     publish_unacked(c, e);
-    if (link->at(c).queued() > kQueuedBytesMax) {
+    if (link->at(c).queued() + e.held.size() > kQueuedBytesMax) {
       log::warn("replication: core {}: the standby is {} bytes behind; closing its stream", c,
                 link->at(c).queued());
       close(c, e);

@@ -913,6 +913,22 @@ class FailoverCase(HaCase):
         self.assertEqual(ledger.problems, [])
         return ready_ms, api_ms
 
+    def assert_writes_go_on_alone(self, writer, ledger, t0, dropped_ms, what):
+        """After the standby was dropped from /sync (dropped_ms after t0): the writer
+        acknowledges 200 more bindings, and neither the drop nor the writer's longest
+        call since t0 took 2 s (--sync-timeout-ms 500 plus an etcd write)."""
+        before = ledger.bound_count()
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= before + 200
+                                   or not writer.is_alive(), 10),
+                        f"writes stopped with the standby out of /sync: {writer.stopped_by}")
+        self.assertTrue(writer.is_alive(), f"the writer stopped: {writer.stopped_by}")
+        stall_ms = max([took for end, took, _, _ in list(writer.slow_calls) if end >= t0]
+                       or [0]) * 1000
+        sys.stderr.write(f"\n  {what}: dropped from /sync after {dropped_ms:.0f} ms; longest "
+                         f"write meanwhile {stall_ms:.0f} ms\n")
+        self.assertLess(dropped_ms, 2000)
+        self.assertLess(stall_ms, 2000)
+
     def assert_ledger(self, node, ledger, kills=1):
         """Every acked binding on `node`, nothing aliased, acked reservations honoured.
         kills: failovers so far, each of which may have left one unanswered task."""
