@@ -173,7 +173,8 @@ TEST(ReplFollower, AfterABrokenStreamItResumesFromWhatItAckedAndSkipsTheResentBy
   ASSERT_EQ(answer.status, answer_status::stream);
   EXPECT_EQ(answer.lsn, a.size());
   ASSERT_TRUE(f.on_answer(answer));
-  const follower::result r = f.on_batch(batch(7, a.size(), b + c));
+  const std::string resent = b + c;  // r.bytes views it
+  const follower::result r = f.on_batch(batch(7, a.size(), resent));
   ASSERT_EQ(r.v, verdict::apply);
   EXPECT_EQ(r.bytes, c);
   EXPECT_EQ(r.start_lsn, a.size() + b.size());
