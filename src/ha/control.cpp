@@ -194,8 +194,9 @@ void control::publish(const leadership& machine) {
   renewed_sent_.store(ticks(machine.last_renewal_sent()), std::memory_order_release);
   const role was = role_.exchange(machine.current(), std::memory_order_acq_rel);
   if (was != machine.current()) {
+    // The key's epoch: a fenced leader still holds its key (epoch() is 0 off leader).
     metad::log::info("ha: node {} {} -> {} (epoch {})", config_.node, to_string(was),
-                     to_string(machine.current()), machine.epoch());
+                     to_string(machine.current()), machine.key_epoch());
     if (on_role_) on_role_(was, machine.current(), machine.epoch());
   }
 }
