@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -90,7 +91,7 @@ struct replication::impl {
     // per flush), kept from this leadership's first stream on, with or without one now.
     bool retaining = false;
     std::deque<std::string> retained;
-    std::uint64_t retained_from = 0, retained_bytes = 0, shipped_end = 0;
+    std::uint64_t retained_from = 0, shipped_end = 0;
     // A new standby's snapshot being cut by a child process (fork(): a copy-on-write
     // image of this core's state at the hello), its encoded messages read from `cut_fd`
     // into the stream; what this core ships meanwhile waits in `held`, then follows.
@@ -240,6 +241,26 @@ struct replication::impl {
     standby_node = h.node;
   }
 
+  // Encodes core c's state as the snapshot messages of `head` (the pieces, then the last
+  // one) and hands them to `out` as they fill; returns the state's bytes.
+  std::uint64_t encode_snapshot(int c, const repl::snapshot& head,
+                                const std::function<void(std::string&)>& out) {
+    std::string bytes;
+    std::uint64_t state = 0;
+    persist::serialize_state(core(c), [&](std::string_view piece) {
+      repl::snapshot s = head;
+      s.bytes = piece;
+      state += piece.size();
+      repl::encode(bytes, s);
+      out(bytes);
+    });
+    repl::snapshot last = head;
+    last.last = true;
+    repl::encode(bytes, last);
+    out(bytes);
+    return state;
+  }
+
   // A new standby's state, cut by a child process so that this core goes on serving: the
   // fork is the only pause (it copies the page tables, not the state). False if no child
   // could be started (then cut_here).
@@ -266,19 +287,12 @@ struct replication::impl {
       if (have_process_cpus) ::sched_setaffinity(0, sizeof process_cpus, &process_cpus);
       ::setpriority(PRIO_PROCESS, 0, 10);
       ::close(fds[0]);
-      std::string out;
       bool ok = true;
-      persist::serialize_state(core(c), [&](std::string_view piece) {
-        repl::snapshot s = head;
-        s.bytes = piece;
-        repl::encode(out, s);
-        ok = ok && write_all(fds[1], out);
-        out.clear();
+      encode_snapshot(c, head, [&](std::string& bytes) {
+        ok = ok && write_all(fds[1], bytes);
+        bytes.clear();
       });
-      repl::snapshot last = head;
-      last.last = true;
-      repl::encode(out, last);
-      ::_exit(ok && write_all(fds[1], out) ? 0 : 1);
+      ::_exit(ok ? 0 : 1);
     }
     ::close(fds[1]);
     ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
@@ -298,18 +312,10 @@ struct replication::impl {
   // The same on the core itself, which serves nothing meanwhile.
   void cut_here(int c, core_end& e, const repl::snapshot& head, const std::string& node) {
     const std::uint64_t started = smp::monotonic_ns();
-    std::uint64_t bytes = 0;
-    persist::serialize_state(core(c), [&](std::string_view piece) {
-      repl::snapshot s = head;
-      s.bytes = piece;
-      bytes += piece.size();
-      repl::encode(e.out, s);
-      send(c, e);
+    const std::uint64_t bytes = encode_snapshot(c, head, [&](std::string& out) {
+      link->at(c).send(e.stream, out);
+      out.clear();
     });
-    repl::snapshot last = head;
-    last.last = true;
-    repl::encode(e.out, last);
-    send(c, e);
     log::info("replication: core {} sends node {} its state at {}: {} bytes, cut in {:.1f} ms", c,
               node, head.lsn, bytes,
               static_cast<double>(smp::monotonic_ns() - started) / smp::kNsPerMs);
@@ -553,16 +559,13 @@ struct replication::impl {
     if (end <= e.shipped_end) return;
     if (job.lsn > e.shipped_end) {  // not consecutive (never expected): start again here
       e.retained.clear();
-      e.retained_bytes = 0;
       e.retained_from = e.shipped_end = job.lsn;
     }
     const std::uint64_t from = e.shipped_end;
     e.retained.emplace_back(job.data + (from - job.lsn), end - from);
-    e.retained_bytes += end - from;
     e.shipped_end = end;
-    while (e.retained_bytes - e.retained.front().size() >= kRetainBytes) {
+    while (e.shipped_end - e.retained_from - e.retained.front().size() >= kRetainBytes) {
       e.retained_from += e.retained.front().size();
-      e.retained_bytes -= e.retained.front().size();
       e.retained.pop_front();
     }
   }
@@ -798,7 +801,7 @@ void replication::on_role(ha::role from, ha::role to, std::int64_t) {
     return;
   }
   if (to != ha::role::standby) return;
-  if (m.promotion.joinable() && m.nd.repl.promoting.load())
+  if (m.nd.repl.promoting.load())
     exit_to_resync("this node lost the lease while it was taking over");
   if (primary)
     exit_to_resync(from == ha::role::candidate
