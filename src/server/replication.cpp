@@ -366,10 +366,13 @@ struct replication::impl {
     return status;
   }
 
+  // Ends a cut (the stream ended, or the child failed): the child if it still runs, and
+  // the batches held for the stream.
   void abort_cut(int c, core_end& e) {
-    if (e.cut_child < 0) return;
-    ::kill(e.cut_child, SIGKILL);
-    reap_cut(c, e);
+    if (e.cut_child >= 0) {
+      ::kill(e.cut_child, SIGKILL);
+      reap_cut(c, e);
+    }
     std::string().swap(e.held);
     std::string().swap(e.cut_buffer);
   }
