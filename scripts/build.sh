@@ -18,6 +18,14 @@ case "$flavour" in
   *) echo "usage: scripts/build.sh [release|asan|tsan] [TARGET...]" >&2; exit 2 ;;
 esac
 jobs=$(nproc)
+# ccache (scripts/setup.sh installs it): a second build, another flavour's unchanged
+# files aside, and a git worktree of this repository (CCACHE_BASEDIR makes its paths
+# relative) rebuild only what changed.
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}"
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-20G}"  # four flavours with debug info
+  args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$dir" "${args[@]}" >/dev/null
 cmake --build "$dir" -j"$jobs" "${targets[@]}" >&2
 echo "$dir"

@@ -15,8 +15,13 @@ harnesses=("$@")
 
 scripts/setup.sh --fuzz >&2
 dir=build-fuzz
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 # -DNDEBUG: simdjson's debug checks abort on some malformed input (see design.md).
-cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DMETAD_FUZZ=ON \
+cmake -S . -B "$dir" "${launcher[@]}" -DCMAKE_CXX_COMPILER=clang++-14 -DMETAD_FUZZ=ON \
   -DMETAD_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" >/dev/null
 cmake --build "$dir" -j"$(nproc)" --target "${harnesses[@]}" >&2
