@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (clang-14, ASan + UBSan) and runs each for SECONDS
-# (default 30) from its seed corpus, recorded regressions and dictionary, in a temporary
-# working corpus (nothing new is written into the repository). Fails if any harness
+# (default 30), as many at once as there are CPUs, from its seed corpus, recorded
+# regressions and dictionary, in a temporary working corpus (nothing new is written into
+# the repository). Fails if any harness
 # crashes; the crashing input is kept under build-fuzz/artifacts/ — add it to
 # tests/fuzz/regressions/<harness>/ once understood.
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]     e.g. scripts/fuzz.sh 120 pipeline_fuzz
@@ -17,13 +18,13 @@ scripts/setup.sh --fuzz >&2
 dir=build-fuzz
 launcher=()
 if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}"
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}" CCACHE_NOHASHDIR=1
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-# -DNDEBUG: simdjson's debug checks abort on some malformed input (see design.md).
+# -DNDEBUG: simdjson's debug checks abort on some malformed input (scripts/build.sh).
 cmake -S . -B "$dir" "${launcher[@]}" -DCMAKE_CXX_COMPILER=clang++-14 -DMETAD_FUZZ=ON \
   -DMETAD_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" >/dev/null
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
 cmake --build "$dir" -j"$(nproc)" --target "${harnesses[@]}" >&2
 
 work=$(mktemp -d /tmp/metad-fuzz.XXXXXX)
@@ -33,21 +34,37 @@ mkdir -p "$artifacts"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-failed=()
-summary=()
-for h in "${harnesses[@]}"; do
-  case "$h" in
-    json_decode_fuzz) max_len=16384 ;;
-    *) max_len=32768 ;;
-  esac
+# run_one HARNESS: one harness for SECONDS; its log in $work/HARNESS.log, its exit status
+# in $work/HARNESS.rc.
+run_one() {
+  local h=$1 max_len=32768 rc=0
+  [[ $h == json_decode_fuzz ]] && max_len=16384
   mkdir -p "$work/$h" "$artifacts/$h"
-  log="$work/$h.log"
-  echo "== $h: ${seconds}s ==" >&2
-  rc=0
   "$dir/tests/fuzz/$h" -max_total_time="$seconds" -max_len="$max_len" -timeout=20 \
     -rss_limit_mb=4096 -print_final_stats=1 -dict=tests/fuzz/metad.dict \
     -artifact_prefix="$artifacts/$h/" "$work/$h" \
-    "tests/fuzz/regressions/$h" "tests/fuzz/corpus/$h" >"$log" 2>&1 || rc=$?
+    "tests/fuzz/regressions/$h" "tests/fuzz/corpus/$h" >"$work/$h.log" 2>&1 || rc=$?
+  echo "$rc" >"$work/$h.rc"
+}
+
+# As many harnesses at once as there are CPUs (each is one process).
+echo "== ${#harnesses[@]} harnesses, ${seconds}s each, $(nproc) at a time ==" >&2
+running=0
+for h in "${harnesses[@]}"; do
+  run_one "$h" &
+  running=$((running + 1))
+  if ((running >= $(nproc))); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+
+failed=()
+summary=()
+for h in "${harnesses[@]}"; do
+  log="$work/$h.log"
+  rc=$(cat "$work/$h.rc")
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
   corpus=$(ls "$work/$h" | wc -l)

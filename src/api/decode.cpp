@@ -215,6 +215,13 @@ error get_rank_and_list(const field& rank_field, const field& list_field,
 
 }  // namespace
 
+static_assert(body_padding_bytes >= simdjson::SIMDJSON_PADDING);
+
+decoder::decoder() : parser_(std::make_unique<simdjson::dom::parser>()) {}
+decoder::~decoder() = default;
+decoder::decoder(decoder&&) noexcept = default;
+decoder& decoder::operator=(decoder&&) noexcept = default;
+
 error decoder::add_key(std::string_view key, std::size_t index) {
   if (key.size() > key_bytes_max_) [[unlikely]] {
     return bad_request(fmt::format("Key at index {} is {} bytes long; the limit is {}", index,
@@ -244,7 +251,7 @@ error decoder::decode_initialize(std::string_view rank_text, std::string_view bo
   std::int64_t rank = 0;
   if (!parse_rank(rank_text, rank)) return bad_request(kInvalidRank);
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   out.rank = rank;
   const auto [role, num_pages] = find_fields<2>(object, {"role", "num_pages"});
 
@@ -269,7 +276,7 @@ error decoder::decode_initialize(std::string_view rank_text, std::string_view bo
 
 error decoder::decode_allocate(std::string_view body, allocate_cmd& out) {
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [rank_field, keys_field] = find_fields<2>(object, {"rank", "keys"});
   std::int64_t rank = 0;
   simdjson::dom::array list;
@@ -304,7 +311,7 @@ error decoder::decode_allocate(std::string_view body, allocate_cmd& out) {
 
 error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [rank_field, confirmations_field, releases_field] =
       find_fields<3>(object, {"rank", "confirmations", "pages_to_release"});
   std::int64_t rank = 0;
@@ -360,7 +367,7 @@ error decoder::decode_confirm(std::string_view body, confirm_cmd& out) {
 
 error decoder::decode_key_strings(std::string_view body, key_list& out) {
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [keys_field] = find_fields<1>(object, {"keys"});
   scratch_.clear();
   if (keys_field.present) {
@@ -384,7 +391,7 @@ error decoder::decode_delete(std::string_view body, delete_cmd& out) {
 
 error decoder::decode_locations(std::string_view body, locations_cmd& out) {
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [rank_field, keys_field] = find_fields<2>(object, {"rank", "keys"});
   std::int64_t rank = 0;
   simdjson::dom::array list;

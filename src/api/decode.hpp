@@ -4,17 +4,33 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
-#include <simdjson.h>
-
 #include "api/commands.hpp"
+
+// simdjson stays out of this header (it is 31k lines, and every core's state holds a
+// decoder): the parser is behind a pointer, defined in the .cpp files that parse.
+namespace simdjson::dom {
+class parser;
+class array;
+class element;
+}  // namespace simdjson::dom
 
 namespace metad::api {
 
+// Readable bytes every body must have after its end (simdjson's SIMDJSON_PADDING, which
+// decode.cpp checks against this).
+inline constexpr std::size_t body_padding_bytes = 64;
+
 class decoder {
  public:
+  decoder();
+  ~decoder();
+  decoder(decoder&&) noexcept;
+  decoder& operator=(decoder&&) noexcept;
+
   // Keys longer than this (bytes, decoded) are refused with a 400.
   void set_key_bytes_max(std::size_t bytes) { key_bytes_max_ = bytes; }
 
@@ -40,7 +56,7 @@ class decoder {
   // Appends a key to scratch_, or the 400 for one over key_bytes_max_.
   error add_key(std::string_view key, std::size_t index);
 
-  simdjson::dom::parser parser_;
+  std::unique_ptr<simdjson::dom::parser> parser_;
   std::vector<std::string_view> scratch_;
   std::size_t key_bytes_max_ = SIZE_MAX;
 };

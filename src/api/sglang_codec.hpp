@@ -7,12 +7,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <simdjson.h>
 
 #include "api/decode.hpp"
 #include "api/encode.hpp"
@@ -58,6 +57,11 @@ struct sg_clear_cmd {
 
 class sglang_decoder {
  public:
+  sglang_decoder();
+  ~sglang_decoder();
+  sglang_decoder(sglang_decoder&&) noexcept;
+  sglang_decoder& operator=(sglang_decoder&&) noexcept;
+
   // Keys longer than this (bytes, decoded) are refused with a 400.
   void set_key_bytes_max(std::size_t bytes) { key_bytes_max_ = bytes; }
 
@@ -87,7 +91,7 @@ class sglang_decoder {
   error read_key(simdjson::dom::element value, bool prefixed, std::size_t index);
   error add_key(std::string_view key, std::size_t index);
 
-  simdjson::dom::parser parser_;
+  std::unique_ptr<simdjson::dom::parser> parser_;  // see api/decode.hpp
   std::vector<std::string_view> scratch_;
   std::size_t key_bytes_max_ = SIZE_MAX;
 };

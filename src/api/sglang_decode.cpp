@@ -42,6 +42,11 @@ error read_namespace(const field& f, std::string& ns, bool& valid) {
 
 }  // namespace
 
+sglang_decoder::sglang_decoder() : parser_(std::make_unique<simdjson::dom::parser>()) {}
+sglang_decoder::~sglang_decoder() = default;
+sglang_decoder::sglang_decoder(sglang_decoder&&) noexcept = default;
+sglang_decoder& sglang_decoder::operator=(sglang_decoder&&) noexcept = default;
+
 error sglang_decoder::add_key(std::string_view key, std::size_t index) {
   if (key.size() > key_bytes_max_) [[unlikely]] {
     return bad_request(fmt::format("Key at index {} is {} bytes long; the limit is {}", index,
@@ -55,7 +60,7 @@ error sglang_decoder::decode_initialize(std::string_view body, std::int64_t page
                                         sg_initialize_cmd& out) {
   out = sg_initialize_cmd{};
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [num_pages, ns] = find_fields<2>(object, {"num_pages", "namespace"});
   const error ns_error = read_namespace(ns, out.ns, out.ns_valid);
   std::int64_t pages = 0;
@@ -89,7 +94,7 @@ error sglang_decoder::decode_keys(std::string_view body, bool keys_first, bool p
   out.ns_valid = false;
   out.keys.clear();
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [keys, ns] = find_fields<2>(object, {"keys", "namespace"});
   const error ns_error = read_namespace(ns, out.ns, out.ns_valid);
   if (ns_error && !keys_first) return ns_error;
@@ -132,7 +137,7 @@ error sglang_decoder::decode_confirm(std::string_view body, sg_confirm_cmd& out)
   out.pages.clear();
   out.releases.clear();
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [confirmations, releases, ns] =
       find_fields<3>(object, {"written_keys_to_confirm", "pages_to_release", "namespace"});
   if (error e = read_namespace(ns, out.ns, out.ns_valid)) return e;
@@ -187,7 +192,7 @@ error sglang_decoder::decode_clear(std::string_view body, sg_clear_cmd& out) {
     return {};
   }
   simdjson::dom::object object;
-  if (error e = parse_object(parser_, body, object)) return e;
+  if (error e = parse_object(*parser_, body, object)) return e;
   const auto [ns] = find_fields<1>(object, {"namespace"});
   return read_namespace(ns, out.ns, out.ns_valid);
 }

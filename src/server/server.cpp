@@ -36,7 +36,7 @@ namespace metad {
 using pipeline::core_state;
 using pipeline::node;
 
-static_assert(http::body_padding_bytes >= simdjson::SIMDJSON_PADDING,
+static_assert(http::body_padding_bytes >= api::body_padding_bytes,
               "request bodies must be readable by simdjson without a copy");
 
 namespace {

@@ -6,6 +6,7 @@ Content-Type: application/json), and offers a raw-socket connection for the prot
 cases requests cannot produce. Standard library plus `requests` only.
 """
 
+import atexit
 import collections
 import hashlib
 import json
@@ -28,6 +29,31 @@ INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
 _LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+
+# A sanitizer's report in a server's stderr (ASan, LSan, TSan, UBSan). A server that
+# halts on it fails the test that saw it die; one that reports and lives on (a leak found
+# at exit, a race while the test still passed) fails the whole run: watch_sanitizer records
+# every such line and the process exits 1 after unittest has printed its summary.
+_SANITIZER = re.compile(r"==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|: runtime error: ")
+_sanitizer_reports = []
+
+
+def watch_sanitizer(line, source=""):
+    """Call with every stderr line of a server this suite started."""
+    if _SANITIZER.search(line):
+        _sanitizer_reports.append(f"{source}: {line}")
+
+
+def _fail_on_sanitizer_reports():
+    if _sanitizer_reports:
+        import sys
+        sys.stderr.write("\nSANITIZER REPORTS in servers' stderr (the run fails):\n  " +
+                         "\n  ".join(_sanitizer_reports[:20]) + "\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+atexit.register(_fail_on_sanitizer_reports)
 
 
 def wait_until(predicate, timeout, step=0.02):
@@ -90,6 +116,7 @@ def run_to_exit(extra_args=(), timeout=START_TIMEOUT_S):
         for raw in proc.stderr:
             line = raw.decode(errors="replace").rstrip("\n")
             lines.append(line)
+            watch_sanitizer(line, "a server run to its exit")
             if _LISTENING.search(line):
                 started = True
                 proc.kill()
@@ -127,6 +154,7 @@ class MetadServer:
         for raw in self.proc.stderr:
             line = raw.decode(errors="replace").rstrip("\n")
             self.stderr_lines.append(line)
+            watch_sanitizer(line, " ".join(self.args[-4:]))
             self._lines.put(line)
         self._lines.put(None)
 

@@ -1,3 +1,4 @@
+# ctest: once
 """Randomized differential test: the real server against reference_model.py.
 
 Long random sequences of requests — every endpoint, valid and invalid bodies, many ranks

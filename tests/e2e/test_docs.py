@@ -1,3 +1,4 @@
+# ctest: once
 """The documents agree with the binary: README's flag table lists exactly the flags
 `--help` lists, with the same numeric defaults, and nothing in the repository's documents
 points outside the repository (a user who clones it has nothing else)."""

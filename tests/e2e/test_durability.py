@@ -1,3 +1,4 @@
+# ctest: once
 """Durability of hf3fs-metad (--data-dir): nothing acknowledged is ever lost.
 
 Every test starts the real binary on a fresh data directory and restarts it there:

@@ -1,3 +1,4 @@
+# ctest: once
 """End-to-end tests of what deploy/ ships for monitoring and fleets (issue 19).
 
 - deploy/prometheus: the alert rules pass `promtool check rules` and their unit tests

@@ -1,3 +1,4 @@
+# ctest: once
 """End-to-end: an SGLang deployment switches from its own metadata server to hf3fs-metad
 and keeps its cache (docs/sglang-api.md, Persistence). The reference's state file,
 written here by hand as its save_to_disk writes it (json.dump, indent=4), is imported on

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fake_time.hpp"
+
 #include <map>
 #include <optional>
 #include <random>
@@ -20,8 +22,8 @@ using ha::action_kind;
 using ha::role;
 using ms = std::chrono::milliseconds;
 
-const ha::time_point t0{std::chrono::seconds(1000)};
-ha::time_point at(long long m) { return t0 + ms(m); }
+using ha::fake_time::at;
+using ha::fake_time::t0;
 
 struct model_etcd {
   std::int64_t revision = 1;

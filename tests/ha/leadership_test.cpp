@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fake_time.hpp"
+
 #include <vector>
 
 using namespace metad;
@@ -16,8 +18,8 @@ using ha::role;
 using std::chrono::milliseconds;
 using ms = milliseconds;
 
-const ha::time_point t0{std::chrono::seconds(1000)};
-ha::time_point at(long long m) { return t0 + ms(m); }
+using ha::fake_time::at;
+using ha::fake_time::t0;
 
 ha::timing default_timing() { return ha::timing{}; }  // TTL 1 s, renew 200, margin 150
 

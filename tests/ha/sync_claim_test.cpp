@@ -4,6 +4,8 @@
 // a leader writes lets only that node campaign again.
 #include <gtest/gtest.h>
 
+#include "fake_time.hpp"
+
 #include "ha/control.hpp"
 #include "ha/leadership.hpp"
 
@@ -15,8 +17,8 @@ using ha::action_kind;
 using ha::role;
 using ms = std::chrono::milliseconds;
 
-const ha::time_point t0{std::chrono::seconds(1000)};
-ha::time_point at(long long m) { return t0 + ms(m); }
+using ha::fake_time::at;
+using ha::fake_time::t0;
 
 struct claiming {
   ha::leadership m{ha::timing{}, [](const auto&) { return true; }, t0, true};

@@ -17,54 +17,54 @@ namespace {
 
 using map32 = dual_key_map<std::uint32_t>;
 
-parsed_key parsed(std::string_view key) {
+parsed_key as_parsed(std::string_view key) {
   parsed_key p;
   parse_key(key, p);
   return p;
 }
 
-const std::string lower = "0123456789abcdef0123456789abcdef";
+const std::string hex32 = "0123456789abcdef0123456789abcdef";
 
 // Keys that look like the packed form but are not exactly 32 lowercase hex characters.
 std::vector<std::string> near_hex_keys() {
-  std::string upper = lower;
+  std::string upper = hex32;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  std::string mixed = lower;
+  std::string mixed = hex32;
   mixed[31] = 'F';
-  std::string with_g = lower;
+  std::string with_g = hex32;
   with_g[7] = 'g';
-  std::string with_nul = lower;
+  std::string with_nul = hex32;
   with_nul[16] = '\0';
-  std::string with_space = lower;
+  std::string with_space = hex32;
   with_space[0] = ' ';
   return {
-      lower.substr(0, 31),         // 31 hex digits
-      lower + "0",                 // 33 hex digits
-      lower + lower,               // 64 (a SHA-256 in hex)
+      hex32.substr(0, 31),         // 31 hex digits
+      hex32 + "0",                 // 33 hex digits
+      hex32 + hex32,               // 64 (a SHA-256 in hex)
       upper,                       // upper-case hex is a different key
       mixed,                       // one upper-case digit
-      "0x" + lower.substr(0, 30),  // 32 characters, prefixed
+      "0x" + hex32.substr(0, 30),  // 32 characters, prefixed
       with_g,                      // one non-hex letter
       with_nul,                    // an embedded NUL
       with_space,                  // a space
-      std::string("\0", 1) + lower.substr(1),
+      std::string("\0", 1) + hex32.substr(1),
       "",  // the empty key
       "k",
   };
 }
 
 TEST(DualKeyMap, ParsesExactly32LowercaseHexCharactersAsHex) {
-  const parsed_key p = parsed(lower);
+  const parsed_key p = as_parsed(hex32);
   EXPECT_TRUE(p.hex);
   EXPECT_EQ(p.hash, packed_hash(p.packed));
   char text[packed_key_chars];
   unpack_hex_key(p.packed, text);
-  EXPECT_EQ(std::string_view(text, sizeof text), lower);
-  EXPECT_TRUE(parsed(std::string(32, '0')).hex);
-  EXPECT_TRUE(parsed(std::string(32, 'f')).hex);
+  EXPECT_EQ(std::string_view(text, sizeof text), hex32);
+  EXPECT_TRUE(as_parsed(std::string(32, '0')).hex);
+  EXPECT_TRUE(as_parsed(std::string(32, 'f')).hex);
   for (const std::string& k : near_hex_keys()) {
     SCOPED_TRACE(k);
-    const parsed_key q = parsed(k);
+    const parsed_key q = as_parsed(k);
     EXPECT_FALSE(q.hex);
     EXPECT_EQ(q.hash, table_hash(k));
   }
@@ -74,64 +74,64 @@ TEST(DualKeyMap, HexKeysArePackedAndEveryOtherKeyKeepsItsBytes) {
   map32 m;
   const std::vector<std::string> others = near_hex_keys();
   std::uint32_t value = 1;
-  m.insert(lower, parsed(lower), value++);
-  for (const std::string& k : others) m.insert(k, parsed(k), value++);
+  m.insert(hex32, as_parsed(hex32), value++);
+  for (const std::string& k : others) m.insert(k, as_parsed(k), value++);
   EXPECT_EQ(m.size(), 1 + others.size());
   EXPECT_EQ(m.packed_size(), 1u);
   EXPECT_EQ(m.other_size(), others.size());
   EXPECT_EQ(m.hex_others(), 0u);
 
-  const auto e = m.find(lower, parsed(lower));
+  const auto e = m.find(hex32, as_parsed(hex32));
   ASSERT_NE(e.word, nullptr);
   EXPECT_EQ(e.slot, nullptr);
   EXPECT_EQ(*e.word, 1u);
   value = 2;
   for (const std::string& k : others) {
     SCOPED_TRACE(k);
-    const auto o = m.find(k, parsed(k));
+    const auto o = m.find(k, as_parsed(k));
     EXPECT_EQ(o.word, nullptr);
     ASSERT_NE(o.slot, nullptr);
     EXPECT_EQ(key_blob::view(o.slot->key), k);
     EXPECT_EQ(o.slot->value, value);
-    const std::uint32_t* v = m.find_value(k, parsed(k));
+    const std::uint32_t* v = m.find_value(k, as_parsed(k));
     ASSERT_NE(v, nullptr);
     EXPECT_EQ(*v, value++);
   }
   const std::string absent(32, 'a');
-  EXPECT_FALSE(m.find(absent, parsed(absent)));
-  EXPECT_EQ(m.find_value(absent, parsed(absent)), nullptr);
+  EXPECT_FALSE(m.find(absent, as_parsed(absent)));
+  EXPECT_EQ(m.find_value(absent, as_parsed(absent)), nullptr);
   // The all-zero key packs to the bytes of an empty slot: absent, then present.
   const std::string zeros(32, '0');
-  EXPECT_FALSE(m.find(zeros, parsed(zeros)));
-  m.insert(zeros, parsed(zeros), 99);
-  EXPECT_EQ(*m.find(zeros, parsed(zeros)).word, 99u);
-  m.erase(m.find(zeros, parsed(zeros)));
-  EXPECT_FALSE(m.find(zeros, parsed(zeros)));
-  EXPECT_EQ(m.find_value("absent", parsed("absent")), nullptr);
+  EXPECT_FALSE(m.find(zeros, as_parsed(zeros)));
+  m.insert(zeros, as_parsed(zeros), 99);
+  EXPECT_EQ(*m.find(zeros, as_parsed(zeros)).word, 99u);
+  m.erase(m.find(zeros, as_parsed(zeros)));
+  EXPECT_FALSE(m.find(zeros, as_parsed(zeros)));
+  EXPECT_EQ(m.find_value("absent", as_parsed("absent")), nullptr);
 }
 
 TEST(DualKeyMap, UpperAndLowerCaseHexAreDifferentKeys) {
   map32 m;
-  std::string upper = lower;
+  std::string upper = hex32;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  m.insert(lower, parsed(lower), 10);
-  EXPECT_FALSE(m.find(upper, parsed(upper)));
-  m.insert(upper, parsed(upper), 20);
-  EXPECT_EQ(*m.find_value(lower, parsed(lower)), 10u);
-  EXPECT_EQ(*m.find_value(upper, parsed(upper)), 20u);
-  m.erase(m.find(lower, parsed(lower)));
-  EXPECT_FALSE(m.find(lower, parsed(lower)));
-  EXPECT_EQ(*m.find_value(upper, parsed(upper)), 20u);
+  m.insert(hex32, as_parsed(hex32), 10);
+  EXPECT_FALSE(m.find(upper, as_parsed(upper)));
+  m.insert(upper, as_parsed(upper), 20);
+  EXPECT_EQ(*m.find_value(hex32, as_parsed(hex32)), 10u);
+  EXPECT_EQ(*m.find_value(upper, as_parsed(upper)), 20u);
+  m.erase(m.find(hex32, as_parsed(hex32)));
+  EXPECT_FALSE(m.find(hex32, as_parsed(hex32)));
+  EXPECT_EQ(*m.find_value(upper, as_parsed(upper)), 20u);
   EXPECT_EQ(m.size(), 1u);
 }
 
 TEST(DualKeyMap, HandlesNameKeysOfBothFormsUntilTheyAreErased) {
   map32 m;
   const std::string plain = "block-17";
-  const key_handle hex = m.insert(lower, parsed(lower), 1);
-  const key_handle other = m.insert(plain, parsed(plain), 2);
+  const key_handle hex = m.insert(hex32, as_parsed(hex32), 1);
+  const key_handle other = m.insert(plain, as_parsed(plain), 2);
   EXPECT_EQ(hex.blob, nullptr);
-  EXPECT_EQ(hex.packed, parsed(lower).packed);
+  EXPECT_EQ(hex.packed, as_parsed(hex32).packed);
   ASSERT_NE(other.blob, nullptr);
   EXPECT_EQ(key_blob::view(other.blob), plain);
 
@@ -139,26 +139,26 @@ TEST(DualKeyMap, HandlesNameKeysOfBothFormsUntilTheyAreErased) {
   EXPECT_EQ(m.find(other).slot->value, 2u);
   EXPECT_EQ(*m.find(hex).value(), 1u);
   EXPECT_EQ(*m.find(other).value(), 2u);
-  EXPECT_EQ(m.find("absent", parsed("absent")).value(), nullptr);
+  EXPECT_EQ(m.find("absent", as_parsed("absent")).value(), nullptr);
   EXPECT_EQ(m.find(other).slot->key, other.blob);
   std::string text;
   map32::key_text(hex, text);
-  EXPECT_EQ(text, lower);
+  EXPECT_EQ(text, hex32);
   map32::key_text(other, text);
   EXPECT_EQ(text, plain);
 
   // The other form's heap copy stays put while the map grows around it.
   for (int i = 0; i < 1000; ++i) {
     const std::string k = "filler-" + std::to_string(i);
-    m.insert(k, parsed(k), 100);
+    m.insert(k, as_parsed(k), 100);
   }
   EXPECT_EQ(m.find(other).slot->key, other.blob);
-  EXPECT_EQ(m.find(plain, parsed(plain)).slot->key, other.blob);
+  EXPECT_EQ(m.find(plain, as_parsed(plain)).slot->key, other.blob);
 
   m.erase(m.find(hex));
   m.erase(m.find(other));
-  EXPECT_FALSE(m.find(lower, parsed(lower)));
-  EXPECT_FALSE(m.find(plain, parsed(plain)));
+  EXPECT_FALSE(m.find(hex32, as_parsed(hex32)));
+  EXPECT_FALSE(m.find(plain, as_parsed(plain)));
   EXPECT_EQ(m.size(), 1000u);
 }
 
@@ -171,54 +171,54 @@ struct wide {
 TEST(DualKeyMap, AHexKeyPutInTheOtherFormIsFoundThereAndCounted) {
   dual_key_map<wide> m;
   const std::string second(32, 'e');
-  m.insert_packed(parsed(second), 7);
+  m.insert_packed(as_parsed(second), 7);
   EXPECT_EQ(m.hex_others(), 0u);
   // Absent from both forms, with no hex key in the other form: the packed form answers.
-  EXPECT_FALSE(m.find(lower, parsed(lower)));
-  const char* blob = m.insert_other(lower, parsed(lower), wide{70000, 1});
-  EXPECT_EQ(key_blob::view(blob), lower);
+  EXPECT_FALSE(m.find(hex32, as_parsed(hex32)));
+  const char* blob = m.insert_other(hex32, as_parsed(hex32), wide{70000, 1});
+  EXPECT_EQ(key_blob::view(blob), hex32);
   EXPECT_EQ(m.hex_others(), 1u);
   EXPECT_EQ(m.packed_size(), 1u);
   EXPECT_EQ(m.other_size(), 1u);
 
-  const auto e = m.find(lower, parsed(lower));
+  const auto e = m.find(hex32, as_parsed(hex32));
   EXPECT_EQ(e.word, nullptr);
   ASSERT_NE(e.slot, nullptr);
   EXPECT_EQ(e.slot->value.a, 70000);
   EXPECT_EQ(m.find(key_handle{{}, blob}).slot, e.slot);
-  EXPECT_EQ(m.find_packed(parsed(lower).packed, parsed(lower).hash), nullptr);
-  EXPECT_EQ(*m.find(second, parsed(second)).word, 7u);
+  EXPECT_EQ(m.find_packed(as_parsed(hex32).packed, as_parsed(hex32).hash), nullptr);
+  EXPECT_EQ(*m.find(second, as_parsed(second)).word, 7u);
   const std::string absent(32, 'a');
-  EXPECT_FALSE(m.find(absent, parsed(absent)));
+  EXPECT_FALSE(m.find(absent, as_parsed(absent)));
 
   // A non-hex key in the other form does not count; erasing the hex one does.
-  m.insert_other("plain", parsed("plain"), wide{1, 1});
+  m.insert_other("plain", as_parsed("plain"), wide{1, 1});
   EXPECT_EQ(m.hex_others(), 1u);
-  m.erase(m.find("plain", parsed("plain")));
+  m.erase(m.find("plain", as_parsed("plain")));
   EXPECT_EQ(m.hex_others(), 1u);
-  m.erase(m.find(lower, parsed(lower)));
+  m.erase(m.find(hex32, as_parsed(hex32)));
   EXPECT_EQ(m.hex_others(), 0u);
-  EXPECT_FALSE(m.find(lower, parsed(lower)));
+  EXPECT_FALSE(m.find(hex32, as_parsed(hex32)));
   // The key may now take the packed form.
-  m.insert_packed(parsed(lower), 3);
-  EXPECT_EQ(*m.find(lower, parsed(lower)).word, 3u);
+  m.insert_packed(as_parsed(hex32), 3);
+  EXPECT_EQ(*m.find(hex32, as_parsed(hex32)).word, 3u);
   EXPECT_EQ(m.size(), 2u);
-  m.insert_other("x", parsed("x"), wide{2, 2});
+  m.insert_other("x", as_parsed("x"), wide{2, 2});
   m.clear();
   EXPECT_EQ(m.size(), 0u);
   EXPECT_EQ(m.hex_others(), 0u);
-  EXPECT_FALSE(m.find(lower, parsed(lower)));
+  EXPECT_FALSE(m.find(hex32, as_parsed(hex32)));
 }
 
 TEST(DualKeyMap, IteratesEachFormOnce) {
   map32 m;
   std::map<std::string, std::uint32_t> want_packed, want_other;
   for (std::uint32_t i = 1; i <= 300; ++i) {
-    std::string k = lower;
+    std::string k = hex32;
     for (int c = 0; c < 4; ++c)
       k[static_cast<std::size_t>(c)] = "0123456789abcdef"[(i >> (4 * c)) & 15];
     if (i % 3 == 0) k[5] = 'X';  // not hex
-    m.insert(k, parsed(k), i);
+    m.insert(k, as_parsed(k), i);
     (i % 3 == 0 ? want_other : want_packed)[k] = i;
   }
   std::map<std::string, std::uint32_t> got_packed, got_other;
@@ -245,13 +245,13 @@ TEST(DualKeyMap, BulkLoadFindsEveryKeyAndShrinksAGuessThatWasHigh) {
     char text[packed_key_chars];
     unpack_hex_key(packed_key{rng(), rng()}, text);
     keys.emplace_back(text, sizeof text);
-    m.insert(keys.back(), parsed(keys.back()), i + 1);
+    m.insert(keys.back(), as_parsed(keys.back()), i + 1);
   }
   m.set_bulk(false);
   m.shrink_to_fit();
   EXPECT_EQ(m.packed_size(), n);
   for (std::uint32_t i = 0; i < n; ++i) {
-    const std::uint32_t* v = m.find_value(keys[i], parsed(keys[i]));
+    const std::uint32_t* v = m.find_value(keys[i], as_parsed(keys[i]));
     ASSERT_NE(v, nullptr) << i;
     ASSERT_EQ(*v, i + 1);
   }
@@ -285,7 +285,7 @@ TEST(DualKeyMap, AgreesWithAModel) {
   }
   for (int step = 0; step < 60'000; ++step) {
     const std::string& k = universe[rng() % universe.size()];
-    const parsed_key p = parsed(k);
+    const parsed_key p = as_parsed(k);
     const auto it = model.find(k);
     const auto e = m.find(k, p);
     ASSERT_EQ(static_cast<bool>(e), it != model.end()) << k;
@@ -306,10 +306,10 @@ TEST(DualKeyMap, AgreesWithAModel) {
   }
   std::size_t packed = 0;
   for (const auto& [k, v] : model) {
-    const std::uint32_t* got = m.find_value(k, parsed(k));
+    const std::uint32_t* got = m.find_value(k, as_parsed(k));
     ASSERT_NE(got, nullptr) << k;
     EXPECT_EQ(*got, v);
-    packed += parsed(k).hex ? 1 : 0;
+    packed += as_parsed(k).hex ? 1 : 0;
   }
   EXPECT_EQ(m.packed_size(), packed);
   EXPECT_EQ(m.other_size(), model.size() - packed);
