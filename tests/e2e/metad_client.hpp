@@ -39,6 +39,7 @@ struct rank_counts {
   std::int64_t free = 0;
   std::int64_t reserved = 0;
   std::int64_t bound = 0;
+  std::int64_t incomplete = 0;  // bound pages whose keys are not confirmed on every rank
 };
 
 class unexpected_response : public std::runtime_error {
@@ -225,7 +226,8 @@ class metad_client {
     if (response.status != 200) throw unexpected_response("GET " + path, response, "expected 200");
     return decode("GET " + path, response, [](const json::value& doc) {
       return rank_counts{doc.at("num_pages").as_int(), doc.at("free").as_int(),
-                         doc.at("reserved").as_int(), doc.at("bound").as_int()};
+                         doc.at("reserved").as_int(), doc.at("bound").as_int(),
+                         doc.at("incomplete").as_int()};
     });
   }
 

@@ -223,6 +223,57 @@ TEST_P(Stale, EvictionTakesIncompleteKeysOnTheShortRankOnly) {
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
+// A save whose ranks go one after another (rank 1 allocates only once rank 0 has
+// confirmed) is, between the two, exactly what eviction takes rather than answer -1: a
+// key confirmed on rank 0 that no rank reserves. Its writer does not know: rank 1's
+// allocation and confirm then succeed, and the key is bound on rank 1 but not on rank
+// 0, incomplete (batch_exists: false) until a grace later it is reclaimed as stale. The
+// node stays consistent; a save whose ranks all allocate before any confirms keeps its
+// key (the lagging rank's reservation protects it) and the allocation is refused.
+TEST_P(Stale, AnEvictionBetweenTwoRanksOfASaveLeavesItsKeyOnTheLaterRanksOnly) {
+  if (!lru()) GTEST_SKIP() << "eviction only";
+  for (const bool reserve_first : {false, true}) {
+    SCOPED_TRACE(reserve_first);
+    sim_node n(config(), cores());
+    init(n, 2, 2);
+    const std::vector<std::string> c = keys(0, 1), x = keys(1, 1), y = keys(2, 1);
+    ASSERT_EQ(save_on(n, 0, c), (std::vector<long>{0}));  // complete, page 0 on both ranks
+    ASSERT_EQ(save_on(n, 1, c), (std::vector<long>{0}));
+    // A reader's lease: c cannot be evicted.
+    EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[" + list(c) + "]}"),
+              R"({"locations":[0]})");
+    // Saver X: rank 0 written and confirmed; rank 1 not allocated yet (unless reserve_first).
+    const std::vector<long> x_on_0 = allocate(n, 0, x);
+    const std::vector<long> x_on_1 = reserve_first ? allocate(n, 1, x) : std::vector<long>{};
+    EXPECT_EQ(confirm(n, 0, x, x_on_0), "");
+    // Saver Y: rank 0 is full (c leased, x incomplete).
+    const std::vector<long> y_on_0 = allocate(n, 0, y);
+    if (reserve_first) {
+      EXPECT_EQ(y_on_0, (std::vector<long>{-1}));  // x is being written on rank 1
+      EXPECT_EQ(confirm(n, 1, x, x_on_1), "");
+      EXPECT_EQ(exists(n, x), R"({"exists":[true]})");
+      EXPECT_EQ(pipeline::check_consistency(n.state()), "");
+      continue;
+    }
+    EXPECT_EQ(y_on_0, (std::vector<long>{1}));  // x's page: x was evicted on rank 0
+    // X goes on to rank 1, and every step of its save succeeds.
+    EXPECT_EQ(save_on(n, 1, x), (std::vector<long>{1}));
+    EXPECT_EQ(exists(n, x), R"({"exists":[false]})");
+    EXPECT_EQ(n.get("/rank/0"),
+              R"({"num_pages":2,"free":0,"reserved":1,"bound":1,"incomplete":0})");
+    // Rank 1 binds a key more than there are complete keys: x is half-present.
+    EXPECT_EQ(n.get("/rank/1"),
+              R"({"num_pages":2,"free":0,"reserved":0,"bound":2,"incomplete":1})");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
+    n.now += kGraceMs;
+    n.tick();
+    EXPECT_EQ(n.get("/rank/1"),
+              R"({"num_pages":2,"free":1,"reserved":0,"bound":1,"incomplete":0})");
+    EXPECT_EQ(stats_tail(n), R"("incomplete_keys":0,"incomplete_pages":0,"stale_keys":1})");
+    EXPECT_EQ(pipeline::check_consistency(n.state()), "");
+  }
+}
+
 // Eviction takes the dead before the living: incomplete keys nobody reserves go before
 // complete ones once a second has passed since their last confirmation (the ranks of one
 // save confirm together), and before that only when no complete key can go.
