@@ -104,7 +104,9 @@ struct replication::impl {
     // Standby.
     std::optional<repl::follower> following;
     std::unique_ptr<persist::standby_core> applier;
-    bool acked_once = false;
+    // The leader answered this stream's hello (a resume or a snapshot): acks may flow.
+    bool answered = false;
+    bool acked_once = false;  // on this stream
   };
 
   pipeline::node& nd;
@@ -393,9 +395,12 @@ struct replication::impl {
   // --- the standby's side ------------------------------------------------------------
 
   // This core holds something from a stream (state, or the start of a snapshot): a new
-  // stream must resume where that one broke, or the node resyncs from empty.
+  // stream must resume where that one broke, or the node resyncs from empty. A core
+  // whose leader wrote nothing since its snapshot holds that state at position 0: its
+  // epoch (a serving leader's, never 0) says it followed, not its position.
   static bool has_followed(const core_end& e) {
-    return e.following && (e.following->received() > 0 || e.following->awaiting_snapshot());
+    return e.following && (e.following->received() > 0 || e.following->awaiting_snapshot() ||
+                           e.following->epoch() != 0);
   }
 
   void say_hello(int c, core_end& e) {
@@ -403,6 +408,10 @@ struct replication::impl {
     // a connection that closes unanswered (the leader died, and something else accepted
     // on its address) must leave this standby able to take over.
     if (!has_followed(e)) e.following.emplace(0, 0, static_cast<std::uint32_t>(c), 0);
+    // A new stream: nothing is acked on it before the leader answers, then the first ack
+    // says where this core stands, even at position 0 (the leader waits for it).
+    e.answered = false;
+    e.acked_once = false;
     repl::hello h;
     h.cluster = nd.cfg.ha_cluster;
     h.node = nd.cfg.ha_node;
@@ -426,15 +435,17 @@ struct replication::impl {
     if (has_followed(e)) {
       if (!e.following->awaiting_snapshot() && e.following->on_answer(a)) {
         log::info("replication: core {} resumes the leader's stream at {}", c, a.lsn);
-        e.acked_once = false;  // tell the leader where it stands at once
+        e.answered = true;  // tell the leader where it stands at once
         return;
       }
       exit_to_resync(
           "the leader cannot resume this standby's stream where it broke (another leadership, "
           "or a position it no longer keeps)");
     }
-    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
+    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a)) {
+      e.answered = true;
       return;
+    }
     exit_to_resync("the leader cannot stream to this standby's position");
   }
 
@@ -480,7 +491,9 @@ struct replication::impl {
   }
 
   void ack_durable(int c, core_end& e) {
-    if (!e.following || !e.applier || e.following->awaiting_snapshot() || e.stream == 0) return;
+    if (!e.following || !e.applier || e.following->awaiting_snapshot() || e.stream == 0 ||
+        !e.answered || e.closing)
+      return;
     const std::uint64_t log_durable = e.applier->durable_lsn();
     if (log_durable == 0 && !e.applier->snapshot_durable()) return;
     const std::uint64_t durable = std::min(log_durable, e.following->received());

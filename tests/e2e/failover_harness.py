@@ -791,13 +791,15 @@ class FailoverCase(HaCase):
     # fdatasync can stall past the default 500 ms, so they give the standby 3 s. Case e
     # (the drop) keeps the default.
     sync_timeout_ms = 3000
+    # More flags for every node of a test (set in the test before pair()).
+    node_flags = ()
 
     def node(self, node_id, cuttable=False):
         """A node of this test's cluster. cuttable: its etcd traffic and the streams to
         its --repl-listen go through Blackholes (n.etcd_link, n.repl_link), so that
         cut(n) can partition it from etcd and from the other node while clients still
         reach its HTTP port."""
-        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms)]
+        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms), *self.node_flags]
         etcd_url, repl_port = self.etcd.url, free_port()
         links = None
         if cuttable:

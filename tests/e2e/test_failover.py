@@ -27,6 +27,10 @@ Checks:
      resumed, the standby exits 75 or rejoins (restarted, it rejoins /sync); stopped
      again and dropped, a kill -9 of the leader does NOT make it serve: only a standby
      listed in /sync may take over.
+  g. issue 30 finding 4: a standby paused (SIGSTOP) past --sync-timeout-ms under writes
+     while one leader core writes nothing (--directory-cores 1, rank 0) is dropped, and
+     is back in /sync within 5 s of SIGCONT with no exit 75; hf3fs_metad_repl_in_sync
+     follows it on the leader.
   f. T6: a leader holding 2^20 bindings on one rank (one core's state) and a writer on
      that rank; an empty standby b starts, its state is cut by a child process the
      leader's core forks while the writer goes on, b joins /sync (time, bytes sent and
@@ -49,6 +53,7 @@ from failover_harness import (EXIT_DIVERGED, NUM_PAGES, REPL, WHY, Diverged, Fai
                               Ledger, Supervisor, Writer, initialize, ready, takeover_any,
                               wait_until)
 from metad_harness import Client, keys
+from test_monitoring import HA_SERIES
 
 # T6 at the issue's size; CATCH_UP_BINDINGS=N (a multiple of 8192) for another.
 CATCH_UP_BINDINGS = int(os.environ.get("CATCH_UP_BINDINGS", str(1 << 20)))
@@ -179,6 +184,49 @@ class FailoverTest(FailoverCase):
         self.assertFalse(ready(b.base_url), "a standby not in /sync took over")
         self.assertIsNone(self.cluster_keys.leader()[0])
         self.assertTrue(b.alive() or b.exit_code() == EXIT_DIVERGED, b.log(20))
+
+    def test_g_a_standby_paused_while_a_leader_core_is_idle_rejoins_sync(self):
+        # Issue 30 finding 4: --directory-cores 1 and rank 0 keep every write on core 0;
+        # core 1 never writes, so the standby's core 1 holds the leader's state at
+        # position 0. Paused past --sync-timeout-ms under writes, the standby is dropped;
+        # resumed, each core resumes its stream (core 1 at 0) and the standby must be
+        # back in /sync within a few seconds, with no exit 75.
+        self.sync_timeout_ms = 500
+        self.node_flags = ("--directory-cores", "1")
+        a, b = self.pair()
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        writer = Writer(a.base_url, 0, ledger, "g")
+        writer.start()
+        self.addCleanup(writer.join, 10)
+        self.addCleanup(writer.stop)
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= 200, 20))
+        self.assertTrue(self.cluster_keys.in_sync("b", "a"))
+        scrape = a.metrics()
+        self.assertIn("hf3fs_metad_repl_in_sync 1", scrape)
+        for name in HA_SERIES:  # what the alert rules name beyond a plain server's scrape
+            self.assertIn(f"\n# TYPE {name} ", scrape)
+
+        b.proc.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: b.alive() and b.proc.send_signal(signal.SIGCONT))
+        self.assertTrue(wait_until(lambda: not self.cluster_keys.in_sync("b", "a"), 5, 0.005),
+                        a.log(20))
+        time.sleep(1.5)
+        self.assertIn("hf3fs_metad_repl_in_sync 0", a.metrics())
+        resumed = time.monotonic()
+        b.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(wait_until(lambda: self.cluster_keys.in_sync("b", "a")
+                                   or not b.alive(), 5, 0.02),
+                        f"b not back in /sync 5 s after SIGCONT: {self.cluster_keys.sync()}"
+                        f"\nb:\n{b.log(30)}\na:\n{a.log(30)}")
+        self.assertTrue(b.alive(), f"b exited {b.exit_code()}:\n{b.log(30)}")
+        sys.stderr.write(f"\n  b back in /sync {(time.monotonic() - resumed) * 1000:.0f} ms "
+                         f"after SIGCONT\n")
+        self.assertTrue(wait_until(lambda: "hf3fs_metad_repl_in_sync 1" in a.metrics(), 2))
+        self.assertTrue(writer.is_alive(), f"the writer stopped: {writer.stopped_by}")
+        writer.stop()
+        writer.join(10)
+        self.assertEqual(ledger.problems, [])
 
     def test_f_an_empty_standby_catches_up_a_million_bindings_under_a_writer(self):
         a = self.started(self.node("a"))
