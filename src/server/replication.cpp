@@ -151,6 +151,24 @@ struct replication::impl {
     lc.listen_host = host;
     lc.listen_port = port;
     lc.wake_core = [this](int c) { nd.mailbox.wake(c); };
+    lc.answer_unroutable = [this](const repl::hello& h) {
+      // A hello for a core this node lacks (another core count): refused like the
+      // others, so that the standby can say why.
+      repl::answer a;
+      a.status = repl::answer_status::refused;
+      a.epoch =
+          nd.ha != nullptr && nd.ha->serving() ? static_cast<std::uint64_t>(nd.ha->epoch()) : 0;
+      a.core = h.core;
+      if (a.epoch != 0)
+        log::warn(
+            "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol {} "
+            "(this node: {}, {} cores, protocol {})",
+            h.node, h.core, h.cluster, h.cores, h.version, nd.cfg.ha_cluster, nd.cores,
+            repl::kProtocolVersion);
+      std::string out;
+      repl::encode(out, a);
+      return out;
+    };
     lc.each_turn = [this] {
       decide_sync();
       // A core moving a child's snapshot has no event to wake it when the pipe fills.
@@ -428,8 +446,25 @@ struct replication::impl {
 
   void on_answer(int c, core_end& e, const repl::answer& a) {
     if (a.status == repl::answer_status::refused) {
-      // Not serving yet (its log says why if it is a mismatch): try again shortly.
-      log::debug("replication: the leader refused core {}'s stream for now", c);
+      // A leader that does not serve (yet: starting, promoting) refuses with epoch 0: try
+      // again shortly. A serving one refuses a mismatch, which an operator must see.
+      if (a.epoch == 0)
+        log::debug("replication: the leader refused core {}'s stream for now", c);
+      else
+        log::warn(
+            "replication: the leader (epoch {}) refused core {}'s stream: its cluster name, core "
+            "count or protocol version differs from this node's (cluster {}, {} cores, protocol "
+            "{}); its log names its own",
+            a.epoch, c, nd.cfg.ha_cluster, nd.cores, repl::kProtocolVersion);
+      return close(c, e);
+    }
+    if (a.status == repl::answer_status::wrong_epoch) {
+      // This node follows a newer leadership than the one that answered (a deposed
+      // leader still listening): not this node's state to drop; connect again.
+      log::warn(
+          "replication: core {}: the node at the leader's address leads an older epoch "
+          "({}) than this node follows; closing",
+          c, a.epoch);
       return close(c, e);
     }
     if (has_followed(e)) {
@@ -540,6 +575,14 @@ struct replication::impl {
     e.in.clear();
     const std::uint64_t stream = link->at(c).take(e.in);
     if (stream != e.stream) {
+      if (mode.load() == start_as::standby && e.stream != 0 && !e.closing) {
+        // What the leader said last on the stream that ended (a refusal) is heard.
+        std::string last;
+        if (link->at(c).take_last(last) == e.stream && !last.empty()) {
+          e.decoder.feed(last);
+          handle(c, e);
+        }
+      }
       e.stream = stream;
       e.closing = false;
       e.decoder = repl::decoder{};

@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -267,6 +268,84 @@ class Blackhole:
         self.server.close()
         for link in links:
             self._close(link)
+
+
+# --- the replication protocol, enough for a hostile peer (src/repl/protocol.hpp) ---------
+
+def _crc32c_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def repl_message(body):
+    return struct.pack("<II", len(body), crc32c(body)) + body
+
+
+def repl_hello(cluster, node, cores, core, epoch=0, generation=0, lsn=0, version=1):
+    """A standby's hello for one core (type 1)."""
+    c, n = cluster.encode(), node.encode()
+    body = (bytes([1]) + struct.pack("<H", version) + bytes([len(c)]) + c + bytes([len(n)]) + n
+            + struct.pack("<QQIIQ", epoch, generation, cores, core, lsn))
+    return repl_message(body)
+
+
+ANSWER_STATUS = {1: "stream", 2: "need_snapshot", 3: "wrong_epoch", 4: "refused", 5: "busy"}
+
+
+def repl_answers(data):
+    """The answers (status name, epoch, core) at the start of what a leader sent."""
+    out = []
+    while len(data) >= 8:
+        length, _ = struct.unpack_from("<II", data)
+        body = data[8:8 + length]
+        if len(body) < length:
+            break
+        if body[0] == 2:
+            status, epoch, _, core, _ = struct.unpack_from("<BQQIQ", body, 1)
+            out.append((ANSWER_STATUS.get(status, status), epoch, core))
+        data = data[8 + length:]
+    return out
+
+
+def read_until_closed(sock, timeout=3.0):
+    """(bytes read, True if the peer ended the connection within `timeout`)."""
+    sock.settimeout(0.05)
+    got = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            return got, True
+        if not data:
+            return got, True
+        got += data
+    return got, False
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 class Cluster:
@@ -794,12 +873,12 @@ class FailoverCase(HaCase):
     # More flags for every node of a test (set in the test before pair()).
     node_flags = ()
 
-    def node(self, node_id, cuttable=False):
+    def node(self, node_id, cuttable=False, flags=()):
         """A node of this test's cluster. cuttable: its etcd traffic and the streams to
         its --repl-listen go through Blackholes (n.etcd_link, n.repl_link), so that
         cut(n) can partition it from etcd and from the other node while clients still
-        reach its HTTP port."""
-        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms), *self.node_flags]
+        reach its HTTP port. flags: more command-line flags for this node."""
+        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms), *self.node_flags, *flags]
         etcd_url, repl_port = self.etcd.url, free_port()
         links = None
         if cuttable:

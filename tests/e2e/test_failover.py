@@ -31,6 +31,8 @@ Checks:
      while one leader core writes nothing (--directory-cores 1, rank 0) is dropped, and
      is back in /sync within 5 s of SIGCONT with no exit 75; hf3fs_metad_repl_in_sync
      follows it on the leader.
+  h. issue 30 finding 10: a refused hello's answer is delivered before the stream
+     closes (a standby with another --threads logs why).
   f. T6: a leader holding 2^20 bindings on one rank (one core's state) and a writer on
      that rank; an empty standby b starts, its state is cut by a child process the
      leader's core forks while the writer goes on, b joins /sync (time, bytes sent and
@@ -44,14 +46,15 @@ etcd). The long run (T1 x N through HAProxy) is scripts/ha-failover.sh.
 import os
 import re
 import signal
+import socket
 import sys
 import time
 import unittest
 
 
 from failover_harness import (EXIT_DIVERGED, NUM_PAGES, REPL, WHY, Diverged, FailoverCase,
-                              Ledger, Supervisor, Writer, initialize, ready, takeover_any,
-                              wait_until)
+                              Ledger, Supervisor, Writer, initialize, read_until_closed, ready,
+                              repl_answers, repl_hello, takeover_any, wait_until)
 from metad_harness import Client, keys
 from test_monitoring import HA_SERIES
 
@@ -227,6 +230,37 @@ class FailoverTest(FailoverCase):
         writer.stop()
         writer.join(10)
         self.assertEqual(ledger.problems, [])
+
+    # --- issue 30: hostile or broken peers of --repl-listen ------------------------------
+
+    def leader_alone(self, *flags):
+        a = self.started(self.node("a", flags=flags))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        return a
+
+    def raw_stream(self, node):
+        s = socket.create_connection(("127.0.0.1", node.repl_port), timeout=2)
+        self.addCleanup(s.close)
+        return s
+
+    def test_h_a_refused_hello_is_delivered_before_the_stream_closes(self):
+        # Finding 10: a hello with another core count is refused; the answer reaches the
+        # peer before the end of the stream (it used to be dropped with the outbox), and a
+        # real standby with another --threads logs why.
+        a = self.leader_alone()
+        for round in range(5):
+            s = self.raw_stream(a)
+            s.sendall(repl_hello(self.cluster, "x", cores=3, core=0))
+            got, ended = read_until_closed(s)
+            self.assertTrue(ended, "the refused stream was not closed")
+            answers = repl_answers(got)
+            self.assertEqual(len(answers), 1, f"round {round}: {len(got)} bytes, no answer")
+            self.assertEqual(answers[0][0], "refused")
+            self.assertGreater(answers[0][1], 0)  # a serving leader's epoch
+        b = self.started(self.node("b", flags=("--threads", "3")))
+        self.assertTrue(wait_until(lambda: any("refused core" in line for line in b.lines), 5),
+                        b.log(20))
+        self.assertIn("3 cores", "\n".join(b.lines))
 
     def test_f_an_empty_standby_catches_up_a_million_bindings_under_a_writer(self):
         a = self.started(self.node("a"))
