@@ -31,8 +31,12 @@ Checks:
      while one leader core writes nothing (--directory-cores 1, rank 0) is dropped, and
      is back in /sync within 5 s of SIGCONT with no exit 75; hf3fs_metad_repl_in_sync
      follows it on the leader.
-  h. issue 30 finding 10: a refused hello's answer is delivered before the stream
-     closes (a standby with another --threads logs why).
+  h-k. issue 30, hostile or broken peers of --repl-listen (findings 10, 6, 3b, 3): a
+     refused hello's answer is delivered before the stream closes (a standby with
+     another --threads logs why); hello-then-close in a loop forks at most one cut per
+     core per 2 s (the rest are answered busy); a peer that never reads is cut at the
+     per-core queue bound and the memory is given back; a standby whose acks come 400
+     ms late under --sync-timeout-ms 500 is dropped from /sync and writes go fast again.
   f. T6: a leader holding 2^20 bindings on one rank (one core's state) and a writer on
      that rank; an empty standby b starts, its state is cut by a child process the
      leader's core forks while the writer goes on, b joins /sync (time, bytes sent and
@@ -43,6 +47,7 @@ Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 etcd). The long run (T1 x N through HAProxy) is scripts/ha-failover.sh.
 """
 
+import collections
 import os
 import re
 import signal
@@ -54,7 +59,7 @@ import unittest
 
 from failover_harness import (EXIT_DIVERGED, NUM_PAGES, REPL, WHY, Diverged, FailoverCase,
                               Ledger, Supervisor, Writer, initialize, read_until_closed, ready,
-                              repl_answers, repl_hello, takeover_any, wait_until)
+                              repl_answers, repl_hello, rss_bytes, takeover_any, wait_until)
 from metad_harness import Client, keys
 from test_monitoring import HA_SERIES
 
@@ -261,6 +266,100 @@ class FailoverTest(FailoverCase):
         self.assertTrue(wait_until(lambda: any("refused core" in line for line in b.lines), 5),
                         b.log(20))
         self.assertIn("3 cores", "\n".join(b.lines))
+
+    def test_i_hellos_in_a_loop_fork_at_most_one_cut_per_core_per_interval(self):
+        # Finding 6: hello-then-close in a loop; each hello needing a snapshot used to
+        # fork a cut. At most one per core per 2 s now; the others are answered busy.
+        a = self.leader_alone()
+        began = time.monotonic()
+        statuses = collections.Counter()
+        while time.monotonic() - began < 3.0:
+            s = socket.create_connection(("127.0.0.1", a.repl_port), timeout=2)
+            s.sendall(repl_hello(self.cluster, "x", cores=2, core=0))
+            s.settimeout(1.0)
+            try:
+                answers = repl_answers(s.recv(4096))
+            except OSError:
+                answers = []
+            statuses.update(x[0] for x in answers)
+            s.close()
+        time.sleep(0.2)
+        forks = sum("forked" in line for line in a.lines)
+        sys.stderr.write(f"\n  3 s of hello-then-close: {forks} cuts; answers {dict(statuses)}\n")
+        self.assertGreaterEqual(forks, 1)
+        self.assertLessEqual(forks, 2, a.log(10))
+        self.assertGreater(statuses["busy"], 0)
+        self.assertTrue(ready(a.base_url))
+
+    def test_j_a_peer_that_never_reads_is_cut_at_the_queue_bound_and_freed(self):
+        # Finding 3b: hellos on both cores, then nothing read. What is queued for it is
+        # bounded (--memory-max 256MiB over 2 cores: 16 MiB a core), the stream is closed
+        # there, and the memory is given back.
+        a = self.leader_alone("--memory-max", "256MiB")
+        self.assertEqual(initialize(a.base_url, 0, 1 << 21).status_code, 200)
+        c = Client(a.base_url)
+        self.addCleanup(c.close)
+        socks = []
+        for core in range(2):
+            s = self.raw_stream(a)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(repl_hello(self.cluster, "x", cores=2, core=core))
+            socks.append(s)
+        closed = lambda: any("does not read fast enough" in line for line in a.lines)
+        peak, n = 0, 0
+        began = time.monotonic()
+        while not closed() and time.monotonic() - began < 60:
+            ks = keys(8192, f"flood-{n}")
+            n += 1
+            answer = c.batch_allocate(0, ks)
+            self.assertEqual(answer.status_code, 200, answer.text[:200])
+            self.assertEqual(c.confirm_write(0, answer.json()["results"]).status_code, 204)
+            peak = max(peak, rss_bytes(a.proc.pid))
+        self.assertTrue(closed(), f"{n} batches of 8192 keys and no stream cut; RSS "
+                        f"{peak >> 20} MiB\n{a.log(10)}")
+        line = next(line for line in a.lines if "does not read fast enough" in line)
+        self.assertIn("at most 16777216", line)
+        time.sleep(0.5)
+        after = rss_bytes(a.proc.pid)
+        sys.stderr.write(f"\n  never-reading peer cut after {n} batches; RSS peak "
+                         f"{peak >> 20} MiB, {after >> 20} MiB after the cut\n")
+        self.assertLess(after, peak - (8 << 20), "the queue's memory was not given back")
+        self.assertTrue(ready(a.base_url))
+
+    def test_k_a_standby_acking_late_is_dropped_and_writes_go_fast_again(self):
+        # Finding 3: every ack of b reaches a 400 ms late (a Delayer in front of a's
+        # --repl-listen), under --sync-timeout-ms 500: never silent 500 ms, so it used
+        # to stay in /sync with every write waiting ~1 s. Its average ack latency over
+        # 250 ms (half the timeout) for 2 s (4 x the timeout) drops it.
+        self.sync_timeout_ms = 500
+        a = self.started(self.node("a", ack_delay=0.4))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        b = self.started(self.node("b"))
+        self.wait_in_sync(b, a, timeout=15)
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        ws = [Writer(a.base_url, 0, ledger, f"k-{i}") for i in range(4)]
+        t0 = time.monotonic()
+        for w in ws:
+            w.start()
+            self.addCleanup(w.join, 10)
+            self.addCleanup(w.stop)
+        self.assertTrue(wait_until(lambda: not self.cluster_keys.in_sync("b", "a"), 8, 0.01),
+                        f"the late standby is still in /sync 8 s into the writes\n{a.log(20)}")
+        dropped_s = time.monotonic() - t0
+        self.assertTrue(any("acknowledges late" in line for line in a.lines), a.log(20))
+        before = ledger.bound_count()
+        time.sleep(2.0)
+        done = ledger.bound_count() - before
+        sys.stderr.write(f"\n  late standby dropped {dropped_s * 1000:.0f} ms into the writes; "
+                         f"then {done} keys bound in 2 s by 4 writers\n")
+        self.assertGreater(done, 400)  # it was ~30 tasks in 8 s while b stayed
+        self.assertFalse(self.cluster_keys.in_sync("b", "a"))  # not back before 30 s
+        for w in ws:
+            w.stop()
+        for w in ws:
+            w.join(10)
+        self.assertEqual(ledger.problems, [])
 
     def test_f_an_empty_standby_catches_up_a_million_bindings_under_a_writer(self):
         a = self.started(self.node("a"))
