@@ -39,11 +39,14 @@ namespace {
 // core, an eighth of --memory-max over all cores, within [kQueuedFloor, kQueuedCeiling].
 // Its buffers are freed when the stream ends.
 constexpr std::size_t kQueuedCeiling = std::size_t{64} << 20;
-constexpr std::size_t kQueuedFloor = std::size_t{4} << 20;
+constexpr std::size_t kQueuedFloor = std::size_t{32} << 20;
 // What a leader core keeps of the log bytes it shipped, so that a standby whose stream
 // broke (a network blip, a restart of the link) resumes from its position instead of
 // copying the whole state again. Older positions need a snapshot.
 constexpr std::uint64_t kRetainBytes = std::uint64_t{16} << 20;
+// A resumed stream is sent up to kRetainBytes at once (resend) and then what the core
+// ships: the queue bound leaves room for both.
+static_assert(kQueuedFloor >= 2 * kRetainBytes);
 // A snapshot cut by a child process is moved to the stream while less than half the
 // queue bound is queued on it, a piece of at most kSnapshotReadBytes per read.
 constexpr std::size_t kSnapshotReadBytes = std::size_t{1} << 20;

@@ -293,7 +293,7 @@ class FailoverTest(FailoverCase):
 
     def test_j_a_peer_that_never_reads_is_cut_at_the_queue_bound_and_freed(self):
         # Finding 3b: hellos on both cores, then nothing read. What is queued for it is
-        # bounded (--memory-max 256MiB over 2 cores: 16 MiB a core), the stream is closed
+        # bounded (--memory-max 256MiB over 2 cores: the 32 MiB floor a core), the stream is closed
         # there, and the memory is given back.
         a = self.leader_alone("--memory-max", "256MiB")
         self.assertEqual(initialize(a.base_url, 0, 1 << 21).status_code, 200)
@@ -318,7 +318,7 @@ class FailoverTest(FailoverCase):
         self.assertTrue(closed(), f"{n} batches of 8192 keys and no stream cut; RSS "
                         f"{peak >> 20} MiB\n{a.log(10)}")
         line = next(line for line in a.lines if "does not read fast enough" in line)
-        self.assertIn("at most 16777216", line)
+        self.assertIn("at most 33554432", line)
         time.sleep(0.5)
         after = rss_bytes(a.proc.pid)
         sys.stderr.write(f"\n  never-reading peer cut after {n} batches; RSS peak "
