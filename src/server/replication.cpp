@@ -120,6 +120,9 @@ struct replication::impl {
     std::string cut_buffer;
     std::uint64_t last_cut_ns = 0;  // when the latest cut began (kCutIntervalMs)
     double ack_latency_ns = 0;      // EWMA; 0: no ack yet on this stream
+    // When the standby caught up on this stream (0: not yet): only writes shipped from
+    // then on are timed (a catch-up's first ack comes a snapshot's transfer later).
+    std::uint64_t caught_up_ns = 0;
     // Standby.
     std::optional<repl::follower> following;
     std::unique_ptr<persist::standby_core> applier;
@@ -307,6 +310,7 @@ struct replication::impl {
     }
     e.caught_up_at = e.leading->sent();
     e.ack_latency_ns = 0;
+    e.caught_up_ns = 0;
     e.unacked.assign(1, {e.caught_up_at, smp::monotonic_ns()});
     publish_unacked(c, e);
     shared[static_cast<std::size_t>(c)].state.store(progress::catching_up);
@@ -462,10 +466,14 @@ struct replication::impl {
       newest_sent = e.unacked.front().second;
       e.unacked.pop_front();
     }
-    if (newest_sent != 0) note_ack_latency(c, e, smp::monotonic_ns() - newest_sent);
+    const std::uint64_t now = smp::monotonic_ns();
+    if (e.caught_up_ns != 0 && newest_sent >= e.caught_up_ns)
+      note_ack_latency(c, e, now - newest_sent);
     publish_unacked(c, e);
-    if (a.lsn >= e.caught_up_at)
+    if (a.lsn >= e.caught_up_at && e.caught_up_ns == 0) {
+      e.caught_up_ns = now;
       shared[static_cast<std::size_t>(c)].state.store(progress::caught_up);
+    }
   }
 
   // The ack latency's EWMA, and since when it is above half of --sync-timeout-ms.

@@ -37,6 +37,8 @@ Checks:
      core per 2 s (the rest are answered busy); a peer that never reads is cut at the
      per-core queue bound and the memory is given back; a standby whose acks come 400
      ms late under --sync-timeout-ms 500 is dropped from /sync and writes go fast again.
+  l. a standby whose catch-up (2^19 bindings) took long on an idle leader is not taken
+     for a late one when writes begin (only writes shipped once it caught up are timed).
   f. T6: a leader holding 2^20 bindings on one rank (one core's state) and a writer on
      that rank; an empty standby b starts, its state is cut by a child process the
      leader's core forks while the writer goes on, b joins /sync (time, bytes sent and
@@ -360,6 +362,35 @@ class FailoverTest(FailoverCase):
         for w in ws:
             w.join(10)
         self.assertEqual(ledger.problems, [])
+
+    def test_l_a_standby_that_caught_up_slowly_on_an_idle_leader_is_not_taken_for_late(self):
+        # Finding 3's bound times only writes shipped once the standby caught up: the
+        # first ack after a snapshot of 2^19 bindings on an idle leader (its transfer
+        # took ~1 s) is not an ack latency, and must not get the standby dropped when
+        # writes begin.
+        self.sync_timeout_ms = 500
+        a = self.leader_alone()
+        self.assertEqual(initialize(a.base_url, 0, 1 << 20).status_code, 200)
+        c = Client(a.base_url)
+        self.addCleanup(c.close)
+        for n in range((1 << 19) // 8192):
+            answer = c.batch_allocate(0, keys(8192, f"bulk-{n}"))
+            self.assertEqual(answer.status_code, 200, answer.text[:200])
+            self.assertEqual(c.confirm_write(0, answer.json()["results"]).status_code, 204)
+        b = self.started(self.node("b"))
+        self.wait_in_sync(b, a, timeout=30)
+        ledger = Ledger()
+        writer = Writer(a.base_url, 0, ledger, "l")
+        writer.start()
+        self.addCleanup(writer.join, 10)
+        self.addCleanup(writer.stop)
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            self.assertTrue(self.cluster_keys.in_sync("b", "a"),
+                            f"b dropped once writes began\n{a.log(20)}")
+            time.sleep(0.05)
+        self.assertGreater(ledger.bound_count(), 100)
+        self.assertFalse(any("acknowledges late" in line for line in a.lines), a.log(20))
 
     def test_f_an_empty_standby_catches_up_a_million_bindings_under_a_writer(self):
         a = self.started(self.node("a"))
