@@ -13,6 +13,7 @@
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <system_error>
 
 #include "metad/log.hpp"
@@ -21,11 +22,25 @@
 
 namespace metad::repl {
 
+namespace {
+// Frees a string's memory (clear() keeps its capacity).
+void release(std::string& s) { std::string().swap(s); }
+}  // namespace
+
 std::uint64_t channel::take(std::string& into) {
   std::lock_guard lock(mutex_);
   into.append(inbox_);
   inbox_.clear();
   return stream_;
+}
+
+std::uint64_t channel::take_last(std::string& into) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t stream = last_stream_;
+  into.append(last_words_);
+  release(last_words_);
+  last_stream_ = 0;
+  return stream;
 }
 
 void channel::send(std::uint64_t stream, std::string_view bytes) {
@@ -75,6 +90,19 @@ bool split_host_port(std::string_view text, std::string& host, std::uint16_t& po
 namespace {
 
 using clock = std::chrono::steady_clock;
+
+// What an accepted connection may send before its hello is whole (a hello is under 600
+// bytes): past it, or a first length beyond it, the connection is closed.
+constexpr std::size_t kHelloBytesMax = 4096;
+// A stream the core closed still delivers what the core queued last (a refusal, an
+// answer) when that is at most this much: written, then the connection is shut down for
+// writing and closed once the peer closes it too, or after kLingerTime. A larger
+// remainder (a standby dropped for being behind) is discarded at once.
+constexpr std::size_t kLingerBytesMax = 64 * 1024;
+constexpr auto kLingerTime = std::chrono::seconds(1);
+constexpr std::size_t kLingeringMax = 64;
+// A buffer whose bytes are all written is given back past this capacity.
+constexpr std::size_t kKeepCapacity = 1 << 20;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -126,13 +154,22 @@ struct link::impl {
   };
   struct unrouted {  // an accepted connection whose hello is not complete yet
     socket_fd fd;
-    std::string bytes;
+    std::string bytes;  // all of it, handed to the core with the stream
+    decoder d;          // fed each read's new bytes only
     clock::time_point since;
+  };
+  struct lingering {  // a closed stream delivering the core's last bytes
+    socket_fd fd;
+    std::string out;
+    std::size_t written = 0;
+    clock::time_point until;
+    bool shut = false;  // everything written; waiting for the peer's end
   };
   mode current = mode::idle;
   std::string leader;
   std::vector<stream> streams;  // by core
   std::vector<unrouted> waiting;
+  std::vector<lingering> closing;
   std::uint64_t next_id = 0;
   clock::time_point next_connect{}, connected_at{};
   std::chrono::milliseconds pause{0};
@@ -151,33 +188,82 @@ struct link::impl {
     end_stream(c);
     s.fd = std::move(fd);
     s.id = ++next_id;
-    s.out.clear();
+    release(s.out);
     s.written = 0;
     channel& ch = *channels[static_cast<std::size_t>(c)];
     {
       std::lock_guard lock(ch.mutex_);
       ch.stream_ = s.id;
       ch.inbox_ = std::move(first);
-      ch.outbox_.clear();
+      release(ch.outbox_);
       ch.close_asked_ = false;
     }
     cfg.wake_core(c);
   }
 
+  // Ends core c's stream and gives its buffers' memory back. A stream the core closed
+  // lingers to deliver its last bytes if they are few (kLingerBytesMax).
   void end_stream(int c) {
     stream& s = streams[static_cast<std::size_t>(c)];
     if (!s.fd.open()) return;
-    s.fd = socket_fd();
-    s.out.clear();
     channel& ch = *channels[static_cast<std::size_t>(c)];
+    bool close_asked = false;
+    std::string rest;
     {
       std::lock_guard lock(ch.mutex_);
+      close_asked = ch.close_asked_;
+      if (close_asked) rest.swap(ch.outbox_);
+      // What arrived and the core has not taken yet is its peer's last words.
+      ch.last_stream_ = ch.inbox_.empty() ? 0 : ch.stream_;
+      ch.last_words_.swap(ch.inbox_);
       ch.stream_ = 0;
-      ch.inbox_.clear();
-      ch.outbox_.clear();
+      release(ch.inbox_);
+      release(ch.outbox_);
       ch.close_asked_ = false;
     }
+    const std::size_t unwritten = s.out.size() - s.written + rest.size();
+    if (close_asked && unwritten > 0 && unwritten <= kLingerBytesMax &&
+        closing.size() < kLingeringMax) {
+      lingering l;
+      l.fd = std::move(s.fd);
+      l.out.assign(s.out, s.written);
+      l.out += rest;
+      l.until = clock::now() + kLingerTime;
+      closing.push_back(std::move(l));
+    }
+    s.fd = socket_fd();
+    release(s.out);
+    s.written = 0;
     cfg.wake_core(c);
+  }
+
+  // One turn of a lingering connection (`revents` from poll); false once it is done.
+  static bool linger(lingering& l, short revents) {
+    if (clock::now() >= l.until) return false;
+    if (!l.shut && (revents & POLLOUT)) {
+      const ssize_t n = ::send(l.fd.get(), l.out.data() + l.written, l.out.size() - l.written,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+      if (n > 0) l.written += static_cast<std::size_t>(n);
+      if (l.written == l.out.size()) {
+        // The peer reads all of it before our end: closing with its bytes unread here
+        // would reset the connection, and a reset may discard what it has not read yet.
+        ::shutdown(l.fd.get(), SHUT_WR);
+        l.shut = true;
+        release(l.out);
+      }
+    }
+    if (revents & (POLLIN | POLLHUP | POLLERR)) {
+      char sink[4096];
+      for (;;) {  // what the peer still sends is dropped; its end ends the linger
+        const ssize_t n = ::recv(l.fd.get(), sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0) continue;
+        if (n == 0) return false;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+        return false;
+      }
+    }
+    return true;
   }
 
   // A stream failed: in follow mode the whole set goes (and is connected again).
@@ -203,6 +289,7 @@ struct link::impl {
     if (applied == asked) return;
     for (int c = 0; c < cfg.cores; ++c) end_stream(c);
     waiting.clear();
+    closing.clear();
     current = asked_mode;
     leader = asked_leader;
     next_connect = {};
@@ -234,7 +321,10 @@ struct link::impl {
       if (current != mode::accept || waiting.size() >= 64) continue;  // closed at once
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      waiting.push_back({std::move(s), {}, clock::now()});
+      unrouted u;
+      u.fd = std::move(s);
+      u.since = clock::now();
+      waiting.push_back(std::move(u));
     }
   }
 
@@ -253,17 +343,48 @@ struct link::impl {
     }
   }
 
-  // An accepted connection's first bytes: once its hello is whole, the core it names
-  // gets the stream (hello included: the core answers it).
+  // An accepted connection's first bytes, read up to kHelloBytesMax + 1 (so that a peer
+  // sending more is seen to): false at the end of the stream or on an error.
+  static bool read_hello(unrouted& u) {
+    char buffer[kHelloBytesMax + 1];
+    while (u.bytes.size() <= kHelloBytesMax) {
+      const std::size_t room = kHelloBytesMax + 1 - u.bytes.size();
+      const ssize_t n = ::recv(u.fd.get(), buffer, room, MSG_DONTWAIT);
+      if (n > 0) {
+        u.bytes.append(buffer, static_cast<std::size_t>(n));
+        u.d.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+        continue;
+      }
+      if (n == 0) return false;
+      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    }
+    return true;
+  }
+
+  // Once its hello is whole, the core it names gets the stream (hello included: the
+  // core answers it). True when routed or refused (closed when `u` goes): a first
+  // message that is no hello, damaged, declares a body longer than a hello can be, or
+  // more than kHelloBytesMax bytes before it is whole.
   bool route(unrouted& u) {
-    decoder d;
-    d.feed(u.bytes);
-    const decoder::status st = d.next();
-    if (st == decoder::status::need_more) return false;
-    if (st == decoder::status::message && d.type == message_type::hello &&
-        d.hello.core < static_cast<std::uint32_t>(cfg.cores))
-      open_stream(static_cast<int>(d.hello.core), std::move(u.fd), std::move(u.bytes));
-    return true;  // routed, or refused (closed when `u` goes)
+    if (u.bytes.size() >= 4) {
+      std::uint32_t length = 0;
+      std::memcpy(&length, u.bytes.data(), 4);
+      if (length > kHelloBytesMax - kHeaderBytes) return true;
+    }
+    const decoder::status st = u.d.next();
+    if (st == decoder::status::need_more) return u.bytes.size() > kHelloBytesMax;
+    if (st != decoder::status::message || u.d.type != message_type::hello) return true;
+    if (u.d.hello.core < static_cast<std::uint32_t>(cfg.cores)) {
+      open_stream(static_cast<int>(u.d.hello.core), std::move(u.fd), std::move(u.bytes));
+    } else if (cfg.answer_unroutable && closing.size() < kLingeringMax) {
+      lingering l;  // delivered, then closed
+      l.out = cfg.answer_unroutable(u.d.hello);
+      if (l.out.empty() || l.out.size() > kLingerBytesMax) return true;
+      l.fd = std::move(u.fd);
+      l.until = clock::now() + kLingerTime;
+      closing.push_back(std::move(l));
+    }
+    return true;
   }
 
   void run();
@@ -271,7 +392,9 @@ struct link::impl {
 
 void link::impl::run() {
   std::vector<pollfd> fds;
-  std::vector<int> owner;  // -1 event fd, -2 listener, -3 - i waiting[i], else the core
+  // -1 event fd, -2 listener, -3 - i waiting[i], kClosing - i closing[i], else the core
+  constexpr int kClosing = -1000;
+  std::vector<int> owner;
   while (!stopping.load(std::memory_order_relaxed)) {
     apply_mode();
     if (current == mode::follow && !streams[0].fd.open()) connect_all();
@@ -291,6 +414,16 @@ void link::impl::run() {
       }
       fds.push_back({waiting[i].fd.get(), POLLIN, 0});
       owner.push_back(-3 - static_cast<int>(i));
+      ++i;
+    }
+    for (std::size_t i = 0; i < closing.size();) {
+      if (now >= closing[i].until) {
+        closing.erase(closing.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      fds.push_back(
+          {closing[i].fd.get(), static_cast<short>(POLLIN | (closing[i].shut ? 0 : POLLOUT)), 0});
+      owner.push_back(kClosing - static_cast<int>(i));
       ++i;
     }
     for (int c = 0; c < cfg.cores; ++c) {
@@ -317,19 +450,22 @@ void link::impl::run() {
       owner.push_back(c);
     }
     if (::poll(fds.data(), fds.size(), 20) > 0) {
-      std::vector<std::size_t> routed;
+      std::vector<std::size_t> routed, done;
+      const std::size_t lingering_before = closing.size();  // end_stream may add some
       for (std::size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
         const int who = owner[i];
-        if (who == -1) {
+        if (who <= kClosing) {
+          const auto at = static_cast<std::size_t>(kClosing - who);
+          if (!linger(closing[at], fds[i].revents)) done.push_back(at);
+        } else if (who == -1) {
           std::uint64_t count = 0;
           [[maybe_unused]] const auto n = ::read(event_fd, &count, sizeof count);
         } else if (who == -2) {
           accept_all();
         } else if (who <= -3) {
           unrouted& u = waiting[static_cast<std::size_t>(-3 - who)];
-          if (!read_into(u.fd.get(), u.bytes) || route(u))
-            routed.push_back(static_cast<std::size_t>(-3 - who));
+          if (!read_hello(u) || route(u)) routed.push_back(static_cast<std::size_t>(-3 - who));
         } else {
           stream& s = streams[static_cast<std::size_t>(who)];
           if (!s.fd.open() || s.fd.get() != fds[i].fd) continue;  // replaced meanwhile
@@ -339,7 +475,10 @@ void link::impl::run() {
             if (n > 0) {
               s.written += static_cast<std::size_t>(n);
               if (s.written == s.out.size()) {
-                s.out.clear();
+                if (s.out.capacity() > kKeepCapacity)
+                  release(s.out);
+                else
+                  s.out.clear();
                 s.written = 0;
               }
             } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -364,6 +503,9 @@ void link::impl::run() {
       }
       for (auto it = routed.rbegin(); it != routed.rend(); ++it)
         waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(*it));
+      for (auto it = done.rbegin(); it != done.rend(); ++it)
+        if (*it < lingering_before)
+          closing.erase(closing.begin() + static_cast<std::ptrdiff_t>(*it));
     }
     if (cfg.each_turn) cfg.each_turn();
   }

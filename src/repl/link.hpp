@@ -10,6 +10,12 @@
 // - follow (a standby): one connection per core to the address given, each core's
 //   channel gets its stream, and the core says hello. When any of them ends, all are
 //   closed and the set is connected again after a pause.
+//
+// Bounds against a hostile peer: an accepted connection may send at most 4 KiB before
+// its hello is whole (a hello is under 600 bytes), parsed as it arrives. A stream a core
+// closes still delivers the few bytes it queued last (up to 64 KiB, within 1 s: a
+// refusal), and a standby's core hears what its leader sent before its end
+// (channel::take_last). A stream's buffers are freed when it ends.
 #pragma once
 
 #include <atomic>
@@ -32,6 +38,10 @@ class channel {
   // Appends what arrived on the current stream to `into` and returns that stream's
   // number (0: no stream).
   std::uint64_t take(std::string& into);
+  // The bytes that arrived on the latest stream that ended before take() had them (a
+  // peer's last words before its end: a refusal); appended to `into`, with that stream's
+  // number (0: none). Each ended stream's bytes are returned once.
+  std::uint64_t take_last(std::string& into);
   // Queues bytes for the peer of stream `stream` (dropped if that stream has ended).
   void send(std::uint64_t stream, std::string_view bytes);
   // Ends stream `stream` (a protocol error, or the peer dropped from the sync set).
@@ -46,6 +56,8 @@ class channel {
   mutable std::mutex mutex_;
   std::uint64_t stream_ = 0;
   std::string inbox_, outbox_;
+  std::string last_words_;  // inbox_ of stream last_stream_, which ended
+  std::uint64_t last_stream_ = 0;
   bool close_asked_ = false;
   std::function<void()> wake_link_;
 };
@@ -60,6 +72,9 @@ struct link_config {
   std::function<void(int core)> wake_core;
   // Called on the link thread every loop turn (at most ~20 ms apart).
   std::function<void()> each_turn;
+  // accept mode: a hello naming a core this node does not have reaches no channel; the
+  // bytes to answer it with before its connection closes (empty: none). Link thread.
+  std::function<std::string(const struct hello&)> answer_unroutable;
   int connect_timeout_ms = 200;
   int reconnect_pause_ms = 100;
 };

@@ -144,7 +144,7 @@ decoder::status decoder::decode_body(std::string_view body) {
     case message_type::answer: {
       std::uint8_t s = 0;
       ok = in.get(s) && s >= static_cast<std::uint8_t>(answer_status::stream) &&
-           s <= static_cast<std::uint8_t>(answer_status::refused) && in.get(answer.epoch) &&
+           s <= static_cast<std::uint8_t>(answer_status::busy) && in.get(answer.epoch) &&
            in.get(answer.generation) && in.get(answer.core) && in.get(answer.lsn) && in.done();
       answer.status = static_cast<answer_status>(s);
       break;

@@ -47,6 +47,7 @@ enum class answer_status : std::uint8_t {
   need_snapshot = 2,  // the leader no longer has (or never had) that position
   wrong_epoch = 3,    // the standby follows a newer leadership: this leader is deposed
   refused = 4,        // another cluster, protocol version or core count
+  busy = 5,           // needs a snapshot the leader's core cannot cut yet: connect again
 };
 
 struct answer {

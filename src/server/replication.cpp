@@ -35,16 +35,31 @@ namespace metad {
 namespace {
 
 // A stream whose peer is this far behind in bytes queued is cut (a standby that cannot
-// keep up must not take the leader's memory with it).
-constexpr std::size_t kQueuedBytesMax = std::size_t{1} << 30;
+// keep up, or a peer that never reads, must not take the leader's memory with it): per
+// core, an eighth of --memory-max over all cores, within [kQueuedFloor, kQueuedCeiling].
+// Its buffers are freed when the stream ends.
+constexpr std::size_t kQueuedCeiling = std::size_t{64} << 20;
+constexpr std::size_t kQueuedFloor = std::size_t{32} << 20;
 // What a leader core keeps of the log bytes it shipped, so that a standby whose stream
 // broke (a network blip, a restart of the link) resumes from its position instead of
 // copying the whole state again. Older positions need a snapshot.
 constexpr std::uint64_t kRetainBytes = std::uint64_t{16} << 20;
-// A snapshot cut by a child process is moved to the stream while less than this is
-// queued on it, a piece of at most kSnapshotReadBytes per read.
-constexpr std::size_t kSnapshotQueuedMax = std::size_t{32} << 20;
+// A resumed stream is sent up to kRetainBytes at once (resend) and then what the core
+// ships: the queue bound leaves room for both.
+static_assert(kQueuedFloor >= 2 * kRetainBytes);
+// A snapshot cut by a child process is moved to the stream while less than half the
+// queue bound is queued on it, a piece of at most kSnapshotReadBytes per read.
 constexpr std::size_t kSnapshotReadBytes = std::size_t{1} << 20;
+// A core starts at most one snapshot cut (a fork) per this interval; a hello that needs
+// one sooner is answered busy (the standby connects again after its pause). A cut runs
+// alone: the stream it is for ends before another hello reaches the core.
+constexpr std::uint64_t kCutIntervalMs = 2'000;
+// A standby in the ack set whose acks come late is dropped like a silent one: when a
+// core's average ack latency (an EWMA of each ack's delay after the newest write it
+// covers, weight 1/4) stays above half of --sync-timeout-ms for 4 × --sync-timeout-ms
+// and at least kSlowAcksMin acks. It may join again kSlowRejoinMs later at the soonest.
+constexpr std::uint64_t kSlowAcksMin = 3;
+constexpr std::uint64_t kSlowRejoinMs = 30'000;
 
 // Writes all of `bytes` to a blocking descriptor; false on an error (the reader went).
 bool write_all(int fd, std::string_view bytes) {
@@ -76,6 +91,8 @@ struct replication::impl {
     std::atomic<std::uint64_t> oldest_unacked_ns{0};  // 0: everything sent was acked
     std::atomic<bool> require_applied{false};
     std::atomic<std::uint64_t> lag_bytes{0};  // sent − acked
+    // Acks late on average since slow_since_ns (0: not late), slow_acks of them.
+    std::atomic<std::uint64_t> slow_since_ns{0}, slow_acks{0};
   };
   // One core's end, touched by that core only (and by promotion while it is parked).
   struct core_end {
@@ -101,10 +118,17 @@ struct replication::impl {
     std::uint64_t cut_lsn = 0, cut_bytes = 0, cut_started = 0;
     std::string cut_for;  // the standby's node id, for the log
     std::string cut_buffer;
+    std::uint64_t last_cut_ns = 0;  // when the latest cut began (kCutIntervalMs)
+    double ack_latency_ns = 0;      // EWMA; 0: no ack yet on this stream
+    // When the standby caught up on this stream (0: not yet): only writes shipped from
+    // then on are timed (a catch-up's first ack comes a snapshot's transfer later).
+    std::uint64_t caught_up_ns = 0;
     // Standby.
     std::optional<repl::follower> following;
     std::unique_ptr<persist::standby_core> applier;
-    bool acked_once = false;
+    // The leader answered this stream's hello (a resume or a snapshot): acks may flow.
+    bool answered = false;
+    bool acked_once = false;  // on this stream
   };
 
   pipeline::node& nd;
@@ -133,12 +157,19 @@ struct replication::impl {
   sync_state sync = sync_state::alone;
   std::uint64_t sync_ticket = 0;
   std::int64_t sync_epoch = 0;
+  std::uint64_t rejoin_after_ns = 0;  // a standby dropped for late acks waits until then
+
+  // Bytes queued for one core's peer before its stream is cut (kQueuedCeiling).
+  std::size_t queued_max = kQueuedCeiling;
 
   impl(pipeline::node& n, start_as as)
       : nd(n),
         mode(as),
         ends(static_cast<std::size_t>(n.cores)),
         shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))) {
+    const std::uint64_t share = nd.memory.max() / 8 / static_cast<std::uint64_t>(n.cores);
+    queued_max =
+        static_cast<std::size_t>(std::clamp<std::uint64_t>(share, kQueuedFloor, kQueuedCeiling));
     CPU_ZERO(&process_cpus);
     have_process_cpus = ::sched_getaffinity(0, sizeof process_cpus, &process_cpus) == 0;
     std::string host;
@@ -149,6 +180,24 @@ struct replication::impl {
     lc.listen_host = host;
     lc.listen_port = port;
     lc.wake_core = [this](int c) { nd.mailbox.wake(c); };
+    lc.answer_unroutable = [this](const repl::hello& h) {
+      // A hello for a core this node lacks (another core count): refused like the
+      // others, so that the standby can say why.
+      repl::answer a;
+      a.status = repl::answer_status::refused;
+      a.epoch =
+          nd.ha != nullptr && nd.ha->serving() ? static_cast<std::uint64_t>(nd.ha->epoch()) : 0;
+      a.core = h.core;
+      if (a.epoch != 0)
+        log::warn(
+            "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol {} "
+            "(this node: {}, {} cores, protocol {})",
+            h.node, h.core, h.cluster, h.cores, h.version, nd.cfg.ha_cluster, nd.cores,
+            repl::kProtocolVersion);
+      std::string out;
+      repl::encode(out, a);
+      return out;
+    };
     lc.each_turn = [this] {
       decide_sync();
       // A core moving a child's snapshot has no event to wake it when the pipe fills.
@@ -159,9 +208,16 @@ struct replication::impl {
   }
 
   pipeline::core_state& core(int c) { return *nd.core[static_cast<std::size_t>(c)]; }
+  // Empties a buffer, giving its memory back if it grew past a batch's usual size.
+  static void release_if_big(std::string& s) {
+    if (s.capacity() > (std::size_t{1} << 20))
+      std::string().swap(s);
+    else
+      s.clear();
+  }
   void send(int c, core_end& e) {
     if (!e.out.empty()) link->at(c).send(e.stream, e.out);
-    e.out.clear();
+    release_if_big(e.out);
   }
   // Ends the stream: what else arrives on it is dropped until the link closes it.
   void close(int c, core_end& e) {
@@ -183,11 +239,19 @@ struct replication::impl {
     abort_cut(c, e);
     e.leading.reset();
     e.unacked.clear();
+    e.ack_latency_ns = 0;
     publish_unacked(c, e);
-    shared[static_cast<std::size_t>(c)].state.store(progress::none);
+    shared_core& s = shared[static_cast<std::size_t>(c)];
+    s.slow_since_ns.store(0);
+    s.slow_acks.store(0);
+    s.state.store(progress::none);
   }
 
   void on_hello(int c, core_end& e, const repl::hello& h) {
+    if (e.leading || e.cut_fd >= 0) {  // one hello per stream
+      log::warn("replication: core {}: a second hello on node {}'s stream; closing it", c, h.node);
+      return close(c, e);
+    }
     const bool leading = nd.ha != nullptr && nd.ha->serving();
     store::log_writer& log = core(c).log;
     repl::leader_view view;
@@ -199,7 +263,18 @@ struct replication::impl {
     view.end = e.retaining ? e.shipped_end : log.end();
     repl::answer a = repl::answer_hello(h, view);
     if (!leading) a.status = repl::answer_status::refused;
+    const std::uint64_t now = smp::monotonic_ns();
+    if (a.status == repl::answer_status::need_snapshot && e.last_cut_ns != 0 &&
+        now - e.last_cut_ns < kCutIntervalMs * smp::kNsPerMs) {
+      log::info(
+          "replication: core {}: node {} needs a snapshot, but this core began one {:.0f} ms ago "
+          "(at most one per {} ms): answered busy",
+          c, h.node, static_cast<double>(now - e.last_cut_ns) / smp::kNsPerMs, kCutIntervalMs);
+      a.status = repl::answer_status::busy;
+      a.lsn = 0;
+    }
     if (a.status == repl::answer_status::need_snapshot) {
+      e.last_cut_ns = now;
       a.lsn = log.end();  // the state now is the log up to its end, pending records included
       repl::encode(e.out, a);
       send(c, e);
@@ -215,7 +290,7 @@ struct replication::impl {
       if (a.status != repl::answer_status::stream) {
         // While not serving (starting, promoting) a refusal is expected: the standby
         // comes back. While serving it is a mismatch an operator must see.
-        if (leading)
+        if (leading && a.status != repl::answer_status::busy)
           log::warn(
               "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol "
               "{} (this node: {}, {} cores, protocol {})",
@@ -234,6 +309,8 @@ struct replication::impl {
                 a.lsn, e.leading->sent() - a.lsn);
     }
     e.caught_up_at = e.leading->sent();
+    e.ack_latency_ns = 0;
+    e.caught_up_ns = 0;
     e.unacked.assign(1, {e.caught_up_at, smp::monotonic_ns()});
     publish_unacked(c, e);
     shared[static_cast<std::size_t>(c)].state.store(progress::catching_up);
@@ -326,7 +403,7 @@ struct replication::impl {
   // core shipped meanwhile.
   void pump_cut(int c, core_end& e) {
     repl::channel& ch = link->at(c);
-    while (ch.queued() < kSnapshotQueuedMax) {
+    while (ch.queued() < queued_max / 2) {
       const ssize_t n = ::read(e.cut_fd, e.cut_buffer.data(), e.cut_buffer.size());
       if (n > 0) {
         ch.send(e.stream, std::string_view(e.cut_buffer.data(), static_cast<std::size_t>(n)));
@@ -384,18 +461,45 @@ struct replication::impl {
     }
     store::log_writer& log = core(c).log;
     log.replicated_until(std::min(a.lsn, log.end()));
-    while (!e.unacked.empty() && e.unacked.front().first <= a.lsn) e.unacked.pop_front();
+    std::uint64_t newest_sent = 0;  // of the newest write this ack covers
+    while (!e.unacked.empty() && e.unacked.front().first <= a.lsn) {
+      newest_sent = e.unacked.front().second;
+      e.unacked.pop_front();
+    }
+    const std::uint64_t now = smp::monotonic_ns();
+    if (e.caught_up_ns != 0 && newest_sent >= e.caught_up_ns)
+      note_ack_latency(c, e, now - newest_sent);
     publish_unacked(c, e);
-    if (a.lsn >= e.caught_up_at)
+    if (a.lsn >= e.caught_up_at && e.caught_up_ns == 0) {
+      e.caught_up_ns = now;
       shared[static_cast<std::size_t>(c)].state.store(progress::caught_up);
+    }
+  }
+
+  // The ack latency's EWMA, and since when it is above half of --sync-timeout-ms.
+  void note_ack_latency(int c, core_end& e, std::uint64_t latency_ns) {
+    const auto l = static_cast<double>(latency_ns);
+    e.ack_latency_ns = e.ack_latency_ns == 0 ? l : e.ack_latency_ns + (l - e.ack_latency_ns) / 4;
+    shared_core& s = shared[static_cast<std::size_t>(c)];
+    const double bound = static_cast<double>(nd.cfg.sync_timeout_ms) * smp::kNsPerMs / 2;
+    if (e.ack_latency_ns <= bound) {
+      s.slow_since_ns.store(0);
+      s.slow_acks.store(0);
+      return;
+    }
+    if (s.slow_since_ns.load() == 0) s.slow_since_ns.store(smp::monotonic_ns() - latency_ns);
+    s.slow_acks.fetch_add(1);
   }
 
   // --- the standby's side ------------------------------------------------------------
 
   // This core holds something from a stream (state, or the start of a snapshot): a new
-  // stream must resume where that one broke, or the node resyncs from empty.
+  // stream must resume where that one broke, or the node resyncs from empty. A core
+  // whose leader wrote nothing since its snapshot holds that state at position 0: its
+  // epoch (a serving leader's, never 0) says it followed, not its position.
   static bool has_followed(const core_end& e) {
-    return e.following && (e.following->received() > 0 || e.following->awaiting_snapshot());
+    return e.following && (e.following->received() > 0 || e.following->awaiting_snapshot() ||
+                           e.following->epoch() != 0);
   }
 
   void say_hello(int c, core_end& e) {
@@ -403,6 +507,10 @@ struct replication::impl {
     // a connection that closes unanswered (the leader died, and something else accepted
     // on its address) must leave this standby able to take over.
     if (!has_followed(e)) e.following.emplace(0, 0, static_cast<std::uint32_t>(c), 0);
+    // A new stream: nothing is acked on it before the leader answers, then the first ack
+    // says where this core stands, even at position 0 (the leader waits for it).
+    e.answered = false;
+    e.acked_once = false;
     repl::hello h;
     h.cluster = nd.cfg.ha_cluster;
     h.node = nd.cfg.ha_node;
@@ -419,22 +527,46 @@ struct replication::impl {
 
   void on_answer(int c, core_end& e, const repl::answer& a) {
     if (a.status == repl::answer_status::refused) {
-      // Not serving yet (its log says why if it is a mismatch): try again shortly.
-      log::debug("replication: the leader refused core {}'s stream for now", c);
+      // A leader that does not serve (yet: starting, promoting) refuses with epoch 0: try
+      // again shortly. A serving one refuses a mismatch, which an operator must see.
+      if (a.epoch == 0)
+        log::debug("replication: the leader refused core {}'s stream for now", c);
+      else
+        log::warn(
+            "replication: the leader (epoch {}) refused core {}'s stream: its cluster name, core "
+            "count or protocol version differs from this node's (cluster {}, {} cores, protocol "
+            "{}); its log names its own",
+            a.epoch, c, nd.cfg.ha_cluster, nd.cores, repl::kProtocolVersion);
+      return close(c, e);
+    }
+    if (a.status == repl::answer_status::busy) {
+      log::info("replication: the leader is busy cutting a snapshot for core {}: connecting again",
+                c);
+      return close(c, e);
+    }
+    if (a.status == repl::answer_status::wrong_epoch) {
+      // This node follows a newer leadership than the one that answered (a deposed
+      // leader still listening): not this node's state to drop; connect again.
+      log::warn(
+          "replication: core {}: the node at the leader's address leads an older epoch "
+          "({}) than this node follows; closing",
+          c, a.epoch);
       return close(c, e);
     }
     if (has_followed(e)) {
       if (!e.following->awaiting_snapshot() && e.following->on_answer(a)) {
         log::info("replication: core {} resumes the leader's stream at {}", c, a.lsn);
-        e.acked_once = false;  // tell the leader where it stands at once
+        e.answered = true;  // tell the leader where it stands at once
         return;
       }
       exit_to_resync(
           "the leader cannot resume this standby's stream where it broke (another leadership, "
           "or a position it no longer keeps)");
     }
-    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a))
+    if (a.status == repl::answer_status::need_snapshot && e.following->on_snapshot_answer(a)) {
+      e.answered = true;
       return;
+    }
     exit_to_resync("the leader cannot stream to this standby's position");
   }
 
@@ -480,7 +612,9 @@ struct replication::impl {
   }
 
   void ack_durable(int c, core_end& e) {
-    if (!e.following || !e.applier || e.following->awaiting_snapshot() || e.stream == 0) return;
+    if (!e.following || !e.applier || e.following->awaiting_snapshot() || e.stream == 0 ||
+        !e.answered || e.closing)
+      return;
     const std::uint64_t log_durable = e.applier->durable_lsn();
     if (log_durable == 0 && !e.applier->snapshot_durable()) return;
     const std::uint64_t durable = std::min(log_durable, e.following->received());
@@ -524,9 +658,17 @@ struct replication::impl {
 
   void poll(int c) {
     core_end& e = ends[static_cast<std::size_t>(c)];
-    e.in.clear();
+    release_if_big(e.in);
     const std::uint64_t stream = link->at(c).take(e.in);
     if (stream != e.stream) {
+      if (mode.load() == start_as::standby && e.stream != 0 && !e.closing) {
+        // What the leader said last on the stream that ended (a refusal) is heard.
+        std::string last;
+        if (link->at(c).take_last(last) == e.stream && !last.empty()) {
+          e.decoder.feed(last);
+          handle(c, e);
+        }
+      }
       e.stream = stream;
       e.closing = false;
       e.decoder = repl::decoder{};
@@ -605,9 +747,12 @@ struct replication::impl {
     }
     e.unacked.emplace_back(end, smp::monotonic_ns());
     publish_unacked(c, e);
-    if (link->at(c).queued() + e.held.size() > kQueuedBytesMax) {
-      log::warn("replication: core {}: the standby is {} bytes behind; closing its stream", c,
-                link->at(c).queued());
+    if (link->at(c).queued() + e.held.size() > queued_max) {
+      log::warn(
+          "replication: core {}: {} bytes queued for the standby (at most {}): it does not read "
+          "fast enough; closing its stream",
+          c, link->at(c).queued() + e.held.size(), queued_max);
+      abort_cut(c, e);  // frees what was held for it
       close(c, e);
     }
   }
@@ -630,6 +775,19 @@ struct replication::impl {
       if (in_set && s.state.load() != progress::caught_up) return true;
       const std::uint64_t oldest = s.oldest_unacked_ns.load(std::memory_order_relaxed);
       if (oldest != 0 && now > oldest && now - oldest > bound) return true;
+    }
+    return false;
+  }
+
+  // A core whose standby has acked late on average for long enough (kSlowAcksMin).
+  bool slow() const {
+    const std::uint64_t now = smp::monotonic_ns();
+    const std::uint64_t window = 4 * std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs;
+    for (int c = 0; c < nd.cores; ++c) {
+      const shared_core& s = shared[static_cast<std::size_t>(c)];
+      const std::uint64_t since = s.slow_since_ns.load();
+      if (since != 0 && now > since && now - since >= window && s.slow_acks.load() >= kSlowAcksMin)
+        return true;
     }
     return false;
   }
@@ -665,7 +823,7 @@ struct replication::impl {
         if (lagging(false)) {
           log::warn("replication: a standby catching up went silent; closing its streams");
           close_all();
-        } else if (all(progress::caught_up)) {
+        } else if (all(progress::caught_up) && smp::monotonic_ns() >= rejoin_after_ns) {
           set_require(true);  // into the ack set first
           sync = sync_state::requiring;
         }
@@ -689,10 +847,19 @@ struct replication::impl {
         return;
       }
       case sync_state::publishing:
-      case sync_state::in_sync:
-        if (lagging(true)) {
+      case sync_state::in_sync: {
+        const bool late = !lagging(true) && slow();
+        if (late) {
+          rejoin_after_ns = smp::monotonic_ns() + kSlowRejoinMs * smp::kNsPerMs;
+          log::warn(
+              "replication: the standby acknowledges late (on average over half of "
+              "--sync-timeout-ms {} for {} ms): /sync first, then alone; it may rejoin in {} ms",
+              nd.cfg.sync_timeout_ms, 4 * std::uint64_t{nd.cfg.sync_timeout_ms}, kSlowRejoinMs);
+        }
+        if (late || lagging(true)) {
           close_all();
-          log::warn("replication: the standby stopped acknowledging: /sync first, then alone");
+          if (!late)
+            log::warn("replication: the standby stopped acknowledging: /sync first, then alone");
           sync_ticket = control->request_sync({});
           sync = sync_state::dropping;
           nd.repl.drops.fetch_add(1);
@@ -701,6 +868,7 @@ struct replication::impl {
           sync = sync_state::in_sync;
         }
         return;
+      }
       case sync_state::dropping:
         if (!nd.ha->sync_written(sync_ticket)) return;  // until /sync no longer names it
         set_require(false);

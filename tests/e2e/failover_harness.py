@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -270,6 +271,172 @@ class Blackhole:
         self.server.close()
         for link in links:
             self._close(link)
+
+
+class Delayer:
+    """A TCP forwarder 127.0.0.1:<port> -> target that holds every byte the client sends
+    for `delay` seconds before forwarding it (the other way goes at once): a standby
+    whose acks arrive late, as on a slow disk or link, with nothing lost."""
+
+    def __init__(self, target_host, target_port, delay):
+        self.target = (target_host, target_port)
+        self.delay = delay
+        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.port = self.server.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.socks = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+                target = socket.create_connection(self.target, timeout=2)
+                target.settimeout(None)
+            except OSError:
+                if self.closed:
+                    return
+                continue
+            self.socks += [client, target]
+            held = collections.deque()
+            ready = threading.Condition()
+            threading.Thread(target=self._read_up, args=(client, target, held, ready),
+                             daemon=True).start()
+            threading.Thread(target=self._send_up, args=(client, target, held, ready),
+                             daemon=True).start()
+            threading.Thread(target=self._down, args=(target, client), daemon=True).start()
+
+    @staticmethod
+    def _end(*socks):
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _read_up(self, client, target, held, ready):
+        while True:
+            try:
+                data = client.recv(65536)
+            except OSError:
+                data = b""
+            with ready:
+                held.append((time.monotonic() + self.delay, data))
+                ready.notify()
+            if not data:
+                return
+
+    def _send_up(self, client, target, held, ready):
+        while True:
+            with ready:
+                while not held:
+                    ready.wait()
+                due, data = held.popleft()
+            time.sleep(max(0.0, due - time.monotonic()))
+            if not data:
+                return self._end(client, target)
+            try:
+                target.sendall(data)
+            except OSError:
+                return self._end(client, target)
+
+    def _down(self, target, client):
+        while True:
+            try:
+                data = target.recv(65536)
+                if data:
+                    client.sendall(data)
+                    continue
+            except OSError:
+                pass
+            return self._end(client, target)
+
+    def close(self):
+        self.closed = True
+        self.server.close()
+        self._end(*self.socks)
+
+
+# --- the replication protocol, enough for a hostile peer (src/repl/protocol.hpp) ---------
+
+def _crc32c_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def repl_message(body):
+    return struct.pack("<II", len(body), crc32c(body)) + body
+
+
+def repl_hello(cluster, node, cores, core, epoch=0, generation=0, lsn=0, version=1):
+    """A standby's hello for one core (type 1)."""
+    c, n = cluster.encode(), node.encode()
+    body = (bytes([1]) + struct.pack("<H", version) + bytes([len(c)]) + c + bytes([len(n)]) + n
+            + struct.pack("<QQIIQ", epoch, generation, cores, core, lsn))
+    return repl_message(body)
+
+
+ANSWER_STATUS = {1: "stream", 2: "need_snapshot", 3: "wrong_epoch", 4: "refused", 5: "busy"}
+
+
+def repl_answers(data):
+    """The answers (status name, epoch, core) at the start of what a leader sent."""
+    out = []
+    while len(data) >= 8:
+        length, _ = struct.unpack_from("<II", data)
+        body = data[8:8 + length]
+        if len(body) < length:
+            break
+        if body[0] == 2:
+            status, epoch, _, core, _ = struct.unpack_from("<BQQIQ", body, 1)
+            out.append((ANSWER_STATUS.get(status, status), epoch, core))
+        data = data[8 + length:]
+    return out
+
+
+def read_until_closed(sock, timeout=3.0):
+    """(bytes read, True if the peer ended the connection within `timeout`)."""
+    sock.settimeout(0.05)
+    got = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            return got, True
+        if not data:
+            return got, True
+        got += data
+    return got, False
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 class Cluster:
@@ -824,15 +991,23 @@ class FailoverCase(HaCase):
     # fdatasync can stall past the default 500 ms, so they give the standby 3 s. Case e
     # (the drop) keeps the default.
     sync_timeout_ms = 3000
+    # More flags for every node of a test (set in the test before pair()).
+    node_flags = ()
 
-    def node(self, node_id, cuttable=False):
+    def node(self, node_id, cuttable=False, ack_delay=None, flags=()):
         """A node of this test's cluster. cuttable: its etcd traffic and the streams to
         its --repl-listen go through Blackholes (n.etcd_link, n.repl_link), so that
         cut(n) can partition it from etcd and from the other node while clients still
-        reach its HTTP port."""
-        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms)]
+        reach its HTTP port. ack_delay: its standbys reach its --repl-listen through a
+        Delayer holding what they send that many seconds (late acks). flags: more
+        command-line flags for this node."""
+        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms), *self.node_flags, *flags]
         etcd_url, repl_port = self.etcd.url, free_port()
         links = None
+        if ack_delay is not None:  # its standbys reach it through a Delayer
+            delayer = Delayer("127.0.0.1", repl_port, ack_delay)
+            self.addCleanup(delayer.close)
+            extra += ["--repl-advertise", delayer.address]
         if cuttable:
             at = urllib.parse.urlsplit(self.etcd.url.split(",")[0])
             links = (Blackhole(at.hostname, at.port), Blackhole("127.0.0.1", repl_port))

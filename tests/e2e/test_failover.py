@@ -27,6 +27,18 @@ Checks:
      resumed, the standby exits 75 or rejoins (restarted, it rejoins /sync); stopped
      again and dropped, a kill -9 of the leader does NOT make it serve: only a standby
      listed in /sync may take over.
+  g. issue 30 finding 4: a standby paused (SIGSTOP) past --sync-timeout-ms under writes
+     while one leader core writes nothing (--directory-cores 1, rank 0) is dropped, and
+     is back in /sync within 5 s of SIGCONT with no exit 75; hf3fs_metad_repl_in_sync
+     follows it on the leader.
+  h-k. issue 30, hostile or broken peers of --repl-listen (findings 10, 6, 3b, 3): a
+     refused hello's answer is delivered before the stream closes (a standby with
+     another --threads logs why); hello-then-close in a loop forks at most one cut per
+     core per 2 s (the rest are answered busy); a peer that never reads is cut at the
+     per-core queue bound and the memory is given back; a standby whose acks come 400
+     ms late under --sync-timeout-ms 500 is dropped from /sync and writes go fast again.
+  l. a standby whose catch-up (2^19 bindings) took long on an idle leader is not taken
+     for a late one when writes begin (only writes shipped once it caught up are timed).
   f. T6: a leader holding 2^20 bindings on one rank (one core's state) and a writer on
      that rank; an empty standby b starts, its state is cut by a child process the
      leader's core forks while the writer goes on, b joins /sync (time, bytes sent and
@@ -37,18 +49,22 @@ Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 etcd). The long run (T1 x N through HAProxy) is scripts/ha-failover.sh.
 """
 
+import collections
 import os
 import re
 import signal
+import socket
 import sys
 import time
 import unittest
 
 
 from failover_harness import (EXIT_DIVERGED, NUM_PAGES, REPL, WHY, Diverged, FailoverCase,
-                              Ledger, Supervisor, Writer, fill, fill_key, initialize, ready,
+                              Ledger, Supervisor, Writer, fill, fill_key, initialize,
+                              read_until_closed, ready, repl_answers, repl_hello, rss_bytes,
                               takeover_any, wait_until)
 from metad_harness import Client, keys
+from test_monitoring import HA_SERIES
 
 # T6 at the issue's size; CATCH_UP_BINDINGS=N for another.
 CATCH_UP_BINDINGS = int(os.environ.get("CATCH_UP_BINDINGS", str(1 << 20)))
@@ -179,6 +195,203 @@ class FailoverTest(FailoverCase):
         self.assertFalse(ready(b.base_url), "a standby not in /sync took over")
         self.assertIsNone(self.cluster_keys.leader()[0])
         self.assertTrue(b.alive() or b.exit_code() == EXIT_DIVERGED, b.log(20))
+
+    def test_g_a_standby_paused_while_a_leader_core_is_idle_rejoins_sync(self):
+        # Issue 30 finding 4: --directory-cores 1 and rank 0 keep every write on core 0;
+        # core 1 never writes, so the standby's core 1 holds the leader's state at
+        # position 0. Paused past --sync-timeout-ms under writes, the standby is dropped;
+        # resumed, each core resumes its stream (core 1 at 0) and the standby must be
+        # back in /sync within a few seconds, with no exit 75.
+        self.sync_timeout_ms = 500
+        self.node_flags = ("--directory-cores", "1")
+        a, b = self.pair()
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        writer = Writer(a.base_url, 0, ledger, "g")
+        writer.start()
+        self.addCleanup(writer.join, 10)
+        self.addCleanup(writer.stop)
+        self.assertTrue(wait_until(lambda: ledger.bound_count() >= 200, 20))
+        self.assertTrue(self.cluster_keys.in_sync("b", "a"))
+        scrape = a.metrics()
+        self.assertIn("hf3fs_metad_repl_in_sync 1", scrape)
+        for name in HA_SERIES:  # what the alert rules name beyond a plain server's scrape
+            self.assertIn(f"\n# TYPE {name} ", scrape)
+
+        b.proc.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: b.alive() and b.proc.send_signal(signal.SIGCONT))
+        self.assertTrue(wait_until(lambda: not self.cluster_keys.in_sync("b", "a"), 5, 0.005),
+                        a.log(20))
+        time.sleep(1.5)
+        self.assertIn("hf3fs_metad_repl_in_sync 0", a.metrics())
+        resumed = time.monotonic()
+        b.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(wait_until(lambda: self.cluster_keys.in_sync("b", "a")
+                                   or not b.alive(), 5, 0.02),
+                        f"b not back in /sync 5 s after SIGCONT: {self.cluster_keys.sync()}"
+                        f"\nb:\n{b.log(30)}\na:\n{a.log(30)}")
+        self.assertTrue(b.alive(), f"b exited {b.exit_code()}:\n{b.log(30)}")
+        sys.stderr.write(f"\n  b back in /sync {(time.monotonic() - resumed) * 1000:.0f} ms "
+                         f"after SIGCONT\n")
+        self.assertTrue(wait_until(lambda: "hf3fs_metad_repl_in_sync 1" in a.metrics(), 2))
+        self.assertTrue(writer.is_alive(), f"the writer stopped: {writer.stopped_by}")
+        writer.stop()
+        writer.join(10)
+        self.assertEqual(ledger.problems, [])
+
+    # --- issue 30: hostile or broken peers of --repl-listen ------------------------------
+
+    def leader_alone(self, *flags):
+        a = self.started(self.node("a", flags=flags))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        return a
+
+    def raw_stream(self, node):
+        s = socket.create_connection(("127.0.0.1", node.repl_port), timeout=2)
+        self.addCleanup(s.close)
+        return s
+
+    def test_h_a_refused_hello_is_delivered_before_the_stream_closes(self):
+        # Finding 10: a hello with another core count is refused; the answer reaches the
+        # peer before the end of the stream (it used to be dropped with the outbox), and a
+        # real standby with another --threads logs why.
+        a = self.leader_alone()
+        for round in range(5):
+            s = self.raw_stream(a)
+            s.sendall(repl_hello(self.cluster, "x", cores=3, core=0))
+            got, ended = read_until_closed(s)
+            self.assertTrue(ended, "the refused stream was not closed")
+            answers = repl_answers(got)
+            self.assertEqual(len(answers), 1, f"round {round}: {len(got)} bytes, no answer")
+            self.assertEqual(answers[0][0], "refused")
+            self.assertGreater(answers[0][1], 0)  # a serving leader's epoch
+        b = self.started(self.node("b", flags=("--threads", "3")))
+        self.assertTrue(wait_until(lambda: any("refused core" in line for line in b.lines), 5),
+                        b.log(20))
+        self.assertIn("3 cores", "\n".join(b.lines))
+
+    def test_i_hellos_in_a_loop_fork_at_most_one_cut_per_core_per_interval(self):
+        # Finding 6: hello-then-close in a loop; each hello needing a snapshot used to
+        # fork a cut. At most one per core per 2 s now; the others are answered busy.
+        a = self.leader_alone()
+        began = time.monotonic()
+        statuses = collections.Counter()
+        while time.monotonic() - began < 3.0:
+            s = socket.create_connection(("127.0.0.1", a.repl_port), timeout=2)
+            s.sendall(repl_hello(self.cluster, "x", cores=2, core=0))
+            s.settimeout(1.0)
+            try:
+                answers = repl_answers(s.recv(4096))
+            except OSError:
+                answers = []
+            statuses.update(x[0] for x in answers)
+            s.close()
+        time.sleep(0.2)
+        forks = sum("forked" in line for line in a.lines)
+        sys.stderr.write(f"\n  3 s of hello-then-close: {forks} cuts; answers {dict(statuses)}\n")
+        self.assertGreaterEqual(forks, 1)
+        self.assertLessEqual(forks, 2, a.log(10))
+        self.assertGreater(statuses["busy"], 0)
+        self.assertTrue(ready(a.base_url))
+
+    def test_j_a_peer_that_never_reads_is_cut_at_the_queue_bound_and_freed(self):
+        # Finding 3b: hellos on both cores, then nothing read. What is queued for it is
+        # bounded (--memory-max 256MiB over 2 cores: the 32 MiB floor a core), the stream is closed
+        # there, and the memory is given back.
+        a = self.leader_alone("--memory-max", "256MiB")
+        self.assertEqual(initialize(a.base_url, 0, 1 << 21).status_code, 200)
+        c = Client(a.base_url)
+        self.addCleanup(c.close)
+        socks = []
+        for core in range(2):
+            s = self.raw_stream(a)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(repl_hello(self.cluster, "x", cores=2, core=core))
+            socks.append(s)
+        closed = lambda: any("does not read fast enough" in line for line in a.lines)
+        peak, n = 0, 0
+        began = time.monotonic()
+        while not closed() and time.monotonic() - began < 60:
+            ks = keys(8192, f"flood-{n}")
+            n += 1
+            answer = c.batch_allocate(0, ks)
+            self.assertEqual(answer.status_code, 200, answer.text[:200])
+            self.assertEqual(c.confirm_write(0, answer.json()["results"]).status_code, 204)
+            peak = max(peak, rss_bytes(a.proc.pid))
+        self.assertTrue(closed(), f"{n} batches of 8192 keys and no stream cut; RSS "
+                        f"{peak >> 20} MiB\n{a.log(10)}")
+        line = next(line for line in a.lines if "does not read fast enough" in line)
+        self.assertIn("at most 33554432", line)
+        time.sleep(0.5)
+        after = rss_bytes(a.proc.pid)
+        sys.stderr.write(f"\n  never-reading peer cut after {n} batches; RSS peak "
+                         f"{peak >> 20} MiB, {after >> 20} MiB after the cut\n")
+        self.assertLess(after, peak - (8 << 20), "the queue's memory was not given back")
+        self.assertTrue(ready(a.base_url))
+
+    def test_k_a_standby_acking_late_is_dropped_and_writes_go_fast_again(self):
+        # Finding 3: every ack of b reaches a 400 ms late (a Delayer in front of a's
+        # --repl-listen), under --sync-timeout-ms 500: never silent 500 ms, so it used
+        # to stay in /sync with every write waiting ~1 s. Its average ack latency over
+        # 250 ms (half the timeout) for 2 s (4 x the timeout) drops it.
+        self.sync_timeout_ms = 500
+        a = self.started(self.node("a", ack_delay=0.4))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        b = self.started(self.node("b"))
+        self.wait_in_sync(b, a, timeout=15)
+        self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
+        ledger = Ledger()
+        ws = [Writer(a.base_url, 0, ledger, f"k-{i}") for i in range(4)]
+        t0 = time.monotonic()
+        for w in ws:
+            w.start()
+            self.addCleanup(w.join, 10)
+            self.addCleanup(w.stop)
+        self.assertTrue(wait_until(lambda: not self.cluster_keys.in_sync("b", "a"), 8, 0.01),
+                        f"the late standby is still in /sync 8 s into the writes\n{a.log(20)}")
+        dropped_s = time.monotonic() - t0
+        self.assertTrue(any("acknowledges late" in line for line in a.lines), a.log(20))
+        before = ledger.bound_count()
+        time.sleep(2.0)
+        done = ledger.bound_count() - before
+        sys.stderr.write(f"\n  late standby dropped {dropped_s * 1000:.0f} ms into the writes; "
+                         f"then {done} keys bound in 2 s by 4 writers\n")
+        self.assertGreater(done, 400)  # it was ~30 tasks in 8 s while b stayed
+        self.assertFalse(self.cluster_keys.in_sync("b", "a"))  # not back before 30 s
+        for w in ws:
+            w.stop()
+        for w in ws:
+            w.join(10)
+        self.assertEqual(ledger.problems, [])
+
+    def test_l_a_standby_that_caught_up_slowly_on_an_idle_leader_is_not_taken_for_late(self):
+        # Finding 3's bound times only writes shipped once the standby caught up: the
+        # first ack after a snapshot of 2^19 bindings on an idle leader (its transfer
+        # took ~1 s) is not an ack latency, and must not get the standby dropped when
+        # writes begin.
+        self.sync_timeout_ms = 500
+        a = self.leader_alone()
+        self.assertEqual(initialize(a.base_url, 0, 1 << 20).status_code, 200)
+        c = Client(a.base_url)
+        self.addCleanup(c.close)
+        for n in range((1 << 19) // 8192):
+            answer = c.batch_allocate(0, keys(8192, f"bulk-{n}"))
+            self.assertEqual(answer.status_code, 200, answer.text[:200])
+            self.assertEqual(c.confirm_write(0, answer.json()["results"]).status_code, 204)
+        b = self.started(self.node("b"))
+        self.wait_in_sync(b, a, timeout=30)
+        ledger = Ledger()
+        writer = Writer(a.base_url, 0, ledger, "l")
+        writer.start()
+        self.addCleanup(writer.join, 10)
+        self.addCleanup(writer.stop)
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            self.assertTrue(self.cluster_keys.in_sync("b", "a"),
+                            f"b dropped once writes began\n{a.log(20)}")
+            time.sleep(0.05)
+        self.assertGreater(ledger.bound_count(), 100)
+        self.assertFalse(any("acknowledges late" in line for line in a.lines), a.log(20))
 
     def test_f_an_empty_standby_catches_up_a_million_bindings_under_a_writer(self):
         a = self.started(self.node("a"))

@@ -38,7 +38,9 @@ HAPROXY_CFG = os.path.join(DEPLOY, "haproxy", "hf3fs-metad.cfg")
 PROMETHEUS_SERIES = {"up"}
 # Exported only by a node with --ha-etcd (this suite's server has none): test_failover
 # reads them from real HA nodes.
-HA_SERIES = {"hf3fs_metad_ha_role"}
+# Exported only with --ha-etcd (and --repl-listen): test_failover's case g checks them
+# against a replicated leader's scrape.
+HA_SERIES = {"hf3fs_metad_ha_role", "hf3fs_metad_ha_serving", "hf3fs_metad_repl_in_sync"}
 
 
 # --- PromQL: the metric names an expression selects ----------------------------------

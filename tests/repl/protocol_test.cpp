@@ -192,6 +192,28 @@ std::string sealed(std::string body) {
   return out + body;
 }
 
+// Every answer status, busy (a snapshot the leader's core cannot cut yet) included,
+// decodes as itself; the one past busy does not (WellSealedNonsenseIsRefused: 9).
+TEST(ReplProtocol, EveryAnswerStatusRoundTrips) {
+  for (const auto status : {repl::answer_status::stream, repl::answer_status::need_snapshot,
+                            repl::answer_status::wrong_epoch, repl::answer_status::refused,
+                            repl::answer_status::busy}) {
+    std::string out;
+    repl::encode(out, repl::answer{status, 7, 2, 1, 0});
+    decoder d;
+    d.feed(out);
+    ASSERT_EQ(d.next(), decoder::status::message);
+    EXPECT_EQ(d.answer.status, status);
+  }
+  std::string out;
+  repl::encode(out, repl::answer{repl::answer_status::busy, 7, 2, 1, 0});
+  std::string body = out.substr(8);
+  body[1] = '\x06';
+  decoder d;
+  d.feed(sealed(body));
+  EXPECT_EQ(d.next(), decoder::status::bad_message);
+}
+
 TEST(ReplProtocol, WellSealedNonsenseIsRefused) {
   std::string ack;
   repl::encode(ack, repl::ack{7, 2, 3, 99});
