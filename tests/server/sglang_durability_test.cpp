@@ -1,7 +1,8 @@
 // SGLang pools in the data directory: a restart (with the same or another core count,
 // after a snapshot cut, after a vLLM /clear, after expiries) gives back every pool
 // exactly: the same free stack order, bindings, LRU order, reservations and release
-// quarantines, so that the next calls answer as on a server that never stopped.
+// quarantines, so that the next calls answer as on a server that never stopped. A
+// request whose records the journal refuses changes nothing.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -311,6 +312,29 @@ TEST_P(SglangDurability, QuarantinesEndOnTheFirstTickWhenRestartedWithoutOne) {
   sim_node n(quarantine_config(dir_, 1u << 30, 0), GetParam());
   EXPECT_EQ(sg_reserve(n, R"("f","g")"), R"({"indices":[[false,0],[false,-1]]})");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
+}
+
+// A journal that refuses the request's records (a failed write still queued): the
+// request answers 503 and changes nothing, its reservation included (review row #13).
+TEST_P(SglangDurability, ARequestWhoseRecordsTheJournalRefusesChangesNothing) {
+  sim_node n(config(dir_, 1u << 30), GetParam());
+  EXPECT_EQ(n.post("/0/initialize", R"({"num_pages":2})"), "");
+  n.fail_sync = true;
+  const std::string unavailable =
+      R"({"detail":"Storage unavailable: the data directory cannot be written (disk full or )"
+      R"(I/O error); nothing was changed or acknowledged, reads still work"})";
+  // Applied and logged, but not synced: 503 (the log holds it, the retry below writes it).
+  EXPECT_EQ(sg_reserve(n, R"("a")"), unavailable);
+  // The failed bytes are still queued: the journal refuses more, before any change.
+  EXPECT_EQ(sg_reserve(n, R"("b")"), unavailable);
+  EXPECT_EQ(n.post("/0/confirm_write", R"({"written_keys_to_confirm":[["a",1]]})"), unavailable);
+  n.fail_sync = false;
+  n.tick();  // the failed bytes are written
+  EXPECT_NE(n.get("/stats").find(R"("num_pages":2,"free":1,"in_flight":1,"bound":0)"),
+            std::string::npos)
+      << n.get("/stats");
+  EXPECT_EQ(n.post("/0/exists", R"({"keys":["a","b"]})"), R"({"exists":[false,false]})");
+  EXPECT_EQ(sg_reserve(n, R"("c")"), R"({"indices":[[false,0]]})");
 }
 
 }  // namespace
