@@ -65,9 +65,11 @@ metadata server; same HTTP API, default port 18000).
   --reservation-ttl S       a page reserved by batch_allocate and neither confirmed nor
                             released within S seconds returns to the pool (default 600;
                             0: never)
-  --release-quarantine-ms N a page released by confirm_write goes to another key only N
-                            ms later, unless no other page is free, so that a replayed
-                            release cannot free it (default 5000; 0: at once)
+  --release-quarantine-ms N a page released by confirm_write (vLLM's or SGLang's) goes
+                            to another key only N ms later, unless no other page is
+                            free (SGLang: nor evictable), so that a replayed release
+                            cannot free it (default 5000; 0: at once, SGLang's pages in
+                            the reference's order)
   --eviction none|lru       lru: a full rank evicts the least recently used complete keys
                             (on every rank) to serve an allocation (default none: -1)
   --read-lease-ms N         keys whose pages get_locations returned are not evicted or

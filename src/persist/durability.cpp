@@ -215,6 +215,7 @@ void recover(node& nd, const before_commit_fn& before_commit, bool discard) {
         c < sum.reusable_snapshots.size())
       sum.reusable_snapshots[c].clear();
     core->ranks.restart_quarantines(quarantine_until);
+    pipeline::restart_sg_quarantines(nd, *core);
   }
   if (before_commit && before_commit(nd, dir)) sum.reusable_snapshots.clear();
 

@@ -105,6 +105,9 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::sg_get:
     case store::record_kind::sg_expire:
     case store::record_kind::sg_snapshot_pool:
+    case store::record_kind::sg_confirm_quarantined:
+    case store::record_kind::sg_quarantine_end:
+    case store::record_kind::sg_snapshot_quarantine:
       if (std::string e = apply_sg_record(cl_, *cl_.core[core_], r); !e.empty())
         throw std::runtime_error("log replay: " + e);
       break;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "persist/replayer.hpp"
 #include "pipeline/sglang_journal.hpp"
 
 namespace metad::persist {
@@ -67,14 +68,26 @@ std::string apply_sg_record(node& nd, core_state& core, const store::record& r) 
       pool->reserve(r.keys, r.now, slots);
       return {};
     }
-    case store::record_kind::sg_confirm: {
+    case store::record_kind::sg_confirm:
+    case store::record_kind::sg_confirm_quarantined: {
       std::string detail;
       shard::sglang_confirm_stats st;
-      if (pool->confirm(r.keys, r.pages, r.releases, r.now, detail, st) !=
+      // A quarantine's end is a record of its own: until then its time does not matter.
+      const std::uint64_t until =
+          r.kind == store::record_kind::sg_confirm ? 0 : kQuarantinedUntilLogged;
+      if (pool->confirm(r.keys, r.pages, r.releases, r.now, detail, st, until) !=
           shard::sglang_confirm_outcome::ok)
         return where() + ": a logged confirm_write no longer applies: " + detail;
       return {};
     }
+    case store::record_kind::sg_quarantine_end:
+      if (!pool->end_quarantine(r.releases))
+        return where() + ": the end of a quarantine no longer applies";
+      return {};
+    case store::record_kind::sg_snapshot_quarantine:
+      if (!pool->restore_quarantine(r.releases, kQuarantinedUntilLogged))
+        return where() + ": its snapshot's quarantined pages cannot be restored";
+      return {};
     case store::record_kind::sg_delete:
       pool->delete_keys(r.keys);
       return {};

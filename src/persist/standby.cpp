@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "metad/assert.hpp"
+#include "pipeline/sglang_journal.hpp"
 #include "store/record.hpp"
 
 namespace metad::persist {
@@ -56,6 +57,7 @@ void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_cor
   std::uint64_t keys = 0;
   for (auto& core : nd.core) {
     core->ranks.restart_quarantines(quarantine_until);
+    pipeline::restart_sg_quarantines(nd, *core);
     core->publish_incomplete();
     keys += core->directory.size();
   }

@@ -32,8 +32,9 @@ endpoint_task run_sglang(connection& x);
 void collect_sg_pools(const core_state& core, scratch& s);
 void append_sg_stats(std::string& out, scratch& s);
 void render_sg_metrics(std::string& out, scratch& s);
-// On core `core`'s thread, every loop tick: ends SGLang reservations past their
-// deadline (--reservation-ttl). Returns how many.
+// On core `core`'s thread, every loop tick: ends the SGLang release quarantines that are
+// due (--release-quarantine-ms) and reservations past their deadline (--reservation-ttl),
+// each logged. Returns how many pages that freed.
 std::size_t expire_sg_due(node& nd, core_state& core);
 
 }  // namespace metad::pipeline

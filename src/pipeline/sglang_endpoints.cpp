@@ -116,10 +116,17 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
     case sg_op::confirm: {
       const api::sg_confirm_cmd& cmd = s.sg_confirm;
       shard::sglang_confirm_stats st;
-      if (pool.confirm(cmd.keys.views(), cmd.pages, cmd.releases, now, s.detail, st) ==
-          shard::sglang_confirm_outcome::bad_request)
+      // Released pages sit out --release-quarantine-ms (0: free at once, the reference's
+      // order), so that a replay of this request cannot free another writer's page.
+      const std::uint64_t quarantine_until =
+          nd.cfg.release_quarantine_ms == 0 || cmd.releases.empty()
+              ? 0
+              : now + std::uint64_t{nd.cfg.release_quarantine_ms} * smp::kNsPerMs;
+      if (pool.confirm(cmd.keys.views(), cmd.pages, cmd.releases, now, s.detail, st,
+                       quarantine_until) == shard::sglang_confirm_outcome::bad_request)
         return sg_answer::bad_request;
-      journal.sg_confirm(name, now, cmd.keys.views(), cmd.pages, cmd.releases);
+      journal.sg_confirm(name, now, cmd.keys.views(), cmd.pages, cmd.releases,
+                         quarantine_until != 0);
       core.sg_counters.skipped += st.skipped + st.stale;
       core.sg_counters.release_refused += st.release_refused;
       core.sg_counters.expired += st.expired;
@@ -231,18 +238,35 @@ endpoint_task run_sglang(connection& x) {
 }
 
 std::size_t expire_sg_due(node& nd, core_state& core) {
-  if (nd.cfg.reservation_ttl_ms == 0 || core.sg_tenants.empty()) return 0;
-  std::size_t pools = 0;
-  for (const auto& entry : core.sg_tenants) pools += entry.second.size();
-  // One record per pool at most; without room, nothing expires this tick.
-  if (!core.journal.reserve(256 * pools + 64 * core.sg_tenants.size())) return 0;
+  if (core.sg_tenants.empty()) return 0;
+  std::size_t pools = 0, quarantined = 0;
+  for (const auto& entry : core.sg_tenants) {
+    entry.second.for_each([&](std::int64_t, std::string_view, const shard::sglang_pool& pool) {
+      ++pools;
+      quarantined += pool.quarantined();
+    });
+  }
+  const bool expiring = nd.cfg.reservation_ttl_ms != 0;
+  if (!expiring && quarantined == 0) return 0;
+  // One record of each kind per pool at most (8 bytes per page ending its quarantine);
+  // without room, nothing changes this tick.
+  if (!core.journal.reserve(512 * pools + 8 * quarantined + 64 * core.sg_tenants.size())) return 0;
   const std::uint64_t now = sg_now(nd, core);
-  std::size_t expired = 0;
+  std::size_t expired = 0, ended = 0;
+  std::vector<std::int64_t> pages;
   for (auto& [tenant, registry] : core.sg_tenants) {
     const std::string_view name = tenant;
     shard::sglang_pools& pools_of = registry;
     registry.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool&) {
       shard::sglang_pool* pool = pools_of.find(rank, ns);
+      if (pool->quarantined() > 0) {
+        pages.clear();
+        if (const std::size_t n = pool->end_quarantines(now, &pages); n > 0) {
+          ended += n;
+          core.journal.sg_quarantine_end({name, rank, ns}, now, pages);
+        }
+      }
+      if (!expiring) return;
       if (const std::size_t n = pool->expire(now); n > 0) {
         expired += n;
         core.journal.sg_expire({name, rank, ns}, now);
@@ -250,7 +274,18 @@ std::size_t expire_sg_due(node& nd, core_state& core) {
     });
   }
   core.sg_counters.expired += expired;
-  return expired;
+  return expired + ended;
+}
+
+void restart_sg_quarantines(node& nd, core_state& core) {
+  const std::uint64_t until =
+      sg_now(nd, core) + std::uint64_t{nd.cfg.release_quarantine_ms} * smp::kNsPerMs;
+  for (auto& entry : core.sg_tenants) {
+    shard::sglang_pools& pools_of = entry.second;
+    entry.second.for_each([&](std::int64_t rank, std::string_view ns, const shard::sglang_pool&) {
+      pools_of.find(rank, ns)->restart_quarantines(until);
+    });
+  }
 }
 
 std::uint64_t sg_now(node& nd, core_state& core) {
@@ -261,10 +296,11 @@ std::uint64_t sg_now(node& nd, core_state& core) {
 
 namespace {
 
-// Writes an sg_snapshot_pool record per pool of the core into sink().
+// Writes an sg_snapshot_pool record per pool of the core into sink(), each followed by
+// an sg_snapshot_quarantine record when the pool has quarantined pages.
 template <class Sink>
 void write_sg_pools(const core_state& core, Sink&& sink) {
-  std::vector<std::int64_t> free, bound_pages;
+  std::vector<std::int64_t> free, bound_pages, quarantined;
   std::vector<std::string_view> bound_keys;
   std::vector<store::sg_flight> flights;
   for (const auto& entry : core.sg_tenants) {
@@ -283,6 +319,9 @@ void write_sg_pools(const core_state& core, Sink&& sink) {
       for (const auto& f : image.reserved) flights.push_back({f.page, f.key, f.epoch, f.deadline});
       store::append_sg_snapshot_pool(sink(), {name, rank, ns}, core.sg_last_now, image.num_pages,
                                      image.epoch, free, bound_keys, bound_pages, flights);
+      if (image.quarantined.empty()) return;
+      quarantined.assign(image.quarantined.begin(), image.quarantined.end());
+      store::append_sg_snapshot_quarantine(sink(), {name, rank, ns}, quarantined);
     });
   }
 }

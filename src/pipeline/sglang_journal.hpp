@@ -20,5 +20,10 @@ void append_sg_snapshot(std::string& bytes, const core_state& core);
 // The same into the core's journal (after a vLLM /clear record, which voids what came
 // before it in the log).
 void log_sg_pools(core_state& core);
+// After recovery or a promotion, when the quarantines replayed from the log have no time
+// of their own: every SGLang quarantine of the core lasts --release-quarantine-ms again
+// from now (a client may retry across a restart or a failover); with 0, it ends on the
+// next tick, which logs it.
+void restart_sg_quarantines(node& nd, core_state& core);
 
 }  // namespace metad::pipeline

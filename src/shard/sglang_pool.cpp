@@ -34,12 +34,15 @@ sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
   free_nodes_ = std::exchange(other.free_nodes_, 0);
   owners_ = std::exchange(other.owners_, page_owners<owner>{});
   expiry_ = std::move(other.expiry_);
+  quarantine_ = std::move(other.quarantine_);
+  in_quarantine_ = std::exchange(other.in_quarantine_, page_owners<std::uint8_t>{});
   serial_ = other.serial_;
   epoch_ = other.epoch_;
   stamp_ = other.stamp_;
   other.pages_ = page_pool{};
   other.free_.clear();
   other.expiry_.clear();
+  other.quarantine_.clear();
   other.nodes_.emplace_back();
   return *this;
 }
@@ -185,6 +188,61 @@ void sglang_pool::free_in_flight(std::uint32_t page) {
   free_.push(page);
 }
 
+void sglang_pool::quarantine(std::uint32_t page, std::uint64_t until) {
+  const owner o = owners_.take(page);
+  if (o.blob != nullptr) key_blob::destroy(const_cast<char*>(o.blob));
+  quarantine_.push_back(quarantined_page{until, page});
+  in_quarantine_.insert(page, 1);
+}
+
+std::size_t sglang_pool::end_quarantines(std::uint64_t now, std::vector<std::int64_t>* ended_out) {
+  std::size_t ended = 0;
+  while (!quarantine_.empty() && quarantine_.front().until <= now) {
+    const std::uint32_t page = quarantine_.front().page;
+    quarantine_.pop_front();
+    in_quarantine_.take(page);
+    pages_.release(page);
+    free_.push(page);
+    if (ended_out != nullptr) ended_out->push_back(page);
+    ++ended;
+  }
+  return ended;
+}
+
+bool sglang_pool::end_quarantine(std::span<const std::int64_t> pages) {
+  if (pages.size() > quarantine_.size()) return false;
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] != quarantine_[i].page) return false;
+  }
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    const std::uint32_t page = quarantine_.front().page;
+    quarantine_.pop_front();
+    in_quarantine_.take(page);
+    pages_.release(page);
+    free_.push(page);
+  }
+  return true;
+}
+
+bool sglang_pool::restore_quarantine(std::span<const std::int64_t> pages, std::uint64_t until) {
+  std::vector<std::int64_t> sorted(pages.begin(), pages.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+  for (const std::int64_t p : pages) {
+    if (p < 0 || p >= num_pages()) return false;
+    const auto page = static_cast<std::uint32_t>(p);
+    if (pages_.state(page) != page_state::reserved || owners_.find(page).blob != nullptr ||
+        in_quarantine(page))
+      return false;  // not unowned
+  }
+  for (const std::int64_t p : pages) quarantine(static_cast<std::uint32_t>(p), until);
+  return true;
+}
+
+void sglang_pool::restart_quarantines(std::uint64_t until) {
+  for (quarantined_page& q : quarantine_) q.until = until;
+}
+
 std::size_t sglang_pool::expire(std::uint64_t now, std::vector<std::uint32_t>* expired_out) {
   std::size_t expired = 0;
   while (!expiry_.empty() && expiry_.front().deadline <= now) {
@@ -207,9 +265,11 @@ bool sglang_pool::take_page(std::uint64_t now, std::uint32_t& page, sglang_reser
   // Evict the LRU head. The hits of this batch were moved to the MRU end in pass 1 and
   // carry this batch's stamp, as do leased keys already passed over; so once the head
   // carries it, no evictable key is left (B5: a hit is never evicted by its own batch).
+  // Eviction comes before the quarantine: a pool that is full (an SGLang cache's steady
+  // state) would otherwise hand every released page straight out again.
   for (;;) {
     const std::uint32_t i = nodes_[0].next;
-    if (i == 0 || nodes_[i].stamp == stamp_) return false;
+    if (i == 0 || nodes_[i].stamp == stamp_) break;
     if (nodes_[i].lease_until > now) {  // leased: passed over (a lease counts as a use)
       nodes_[i].stamp = stamp_;
       unlink(i);
@@ -222,6 +282,13 @@ bool sglang_pool::take_page(std::uint64_t now, std::uint32_t& page, sglang_reser
     ++stats.evicted;
     return true;
   }
+  if (quarantine_.empty()) return false;
+  // The last resort: the oldest quarantined page (reserved already, for no key).
+  page = quarantine_.front().page;
+  quarantine_.pop_front();
+  in_quarantine_.take(page);
+  ++stats.unquarantined;
+  return true;
 }
 
 sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys, std::uint64_t now,

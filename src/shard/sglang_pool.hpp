@@ -1,8 +1,10 @@
 // sglang_pool: one SGLang HiCache pool (one (rank, namespace) of docs/sglang-api.md), sans-IO.
 // Every page is in exactly one state: free (in the LIFO stack `free_`), in flight (handed
 // out by reserve; its key, clear-epoch and deadline in `owners_`), bound (the page of one
-// confirmed key, on the LRU list), or unowned (only after restore(): leaked, bindable by
-// a confirm). page_pool holds the state bits and counts; no page is ever held by two keys.
+// confirmed key, on the LRU list), quarantined (released by a confirm_write and held for
+// no key until its quarantine ends: a replay of that release must not free another
+// writer's page), or unowned (only after restore(): leaked, bindable by a confirm).
+// page_pool holds the state bits and counts; no page is ever held by two keys.
 // Deterministic: the same calls with the same arguments (and `now`s) in the same order
 // give the same pages, so a caller may log each mutating call and replay it. Owned by one
 // core; not thread-safe.
@@ -40,29 +42,36 @@ struct sglang_slot {
 };
 
 struct sglang_reserve_stats {
-  std::uint32_t hits = 0;       // answers (true, page), duplicates included
-  std::uint32_t allocated = 0;  // distinct keys given a page (free or evicted)
-  std::uint32_t evicted = 0;    // bound keys evicted for them
-  std::uint32_t no_page = 0;    // answers (false, -1), duplicates included
-  std::uint32_t expired = 0;    // reservations expired before the batch ran
+  std::uint32_t hits = 0;           // answers (true, page), duplicates included
+  std::uint32_t allocated = 0;      // distinct keys given a page (free or evicted)
+  std::uint32_t evicted = 0;        // bound keys evicted for them
+  std::uint32_t no_page = 0;        // answers (false, -1), duplicates included
+  std::uint32_t expired = 0;        // reservations expired before the batch ran
+  std::uint32_t unquarantined = 0;  // keys given a quarantined page (nothing else was left)
 };
 
 enum class sglang_confirm_outcome : std::uint8_t { ok, bad_request };
 
 struct sglang_confirm_stats {
-  std::uint32_t bound = 0;            // confirmations that bound (or re-confirmed) their key
-  std::uint32_t skipped = 0;          // page free, bound to / reserved for another key
-  std::uint32_t stale = 0;            // reserved before a clear: not bound, page freed
-  std::uint32_t released = 0;         // released pages that were in flight or unowned: freed
+  std::uint32_t bound = 0;    // confirmations that bound (or re-confirmed) their key
+  std::uint32_t skipped = 0;  // page free, bound to / reserved for another key
+  std::uint32_t stale = 0;    // reserved before a clear: not bound, page freed
+  // Released pages that were in flight or unowned: freed, or quarantined (counted in
+  // `quarantined` too) when the confirm names a quarantine.
+  std::uint32_t released = 0;
+  std::uint32_t quarantined = 0;
   std::uint32_t release_refused = 0;  // released pages bound to a key: kept
-  std::uint32_t release_noop = 0;     // released pages already free
+  std::uint32_t release_noop = 0;     // released pages already free or quarantined
   std::uint32_t rebound_freed = 0;    // old pages freed by re-binding a key
   std::uint32_t expired = 0;          // reservations expired before the request ran
 };
 
+// Quarantined pages count as free (no key holds them; as vLLM's rank_stats), and in
+// `quarantined`.
 struct sglang_pool_stats {
   std::uint32_t num_pages, free, in_flight, bound, unowned;
   std::uint64_t keys;
+  std::uint32_t quarantined = 0;
 };
 
 // A pool's whole state, for snapshots and restore. Pages in none of the lists are unowned.
@@ -78,6 +87,7 @@ struct sglang_image {
   std::vector<std::uint32_t> free;                           // bottom → top (top is next)
   std::vector<std::pair<std::string, std::uint32_t>> bound;  // LRU first
   std::vector<in_flight> reserved;                           // in reservation order
+  std::vector<std::uint32_t> quarantined;                    // oldest release first
 };
 
 class sglang_pool {
@@ -104,7 +114,8 @@ class sglang_pool {
   // Expires due reservations first. Pass 1: bound keys answer (true, page) and move to
   // the MRU end in input order. Pass 2: every other distinct key, in order, takes the top
   // free page, else the page of the least recently used bound key that is neither a hit
-  // of this batch nor leased (evicted), else -1. A repeated key copies its first answer.
+  // of this batch nor leased (evicted), else the oldest quarantined page, else -1. A
+  // repeated key copies its first answer.
   sglang_reserve_stats reserve(std::span<const std::string_view> keys, std::uint64_t now,
                                std::vector<sglang_slot>& out);
 
@@ -112,12 +123,16 @@ class sglang_pool {
   // bad_request (detail set, nothing changed): a page outside 0..num_pages-1 in either
   // list, or a page both confirmed and released. Otherwise every confirmation binds iff
   // its page is in flight for its key (this epoch), already bound to it, or unowned; the
-  // others are skipped (stats). Re-binding a key frees its old page. A released page is
-  // freed if in flight or unowned, kept if bound, a no-op if free.
+  // others (free, bound to or reserved for another key, quarantined) are skipped
+  // (stats). Re-binding a key frees its old page. A released page that is in flight or
+  // unowned is freed (quarantine_until 0) or quarantined until quarantine_until; a
+  // released page that is bound is kept; one that is free or quarantined: a no-op (so a
+  // replay of the release changes nothing while the quarantine runs).
   sglang_confirm_outcome confirm(std::span<const std::string_view> keys,
                                  std::span<const std::int64_t> pages,
                                  std::span<const std::int64_t> releases, std::uint64_t now,
-                                 std::string& detail, sglang_confirm_stats& stats);
+                                 std::string& detail, sglang_confirm_stats& stats,
+                                 std::uint64_t quarantine_until = 0);
 
   // delete_keys: each bound key is dropped and its page pushed on the free stack. Returns
   // how many were dropped. Reservations are untouched.
@@ -125,7 +140,8 @@ class sglang_pool {
 
   // clear: drops every key (their pages are free again), bumps the epoch so that writes
   // reserved before it never bind. Pages still in flight stay out of the free stack until
-  // their writer confirms, releases or expires: the free stack becomes [0..n-1] minus them.
+  // their writer confirms, releases or expires, and quarantined pages until their
+  // quarantine ends: the free stack becomes [0..n-1] minus both, ascending.
   void clear();
 
   // get_page_indices at now: out[i] = the bound page of keys[i], or -1. Found keys move to
@@ -137,6 +153,27 @@ class sglang_pool {
   // to expired_out when given. Returns how many.
   std::size_t expire(std::uint64_t now, std::vector<std::uint32_t>* expired_out = nullptr);
 
+  // The quarantine. reserve() takes the top free page, else evicts, and only when
+  // neither is possible takes the oldest quarantined page (a full pool still serves).
+  // Quarantines end only through these calls (the caller logs them), never inside
+  // another call, so that a pool replayed from a log is the same whatever the times.
+  //
+  // Ends every quarantine at the front of the queue whose time is <= now, oldest first:
+  // each page is pushed on the free stack as if released then (the most recently
+  // released of them on top, handed out next). Appends their pages to ended_out when
+  // given. Returns how many.
+  std::size_t end_quarantines(std::uint64_t now, std::vector<std::int64_t>* ended_out = nullptr);
+  // Log replay of end_quarantines(): `pages` must be the oldest quarantined pages, in
+  // order. False (nothing changed) if not.
+  bool end_quarantine(std::span<const std::int64_t> pages);
+  // Recovery: puts unowned `pages` (a snapshot lists them after the pool's image) into
+  // quarantine until `until`, oldest first. False (nothing changed) if one is out of
+  // range, not unowned, or listed twice.
+  bool restore_quarantine(std::span<const std::int64_t> pages, std::uint64_t until);
+  // After recovery or a promotion: every running quarantine ends at `until`.
+  void restart_quarantines(std::uint64_t until);
+  std::size_t quarantined() const { return quarantine_.size(); }
+
   sglang_pool_stats stats() const;
   std::size_t memory_bytes() const;
   // Every structure agrees with every other; "" when consistent, else the first problem.
@@ -144,7 +181,8 @@ class sglang_pool {
 
   sglang_image image() const;
   // The pool an image describes (validated: pages in range, each in one list at most, no
-  // key twice). On a bad image returns false with `error` set and leaves `out` alone.
+  // key twice); its quarantines end only when told (restart_quarantines). On a bad image
+  // returns false with `error` set and leaves `out` alone.
   static bool restore(const sglang_image& image, const sglang_config& config, sglang_pool& out,
                       std::string& error);
 
@@ -196,7 +234,12 @@ class sglang_pool {
   bool validate_confirm(std::span<const std::int64_t> pages, std::span<const std::int64_t> releases,
                         std::string& detail);
   void apply_confirmation(std::string_view key, std::uint32_t page, sglang_confirm_stats& stats);
-  void apply_release(std::uint32_t page, sglang_confirm_stats& stats);
+  void apply_release(std::uint32_t page, std::uint64_t quarantine_until,
+                     sglang_confirm_stats& stats);
+  bool in_quarantine(std::uint32_t page) const { return in_quarantine_.find(page) != 0; }
+  // Ends the in-flight reservation of `page` (if any); the page stays reserved in pages_,
+  // quarantined until `until`.
+  void quarantine(std::uint32_t page, std::uint64_t until);
   // first_[i]: the index of the first occurrence of keys[i]; hashes_[i] its hash.
   void dedupe(std::span<const std::string_view> keys);
 
@@ -208,7 +251,15 @@ class sglang_pool {
   std::uint32_t free_nodes_ = 0;
   page_owners<owner> owners_;  // in-flight page → its reservation
   std::deque<expiry_entry> expiry_;
-  std::uint64_t serial_ = 0;  // the last reservation's serial
+  // Quarantined pages, oldest release first (reserved in pages_, in no other structure);
+  // allocation's fallback and the end of quarantines both take from the front.
+  struct quarantined_page {
+    std::uint64_t until;
+    std::uint32_t page;
+  };
+  std::deque<quarantined_page> quarantine_;
+  page_owners<std::uint8_t> in_quarantine_;  // quarantined page → 1
+  std::uint64_t serial_ = 0;                 // the last reservation's serial
   std::uint32_t epoch_ = 0;
   std::uint32_t stamp_ = 0;
   // Scratch reused across calls.

@@ -13,17 +13,20 @@ namespace metad::shard {
 
 sglang_pool_stats sglang_pool::stats() const {
   const auto in_flight = static_cast<std::uint32_t>(owners_.size());
+  const auto quarantined = static_cast<std::uint32_t>(quarantine_.size());
   return sglang_pool_stats{pages_.num_pages(),
-                           pages_.free_count(),
+                           pages_.free_count() + quarantined,
                            in_flight,
                            pages_.bound_count(),
-                           pages_.reserved_count() - in_flight,
-                           keys_.size()};
+                           pages_.reserved_count() - in_flight - quarantined,
+                           keys_.size(),
+                           quarantined};
 }
 
 std::size_t sglang_pool::memory_bytes() const {
   return pages_.memory_bytes() + free_.memory_bytes() + keys_.memory_bytes() +
-         nodes_.size() * sizeof(node) + owners_.size() * 2 * (sizeof(owner) + 8);
+         nodes_.size() * sizeof(node) + owners_.size() * 2 * (sizeof(owner) + 8) +
+         quarantine_.size() * (sizeof(quarantined_page) + 16);
 }
 
 std::string sglang_pool::check() const {
@@ -65,6 +68,18 @@ std::string sglang_pool::check() const {
     }
     if (p < n) seen[p] = 1;
   });
+  if (!problem.empty()) return problem;
+  if (in_quarantine_.size() != quarantine_.size()) {
+    return fmt::format("{} pages quarantined, {} marked", quarantine_.size(),
+                       in_quarantine_.size());
+  }
+  for (const quarantined_page& q : quarantine_) {
+    const std::uint32_t p = q.page;
+    if (p >= n || seen[p] != 0 || pages_.state(p) != page_state::reserved || !in_quarantine(p)) {
+      return fmt::format("quarantined page {} out of range, shared, not reserved or not marked", p);
+    }
+    seen[p] = 1;
+  }
   return problem;
 }
 
@@ -91,6 +106,8 @@ sglang_image sglang_pool::image() const {
   });
   std::sort(rest.begin(), rest.end());
   for (std::uint32_t page : rest) add(page, owners_.find(page));
+  img.quarantined.reserve(quarantine_.size());
+  for (const quarantined_page& q : quarantine_) img.quarantined.push_back(q.page);
   return img;
 }
 
@@ -136,6 +153,9 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
       last_deadline = r.deadline;
     }
   }
+  for (std::uint32_t p : img.quarantined) {
+    if (!claim(p, "quarantined")) return false;
+  }
 
   sglang_pool pool(0, config);
   pool.pages_.grow(img.num_pages);
@@ -152,6 +172,10 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
     const owner o{key_blob::make(r.key), r.epoch, r.deadline, ++pool.serial_};
     pool.owners_.insert(r.page, o);
     pool.push_expiry(r.page, o);
+  }
+  for (std::uint32_t p : img.quarantined) {
+    pool.pages_.take(p);
+    pool.quarantine(p, no_deadline);
   }
   for (std::uint32_t p = 0; p < img.num_pages; ++p) {
     if (seen[p] == 0) pool.pages_.take(p);  // unowned: neither free, bound nor in flight

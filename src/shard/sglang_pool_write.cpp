@@ -69,6 +69,10 @@ void sglang_pool::apply_confirmation(std::string_view key, std::uint32_t page,
     }
     case page_state::reserved: {
       const owner o = owners_.find(page);
+      if (o.blob == nullptr && in_quarantine(page)) {
+        ++stats.skipped;  // released, held for no key until its quarantine ends
+        return;
+      }
       if (o.blob != nullptr && key_blob::view(o.blob) != key) {
         ++stats.skipped;  // in flight for another key
         return;
@@ -87,7 +91,8 @@ void sglang_pool::apply_confirmation(std::string_view key, std::uint32_t page,
   }
 }
 
-void sglang_pool::apply_release(std::uint32_t page, sglang_confirm_stats& stats) {
+void sglang_pool::apply_release(std::uint32_t page, std::uint64_t quarantine_until,
+                                sglang_confirm_stats& stats) {
   switch (pages_.state(page)) {
     case page_state::free:
       ++stats.release_noop;
@@ -96,8 +101,17 @@ void sglang_pool::apply_release(std::uint32_t page, sglang_confirm_stats& stats)
       ++stats.release_refused;
       return;
     case page_state::reserved:
-      free_in_flight(page);
+      if (in_quarantine(page)) {  // released already (a replay): it stays quarantined
+        ++stats.release_noop;
+        return;
+      }
       ++stats.released;
+      if (quarantine_until == 0) {
+        free_in_flight(page);
+      } else {
+        quarantine(page, quarantine_until);
+        ++stats.quarantined;
+      }
       return;
   }
 }
@@ -106,7 +120,8 @@ sglang_confirm_outcome sglang_pool::confirm(std::span<const std::string_view> ke
                                             std::span<const std::int64_t> pages,
                                             std::span<const std::int64_t> releases,
                                             std::uint64_t now, std::string& detail,
-                                            sglang_confirm_stats& stats) {
+                                            sglang_confirm_stats& stats,
+                                            std::uint64_t quarantine_until) {
   METAD_ASSERT(keys.size() == pages.size());
   // Validate the whole request before changing anything (B9), expiry included.
   if (!validate_confirm(pages, releases, detail)) return sglang_confirm_outcome::bad_request;
@@ -114,7 +129,8 @@ sglang_confirm_outcome sglang_pool::confirm(std::span<const std::string_view> ke
   for (std::size_t i = 0; i < keys.size(); ++i) {
     apply_confirmation(keys[i], static_cast<std::uint32_t>(pages[i]), stats);
   }
-  for (std::int64_t r : releases) apply_release(static_cast<std::uint32_t>(r), stats);
+  for (std::int64_t r : releases)
+    apply_release(static_cast<std::uint32_t>(r), quarantine_until, stats);
   return sglang_confirm_outcome::ok;
 }
 
@@ -137,11 +153,13 @@ void sglang_pool::clear() {
   nodes_.clear();
   nodes_.emplace_back();
   free_nodes_ = 0;
-  // The free stack becomes [0..n-1] minus the pages still in flight, ascending.
+  // The free stack becomes [0..n-1] minus the pages still in flight or quarantined,
+  // ascending.
   const std::uint32_t n = num_pages();
   std::vector<std::uint32_t> held;
-  held.reserve(owners_.size());
+  held.reserve(owners_.size() + quarantine_.size());
   owners_.for_each([&](std::uint32_t page, const owner&) { held.push_back(page); });
+  for (const quarantined_page& q : quarantine_) held.push_back(q.page);
   std::sort(held.begin(), held.end());
   pages_ = page_pool(n);
   free_.clear();

@@ -69,10 +69,15 @@ class journal {
                   std::span<const std::string_view> keys) {
     if (enabled()) append_sg_keys_at(log_.pending(), record_kind::sg_reserve, pool, now, keys);
   }
+  // quarantined: its releases went to the pool's quarantine (sg_confirm_quarantined).
   void sg_confirm(const sg_pool_name& pool, std::uint64_t now,
                   std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
-                  std::span<const std::int64_t> releases) {
-    if (enabled()) append_sg_confirm(log_.pending(), pool, now, keys, pages, releases);
+                  std::span<const std::int64_t> releases, bool quarantined) {
+    if (enabled()) append_sg_confirm(log_.pending(), pool, now, keys, pages, releases, quarantined);
+  }
+  void sg_quarantine_end(const sg_pool_name& pool, std::uint64_t now,
+                         std::span<const std::int64_t> pages) {
+    if (enabled()) append_sg_quarantine_end(log_.pending(), pool, now, pages);
   }
   void sg_delete(const sg_pool_name& pool, std::span<const std::string_view> keys) {
     if (enabled()) append_sg_delete(log_.pending(), pool, keys);

@@ -286,11 +286,27 @@ void append_sg_keys_at(std::string& out, record_kind kind, const sg_pool_name& p
 
 void append_sg_confirm(std::string& out, const sg_pool_name& pool, std::uint64_t now,
                        std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
-                       std::span<const std::int64_t> releases) {
-  const std::size_t frame = open_sg_frame(out, record_kind::sg_confirm, pool);
+                       std::span<const std::int64_t> releases, bool quarantined) {
+  const std::size_t frame = open_sg_frame(
+      out, quarantined ? record_kind::sg_confirm_quarantined : record_kind::sg_confirm, pool);
   put(out, now);
   put_key_pages(out, keys, pages);
   put_pages(out, releases);
+  close_frame(out, frame);
+}
+
+void append_sg_quarantine_end(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                              std::span<const std::int64_t> pages) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_quarantine_end, pool);
+  put(out, now);
+  put_pages(out, pages);
+  close_frame(out, frame);
+}
+
+void append_sg_snapshot_quarantine(std::string& out, const sg_pool_name& pool,
+                                   std::span<const std::int64_t> pages) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_snapshot_quarantine, pool);
+  put_pages(out, pages);
   close_frame(out, frame);
 }
 
@@ -414,8 +430,13 @@ bool decode_payload(std::string_view payload, record& out) {
     case record_kind::sg_get:
       return in.get(out.now) && decode_keys(in, out, false) && in.done();
     case record_kind::sg_confirm:
+    case record_kind::sg_confirm_quarantined:
       return in.get(out.now) && decode_keys(in, out, true) && decode_pages(in, out.releases) &&
              in.done();
+    case record_kind::sg_quarantine_end:
+      return in.get(out.now) && decode_pages(in, out.releases) && in.done();
+    case record_kind::sg_snapshot_quarantine:
+      return decode_pages(in, out.releases) && in.done();
     case record_kind::sg_delete:
       return decode_keys(in, out, false) && in.done();
     case record_kind::sg_clear:

@@ -49,6 +49,13 @@ enum class record_kind : std::uint8_t {
   sg_get = 37,            // now, keys: get_page_indices that found some (recency, leases)
   sg_expire = 38,         // now: the pool's reservations due at now expired
   sg_snapshot_pool = 39,  // now, the pool's image (num_pages, epoch, free, bound, in flight)
+  // The SGLang release quarantine (as kinds 11-13 for vLLM's ranks; additive: older
+  // directories hold none of them, and their sg_confirm's releases are free at once).
+  sg_confirm_quarantined = 40,  // as sg_confirm; its releases go to the pool's quarantine
+  sg_quarantine_end = 41,       // now, releases: the pool's oldest quarantined pages, now free
+  // releases: the quarantined pages of the pool whose sg_snapshot_pool precedes it, oldest
+  // first (pages that image lists nowhere)
+  sg_snapshot_quarantine = 42,
 };
 
 // An item of snapshot_rank_keys / snapshot_directory_keys.
@@ -81,7 +88,8 @@ struct record {
   std::string_view items;  // snapshot_rank_keys, snapshot_directory_keys: count x 20 bytes
   std::size_t item_count() const { return items.size() / kPackedItemBytes; }
   // sg_*: the pool (with `rank`) and the SGLang clock's time of the call. sg_initialize
-  // uses num_pages; sg_confirm keys, pages and releases; sg_snapshot_pool num_pages,
+  // uses num_pages; sg_confirm(_quarantined) keys, pages and releases; sg_quarantine_end
+  // and sg_snapshot_quarantine releases (the latter has no time); sg_snapshot_pool num_pages,
   // sg_epoch, releases (the free stack, bottom first), keys + pages (bound, LRU first)
   // and the sg_flight_* lists (in-flight pages, in reservation order).
   std::string_view tenant, ns;
@@ -136,9 +144,14 @@ void append_sg_initialize(std::string& out, const sg_pool_name& pool, std::int64
 // sg_reserve, sg_get (kind says which): now, keys.
 void append_sg_keys_at(std::string& out, record_kind kind, const sg_pool_name& pool,
                        std::uint64_t now, std::span<const std::string_view> keys);
+// sg_confirm, or sg_confirm_quarantined when `quarantined`.
 void append_sg_confirm(std::string& out, const sg_pool_name& pool, std::uint64_t now,
                        std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
-                       std::span<const std::int64_t> releases);
+                       std::span<const std::int64_t> releases, bool quarantined = false);
+void append_sg_quarantine_end(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                              std::span<const std::int64_t> pages);
+void append_sg_snapshot_quarantine(std::string& out, const sg_pool_name& pool,
+                                   std::span<const std::int64_t> pages);
 void append_sg_delete(std::string& out, const sg_pool_name& pool,
                       std::span<const std::string_view> keys);
 void append_sg_clear(std::string& out, const sg_pool_name& pool);

@@ -1210,6 +1210,43 @@ class MemoryBudgetTest(OpsTestCase):
         self.assertEqual(client.clear().status_code, 204)
         self.assertEqual(client.initialize(refused, 1 << 28).status_code, 200)
 
+    def test_growing_ranks_and_sglang_pools_past_the_budget_is_refused(self):
+        """A rank or an SGLang pool created small and initialised again with many more
+        pages is charged for the growth: past the budget, 507, and it keeps its size."""
+        server = self.start("--threads", "2", "--memory-max", "256MiB")
+        client = Client(server.base_url)
+        self.addCleanup(client.close)
+        big = 1 << 26  # ~16 MiB of page bitmaps each
+        for rank in range(24):
+            self.assertEqual(client.initialize(rank, 8).status_code, 200)
+        codes, details = [], []
+        for rank in range(24):
+            r = client.initialize(rank, big)
+            codes.append(r.status_code)
+            if r.status_code != 200:
+                details.append(r.json()["detail"])
+        self.assertEqual(set(codes) - {200, 507}, set(), codes)
+        self.assertGreater(codes.count(507), 4, codes)
+        self.assertIn("--memory-max 268435456", details[0])
+        for rank, code in enumerate(codes):
+            self.assertEqual(client.rank_info(rank).json()["num_pages"],
+                             big if code == 200 else 8, rank)
+        # SGLang's pools: created small, then grown past the budget the ranks filled.
+        session = requests.Session()
+        self.addCleanup(session.close)
+        for rank in range(4):
+            url = f"{server.base_url}/{rank}/initialize"
+            self.assertEqual(session.post(url, data=b'{"num_pages":8}').status_code, 204)
+            r = session.post(url, data=compact({"num_pages": big}))
+            self.assertEqual(r.status_code, 507, r.content)
+            self.assertIn("--memory-max 268435456", r.json()["detail"])
+            r = session.post(f"{server.base_url}/{rank}/reserve_and_allocate_page_indices",
+                             data=b'{"keys":["k"]}')
+            self.assertEqual(r.json(), {"indices": [[False, 7]]})  # still 8 pages
+        m = self.scrape(server)
+        self.assertEqual(m.get("hf3fs_metad_memory_refusals_total", what="rank"),
+                         codes.count(507) + 4)
+
     def test_a_body_over_the_budget_is_refused_before_it_is_sent(self):
         server = self.start("--threads", "1", "--memory-max", "1GiB",
                             "--body-bytes-max", str(4 << 30))

@@ -62,10 +62,8 @@ Checks:
      bound key stays, an in-flight reservation still confirms); a rank initialised
      afterwards works.
   d. SGLang's pages_to_release replayed after another writer reserved the released page
-     (on b after the kill, and on a before it): no page may go to two writers. SKIPPED:
-     the server fails it (SGLang pools have no release quarantine: the replay frees the
-     other writer's in-flight page and the next reserve gets it); reported, not fixed
-     here.
+     (on b after the kill, and on a before it): no page may go to two writers (SGLang's
+     pools have the release quarantine too, replicated, and restarted on promotion).
 
 Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 --repl-listen. Run by scripts/test.sh's release stage (ctest e2e_python_replay_failover,
@@ -632,9 +630,6 @@ class ReplayAfterFailoverTest(FailoverCase):
 
     # --- d ----------------------------------------------------------------------------
 
-    @unittest.skip("server problem, reported: an SGLang pages_to_release replayed after "
-                   "another writer reserved the released page frees that writer's page "
-                   "(no quarantine on SGLang pools)")
     def test_d_sglang_replayed_release_frees_no_other_writers_page(self):
         """Case d: SGLang's pages_to_release replayed after another writer reserved."""
         a, b = self.pair()

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 import unittest
 
 import requests
@@ -459,6 +460,63 @@ class MixedTest(SglangTestCase):
         self.sg.clear(0)
         self.assertEqual(self.client.batch_exists(k).json()["exists"], [True])
         self.assertEqual(self.sg.exists(0, page_hashes(1, "s1.3")), [False])
+
+
+class ReleaseQuarantineTest(SglangTestCase):
+    """--release-quarantine-ms (docs/sglang-api.md, confirm_write): a page released by
+    pages_to_release is held for no key while the quarantine runs, so that a client's or
+    a proxy's replay of the release cannot free a page another writer was given since."""
+
+    QUARANTINE_MS = 1000
+    extra_args = ("--release-quarantine-ms", str(QUARANTINE_MS))  # after the harness's 0
+
+    def test_quarantine_a_replayed_release_changes_nothing(self):
+        self.sg.initialize(0, 64)
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["ka"]), [(False, 63)])
+        # A's write failed: it releases its page; the answer is lost and the request
+        # replayed below, byte for byte.
+        release = compact({"written_keys_to_confirm": [], "pages_to_release": [63],
+                           "namespace": "kv"})
+        self.assertEqual(self.sg.post_raw(0, "confirm_write", release).status_code, 204)
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["kb"]), [(False, 62)])
+        self.assertEqual(self.sg.post_raw(0, "confirm_write", release).status_code, 204)
+        # C gets neither B's page nor the quarantined one.
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["kc"]), [(False, 61)])
+        self.sg.confirm_write(0, [("kb", 62), ("kc", 61)], [])
+        self.assertEqual(self.sg.get_page_indices(0, ["kb", "kc"]), [62, 61])
+        pools = self.client.request("GET", "/stats").json()["sglang"]["pools"]
+        pool = next(p for p in pools if p["tenant"] == self.tenant)
+        self.assertEqual((pool["free"], pool["in_flight"], pool["bound"]), (62, 0, 2))
+        # Once its quarantine is over (ended on a tick), the page is on top again.
+        time.sleep(self.QUARANTINE_MS / 1000 + 1.0)
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["kd"]), [(False, 63)])
+
+    def test_quarantine_full_pool_evicts_first_and_uses_it_last(self):
+        self.sg.initialize(0, 3)
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["a", "b", "c"]),
+                         [(False, 2), (False, 1), (False, 0)])
+        self.sg.confirm_write(0, [("a", 2), ("b", 1)], [0])
+        # No free page: the least recently used key goes before the quarantined page.
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["d"]), [(False, 2)])
+        self.assertEqual(self.sg.exists(0, ["a", "b"]), [False, True])
+        # Nothing left to evict (b is this batch's hit): the quarantined page, then -1.
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["b", "e", "f"]),
+                         [(True, 1), (False, 0), (False, -1)])
+
+
+class ReleaseQuarantineOffTest(SglangTestCase):
+    """--release-quarantine-ms 0: the reference's page order exactly (SGLang's own tests
+    assert it): the page released last is handed out next, replay hazard included."""
+
+    extra_args = ("--release-quarantine-ms", "0")
+
+    def test_quarantine_off_keeps_the_reference_order(self):
+        self.sg.initialize(0, 64)
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["ka", "kx"]),
+                         [(False, 63), (False, 62)])
+        self.sg.confirm_write(0, [], [63, 62])
+        self.assertEqual(self.sg.reserve_and_allocate_page_indices(0, ["kb", "ky"]),
+                         [(False, 62), (False, 63)])
 
 
 class PersistenceTest(unittest.TestCase):

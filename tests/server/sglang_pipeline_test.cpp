@@ -33,7 +33,14 @@ std::string not_initialized(std::string_view rank, std::string_view ns) {
 
 class SglangPipeline : public ::testing::TestWithParam<int> {
  protected:
-  explicit SglangPipeline(metad::config cfg = {}) : n_(std::move(cfg), GetParam()) {}
+  // With --release-quarantine-ms 0: these tests assert the reference's page order
+  // exactly, as SGLang's own tests do (the quarantine: sglang_replay_test.cpp).
+  static metad::config reference_order(metad::config cfg) {
+    cfg.release_quarantine_ms = 0;
+    return cfg;
+  }
+  explicit SglangPipeline(metad::config cfg = {})
+      : n_(reference_order(std::move(cfg)), GetParam()) {}
 
   std::string post(std::string_view path, std::string_view body) {
     return n_.send(fmt::format("POST {} HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{}", path,

@@ -46,7 +46,8 @@ inline std::string confirmations(int from, int to) {
 }
 
 // Every kind of log record: ranks, saves (packed and other keys), failed writes
-// released, expiry on the tick, a delete, SGLang pools, a /clear with writes after it.
+// released, expiry on the tick, a delete, SGLang pools (a release quarantine ended on
+// the tick, another still running at the end), a /clear with writes after it.
 inline void history(sim_node& n) {
   for (int r = 0; r < 4; ++r)
     n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":64})");
@@ -81,6 +82,7 @@ inline void history(sim_node& n) {
   }
   n.post("/t/1/reserve_and_allocate_page_indices", R"({"keys":["x","y"]})");
   n.post("/t/1/confirm_write", R"({"written_keys_to_confirm":[["x",2]]})");
+  n.post("/t/1/confirm_write", R"({"written_keys_to_confirm":[],"pages_to_release":[1]})");
 }
 
 // What the state answers: every rank's counts, the directory, locations, SGLang pools,
@@ -100,6 +102,8 @@ inline std::string probe(sim_node& n) {
   s += n.post("/keys/batch_allocate", "{\"rank\":2,\"keys\":[" + list(50, 60) + "]}") + "\n";
   s += n.post("/keys/batch_allocate", R"({"rank":1,"keys":["new1","new2"]})") + "\n";
   s += n.post("/0/reserve_and_allocate_page_indices", R"({"keys":["c","e","f"]})") + "\n";
+  // The free page, then an eviction, then (nothing else left) the quarantined page 1.
+  s += n.post("/t/1/reserve_and_allocate_page_indices", R"({"keys":["q1","q2","q3"]})") + "\n";
   return s;
 }
 

@@ -30,14 +30,16 @@ inline slots reserve(sglang_pool& pool, const strs& keys, std::uint64_t now = 0,
   return out;
 }
 
-// confirm_write; returns the 400 detail ("" when accepted).
+// confirm_write (its releases quarantined until quarantine_until, 0: none); returns the
+// 400 detail ("" when accepted).
 inline std::string confirm(sglang_pool& pool, const strs& keys, const ints& pages,
                            const ints& releases = {}, std::uint64_t now = 0,
-                           sglang_confirm_stats* stats = nullptr) {
+                           sglang_confirm_stats* stats = nullptr,
+                           std::uint64_t quarantine_until = 0) {
   std::string detail;
   sglang_confirm_stats s;
   const auto v = views(keys);
-  const auto outcome = pool.confirm(v, pages, releases, now, detail, s);
+  const auto outcome = pool.confirm(v, pages, releases, now, detail, s, quarantine_until);
   if (stats != nullptr) *stats = s;
   EXPECT_EQ(pool.check(), "");
   if (outcome == sglang_confirm_outcome::ok) {

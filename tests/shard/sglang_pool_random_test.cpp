@@ -1,7 +1,8 @@
 // sglang_pool against an obviously-correct model (vectors and maps, linear scans) over
-// thousands of random operations per seed: every answer must equal the model's, the pool's
-// own check() must pass, and no page may ever be held by two keys. Seeds are printed; set
-// SGLANG_SEED to replay one.
+// thousands of random operations per seed, with and without a release quarantine (and
+// replayed releases): every answer must equal the model's, the pool's own check() must
+// pass, and no page may ever be held by two keys. Seeds are printed; set SGLANG_SEED to
+// replay one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "sglang_helpers.hpp"
@@ -30,14 +32,17 @@ struct model {
   };
   std::uint32_t n = 0;
   std::uint64_t ttl = 0, lease = 0;
-  std::vector<std::uint32_t> free;                         // stack, top at the end
-  std::vector<std::pair<std::string, std::uint32_t>> lru;  // LRU first
+  std::uint64_t quarantine_for = 0;                                 // 0: releases free at once
+  std::vector<std::uint32_t> free;                                  // stack, top at the end
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> quarantine;  // (until, page), oldest first
+  std::vector<std::pair<std::string, std::uint32_t>> lru;           // LRU first
   std::map<std::string, std::uint64_t> lease_until;
   std::map<std::uint32_t, reservation> in_flight;
   std::uint32_t epoch = 0;
   std::uint64_t serial = 0;
 
-  model(std::uint32_t pages, std::uint64_t t, std::uint64_t l) : n(pages), ttl(t), lease(l) {
+  model(std::uint32_t pages, std::uint64_t t, std::uint64_t l, std::uint64_t q)
+      : n(pages), ttl(t), lease(l), quarantine_for(q) {
     for (std::uint32_t p = 0; p < n; ++p) free.push_back(p);
   }
   int bound_index(const std::string& k) const {
@@ -52,6 +57,26 @@ struct model {
   }
   bool page_free(std::uint32_t p) const {
     return std::find(free.begin(), free.end(), p) != free.end();
+  }
+  bool quarantined(std::uint32_t p) const {
+    for (const auto& q : quarantine)
+      if (q.second == p) return true;
+    return false;
+  }
+  std::vector<std::uint32_t> quarantined_pages() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& q : quarantine) out.push_back(q.second);
+    return out;
+  }
+  // The tick: quarantines due end, oldest first, onto the free stack.
+  ints end_quarantines(std::uint64_t now) {
+    ints ended;
+    while (!quarantine.empty() && quarantine.front().first <= now) {
+      free.push_back(quarantine.front().second);
+      ended.push_back(quarantine.front().second);
+      quarantine.erase(quarantine.begin());
+    }
+    return ended;
   }
   void touch(int i) {
     auto e = lru[i];
@@ -104,6 +129,10 @@ struct model {
           lru.erase(lru.begin());
           break;
         }
+        if (page < 0 && !quarantine.empty()) {  // nothing evictable: the oldest quarantined
+          page = quarantine.front().second;
+          quarantine.erase(quarantine.begin());
+        }
       }
       if (page >= 0) {
         const std::uint64_t d = ttl == 0 ? UINT64_MAX : now + ttl;
@@ -142,7 +171,7 @@ struct model {
         continue;
       }
       auto it = in_flight.find(p);
-      if (it == in_flight.end()) continue;  // no unowned pages without restore
+      if (it == in_flight.end()) continue;  // quarantined (no unowned pages without restore)
       if (it->second.key != keys[i]) continue;
       if (it->second.epoch != epoch) {
         free_in_flight(p);
@@ -153,7 +182,13 @@ struct model {
     }
     for (auto r : rel) {
       const auto p = static_cast<std::uint32_t>(r);
-      if (in_flight.count(p)) free_in_flight(p);
+      if (!in_flight.count(p)) continue;  // free, bound or quarantined: nothing changes
+      if (quarantine_for == 0) {
+        free_in_flight(p);
+      } else {
+        in_flight.erase(p);
+        quarantine.push_back({now + quarantine_for, p});
+      }
     }
     return "";
   }
@@ -175,7 +210,7 @@ struct model {
     lease_until.clear();
     free.clear();
     for (std::uint32_t p = 0; p < n; ++p)
-      if (!in_flight.count(p)) free.push_back(p);
+      if (!in_flight.count(p) && !quarantined(p)) free.push_back(p);
   }
   ints get(const strs& keys, std::uint64_t now) {
     ints out;
@@ -210,8 +245,9 @@ void run_seed(std::uint64_t seed, int ops) {
   const auto pages = static_cast<std::uint32_t>(pick(0, 12));
   const std::uint64_t ttl = pick(0, 1) ? pick(1, 40) : 0;
   const std::uint64_t lease = pick(0, 2) == 0 ? pick(1, 20) : 0;
+  const std::uint64_t quarantine_for = pick(0, 2) == 0 ? 0 : pick(1, 30);
   sglang_pool pool(pages, sglang_config{ttl, lease});
-  model m(pages, ttl, lease);
+  model m(pages, ttl, lease, quarantine_for);
   const auto key_count = pick(3, 24);
   auto random_key = [&] { return "k" + std::to_string(pick(0, key_count)); };
   auto random_keys = [&](std::size_t most) {
@@ -221,6 +257,8 @@ void run_seed(std::uint64_t seed, int ops) {
   };
   // Reservations handed out and not yet confirmed or released, for realistic confirms.
   std::vector<std::pair<std::string, std::int64_t>> outstanding;
+  // Confirm requests already applied, replayed later (a client's retry, a proxy).
+  std::vector<std::tuple<strs, ints, ints>> sent;
   std::uint64_t now = 0;
   for (int op = 0; op < ops; ++op) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " op " + std::to_string(op));
@@ -252,8 +290,16 @@ void run_seed(std::uint64_t seed, int ops) {
         conf.push_back(static_cast<std::int64_t>(pick(0, pages - 1)));
       }
       if (pick(0, 29) == 0) rel.push_back(-1);
+      if (!sent.empty() && pick(0, 3) == 0) {  // a replay instead
+        std::tie(keys, conf, rel) = sent[pick(0, sent.size() - 1)];
+      } else if (sent.size() < 8) {
+        sent.emplace_back(keys, conf, rel);
+      } else {
+        sent[pick(0, sent.size() - 1)] = {keys, conf, rel};
+      }
       const std::string expected = m.confirm(keys, conf, rel, now);
-      const std::string got = confirm(pool, keys, conf, rel, now);
+      const std::uint64_t until = quarantine_for == 0 ? 0 : now + quarantine_for;
+      const std::string got = confirm(pool, keys, conf, rel, now, nullptr, until);
       ASSERT_EQ(got.empty(), expected.empty()) << got;
     } else if (kind < 80) {
       const strs keys = random_keys(6);
@@ -261,10 +307,13 @@ void run_seed(std::uint64_t seed, int ops) {
     } else if (kind < 90) {
       const strs keys = random_keys(6);
       ASSERT_EQ(exists(pool, keys), m.exists(keys));
-    } else if (kind < 95) {
+    } else if (kind < 94) {
       const strs keys = random_keys(2);
       ASSERT_EQ(del(pool, keys), m.del(keys));
-    } else if (kind < 97) {
+    } else if (kind < 97) {  // the tick
+      ints ended;
+      pool.end_quarantines(now, &ended);
+      ASSERT_EQ(ended, m.end_quarantines(now));
       pool.expire(now);
       m.expire(now);
     } else if (kind < 99) {
@@ -281,10 +330,13 @@ void run_seed(std::uint64_t seed, int ops) {
     ASSERT_EQ(img.bound.size(), m.lru.size());
     for (std::size_t i = 0; i < m.lru.size(); ++i) ASSERT_EQ(img.bound[i], m.lru[i]);
     ASSERT_EQ(img.reserved.size(), m.in_flight.size());
-    // No page held twice across the three lists.
+    ASSERT_EQ(img.quarantined, m.quarantined_pages());
+    ASSERT_EQ(pool.stats().free, m.free.size() + m.quarantine.size());
+    // No page held twice across the four lists.
     std::set<std::uint32_t> held(img.free.begin(), img.free.end());
     for (const auto& b : img.bound) ASSERT_TRUE(held.insert(b.second).second);
     for (const auto& r : img.reserved) ASSERT_TRUE(held.insert(r.page).second);
+    for (const auto p : img.quarantined) ASSERT_TRUE(held.insert(p).second);
     ASSERT_EQ(held.size(), pool.num_pages());
   }
   // The image at the end restores a pool with the same future.
@@ -293,6 +345,7 @@ void run_seed(std::uint64_t seed, int ops) {
   ASSERT_TRUE(sglang_pool::restore(pool.image(), sglang_config{ttl, lease}, copy, error)) << error;
   ASSERT_EQ(copy.check(), "");
   ASSERT_EQ(copy.image().free, pool.image().free);
+  ASSERT_EQ(copy.image().quarantined, pool.image().quarantined);
 }
 
 TEST(SglangPoolRandom, AgreesWithTheModel) {

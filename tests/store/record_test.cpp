@@ -472,3 +472,53 @@ TEST(Record, SglangKindsRoundTrip) {
     at += frame_bytes;
   }
 }
+
+// The SGLang release quarantine's records (kinds 40-42): a confirm whose releases are
+// quarantined, a quarantine's end, a snapshot's quarantined pages. A plain sg_confirm
+// (older directories, or the quarantine off) keeps its kind.
+TEST(Record, SglangQuarantineKindsRoundTrip) {
+  using store::record_kind;
+  const store::sg_pool_name pool{"t", 7, "kv"};
+  const std::vector<std::string_view> keys = {"a"};
+  const std::vector<std::int64_t> pages = {4}, releases = {6, 2}, none;
+  std::string log;
+  store::append_sg_confirm(log, pool, 12, keys, pages, releases, true);
+  store::append_sg_confirm(log, pool, 13, keys, pages, releases, false);
+  store::append_sg_quarantine_end(log, pool, 14, releases);
+  store::append_sg_snapshot_quarantine(log, pool, releases);
+  store::append_sg_confirm(log, pool, 15, {}, {}, none, true);
+  std::vector<store::record> seen;
+  ASSERT_EQ(
+      store::scan(log, [&](const store::record& r, std::size_t) { seen.push_back(r); }).status,
+      store::scan_status::ok);
+  ASSERT_EQ(seen.size(), 5u);
+  EXPECT_EQ(static_cast<int>(record_kind::sg_confirm_quarantined), 40);
+  EXPECT_EQ(static_cast<int>(record_kind::sg_quarantine_end), 41);
+  EXPECT_EQ(static_cast<int>(record_kind::sg_snapshot_quarantine), 42);
+  EXPECT_EQ(seen[0].kind, record_kind::sg_confirm_quarantined);
+  EXPECT_EQ(seen[0].now, 12u);
+  EXPECT_EQ(seen[0].keys, keys);
+  EXPECT_EQ(seen[0].pages, pages);
+  EXPECT_EQ(seen[0].releases, releases);
+  EXPECT_EQ(seen[1].kind, record_kind::sg_confirm);
+  EXPECT_EQ(seen[2].kind, record_kind::sg_quarantine_end);
+  EXPECT_EQ(seen[2].now, 14u);
+  EXPECT_EQ(seen[2].releases, releases);
+  EXPECT_EQ(seen[3].kind, record_kind::sg_snapshot_quarantine);
+  EXPECT_EQ(std::string(seen[3].tenant) + "/" + std::to_string(seen[3].rank) + "/" +
+                std::string(seen[3].ns),
+            "t/7/kv");
+  EXPECT_EQ(seen[3].releases, releases);
+  EXPECT_EQ(seen[4].kind, record_kind::sg_confirm_quarantined);
+  EXPECT_TRUE(seen[4].keys.empty());
+  EXPECT_TRUE(seen[4].releases.empty());
+  for (std::size_t at = 0, n = 0; at < log.size(); ++n) {
+    std::string_view payload;
+    std::size_t frame_bytes = 0;
+    ASSERT_EQ(store::next_frame(log, at, payload, frame_bytes), store::frame_status::whole);
+    store::record r;
+    EXPECT_FALSE(store::decode_payload(payload.substr(0, payload.size() - 1), r)) << n;
+    EXPECT_FALSE(store::decode_payload(std::string(payload) + "x", r)) << n;
+    at += frame_bytes;
+  }
+}
