@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shard/sglang_pool.hpp"
@@ -15,6 +17,13 @@ namespace metad::shard::sg_testing {
 using strs = std::vector<std::string>;
 using ints = std::vector<std::int64_t>;
 using slots = std::vector<sglang_slot>;
+
+// Expected reserve answers, written {{exists, page}, ...}.
+inline slots S(std::initializer_list<std::pair<bool, std::int64_t>> list) {
+  slots out;
+  for (auto [e, p] : list) out.push_back({e, p});
+  return out;
+}
 
 inline std::vector<std::string_view> views(const strs& keys) {
   return std::vector<std::string_view>(keys.begin(), keys.end());

@@ -16,8 +16,6 @@ namespace {
 
 using namespace shard::sg_testing;
 
-slots S(std::initializer_list<sglang_slot> s) { return slots(s); }
-
 // confirm_write with its releases quarantined until `until`.
 std::string release(sglang_pool& pool, const ints& pages, std::uint64_t until,
                     std::uint64_t now = 0, sglang_confirm_stats* stats = nullptr) {

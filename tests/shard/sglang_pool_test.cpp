@@ -12,12 +12,6 @@ namespace {
 
 using namespace shard::sg_testing;
 
-slots S(std::initializer_list<std::pair<bool, std::int64_t>> list) {
-  slots out;
-  for (auto [e, p] : list) out.push_back({e, p});
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------
 // Page order
 
