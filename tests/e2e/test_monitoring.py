@@ -36,8 +36,9 @@ HAPROXY_CFG = os.path.join(DEPLOY, "haproxy", "hf3fs-metad.cfg")
 # Series Prometheus makes itself, not the server.
 PROMETHEUS_SERIES = {"up"}
 # Exported only by a node with --ha-etcd (this suite's server has none): test_failover
-# reads them from real HA nodes.
-HA_SERIES = {"hf3fs_metad_ha_role"}
+# and test_ha (the foreign leader key) read them from real HA nodes.
+HA_SERIES = {"hf3fs_metad_ha_role", "hf3fs_metad_ha_foreign_leader_key",
+             "hf3fs_metad_ha_foreign_leader_keys_total"}
 
 
 # --- PromQL: the metric names an expression selects ----------------------------------
