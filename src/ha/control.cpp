@@ -53,12 +53,6 @@ std::string printable(std::string_view value, std::size_t max = 96) {
   return out;
 }
 
-// A value this cluster's nodes write: a JSON object naming a node.
-bool leader_value_readable(std::string_view value) {
-  const auto info = parse_leader_value(value);
-  return info && !info->node.empty();
-}
-
 }  // namespace
 
 std::string leader_key(std::string_view cluster) {
@@ -204,6 +198,7 @@ void control::publish(const leadership& machine) {
     leader_seen_ = known;
     std::optional<leader_info> info;
     if (known) info = parse_leader_value(known->value);
+    seen_unreadable_ = known && (!info || info->node.empty());
     {
       std::lock_guard lock(mutex_);
       leader_ = std::move(info);
@@ -229,7 +224,7 @@ void control::report_foreign(const leadership& machine) {
   // this cluster writes (under a live lease: it is left to expire).
   std::optional<holder> odd = machine.foreign_key();
   const std::optional<holder>& known = machine.known_leader();
-  if (!odd && known && !leader_value_readable(known->value)) odd = known;
+  if (!odd && known && seen_unreadable_) odd = known;
   foreign_present_.store(odd.has_value(), std::memory_order_release);
   if (!odd || odd->mod_revision == foreign_reported_) return;
   foreign_reported_ = odd->mod_revision;

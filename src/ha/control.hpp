@@ -136,6 +136,7 @@ class control {
   std::vector<std::string> sync_members_;
   std::atomic<std::uint64_t> sync_written_{0};
   std::optional<holder> leader_seen_;  // ha thread only
+  bool seen_unreadable_ = false;       // ha thread only: its value names no node
   std::optional<leader_info> leader_;  // under mutex_
   mutable std::mutex mutex_;
   std::condition_variable wake_;
