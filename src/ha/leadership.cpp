@@ -113,6 +113,7 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
   if (leader && foreign(*leader)) return on_foreign(now, *leader, sync, revision);
   foreign_.reset();
   if (leader) {
+    awaiting_leader_ = false;
     // A campaign whose answer was lost may have won: the key then carries our lease.
     if (lease_ != 0 && leader->lease == lease_) {
       become_leader(now, leader->epoch, grant_deadline_, revision);
@@ -122,10 +123,12 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
     return;
   }
   if (may_campaign_(sync)) {
+    awaiting_leader_ = false;
     role_ = role::candidate;
     schedule(action_kind::grant, now);
   } else {
     become_standby(now, revision);
+    if (awaiting_leader_) role_ = role::candidate;  // still none since the foreign key
   }
 }
 
@@ -151,8 +154,15 @@ void leadership::on_foreign(time_point now, const holder& key,
     foreign_since_ = now;
     ++foreign_seen_;
   }
-  // Only a node that may lead removes it: it campaigns next.
-  if (!may_campaign_(sync)) return become_standby(now, revision);
+  // Only a node that may lead removes it: it campaigns next. The others wait as
+  // candidates, not standbys (no leader to follow): they become standbys of whoever
+  // leads next, a role change that a standby's replication follows.
+  if (!may_campaign_(sync)) {
+    become_standby(now, revision);
+    role_ = role::candidate;
+    awaiting_leader_ = true;
+    return;
+  }
   role_ = role::candidate;
   if (longest_ttl_.count() == 0) {
     schedule(action_kind::grant, now);  // learn the TTL etcd grants first
@@ -247,8 +257,9 @@ void leadership::on_leader_put(time_point now, const holder& key, std::int64_t r
   if (revision < watch_revision_) return;
   known_ = key;
   watch_revision_ = revision + 1;
-  if (foreign(key) || foreign_) {
-    // A foreign key written, or the one being waited out replaced: read, then decide.
+  if (foreign(key) || foreign_ || awaiting_leader_) {
+    // A foreign key written, or the one being waited out replaced, or the leader a
+    // waiting node waits for: read, then decide.
     if (foreign(key)) known_.reset();
     schedule(action_kind::observe, now);
     return;

@@ -170,6 +170,9 @@ class leadership {
   time_point foreign_since_{};
   std::uint64_t foreign_seen_ = 0;
   milliseconds longest_ttl_{0};  // the longest TTL etcd granted or renewed
+  // A node that may not lead met a foreign key: it waits as a candidate (no leader to
+  // follow) until a real leader is seen, so that becoming its standby is a role change.
+  bool awaiting_leader_ = false;
 };
 
 }  // namespace metad::ha

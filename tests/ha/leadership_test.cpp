@@ -482,13 +482,26 @@ TEST(Leadership, ANodeThatMayNotLeadLeavesAForeignKeyAndWatches) {
   f.allow = false;
   f.m.next(t0);
   f.m.on_observed(at(1), ha::holder{50, 0, "forged", 55}, std::string("{}"), 60);
-  EXPECT_EQ(f.m.current(), role::standby);
+  EXPECT_EQ(f.m.current(), role::candidate);  // no leader to follow
+  EXPECT_FALSE(f.m.serving(at(1)));
   EXPECT_TRUE(f.m.foreign_key().has_value());  // still reported
   EXPECT_EQ(f.m.next(at(1)).kind, action_kind::watch);
   EXPECT_EQ(f.m.next(at(5000)).kind, action_kind::observe);  // the recheck
   f.m.on_observed(at(5000), ha::holder{50, 0, "forged", 55}, std::string("{}"), 60);
   EXPECT_EQ(f.m.next(at(5000)).kind, action_kind::watch);
   EXPECT_EQ(f.m.foreign_keys_seen(), 1u);
+  // Removed by the node that may lead: still no leader to follow, still a candidate.
+  f.m.on_leader_deleted(at(5100), 61);
+  ASSERT_EQ(f.m.next(at(5100)).kind, action_kind::observe);
+  f.m.on_observed(at(5101), std::nullopt, std::string("{}"), 61);
+  EXPECT_EQ(f.m.current(), role::candidate);
+  EXPECT_FALSE(f.m.foreign_key().has_value());
+  // That node won: this one reads it at once and stands by for it (a role change, which
+  // a standby's replication follows).
+  f.m.on_leader_put(at(5200), ha::holder{62, 9, "b", 62}, 62);
+  ASSERT_EQ(f.m.next(at(5200)).kind, action_kind::observe);
+  f.m.on_observed(at(5201), ha::holder{62, 9, "b", 62}, std::string("{}"), 62);
+  EXPECT_EQ(f.m.current(), role::standby);
 }
 
 TEST(Leadership, AForeignKeyWrittenAgainRestartsTheGrace) {
