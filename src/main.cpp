@@ -363,8 +363,8 @@ metad::config parse_flags(int argc, char** argv) {
   if (const std::string error = metad::ha_config_error(cfg); !error.empty())
     throw usage_error(error);
 
-  if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
-    throw usage_error("--import-sglang-state needs --data-dir (the imported state lives there)");
+  if (const std::string error = metad::sglang_import_config_error(cfg); !error.empty())
+    throw usage_error(error);
   return cfg;
 }
 

@@ -22,6 +22,10 @@ bool uring_usable();
 // Why the high-availability settings (config::ha_*) are unusable, naming the flag; empty
 // when they are usable or HA is off. The server's constructor throws it.
 std::string ha_config_error(const config& cfg);
+// Why --import-sglang-state cannot be used with these settings (no --data-dir); empty
+// when it can or is not given. The server's constructor throws it; main makes it a usage
+// error. (The file itself is checked when it is imported: persist/sglang_import.cpp.)
+std::string sglang_import_config_error(const config& cfg);
 
 class server {
  public:

@@ -134,7 +134,8 @@ std::string read_free(element list, sg_state_pool& pool, std::vector<listed>& pa
   return {};
 }
 
-std::string read_pool(element value, const sg_state_limits& limits, sg_state_pool& pool) {
+std::string read_pool(element value, const sg_state_limits& limits, sg_state_pool& pool,
+                      std::uint64_t& pages_so_far) {
   simdjson::dom::object object;
   if (value.get_object().get(object) != simdjson::SUCCESS)
     return fmt::format("pool {}: not a JSON object", shown(pool.name));
@@ -149,6 +150,12 @@ std::string read_pool(element value, const sg_state_limits& limits, sg_state_poo
     return fmt::format("pool {}: num_pages must be an integer in 0..{} (--pages-per-rank-max)",
                        shown(pool.name), limits.pages_max);
   pool.num_pages = static_cast<std::uint32_t>(n);
+  pages_so_far += pool.num_pages;
+  if (pages_so_far * sg_state_bytes_per_page > limits.bytes_max)
+    return fmt::format(
+        "pool {}: the pools up to this one declare {} pages, which take {} bytes to import, "
+        "more than the {} bytes the memory budget leaves (--memory-max)",
+        shown(pool.name), pages_so_far, pages_so_far * sg_state_bytes_per_page, limits.bytes_max);
   std::vector<listed> pages(pool.num_pages, listed::nowhere);
   if (std::string e = read_bound(key_to_index.value, limits, pool, pages); !e.empty()) return e;
   return read_free(free_pages.value, pool, pages);
@@ -167,6 +174,7 @@ std::string decode_sglang_state(std::string_view bytes, const sg_state_limits& l
   if (root.get_object().get(object) != simdjson::SUCCESS)
     return "the top level is not a JSON object";
   std::unordered_map<std::string, std::string> names;  // (rank, namespace) → the file's key
+  std::uint64_t pages_so_far = 0;
   for (const simdjson::dom::key_value_pair kv : object) {
     if (pools.size() == limits.pools_max)
       return fmt::format("more than {} pools (--ranks-max)", limits.pools_max);
@@ -177,7 +185,7 @@ std::string decode_sglang_state(std::string_view bytes, const sg_state_limits& l
     if (!fresh)
       return fmt::format("pools {} and {} are both rank {} namespace {}", shown(it->second),
                          shown(pool.name), pool.rank, shown(pool.ns));
-    if (std::string e = read_pool(kv.value, limits, pool); !e.empty()) return e;
+    if (std::string e = read_pool(kv.value, limits, pool, pages_so_far); !e.empty()) return e;
   }
   return {};
 }

@@ -18,7 +18,13 @@ struct sg_state_limits {
   std::int64_t pages_max = 0;     // largest num_pages (--pages-per-rank-max)
   std::size_t key_bytes_max = 0;  // longest key (--key-bytes-max)
   std::size_t pools_max = 0;      // pools in the file (--ranks-max)
+  // What the decoded pools may hold, at sg_state_bytes_per_page a declared page (the
+  // pages' marks while a pool is read, then its free list), summed over the pools in
+  // the file's order: a pool that takes the sum past it is refused before its tables
+  // are made (--memory-max; a 10 KB file may declare 300 pools of 2^28 pages).
+  std::uint64_t bytes_max = UINT64_MAX;
 };
+inline constexpr std::uint64_t sg_state_bytes_per_page = 5;
 
 // One pool of the file: `"<rank>:<namespace>"` (or a bare `"<rank>"`, namespace "kv") →
 // {"num_pages": N, "free_pages": [page, ...], "key_to_index": [[key, page], ...]}.
@@ -45,7 +51,8 @@ struct sg_state_pool {
 // pools_max, a missing or non-integer num_pages or one outside 0..pages_max, free_pages
 // or key_to_index that are not lists of the right shape, a page outside
 // 0..num_pages-1, a page listed free twice or bound to two keys, a key twice or longer
-// than key_bytes_max. Other fields are ignored, as the reference ignores them.
+// than key_bytes_max, pools that declare more pages than bytes_max allows. Other fields are
+// ignored, as the reference ignores them.
 std::string decode_sglang_state(std::string_view bytes, const sg_state_limits& limits,
                                 std::vector<sg_state_pool>& pools);
 

@@ -34,7 +34,23 @@ std::int64_t ticks(time_point t) { return t.time_since_epoch().count(); }
 
 std::optional<holder> to_holder(const std::optional<key_value>& kv) {
   if (!kv) return std::nullopt;
-  return holder{kv->create_revision, kv->lease, kv->value};
+  return holder{kv->create_revision, kv->lease, kv->value, kv->mod_revision};
+}
+
+// At most `max` bytes of an etcd value for a log line, anything but printable ASCII as
+// \xNN (the value is whatever someone wrote into etcd).
+std::string printable(std::string_view value, std::size_t max = 96) {
+  std::string out;
+  for (std::size_t i = 0; i < value.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if (c >= ' ' && c <= '~' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  if (value.size() > max) out += fmt::format("... ({} bytes)", value.size());
+  return out;
 }
 
 }  // namespace
@@ -182,6 +198,7 @@ void control::publish(const leadership& machine) {
     leader_seen_ = known;
     std::optional<leader_info> info;
     if (known) info = parse_leader_value(known->value);
+    seen_unreadable_ = known && (!info || info->node.empty());
     {
       std::lock_guard lock(mutex_);
       leader_ = std::move(info);
@@ -192,12 +209,46 @@ void control::publish(const leadership& machine) {
   epoch_.store(machine.epoch(), std::memory_order_release);
   lease_.store(machine.lease(), std::memory_order_release);
   renewed_sent_.store(ticks(machine.last_renewal_sent()), std::memory_order_release);
+  report_foreign(machine);
   const role was = role_.exchange(machine.current(), std::memory_order_acq_rel);
   if (was != machine.current()) {
     // The key's epoch: a fenced leader still holds its key (epoch() is 0 off leader).
     metad::log::info("ha: node {} {} -> {} (epoch {})", config_.node, to_string(was),
                      to_string(machine.current()), machine.key_epoch());
     if (on_role_) on_role_(was, machine.current(), machine.epoch());
+  }
+}
+
+void control::report_foreign(const leadership& machine) {
+  // A key without a lease (the machine waits it out), or one whose value no node of
+  // this cluster writes (under a live lease: it is left to expire).
+  std::optional<holder> odd = machine.foreign_key();
+  const std::optional<holder>& known = machine.known_leader();
+  if (!odd && known && seen_unreadable_) odd = known;
+  foreign_present_.store(odd.has_value(), std::memory_order_release);
+  if (!odd || odd->mod_revision == foreign_reported_) return;
+  foreign_reported_ = odd->mod_revision;
+  foreign_seen_.fetch_add(1, std::memory_order_acq_rel);
+  std::string endpoints;
+  for (const endpoint& e : config_.etcd) endpoints += (endpoints.empty() ? "" : ",") + e.url;
+  const std::string key = leader_key(config_.cluster);
+  const std::string remove =
+      fmt::format("ETCDCTL_API=3 etcdctl --endpoints={} del {}", endpoints, key);
+  if (foreign(*odd)) {
+    metad::log::error(
+        "ha: FOREIGN LEADER KEY: {} has no lease (written at etcd revision {}, value \"{}\"): "
+        "no hf3fs-metad node wrote it (they write it under a lease) and while it is there "
+        "no node leads, so the API answers 503. A node that may lead removes it if it is "
+        "still unchanged {} ms after it first saw it, then campaigns. To remove it now: "
+        "{} (then find who can write to etcd under /hf3fs-metad/)",
+        key, odd->mod_revision, printable(odd->value), machine.foreign_grace().count(), remove);
+  } else {
+    metad::log::error(
+        "ha: FOREIGN LEADER KEY: {} holds a value no hf3fs-metad node writes (etcd revision "
+        "{}, lease {:x}, value \"{}\"): no node knows where the leader is. It goes when "
+        "that lease ends; if something keeps renewing it, stop that writer, or remove the "
+        "key once every node's /metrics shows hf3fs_metad_ha_serving 0: {}",
+        key, odd->mod_revision, odd->lease, printable(odd->value), remove);
   }
 }
 
@@ -317,9 +368,38 @@ void session::perform(const action& next, time_point sent) {
     }
     case action_kind::keepalive: {
       // Bounded by the renew interval so a hung member is left for the next one in time.
-      auto ttl = etcd_.keepalive(machine_.lease(), sent + config_.timings.renew_interval);
+      const time_point renew_by = sent + config_.timings.renew_interval;
+      auto ttl = etcd_.keepalive(machine_.lease(), renew_by);
       if (!ttl) return failed("keepalive", ttl.error);
-      machine_.on_keepalive(steady::now(), sent, std::chrono::seconds(*ttl));
+      // Then the key: the renewal counts only if the key still carries this lease (a
+      // key overwritten without a lease must not leave a leader serving on the watch's
+      // word alone).
+      std::optional<holder> key;
+      std::optional<std::string> sync;
+      std::int64_t revision = 0;
+      if (*ttl > 0) {
+        auto read = etcd_.read(keys_, renew_by);
+        if (!read) return failed("read after keepalive", read.error);
+        key = to_holder(read->keys[0]);
+        if (read->keys[1]) sync = read->keys[1]->value;
+        revision = read->revision;
+      }
+      machine_.on_renewed(steady::now(), sent, std::chrono::seconds(*ttl), key, sync, revision);
+      return;
+    }
+    case action_kind::remove_foreign: {
+      const auto& odd = machine_.foreign_key();
+      if (!odd) return;
+      auto removed = etcd_.delete_if_unchanged(leader_, odd->mod_revision, by);
+      if (!removed) return failed("foreign key removal", removed.error);
+      if (*removed) {
+        metad::log::warn("ha: removed the foreign leader key {} (etcd revision {}); campaigning",
+                         leader_, odd->mod_revision);
+      } else {
+        metad::log::warn("ha: the foreign leader key {} changed before its removal: re-reading",
+                         leader_);
+      }
+      machine_.on_foreign_removed(steady::now(), *removed);
       return;
     }
   }

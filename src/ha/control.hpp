@@ -94,6 +94,13 @@ class control {
   // atomic load.
   std::optional<leader_info> leader() const;
   std::uint64_t leader_changes() const { return leader_changes_.load(std::memory_order_acquire); }
+  // A foreign leader key (one without a lease, or whose value no node writes) is in
+  // etcd as last seen; how many such keys (writes) this node has seen. Logged at error
+  // level with the command that removes it. Any thread.
+  bool foreign_leader_key() const { return foreign_present_.load(std::memory_order_acquire); }
+  std::uint64_t foreign_leader_keys_seen() const {
+    return foreign_seen_.load(std::memory_order_acquire);
+  }
 
   // The leader's standbys in sync (design-ha §4, "Modes"): asks the ha thread to write
   // /sync with these members (a txn fenced by this node's epoch), and returns the
@@ -108,6 +115,7 @@ class control {
  private:
   void run();
   void publish(const leadership& machine);
+  void report_foreign(const leadership& machine);
   void sleep_until(time_point at);
 
   config config_;
@@ -120,11 +128,15 @@ class control {
   std::atomic<std::int64_t> lease_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> leader_changes_{0};
+  std::atomic<bool> foreign_present_{false};
+  std::atomic<std::uint64_t> foreign_seen_{0};
+  std::int64_t foreign_reported_ = 0;  // ha thread only: the last foreign key logged
   // request_sync's numbers: asked (under mutex_, with the members) and written.
   std::uint64_t sync_asked_ = 0;
   std::vector<std::string> sync_members_;
   std::atomic<std::uint64_t> sync_written_{0};
   std::optional<holder> leader_seen_;  // ha thread only
+  bool seen_unreadable_ = false;       // ha thread only: its value names no node
   std::optional<leader_info> leader_;  // under mutex_
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -40,6 +40,14 @@ std::string fenced_put_txn(std::string_view fence_key, std::int64_t epoch, std::
       base64_encode(fence_key), epoch, base64_encode(key), base64_encode(value));
 }
 
+std::string delete_if_unchanged_txn(std::string_view key, std::int64_t mod_revision) {
+  const std::string k = base64_encode(key);
+  return fmt::format(
+      R"({{"compare":[{{"key":"{0}","target":"MOD","result":"EQUAL","mod_revision":"{1}"}}],)"
+      R"("success":[{{"request_delete_range":{{"key":"{0}"}}}}]}})",
+      k, mod_revision);
+}
+
 std::string watch_create(std::string_view key, std::int64_t start_revision) {
   return fmt::format(R"({{"create_request":{{"key":"{}","start_revision":"{}"}}}})",
                      base64_encode(key), start_revision);
@@ -211,6 +219,15 @@ result<bool> etcd_client::fenced_put(std::string_view fence_key, std::int64_t ep
                                      std::string_view key, std::string_view value,
                                      time_point deadline) {
   auto doc = call("/v3/kv/txn", json::fenced_put_txn(fence_key, epoch, key, value), deadline);
+  if (!doc) return result<bool>::fail(doc.error);
+  bool succeeded = false;
+  std::ignore = (*doc)["succeeded"].get(succeeded);
+  return {succeeded, {}};
+}
+
+result<bool> etcd_client::delete_if_unchanged(std::string_view key, std::int64_t mod_revision,
+                                              time_point deadline) {
+  auto doc = call("/v3/kv/txn", json::delete_if_unchanged_txn(key, mod_revision), deadline);
   if (!doc) return result<bool>::fail(doc.error);
   bool succeeded = false;
   std::ignore = (*doc)["succeeded"].get(succeeded);

@@ -77,6 +77,10 @@ class etcd_client {
   // Puts key = value only while fence_key's create_revision == epoch; false if not.
   result<bool> fenced_put(std::string_view fence_key, std::int64_t epoch, std::string_view key,
                           std::string_view value, time_point deadline);
+  // Deletes key only while its mod_revision == mod_revision (unchanged since it was
+  // read); false if it changed or is gone.
+  result<bool> delete_if_unchanged(std::string_view key, std::int64_t mod_revision,
+                                   time_point deadline);
 
   http_client& http() { return http_; }
 
@@ -116,6 +120,7 @@ std::string campaign_txn(std::string_view key, std::string_view value, std::int6
 std::string read_txn(const std::vector<std::string>& keys);
 std::string fenced_put_txn(std::string_view fence_key, std::int64_t epoch, std::string_view key,
                            std::string_view value);
+std::string delete_if_unchanged_txn(std::string_view key, std::int64_t mod_revision);
 std::string watch_create(std::string_view key, std::int64_t start_revision);
 // "123" or 123 or absent (the gateway omits zero values) → the int64; nullopt if malformed.
 std::optional<std::int64_t> int64_field(simdjson::dom::element object, std::string_view name);

@@ -35,6 +35,8 @@ const char* to_string(action_kind k) {
       return "watch";
     case action_kind::claim_sync:
       return "claim_sync";
+    case action_kind::remove_foreign:
+      return "remove_foreign";
   }
   return "?";
 }
@@ -91,6 +93,7 @@ void leadership::become_standby(time_point now, std::int64_t revision) {
 void leadership::on_observed(time_point now, const std::optional<holder>& leader,
                              const std::optional<std::string>& sync, std::int64_t revision) {
   known_ = leader;
+  if (leader && foreign(*leader)) known_.reset();  // names no leader
   watch_revision_ = std::max(watch_revision_, revision + 1);
   if (role_ == role::leader || role_ == role::fenced) {
     // Verifying after a renewal that followed the deadline: resume only if the key is
@@ -102,10 +105,15 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
       return;
     }
     become_standby(now, revision);
-    if (!leader) schedule(action_kind::observe, now);  // nobody leads: maybe campaign
+    // Nobody leads (or a foreign key stands in the way): maybe campaign. Standby first,
+    // for one step: a deposed leader says so before anything else.
+    if (!leader || foreign(*leader)) schedule(action_kind::observe, now);
     return;
   }
+  if (leader && foreign(*leader)) return on_foreign(now, *leader, sync, revision);
+  foreign_.reset();
   if (leader) {
+    awaiting_leader_ = false;
     // A campaign whose answer was lost may have won: the key then carries our lease.
     if (lease_ != 0 && leader->lease == lease_) {
       become_leader(now, leader->epoch, grant_deadline_, revision);
@@ -115,10 +123,12 @@ void leadership::on_observed(time_point now, const std::optional<holder>& leader
     return;
   }
   if (may_campaign_(sync)) {
+    awaiting_leader_ = false;
     role_ = role::candidate;
     schedule(action_kind::grant, now);
   } else {
     become_standby(now, revision);
+    if (awaiting_leader_) role_ = role::candidate;  // still none since the foreign key
   }
 }
 
@@ -128,7 +138,44 @@ void leadership::on_granted(time_point now, time_point sent_at, std::int64_t lea
   lease_ = lease;
   grant_deadline_ = deadline_from(sent_at, ttl);
   renewed_sent_ = sent_at;
+  longest_ttl_ = std::max(longest_ttl_, ttl);
+  if (foreign_) {
+    // The grant told what TTL etcd gives: wait the foreign key out, then remove it.
+    schedule(action_kind::remove_foreign, std::max(now, foreign_since_ + foreign_grace()));
+    return;
+  }
   schedule(action_kind::campaign, now);
+}
+
+void leadership::on_foreign(time_point now, const holder& key,
+                            const std::optional<std::string>& sync, std::int64_t revision) {
+  if (!foreign_ || foreign_->mod_revision != key.mod_revision || foreign_->epoch != key.epoch) {
+    foreign_ = key;
+    foreign_since_ = now;
+    ++foreign_seen_;
+  }
+  // Only a node that may lead removes it: it campaigns next. The others wait as
+  // candidates, not standbys (no leader to follow): they become standbys of whoever
+  // leads next, a role change that a standby's replication follows.
+  if (!may_campaign_(sync)) {
+    become_standby(now, revision);
+    role_ = role::candidate;
+    awaiting_leader_ = true;
+    return;
+  }
+  role_ = role::candidate;
+  if (longest_ttl_.count() == 0) {
+    schedule(action_kind::grant, now);  // learn the TTL etcd grants first
+    return;
+  }
+  schedule(action_kind::remove_foreign, std::max(now, foreign_since_ + foreign_grace()));
+}
+
+void leadership::on_foreign_removed(time_point now, bool removed) {
+  if (!foreign_ || role_ != role::candidate) return;
+  (void)removed;  // either way: read what is there now (nothing, or someone's key)
+  foreign_.reset();
+  schedule(action_kind::observe, now);
 }
 
 void leadership::on_campaign(time_point now, const std::optional<holder>& key,
@@ -156,11 +203,25 @@ void leadership::on_keepalive(time_point now, time_point sent_at, milliseconds t
   }
   renewed_sent_ = std::max(renewed_sent_, sent_at);
   deadline_ = std::max(deadline_, deadline_from(sent_at, ttl));
+  longest_ttl_ = std::max(longest_ttl_, ttl);
   if (role_ == role::leader) {
     schedule_holder_step(now);
   } else {
     schedule(action_kind::observe, now);
   }
+}
+
+void leadership::on_renewed(time_point now, time_point sent_at, milliseconds ttl,
+                            const std::optional<holder>& key,
+                            const std::optional<std::string>& sync, std::int64_t revision) {
+  if (role_ != role::leader && role_ != role::fenced) return;
+  if (ttl.count() > 0 && !(key && key->lease == lease_ && key->epoch == epoch_)) {
+    // The lease lives but no longer holds the key (overwritten, deleted): the renewal
+    // proves nothing, the deadline stays where it was and the node steps down.
+    on_observed(now, key, sync, revision);
+    return;
+  }
+  on_keepalive(now, sent_at, ttl);
 }
 
 void leadership::on_sync_claimed(time_point now, bool written) {
@@ -177,6 +238,7 @@ void leadership::on_sync_claimed(time_point now, bool written) {
 void leadership::on_leader_deleted(time_point now, std::int64_t revision) {
   if (revision < watch_revision_) return;  // older than what a read already showed
   known_.reset();
+  foreign_.reset();
   watch_revision_ = revision + 1;
   if (role_ == role::leader || role_ == role::fenced) {
     // Its own key is gone (its lease expired, or someone deleted the key): it stops
@@ -195,6 +257,13 @@ void leadership::on_leader_put(time_point now, const holder& key, std::int64_t r
   if (revision < watch_revision_) return;
   known_ = key;
   watch_revision_ = revision + 1;
+  if (foreign(key) || foreign_ || awaiting_leader_) {
+    // A foreign key written, or the one being waited out replaced, or the leader a
+    // waiting node waits for: read, then decide.
+    if (foreign(key)) known_.reset();
+    schedule(action_kind::observe, now);
+    return;
+  }
   if (role_ == role::leader || role_ == role::fenced) {
     if (key.lease != lease_ || key.epoch != epoch_) schedule(action_kind::observe, now);
   }

@@ -5,6 +5,7 @@
 // threads read the published deadline, never this object.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -37,18 +38,29 @@ struct holder {
   std::int64_t epoch = 0;
   std::int64_t lease = 0;
   std::string value;
+  std::int64_t mod_revision = 0;  // its last write (a compare-and-delete names it)
 };
 
+// A leader key that no node holds: every node campaigns with a lease, so a key with
+// none (lease 0) was written by hand or by a foreign writer. It names no leader, never
+// expires by itself, and a node removes it (compare-and-delete on its mod_revision)
+// once it has been there, unchanged, for foreign_grace(): by then every node that held
+// the key before it was overwritten has passed its deadline (leaders confirm their key
+// after each renewal, see on_renewed), so removing it cannot make two leaders.
+inline bool foreign(const holder& key) { return key.lease == 0; }
+
 enum class action_kind {
-  wait,        // nothing to do before `at`
-  observe,     // read the leader and /sync keys → on_observed
-  grant,       // grant a lease of timing.ttl → on_granted
-  campaign,    // create-if-absent of the leader key with lease() → on_campaign
-  keepalive,   // renew lease() → on_keepalive
-  claim_sync,  // leader: write /sync {"epoch":key_epoch(),"leader":<this node>,"sync":[]},
-               // fenced by the leader key's create_revision → on_sync_claimed
-  watch,       // standby: wait for changes of the leader key until `at` (every role
-               // follows the key's watch while it waits for its next action)
+  wait,            // nothing to do before `at`
+  observe,         // read the leader and /sync keys → on_observed
+  grant,           // grant a lease of timing.ttl → on_granted
+  campaign,        // create-if-absent of the leader key with lease() → on_campaign
+  keepalive,       // renew lease() → on_keepalive
+  claim_sync,      // leader: write /sync {"epoch":key_epoch(),"leader":<this node>,"sync":[]},
+                   // fenced by the leader key's create_revision → on_sync_claimed
+  watch,           // standby: wait for changes of the leader key until `at` (every role
+                   // follows the key's watch while it waits for its next action)
+  remove_foreign,  // delete the leader key if its mod_revision is still
+                   // foreign_key()->mod_revision → on_foreign_removed
 };
 const char* to_string(action_kind k);
 
@@ -78,6 +90,16 @@ class leadership {
   void on_campaign(time_point now, const std::optional<holder>& key, std::int64_t revision);
   // ttl == 0: the lease no longer exists.
   void on_keepalive(time_point now, time_point sent_at, milliseconds ttl);
+  // A keepalive's answer and the keys read after it (at `revision`): the renewal
+  // extends the deadline only if the leader key is still this node's (its lease, its
+  // epoch); else the node stops as on_observed says. What the ha thread calls, so a
+  // leader's deadline never outlives its key by more than a lease: a leader whose key
+  // was overwritten, with a watch that lags, still stops within a TTL.
+  void on_renewed(time_point now, time_point sent_at, milliseconds ttl,
+                  const std::optional<holder>& key, const std::optional<std::string>& sync,
+                  std::int64_t revision);
+  // removed: the foreign key was deleted; false: it had changed (someone wrote it).
+  void on_foreign_removed(time_point now, bool removed);
   // written: /sync now names this node for key_epoch(); false: the fence did not hold
   // (the leader key is no longer the one this node created).
   void on_sync_claimed(time_point now, bool written);
@@ -107,11 +129,23 @@ class leadership {
   // The first revision not yet seen (0: none read yet); a watch (re)opens from it.
   std::int64_t watch_revision() const { return watch_revision_; }
   const std::optional<holder>& known_leader() const { return known_; }
+  // The foreign leader key (see foreign()) last read, while it is there (nullopt: none).
+  const std::optional<holder>& foreign_key() const { return foreign_; }
+  // Foreign leader keys seen so far (each write of one counts once).
+  std::uint64_t foreign_keys_seen() const { return foreign_seen_; }
+  // When a foreign key is removed: it was first seen at foreign_since(), plus
+  // foreign_grace(), twice the longest lease TTL asked or granted (etcd may grant more
+  // than asked: its minimum). Nodes of one cluster ask for the same TTL.
+  time_point foreign_since() const { return foreign_since_; }
+  milliseconds foreign_grace() const { return 2 * std::max(timing_.ttl, longest_ttl_); }
   time_point last_renewal_sent() const { return renewed_sent_; }
   const timing& config() const { return timing_; }
 
  private:
   void become_standby(time_point now, std::int64_t revision);
+  // A foreign key read by a node that holds no key: wait it out, then remove it.
+  void on_foreign(time_point now, const holder& key, const std::optional<std::string>& sync,
+                  std::int64_t revision);
   void become_leader(time_point now, std::int64_t epoch, time_point deadline,
                      std::int64_t revision);
   // A leader's (or fenced leader's) next step: claim /sync first, then keep renewing.
@@ -132,6 +166,13 @@ class leadership {
   std::optional<holder> known_;
   bool claim_sync_ = false;
   std::int64_t synced_epoch_ = 0;  // the epoch /sync was last claimed for
+  std::optional<holder> foreign_;
+  time_point foreign_since_{};
+  std::uint64_t foreign_seen_ = 0;
+  milliseconds longest_ttl_{0};  // the longest TTL etcd granted or renewed
+  // A node that may not lead met a foreign key: it waits as a candidate (no leader to
+  // follow) until a real leader is seen, so that becoming its standby is a role change.
+  bool awaiting_leader_ = false;
 };
 
 }  // namespace metad::ha

@@ -4,6 +4,7 @@
 #include "persist/sglang_import.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,20 +18,59 @@
 #include "api/sglang_state.hpp"
 #include "metad/log.hpp"
 #include "shard/ownership.hpp"
+#include "shard/rank_table.hpp"
 
 namespace metad::persist {
 namespace {
 
-// The whole file. Throws std::runtime_error.
-std::string read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// The largest state file read (SGLang's server writes one JSON for all its pools: 1 GiB
+// is millions of keys), and how many times its size reading and decoding it may take
+// (the bytes, simdjson's document, the decoded keys): also bounded by --memory-max.
+constexpr std::uint64_t kFileBytesMax = std::uint64_t{1} << 30;
+constexpr std::uint64_t kReadFactor = 8;
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+// The whole file, a regular file of at most `size_max` bytes (only its size as fstat
+// tells it is read: a file that grows meanwhile is cut there, and the JSON then fails).
+// Opened without blocking (a FIFO would wait for a writer forever). Throws
+// std::runtime_error.
+std::string read_file(const std::string& path, std::uint64_t size_max,
+                      const std::string& size_why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot read: " + std::strerror(error));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot read: " + kind_of(st.st_mode) +
+                             ", not a regular file; nothing imported");
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > size_max) {
+    ::close(fd);
+    throw std::runtime_error(fmt::format(
+        "{}: cannot read: {} bytes, more than the {} bytes an SGLang state file may have ({}); "
+        "nothing imported",
+        path, size, size_max, size_why));
+  }
   std::string bytes;
-  if (struct stat st{}; ::fstat(fd, &st) == 0 && st.st_size > 0)
-    bytes.reserve(static_cast<std::size_t>(st.st_size));
+  bytes.reserve(static_cast<std::size_t>(size));
   char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+  while (bytes.size() < size) {
+    const ssize_t n =
+        ::read(fd, buffer, std::min<std::uint64_t>(sizeof buffer, size - bytes.size()));
     if (n == 0) break;
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -63,7 +103,19 @@ bool import_sglang_state(pipeline::node& nd, const store::data_dir& dir) {
         path, dir.path(), dir.generation());
     return false;
   }
-  const std::string bytes = read_file(path);
+  // Bounded by --memory-max, as initialize is: the file (parsing it takes up to
+  // kReadFactor times its size), the pools' tables while they are decoded, then the
+  // pools themselves, charged before they are made.
+  nd.memory.sample();
+  const std::uint64_t used = nd.memory.used();
+  const std::uint64_t left = nd.memory.max() > used ? nd.memory.max() - used : 0;
+  const std::uint64_t size_max = std::min(kFileBytesMax, left / kReadFactor);
+  const std::string size_why =
+      size_max == kFileBytesMax
+          ? fmt::format("at most {} bytes", kFileBytesMax)
+          : fmt::format("reading takes {}x its size and --memory-max {} leaves {} bytes",
+                        kReadFactor, nd.memory.max(), left);
+  const std::string bytes = read_file(path, size_max, size_why);
   const std::int64_t pools_now = nd.sglang_pools.load();
   api::sg_state_limits limits;
   limits.pages_max =
@@ -71,10 +123,21 @@ bool import_sglang_state(pipeline::node& nd, const store::data_dir& dir) {
   limits.key_bytes_max = nd.cfg.key_bytes_max;
   limits.pools_max =
       static_cast<std::size_t>(std::max<std::int64_t>(nd.cfg.ranks_max - pools_now, 0));
+  limits.bytes_max = left - bytes.size() * kReadFactor;
   std::vector<api::sg_state_pool> pools;
   if (std::string error = api::decode_sglang_state(bytes, limits, pools); !error.empty())
     throw std::runtime_error("SGLang state file " + path + ": " + error +
                              "; nothing imported (the file is left as it is)");
+  std::uint64_t pool_bytes = 0;
+  for (const api::sg_state_pool& pool : pools)
+    pool_bytes += shard::rank_table::pool_bytes(pool.num_pages);
+  if (!nd.memory.charge_kept(pool_bytes)) {
+    nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
+    throw std::runtime_error(fmt::format(
+        "SGLang state file {}: its {} pool(s) need {} bytes, over the memory budget "
+        "(--memory-max {} bytes, {} in use); nothing imported (the file is left as it is)",
+        path, pools.size(), pool_bytes, nd.memory.max(), nd.memory.used()));
+  }
   std::uint64_t pages = 0, keys = 0, reclaimed = 0;
   for (api::sg_state_pool& pool : pools) {
     if (pool.free_and_bound > 0)

@@ -97,6 +97,17 @@ void render_ha_metrics(std::string& out, const node& nd) {
                  "knows of (including none).\n# TYPE hf3fs_metad_ha_leader_changes_total "
                  "counter\nhf3fs_metad_ha_leader_changes_total {}\n",
                  nd.ha->leader_changes());
+  fmt::format_to(it,
+                 "# HELP hf3fs_metad_ha_foreign_leader_key 1 while etcd's leader key is one no "
+                 "node of this cluster wrote (no lease, or a value no node writes): no node "
+                 "leads meanwhile; the log says how to remove it.\n# TYPE "
+                 "hf3fs_metad_ha_foreign_leader_key gauge\nhf3fs_metad_ha_foreign_leader_key {}\n",
+                 nd.ha->foreign_leader_key() ? 1 : 0);
+  fmt::format_to(it,
+                 "# HELP hf3fs_metad_ha_foreign_leader_keys_total Foreign leader keys (writes) "
+                 "this node has seen in etcd.\n# TYPE hf3fs_metad_ha_foreign_leader_keys_total "
+                 "counter\nhf3fs_metad_ha_foreign_leader_keys_total {}\n",
+                 nd.ha->foreign_leader_keys_seen());
   if (!nd.repl.enabled.load()) return;
   const auto& r = nd.repl;
   const auto metric = [&](const char* name, const char* help, const char* type,

@@ -233,11 +233,19 @@ struct server::impl {
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (const std::string error = ha_config_error(cfg); !error.empty())
     throw std::runtime_error(error);
+  if (const std::string error = sglang_import_config_error(cfg); !error.empty())
+    throw std::runtime_error(error);
   if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->node =
       std::make_unique<pipeline::node>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+}
+
+std::string sglang_import_config_error(const config& cfg) {
+  if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
+    return "--import-sglang-state needs --data-dir (the imported state lives there)";
+  return {};
 }
 
 server::~server() {
@@ -256,8 +264,6 @@ void server::run() {
     use_uring = false;
   }
   // Listeners open only after recovery: a client that connects sees the recovered state.
-  if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
-    throw std::runtime_error("importing an SGLang state file needs a data directory");
   // With replication, etcd says first whether this node recovers its own state or
   // starts empty and copies the leader's.
   auto start_as = replication::start_as::primary;

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -266,6 +267,50 @@ void data_dir::commit_generation() {
   std::error_code ec;
   if (generation_ != 0) fs::remove_all(generation_dir(generation_), ec);
   generation_ = next;
+}
+
+void data_dir::abandon_generation() const {
+  std::error_code ec;
+  fs::remove_all(generation_dir(generation_ + 1), ec);
+  sync_directory(path_);
+}
+
+std::uint64_t data_dir::release_log_reservations() const {
+  if (generation_ == 0) return 0;
+  std::uint64_t freed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(generation_dir(generation_), ec)) {
+    int core = 0;
+    std::string kind;
+    std::uint64_t segment = 0;
+    if (!parse_name(entry.path().filename().string(), core, kind, segment) || kind != "log")
+      continue;
+    const int fd = ::open(entry.path().c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // nothing given back; the start goes on
+    struct stat before {};
+    struct stat after {};
+    // Blocks past the end exist only if the allocation is larger than the size.
+    if (::fstat(fd, &before) == 0 &&
+        static_cast<std::uint64_t>(before.st_blocks) * 512 >
+            static_cast<std::uint64_t>(before.st_size) &&
+        ::ftruncate(fd, before.st_size) == 0 && ::fstat(fd, &after) == 0 &&
+        after.st_blocks < before.st_blocks)
+      freed += static_cast<std::uint64_t>(before.st_blocks - after.st_blocks) * 512;
+    ::close(fd);
+  }
+  return freed;
+}
+
+std::uint64_t data_dir::block_bytes() const {
+  struct statvfs st {};
+  if (::statvfs(path_.c_str(), &st) != 0 || st.f_frsize == 0) return 4096;
+  return st.f_frsize;
+}
+
+std::uint64_t data_dir::free_bytes() const {
+  struct statvfs st {};
+  if (::statvfs(path_.c_str(), &st) != 0) return 0;
+  return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
 }  // namespace metad::store

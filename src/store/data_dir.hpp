@@ -91,6 +91,19 @@ class data_dir {
   void remove_before(std::uint64_t generation, int core, std::uint64_t segment) const;
   // Makes the next generation the committed one and deletes the old one.
   void commit_generation();
+  // Removes the next generation's directory after a start that could not write it.
+  void abandon_generation() const;
+
+  // Gives back the disk space the committed generation's log segments hold past their
+  // end: a log reserves room in chunks of up to 16 MiB (fallocate, the size kept), and
+  // after a crash that reservation stays with the file. Truncates each to its own size:
+  // not a byte of any file changes. Returns the bytes freed. Start-up, before the next
+  // generation is written (it needs room the running server never needed).
+  std::uint64_t release_log_reservations() const;
+  // Bytes free to this process on the directory's file system (0 if unknown), and the
+  // unit files take room in (4096 if unknown).
+  std::uint64_t free_bytes() const;
+  std::uint64_t block_bytes() const;
 
   std::string generation_dir(std::uint64_t generation) const;
 

@@ -206,5 +206,20 @@ TEST(SglangState, ReadsAnUnpaddedBufferAtItsEnd) {
   ASSERT_EQ(pools.size(), 1u);
 }
 
+TEST(SglangState, PoolsPastTheBytesBudgetAreRefusedInFileOrder) {
+  sg_state_limits limits = kLimits;
+  limits.bytes_max = 5 * 150;  // 150 declared pages at 5 bytes each
+  std::vector<sg_state_pool> pools;
+  const std::string file = R"({"0:kv": {"num_pages": 100, "free_pages": [], "key_to_index": []},)"
+                           R"( "1:kv": {"num_pages": 50, "free_pages": [], "key_to_index": []},)"
+                           R"( "2:kv": {"num_pages": 1, "free_pages": [], "key_to_index": []}})";
+  EXPECT_EQ(decode_sglang_state(file, limits, pools),
+            "pool \"2:kv\": the pools up to this one declare 151 pages, which take 755 bytes to "
+            "import, more than the 750 bytes the memory budget leaves (--memory-max)");
+  limits.bytes_max = 5 * 151;
+  EXPECT_EQ(decode_sglang_state(file, limits, pools), "");
+  EXPECT_EQ(pools.size(), 3u);
+}
+
 }  // namespace
 }  // namespace metad::api

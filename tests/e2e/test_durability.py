@@ -1188,6 +1188,60 @@ class DiskFullTest(DurabilityCase):
         self.stop(server)
 
 
+class NearlyFullRestartTest(DurabilityCase):
+    """kill -9 with the disk nearly full, then a restart (issue 30, finding 9): start-up
+    writes a new generation, room the running server never needed. The last run's logs
+    had reserved room past their ends (fallocate, 16 MiB chunks) that a crash leaves
+    allocated: start-up gives it back first, so the restart starts. Where the new
+    generation still does not fit, start-up says exactly how much room it needs, and
+    starts once that much is freed."""
+
+    def test_kill9_on_a_nearly_full_disk_then_restart(self):
+        root = self.tmpdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", root],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("mount -t tmpfs failed (needs root)")
+        self.addCleanup(subprocess.run, ["umount", "-l", root])
+        data = os.path.join(root, "data")
+        server = self.start(data, 1)
+        m = Mirror(self, server)
+        self.addCleanup(m.close)
+        build_state(self, m)
+        m.verify()
+        self.crash(server)
+        # Fill the file system: not even a byte fits.
+        disk = DiskFull.__new__(DiskFull)
+        disk.tc, disk.root, disk.mounted = self, root, True
+        disk.filler = os.path.join(root, "filler")
+        disk.fill()
+        server = self.start(data, 1)
+        m.attach(server)
+        m.verify(read_only=True)
+        self.assertRegex(server.log(), r"recovery: \d+ bytes the last run's logs had reserved "
+                                       r"given back")
+        self.crash(server)  # before any write: the new log has reserved nothing yet
+
+        # A restart on another core count cannot hard-link the snapshot: it needs room.
+        os.unlink(disk.filler)
+        disk.fill()
+        code, err, started = run_to_exit(("--data-dir", data, "--threads", "2"))
+        self.assertFalse(started, err)
+        self.assertEqual(code, 1, err)
+        found = re.search(r"no room for the new generation g\d+ in .*: its files need "
+                          r"(\d+) bytes and (\d+) are free; free at least (\d+) more bytes", err)
+        self.assertTrue(found, err)
+        self.assertIn("nothing is lost", err)
+        more = int(found.group(3))
+        self.assertGreater(more, 0)
+        # Exactly that much freed, it starts, state intact.
+        size = os.path.getsize(disk.filler)
+        os.truncate(disk.filler, max(0, size - more))
+        server = self.start(data, 2)
+        m.attach(server)
+        m.verify(read_only=True)
+        self.stop(server)
+
+
 # --- 6. --durability none ----------------------------------------------------------------
 
 class NoSyncTest(DurabilityCase):

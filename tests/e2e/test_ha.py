@@ -240,6 +240,76 @@ class HaTest(HaCase):
         self.assertEqual(value, {"node": "a", "http": a.base_url})
 
 
+class ForeignLeaderKeyTest(HaCase):
+    """A leader key written without a lease (by hand, or by anyone with write access to
+    etcd: issue 30, finding 7) names no leader and never expires. It must not stop the
+    cluster for good: it is logged (error, with the etcdctl command that removes it),
+    counted in /metrics, and a node that may lead removes it once it has stood unchanged
+    for twice the lease TTL (2 s here), then campaigns."""
+
+    BOUND = 6.0  # s: 2 x TTL, a campaign and the deposed leader's steps, with slack
+
+    def forge(self, value):
+        b64 = lambda text: base64.b64encode(text.encode()).decode()
+        answer = requests.post(self.etcd.url + "/v3/kv/put",
+                               json={"key": b64(f"/hf3fs-metad/{self.cluster}/leader"),
+                                     "value": b64(value)}, timeout=2)
+        self.assertEqual(answer.status_code, 200, answer.text)
+
+    def leader_key(self):
+        answer = requests.post(self.etcd.url + "/v3/kv/range", json={"key": base64.b64encode(
+            f"/hf3fs-metad/{self.cluster}/leader".encode()).decode()}, timeout=2).json()
+        kvs = answer.get("kvs", [])
+        return kvs[0] if kvs else None
+
+    def assert_reported(self, *nodes):
+        removal = (f"etcdctl --endpoints={self.etcd.url} del "
+                   f"/hf3fs-metad/{self.cluster}/leader")
+        for node in nodes:
+            log = node.log()
+            self.assertIn("FOREIGN LEADER KEY", log)
+            self.assertIn(removal, log)
+            metrics = requests.get(node.base_url + "/metrics", timeout=2).text
+            self.assertRegex(metrics, r"\nhf3fs_metad_ha_foreign_leader_keys_total [1-9]")
+            self.assertIn("\nhf3fs_metad_ha_foreign_leader_key 0", metrics)  # removed
+
+    def test_a_key_forged_over_the_leaders_is_removed_and_the_leader_serves_again(self):
+        a, b = self.start("a"), self.start("b")
+        leader = self.wait_leader([a, b])
+        standby = b if leader is a else a
+        c = Client(leader.base_url)
+        self.addCleanup(c.close)
+        ks = keys(4, "forged")
+        self.assertEqual(c.initialize(0, 16).status_code, 200)
+        pages = dict(c.batch_allocate(0, ks).json()["results"])
+        self.assertEqual(c.confirm_write(0, pages.items()).status_code, 204)
+        epoch = int(self.leader_key()["create_revision"])
+
+        self.forge(json.dumps({"node": "mallory", "http": "http://10.9.9.9:1"}))
+        began = time.monotonic()
+        # The leader stops at once (it sees its key overwritten), nobody else serves.
+        self.assertTrue(wait_until(lambda: not self.ready(leader), 1), leader.log())
+        self.assertFalse(self.ready(standby))
+        # ... and within the bound the key has a lease again and a node serves.
+        self.assertTrue(wait_until(lambda: self.ready(leader), self.BOUND), leader.log())
+        took = time.monotonic() - began
+        self.assertGreater(took, 1.5)  # the key was waited out (2 s after it was seen)
+        key = self.leader_key()
+        self.assertNotEqual(key.get("lease", "0"), "0")
+        self.assertGreater(int(key["create_revision"]), epoch)
+        self.assertFalse(self.ready(standby))
+        self.assertEqual(c.get_locations(0, ks).json()["locations"], [pages[k] for k in ks])
+        self.assert_reported(leader, standby)
+        self.assertIn("removed the foreign leader key", leader.log())
+
+    def test_a_forged_key_that_does_not_parse_in_a_fresh_cluster_is_removed(self):
+        self.forge("\x01not json")
+        a = self.start("a")
+        self.assertTrue(wait_until(lambda: self.ready(a), self.BOUND), a.log())
+        self.assert_reported(a)
+        self.assertIn("\\x01not json", a.log())  # printed escaped
+
+
 @unittest.skipUnless(os.access(ETCD, os.X_OK), f"{ETCD} not found (Debian package etcd-server)")
 @unittest.skipUnless(os.access(HAPROXY, os.X_OK),
                      f"{HAPROXY} absent: install haproxy (scripts/setup.sh --test)")

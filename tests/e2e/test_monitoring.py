@@ -36,11 +36,11 @@ HAPROXY_CFG = os.path.join(DEPLOY, "haproxy", "hf3fs-metad.cfg")
 
 # Series Prometheus makes itself, not the server.
 PROMETHEUS_SERIES = {"up"}
-# Exported only by a node with --ha-etcd (this suite's server has none): test_failover
-# reads them from real HA nodes.
-# Exported only with --ha-etcd (and --repl-listen): test_failover's case g checks them
-# against a replicated leader's scrape.
-HA_SERIES = {"hf3fs_metad_ha_role", "hf3fs_metad_ha_serving", "hf3fs_metad_repl_in_sync"}
+# Exported only by a node with --ha-etcd (and --repl-listen for the repl ones; this
+# suite's server has neither): test_failover's case g checks them against a replicated
+# leader's scrape, test_ha reads the foreign leader key's.
+HA_SERIES = {"hf3fs_metad_ha_role", "hf3fs_metad_ha_serving", "hf3fs_metad_repl_in_sync",
+             "hf3fs_metad_ha_foreign_leader_key", "hf3fs_metad_ha_foreign_leader_keys_total"}
 
 
 # --- PromQL: the metric names an expression selects ----------------------------------

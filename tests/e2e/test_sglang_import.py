@@ -143,5 +143,73 @@ class ImportTest(unittest.TestCase):
         self.assertIn("--import-sglang-state needs --data-dir", err)
 
 
+class BoundedImportTest(unittest.TestCase):
+    """The import is bounded (issue 30, finding 8): only a regular file is read (a FIFO
+    blocked the start forever, /dev/zero read until memory ran out), of at most 1 GiB
+    and an eighth of what --memory-max leaves, and the pools it declares are charged to
+    --memory-max as initialize charges them (a 10 KB file declaring 300 pools of 2^28
+    pages took 6 GiB). Each is refused with a message, exit status 1, nothing imported."""
+
+    TIMEOUT = 20  # s: today's code blocks or reads on; it is killed then
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="metad-sglang-bounded-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.data = os.path.join(self.dir, "data")
+
+    def refused(self, path, *extra):
+        code, err, started = run_to_exit(("--data-dir", self.data, "--import-sglang-state",
+                                          path, *extra), timeout=self.TIMEOUT)
+        self.assertFalse(started, err)
+        self.assertEqual(code, 1, err)
+        self.assertIn("nothing imported", err)
+        # Nothing committed: the next start with a good file imports it.
+        self.assertFalse(os.path.exists(os.path.join(self.data, "CURRENT")), err)
+        return err
+
+    def test_a_fifo_is_refused_without_waiting_for_a_writer(self):
+        fifo = os.path.join(self.dir, "state.fifo")
+        os.mkfifo(fifo)
+        self.assertIn("a FIFO, not a regular file", self.refused(fifo))
+
+    def test_dev_zero_is_refused(self):
+        self.assertIn("a character device, not a regular file", self.refused("/dev/zero"))
+
+    def test_a_file_over_1_gib_is_refused_before_it_is_read(self):
+        big = os.path.join(self.dir, "big.json")
+        with open(big, "wb") as f:
+            f.truncate((1 << 30) + 1)  # sparse: no disk used
+        err = self.refused(big)
+        self.assertRegex(err, rf"{(1 << 30) + 1} bytes, more than the \d+ bytes an SGLang "
+                              r"state file may have")
+
+    def test_a_file_over_what_memory_max_leaves_is_refused(self):
+        big = os.path.join(self.dir, "big.json")
+        with open(big, "wb") as f:
+            f.truncate(200 << 20)
+        err = self.refused(big, "--memory-max", "1GiB")
+        self.assertRegex(err, r"reading takes 8x its size and --memory-max 1073741824 leaves")
+
+    def test_pools_past_memory_max_are_refused_before_their_tables_are_made(self):
+        # 3 pools of 2^26 pages: 1 GiB of tables to decode (5 bytes a page), in a tiny file;
+        # the second takes the sum past 512 MiB.
+        path = os.path.join(self.dir, "meta.json")
+        write_reference_file(path, {f"{r}:kv": {"num_pages": 1 << 26, "free_pages": [],
+                                                "key_to_index": []} for r in range(3)})
+        self.assertLess(os.path.getsize(path), 1024)
+        err = self.refused(path, "--memory-max", "512MiB")
+        self.assertRegex(err, r'pool "1:kv": the pools up to this one declare 134217728 '
+                              r"pages, which take 671088640 bytes to import, more than")
+        self.assertIn("(--memory-max)", err)
+        # Pools that fit the same budget are imported.
+        write_reference_file(path, {f"{r}:kv": {"num_pages": 1 << 20, "free_pages": [],
+                                                "key_to_index": []} for r in range(3)})
+        server = MetadServer(("--data-dir", self.data, "--import-sglang-state", path,
+                              "--memory-max", "512MiB"))
+        self.addCleanup(server.stop)
+        self.assertTrue(server.wait_log(r"imported SGLang state file .*3 pool\(s\)"),
+                        server.log())
+
+
 if __name__ == "__main__":
     unittest.main()

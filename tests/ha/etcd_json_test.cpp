@@ -36,6 +36,17 @@ TEST(EtcdJson, FencedPutComparesTheEpoch) {
   EXPECT_TRUE(doc["success"].at(0)["request_put"]["lease"].error());  // not bound to a lease
 }
 
+TEST(EtcdJson, ForeignKeyRemovalComparesTheModRevision) {
+  simdjson::dom::parser parser;
+  const auto doc = parse(parser, ha::json::delete_if_unchanged_txn("/x/leader", 55));
+  EXPECT_EQ(std::string_view(doc["compare"].at(0)["key"]), "L3gvbGVhZGVy");
+  EXPECT_EQ(std::string_view(doc["compare"].at(0)["target"]), "MOD");
+  EXPECT_EQ(std::string_view(doc["compare"].at(0)["result"]), "EQUAL");
+  EXPECT_EQ(std::string_view(doc["compare"].at(0)["mod_revision"]), "55");
+  EXPECT_EQ(std::string_view(doc["success"].at(0)["request_delete_range"]["key"]), "L3gvbGVhZGVy");
+  EXPECT_TRUE(doc["failure"].error());  // nothing to do when it changed
+}
+
 TEST(EtcdJson, ReadTxnAndWatchRequest) {
   simdjson::dom::parser parser;
   const auto read = parse(parser, ha::json::read_txn({"/a", "/b"}));

@@ -385,4 +385,180 @@ TEST(Leadership, LateAnswersForAnotherRoleAreIgnored) {
   EXPECT_FALSE(f.m.serving(at(4)));
 }
 
+// --- Foreign leader keys: written without a lease (by hand, or by an attacker with write
+// access to etcd). They name no leader, never expire, and are removed after a grace.
+
+TEST(Leadership, AKeyWithoutALeaseNamesNoLeaderAndIsRemovedAfterTheGrace) {
+  fixture f;
+  f.m.next(t0);
+  f.m.on_observed(at(1), ha::holder{50, 0, "forged", 55}, std::string("{}"), 60);
+  EXPECT_FALSE(f.m.known_leader().has_value());
+  ASSERT_TRUE(f.m.foreign_key().has_value());
+  EXPECT_EQ(f.m.foreign_key()->mod_revision, 55);
+  EXPECT_EQ(f.m.foreign_keys_seen(), 1u);
+  ASSERT_EQ(f.asked.size(), 1u);  // only a node that may lead removes it
+  EXPECT_EQ(f.m.current(), role::candidate);
+  // No TTL known yet: a grant first says what etcd grants.
+  ASSERT_EQ(f.m.next(at(1)).kind, action_kind::grant);
+  f.m.on_granted(at(3), at(2), 7, ms(1000));
+  auto a = f.m.next(at(3));
+  EXPECT_EQ(a.kind, action_kind::remove_foreign);
+  EXPECT_EQ(a.at, at(2001));  // first seen at 1, + twice the TTL
+  EXPECT_FALSE(f.m.serving(at(3)));
+  // A re-read of the same key meanwhile keeps the time it was first seen.
+  f.m.on_observed(at(1500), ha::holder{50, 0, "forged", 55}, std::nullopt, 61);
+  EXPECT_EQ(f.m.next(at(1500)).at, at(2001));
+  EXPECT_EQ(f.m.foreign_keys_seen(), 1u);
+  f.m.on_foreign_removed(at(2002), true);
+  EXPECT_FALSE(f.m.foreign_key().has_value());
+  ASSERT_EQ(f.m.next(at(2002)).kind, action_kind::observe);
+  f.m.on_observed(at(2003), std::nullopt, std::nullopt, 62);
+  ASSERT_EQ(f.m.next(at(2003)).kind, action_kind::grant);  // a fresh lease: the first expired
+  f.m.on_granted(at(2005), at(2004), 8, ms(1000));
+  ASSERT_EQ(f.m.next(at(2005)).kind, action_kind::campaign);
+  f.m.on_campaign(at(2006), ha::holder{63, 8, "me", 63}, 63);
+  EXPECT_EQ(f.m.current(), role::leader);
+  EXPECT_TRUE(f.m.serving(at(2006)));
+}
+
+TEST(Leadership, ALeaderWhoseKeyIsOverwrittenWithoutALeaseStandsByThenRemovesIt) {
+  fixture f;
+  f.win(7, 100);
+  // The watch shows the overwrite (same create_revision, no lease).
+  f.m.on_leader_put(at(10), ha::holder{100, 0, "forged", 130}, 130);
+  EXPECT_FALSE(f.m.known_leader().has_value());
+  ASSERT_EQ(f.m.next(at(10)).kind, action_kind::observe);
+  f.m.on_observed(at(11), ha::holder{100, 0, "forged", 130}, std::nullopt, 131);
+  // Deposed: it stops serving and says it is a standby (for one step) before it deals
+  // with the key.
+  EXPECT_EQ(f.m.current(), role::standby);
+  EXPECT_FALSE(f.m.serving(at(11)));
+  EXPECT_EQ(f.m.lease(), 0);
+  ASSERT_EQ(f.m.next(at(11)).kind, action_kind::observe);
+  f.m.on_observed(at(12), ha::holder{100, 0, "forged", 130}, std::nullopt, 131);
+  EXPECT_EQ(f.m.current(), role::candidate);
+  const auto a = f.m.next(at(12));
+  EXPECT_EQ(a.kind, action_kind::remove_foreign);  // the TTL is known from its own grant
+  EXPECT_EQ(a.at, at(2012));
+}
+
+TEST(Leadership, ARenewalCountsOnlyWhileTheKeyIsStillItsOwn) {
+  {
+    fixture f;
+    f.win(7, 100);
+    f.m.on_renewed(at(210), at(200), ms(1000), ha::holder{100, 7, "me", 101}, std::nullopt, 140);
+    EXPECT_EQ(f.m.serving_until(), at(1050));
+    EXPECT_EQ(f.m.current(), role::leader);
+  }
+  // Overwritten without a lease (the watch has not said so yet): the lease lives, but
+  // the deadline does not move and the node stops at once.
+  for (const bool fenced_first : {false, true}) {
+    fixture f;
+    f.win(7, 100);
+    if (fenced_first) f.m.next(at(900));
+    f.m.on_renewed(at(910), at(900), ms(1000), ha::holder{100, 0, "forged", 130}, std::nullopt,
+                   140);
+    EXPECT_EQ(f.m.current(), role::standby) << fenced_first;
+    EXPECT_FALSE(f.m.serving(at(910)));
+    EXPECT_EQ(f.m.serving_until(), ha::time_point::min());
+    EXPECT_EQ(f.m.next(at(910)).kind, action_kind::observe);
+  }
+  // Deleted, or someone else's.
+  for (const auto& key :
+       {std::optional<ha::holder>{}, std::optional<ha::holder>{ha::holder{150, 9, "other", 150}}}) {
+    fixture f;
+    f.win(7, 100);
+    f.m.on_renewed(at(210), at(200), ms(1000), key, std::nullopt, 160);
+    EXPECT_EQ(f.m.current(), role::standby);
+    EXPECT_FALSE(f.m.serving(at(210)));
+  }
+  // An expired lease needs no key.
+  fixture f;
+  f.win(7, 100);
+  f.m.on_renewed(at(210), at(200), ms(0), std::nullopt, std::nullopt, 0);
+  EXPECT_EQ(f.m.current(), role::standby);
+}
+
+TEST(Leadership, ANodeThatMayNotLeadLeavesAForeignKeyAndWatches) {
+  fixture f;
+  f.allow = false;
+  f.m.next(t0);
+  f.m.on_observed(at(1), ha::holder{50, 0, "forged", 55}, std::string("{}"), 60);
+  EXPECT_EQ(f.m.current(), role::candidate);  // no leader to follow
+  EXPECT_FALSE(f.m.serving(at(1)));
+  EXPECT_TRUE(f.m.foreign_key().has_value());  // still reported
+  EXPECT_EQ(f.m.next(at(1)).kind, action_kind::watch);
+  EXPECT_EQ(f.m.next(at(5000)).kind, action_kind::observe);  // the recheck
+  f.m.on_observed(at(5000), ha::holder{50, 0, "forged", 55}, std::string("{}"), 60);
+  EXPECT_EQ(f.m.next(at(5000)).kind, action_kind::watch);
+  EXPECT_EQ(f.m.foreign_keys_seen(), 1u);
+  // Removed by the node that may lead: still no leader to follow, still a candidate.
+  f.m.on_leader_deleted(at(5100), 61);
+  ASSERT_EQ(f.m.next(at(5100)).kind, action_kind::observe);
+  f.m.on_observed(at(5101), std::nullopt, std::string("{}"), 61);
+  EXPECT_EQ(f.m.current(), role::candidate);
+  EXPECT_FALSE(f.m.foreign_key().has_value());
+  // That node won: this one reads it at once and stands by for it (a role change, which
+  // a standby's replication follows).
+  f.m.on_leader_put(at(5200), ha::holder{62, 9, "b", 62}, 62);
+  ASSERT_EQ(f.m.next(at(5200)).kind, action_kind::observe);
+  f.m.on_observed(at(5201), ha::holder{62, 9, "b", 62}, std::string("{}"), 62);
+  EXPECT_EQ(f.m.current(), role::standby);
+}
+
+TEST(Leadership, AForeignKeyWrittenAgainRestartsTheGrace) {
+  fixture f;
+  f.m.next(t0);
+  f.m.on_observed(at(1), ha::holder{50, 0, "forged", 55}, std::nullopt, 60);
+  f.m.on_granted(at(3), at(2), 7, ms(1000));
+  f.m.on_leader_put(at(1000), ha::holder{50, 0, "again", 70}, 70);
+  ASSERT_EQ(f.m.next(at(1000)).kind, action_kind::observe);
+  f.m.on_observed(at(1001), ha::holder{50, 0, "again", 70}, std::nullopt, 70);
+  EXPECT_EQ(f.m.foreign_keys_seen(), 2u);
+  const auto a = f.m.next(at(1001));
+  EXPECT_EQ(a.kind, action_kind::remove_foreign);
+  EXPECT_EQ(a.at, at(3001));
+  // The compare-and-delete finds it changed once more: read again, decide again.
+  f.m.on_foreign_removed(at(3002), false);
+  EXPECT_EQ(f.m.next(at(3002)).kind, action_kind::observe);
+  f.m.on_observed(at(3003), ha::holder{80, 9, "b", 80}, std::nullopt, 80);  // a real leader
+  EXPECT_EQ(f.m.current(), role::standby);
+  EXPECT_FALSE(f.m.foreign_key().has_value());
+  EXPECT_EQ(f.m.known_leader()->lease, 9);
+}
+
+TEST(Leadership, AForeignKeyDeletedMeanwhileLetsTheNodeCampaignAtOnce) {
+  fixture f;
+  f.m.next(t0);
+  f.m.on_observed(at(1), ha::holder{50, 0, "forged", 55}, std::nullopt, 60);
+  ASSERT_EQ(f.m.next(at(1)).kind, action_kind::grant);
+  f.m.on_leader_deleted(at(5), 61);  // an operator ran the etcdctl del the log printed
+  EXPECT_FALSE(f.m.foreign_key().has_value());
+  ASSERT_EQ(f.m.next(at(5)).kind, action_kind::observe);
+  f.m.on_observed(at(6), std::nullopt, std::nullopt, 61);
+  ASSERT_EQ(f.m.next(at(6)).kind, action_kind::grant);
+  f.m.on_granted(at(8), at(7), 7, ms(1000));
+  EXPECT_EQ(f.m.next(at(8)).kind, action_kind::campaign);
+}
+
+TEST(Leadership, TheGraceIsTwiceTheLongestTtlEtcdGranted) {
+  fixture f;
+  EXPECT_EQ(f.m.foreign_grace(), ms(2000));
+  f.m.next(t0);
+  f.m.on_observed(at(1), ha::holder{50, 0, "forged", 55}, std::nullopt, 60);
+  f.m.on_granted(at(3), at(2), 7, ms(2000));  // a stock etcd's minimum
+  EXPECT_EQ(f.m.foreign_grace(), ms(4000));
+  EXPECT_EQ(f.m.next(at(3)).at, at(4001));
+}
+
+TEST(Leadership, AKeyUnderALiveLeaseIsAHolderWhateverItsValue) {
+  fixture f;
+  f.m.next(t0);
+  f.m.on_observed(at(1), ha::holder{50, 9, "not json", 50}, std::nullopt, 60);
+  EXPECT_EQ(f.m.current(), role::standby);
+  EXPECT_FALSE(f.m.foreign_key().has_value());
+  EXPECT_EQ(f.m.known_leader()->value, "not json");
+  EXPECT_EQ(f.m.next(at(1)).kind, action_kind::watch);
+}
+
 }  // namespace

@@ -353,4 +353,58 @@ TEST_F(EtcdTest, ALeaderWhoseKeyIsDeletedByHandStopsServing) {
   EXPECT_EQ(h.overlaps.load(), 0) << "both nodes served at once";
 }
 
+// Issue 30, finding 7: a key written without a lease over the leader's (anyone with
+// write access to etcd). The leader stops; after the grace (twice the 1 s TTL) one node
+// removes it and leads again; never two serving; both report it.
+TEST_F(EtcdTest, AKeyForgedWithoutALeaseIsRemovedAndOneNodeLeadsAgain) {
+  pair_harness h(etcd_.url());
+  h.start(0);
+  h.start(1);
+  const int leader = h.wait_for_leader(3s);
+  ASSERT_GE(leader, 0);
+  const std::int64_t epoch = h.nodes[leader]->epoch();
+  std::this_thread::sleep_for(100ms);
+  ha::etcd_client etcd(*ha::parse_endpoints(etcd_.url()), 100ms);
+  auto put = etcd.http().post("/v3/kv/put",
+                              "{\"key\":\"" + ha::base64_encode(ha::leader_key("t")) +
+                                  "\",\"value\":\"" + ha::base64_encode("forged") + "\"}",
+                              in(1s));
+  ASSERT_TRUE(put.ok && put.status == 200) << put.error << put.body;
+  const auto forged = steady::now();
+  while (steady::now() < forged + 1s && h.nodes[leader]->serving())
+    std::this_thread::sleep_for(1ms);
+  EXPECT_FALSE(h.nodes[leader]->serving()) << "the leader kept serving on an overwritten key";
+  const int next = h.wait_for_leader(6s, epoch);
+  ASSERT_GE(next, 0);
+  EXPECT_GE(ms_between(forged, steady::now()), 1500);  // waited out first
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GE(h.nodes[i]->foreign_leader_keys_seen(), 1u) << i;
+    EXPECT_FALSE(h.nodes[i]->foreign_leader_key()) << i;
+  }
+  auto read = etcd.read({ha::leader_key("t")}, in(1s));
+  ASSERT_TRUE(read && read->keys[0]);
+  EXPECT_NE(read->keys[0]->lease, 0);
+  EXPECT_EQ(h.overlaps.load(), 0) << "both nodes served at once";
+}
+
+// A value no node writes under a live lease is reported, never removed (it could be a
+// leader's key whose value was overwritten): the node leads once that lease ends.
+TEST_F(EtcdTest, AnUnreadableKeyUnderALiveLeaseIsReportedAndLeftToExpire) {
+  ha::etcd_client etcd(*ha::parse_endpoints(etcd_.url()), 100ms);
+  auto lease = etcd.grant(2, in(1s));
+  ASSERT_TRUE(lease) << lease.error;
+  auto put = etcd.create_if_absent(ha::leader_key("t"), "not json", lease->id, in(1s));
+  ASSERT_TRUE(put && put->won);
+  pair_harness h(etcd_.url());
+  h.start(0);
+  const auto until = steady::now() + 1s;
+  while (steady::now() < until && !h.nodes[0]->foreign_leader_key())
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(h.nodes[0]->foreign_leader_key());
+  EXPECT_EQ(h.nodes[0]->current(), ha::role::standby);
+  EXPECT_GE(h.wait_for_leader(5s), 0);  // the lease expired, the key with it
+  EXPECT_FALSE(h.nodes[0]->foreign_leader_key());
+  EXPECT_EQ(h.nodes[0]->foreign_leader_keys_seen(), 1u);
+}
+
 }  // namespace
