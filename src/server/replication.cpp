@@ -1007,14 +1007,20 @@ replication::start_as probe_role(const ha::config& settings, std::uint32_t patie
       if (read->keys[0]) {
         const ha::key_value& key = *read->keys[0];
         const auto info = ha::parse_leader_value(key.value);
-        if (!info || info->node != settings.node) return replication::start_as::standby;
+        // Another node's, or a key without a lease (no node writes one: the ha thread
+        // reports it and removes it once it has stood for two TTLs).
+        if (!info || info->node != settings.node || key.lease == 0)
+          return replication::start_as::standby;
         // This node's previous run (this one holds its data directory's lock, so that
         // process is gone): give its lease back now rather than wait out the TTL; else
         // (another address: the flags changed) wait until it expires.
-        if (key.value == settings.advertise &&
-            etcd.revoke(key.lease, std::chrono::steady_clock::now() + settings.request_timeout)) {
-          log::info("replication: revoked the lease of this node's previous run");
-          continue;
+        if (key.value == settings.advertise) {
+          auto revoked =
+              etcd.revoke(key.lease, std::chrono::steady_clock::now() + settings.request_timeout);
+          if (revoked && *revoked) {
+            log::info("replication: revoked the lease of this node's previous run");
+            continue;
+          }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
