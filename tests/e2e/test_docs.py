@@ -239,9 +239,9 @@ class SourceCitationsTest(unittest.TestCase):
         # pass (so that the test above cannot pass by finding nothing).
         self.assertGreater(len(list(source_files())), 100)
         bad = [
-            "see design-ha.md section 4",
+            "see design-" + "ha.md section 4",
             "(" + "design" + ".md)",
-            "the spec, ../" + "shared/spec/api.md",
+            "the spec, ../" + "shared/" + "spec/api.md",
             "every bad shape of " + "spec/api.md",
             "the replayer (src/server/durability.cpp)",
             "see tests/e2e/test_nothing_here.py.",
@@ -261,7 +261,7 @@ class SourceCitationsTest(unittest.TestCase):
         for text in good:
             with self.subTest(good=text):
                 self.assertEqual(bad_citations("x", [(1, text)]), [])
-        code = 'const char* url = "http://x/design-ha.md"; // a real comment\n' \
+        code = 'const char* url = "http://x/design-" "ha.md"; // a real comment\n' \
                "auto n = 1'000; /* src/persist/standby.hpp */ auto r = R\"(// not one)\";\n"
         self.assertEqual(cpp_comments(code),
                          [(1, " a real comment"), (2, " src/persist/standby.hpp ")])
