@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long failover run (design-ha.md §4.1 T1; not part of scripts/test.sh): a tuned
+# The long failover run (docs/replication.md, "Test plan": T1; not part of scripts/test.sh): a tuned
 # 1-member etcd, two hf3fs-metad nodes with --repl-listen, HAProxy in front (the shipped
 # -ha config), vLLM-like writers at a fixed rate through it, and N rounds (default 20) of
 # kill -9 the leader -> the other serves -> restart the killed one -> back in /sync.
@@ -12,7 +12,7 @@
 #
 #   scripts/ha-failover.sh --rounds 5 --out /tmp/ha-run
 #
-# --flap N [--seed S] instead runs design-ha's T7 for N rounds (tests/e2e/test_partition.py
+# --flap N [--seed S] instead runs the test plan's T7 for N rounds (tests/e2e/test_partition.py
 # case c, which scripts/test.sh runs for 6): a random kill -9 of the leader, cut of the
 # leader or cut of the standby (Blackhole forwarders) per round under a writer, then
 # restart or heal; the ledger is checked after every round and the answering node must

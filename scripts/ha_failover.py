@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The long failover run (design-ha.md §4.1, T1): kill -9 the leader of a replicated
+"""The long failover run (docs/replication.md, "Test plan": T1): kill -9 the leader of a replicated
 pair under load, N rounds. Run through scripts/ha-failover.sh.
 
 Set-up, all on 127.0.0.1: a 1-member etcd tuned as deploy/etcd (1 s lease), nodes a and

@@ -45,7 +45,7 @@ struct config {
   std::int64_t ranks_max = 4096;
   // Longest key (bytes, as decoded from JSON) a request may carry; longer: 400.
   std::size_t key_bytes_max = 4096;
-  // Memory clients may make the server hold (see server/memory_budget.hpp): ranks
+  // Memory clients may make the server hold (see pipeline/memory_budget.hpp): ranks
   // created or grown and request bodies past it are refused. 0: half of what this
   // process may use (physical memory, or its cgroup's limit when lower).
   std::uint64_t memory_max = 0;

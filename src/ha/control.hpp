@@ -102,9 +102,9 @@ class control {
     return foreign_seen_.load(std::memory_order_acquire);
   }
 
-  // The leader's standbys in sync (design-ha §4, "Modes"): asks the ha thread to write
-  // /sync with these members (a txn fenced by this node's epoch), and returns the
-  // request's number. sync_written(n) is true once /sync holds request n or a later
+  // The leader's standbys in sync (docs/replication.md, "The sync set"): asks the ha
+  // thread to write /sync with these members (a txn fenced by this node's epoch), and
+  // returns the request's number. sync_written(n) is true once /sync holds request n or a later
   // one for the epoch current now; a node that does not lead (or lost the fence) writes
   // nothing and never reports it written. Any thread.
   std::uint64_t request_sync(std::vector<std::string> members);

@@ -1,8 +1,8 @@
 // The leadership state machine (sans-IO): fed what etcd answered and the time, it says
-// what to do next and whether this node may serve. Fencing rule (design-ha §4): a
-// leader serves only while now < send time of its last successful keepalive + TTL −
-// margin, so it stops before etcd can expire its key. Owned by the ha thread; other
-// threads read the published deadline, never this object.
+// what to do next and whether this node may serve. Fencing rule (docs/replication.md,
+// "Fencing and lease timing"): a leader serves only while now < send time of its last
+// successful keepalive + TTL − margin, so it stops before etcd can expire its key.
+// Owned by the ha thread; other threads read the published deadline, never this object.
 #pragma once
 
 #include <algorithm>

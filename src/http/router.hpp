@@ -1,5 +1,5 @@
 // Method and path → a row of the caller's route table. Pure function, no state: the
-// rows (which paths exist and what they do) belong to src/server/routes.hpp; this file
+// rows (which paths exist and what they do) belong to src/pipeline/routes.hpp; this file
 // only knows how a path pattern matches.
 #pragma once
 

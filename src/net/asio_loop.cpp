@@ -1,5 +1,5 @@
 // Fallback transport: standalone Asio with its default epoll reactor and C++20
-// coroutines (never Asio's io_uring backend: see design.md). Same flow as the uring
+// coroutines (never Asio's io_uring backend: see docs/architecture.md). Same flow as the uring
 // loop: one coroutine per connection, a periodic sweep for timeouts, the mailbox's
 // eventfd watched for cross-core wake-ups.
 #include <netinet/in.h>

@@ -16,7 +16,7 @@ namespace metad::persist {
 // returns true then) is in that generation's snapshots when recover returns.
 using before_commit_fn = std::function<bool(pipeline::node&, const store::data_dir&)>;
 // discard: the directory's committed state is not replayed but dropped (a standby
-// that starts empty and copies the leader's state, design-ha §4 "Catch-up").
+// that starts empty and copies the leader's state, docs/replication.md, "Catch-up and resume").
 void recover(pipeline::node& nd, const before_commit_fn& before_commit = {}, bool discard = false);
 
 // The core's state now as snapshot records (the snapshot files' format): piece(bytes)

@@ -1,4 +1,4 @@
-// A hot standby's side of replication (design-ha.md §4 "What is shipped"): the leader's
+// A hot standby's side of replication (docs/replication.md, "What is shipped"): the leader's
 // log frames for core c are appended to this node's own log of core c, made durable by
 // the core's usual group commit, and applied to core c's state with recovery's replayer
 // as they arrive. promote_standby ends the replay as recovery does. A standby_core is

@@ -227,9 +227,9 @@ answer connection::refused(api::error err) {
 void connection::finish(const answer& a) {
   METAD_ASSERT(!a.is_later());
   if (leader_only_) {
-    // Fencing (design-ha §4): the deadline may have passed while the request ran (a
-    // group commit, hops). A change already made is then not acknowledged: the client
-    // retries, at the leader.
+    // Fencing (docs/replication.md, "Fencing and lease timing"): the deadline may have
+    // passed while the request ran (a group commit, hops). A change already made is then
+    // not acknowledged: the client retries, at the leader.
     leader_only_ = false;
     if (!ha_serving(node_, smp::monotonic_ns()))
       return finish(answer::error(503, not_leader_detail(node_)));

@@ -1,5 +1,5 @@
 // The route table's start functions: decode on the home core, then answer at once or
-// start the endpoint coroutine (endpoints.cpp, lifecycle.cpp), which answers later.
+// start the endpoint coroutine (endpoints.cpp, removal.cpp), which answers later.
 #include "pipeline/routes.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The replication wire protocol between a leader core and a standby core (one TCP stream
-// per core pair; design-ha.md §4 "What is shipped"): the messages, their encoder and an
+// per core pair; docs/replication.md, "What is shipped"): the messages, their encoder and an
 // incremental decoder. Sans-IO: bytes in, messages out. Owned by whichever thread runs
 // the stream; nothing here is shared.
 //

@@ -22,7 +22,8 @@ struct leader_view {
   std::uint64_t end = 0;            // the core's log end (store::log_writer::end)
 };
 
-// The leader's answer to a hello (design-ha.md §4 "Catch-up" and "Fencing"):
+// The leader's answer to a hello (docs/replication.md, "Catch-up and resume" and
+// "Fencing and lease timing"):
 // - another cluster, version or core count: refused;
 // - the standby follows a newer epoch: wrong_epoch (this leader is deposed);
 // - an older epoch, another generation, or a position the leader no longer holds (or

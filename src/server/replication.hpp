@@ -1,4 +1,4 @@
-// Synchronous replication to a hot standby (--repl-listen; design-ha.md §4), wired into
+// Synchronous replication to a hot standby (--repl-listen; docs/replication.md), wired into
 // the cores' loops. One object per node:
 // - on a leader, each core ships what its group commit writes to the standby's core
 //   and moves its log's replicated watermark as acks come back; a standby that is new

@@ -71,9 +71,9 @@ class log_writer {
   };
   wait_awaiter durable_until(std::uint64_t lsn) { return {*this, lsn}; }
 
-  // Synchronous replication (design-ha.md §4, "Modes"). While a standby is required,
-  // waiters resume at min(durable, replicated): the local fdatasync and the standby's ack
-  // of the same position, whichever comes last. Without one (the default) only the
+  // Synchronous replication (docs/replication.md, "Synchronous commit"). While a standby
+  // is required, waiters resume at min(durable, replicated): the local fdatasync and the
+  // standby's ack of the same position, whichever comes last. Without one (the default) only the
   // local watermark counts, as before.
   void require_standby(bool on);
   bool standby_required() const { return standby_required_; }

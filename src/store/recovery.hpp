@@ -1,7 +1,7 @@
 // The file-walking half of recovery: each core's files of the committed generation
 // checked once (checksums, decoding, the torn-tail rule) before anything is replayed,
 // and the sizes the tables will need. What the records mean is the replayer's business
-// (server/durability.cpp); this half knows only frames, kinds and files.
+// (persist/replayer.cpp); this half knows only frames, kinds and files.
 #pragma once
 
 #include <cstddef>

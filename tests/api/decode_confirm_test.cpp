@@ -1,4 +1,4 @@
-// confirm_write bodies: confirmations, releases, and every bad shape of spec/api.md.
+// confirm_write bodies: confirmations, releases, and every bad shape of docs/api.md.
 #include <cstdint>
 #include <functional>
 #include <string>

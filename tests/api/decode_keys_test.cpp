@@ -1,5 +1,5 @@
 // batch_allocate, batch_exists, keys/delete and get_locations bodies: good shapes and
-// every bad shape of spec/api.md, with the exact detail.
+// every bad shape of docs/api.md, with the exact detail.
 #include <cstdint>
 #include <functional>
 #include <string>

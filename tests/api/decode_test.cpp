@@ -1,5 +1,5 @@
 // Request decoding common to all endpoints (whole-body JSON validation) and
-// /rank/{rank}/initialize, with the exact status and detail of spec/api.md.
+// /rank/{rank}/initialize, with the exact status and detail of docs/api.md.
 #include <cstdint>
 #include <functional>
 #include <string>

@@ -1,5 +1,5 @@
 // Helpers shared by the api tests: bodies in padded buffers, keys as plain strings,
-// the exact details of spec/api.md.
+// the exact details of docs/api.md.
 #pragma once
 
 #include <simdjson.h>

@@ -179,7 +179,7 @@ class Node:
 
 class Blackhole:
     """A TCP forwarder 127.0.0.1:<port> -> target that a test can cut, standing in for an
-    nft drop rule (design-ha.md §4.1) without a network namespace. While cut it keeps
+    nft drop rule (docs/replication.md, "Test plan") without a network namespace. While cut it keeps
     every connection open and drops the bytes both ways, and accepts new connections and
     drops theirs too: the peers see timeouts, not resets, as behind a dropping firewall.
     heal() closes the connections that were cut (their TCP timeouts would have ended them;

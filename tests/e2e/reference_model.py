@@ -1,4 +1,4 @@
-"""A deliberately simple reference implementation of spec/api.md (the HTTP contract).
+"""A deliberately simple reference implementation of docs/api.md (the HTTP contract).
 
 Single-threaded, dicts and sets, no performance: it exists to be obviously right, so that
 test_differential.py can compare every answer of the real server with it. It models the

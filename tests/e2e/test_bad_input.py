@@ -1,4 +1,4 @@
-"""End-to-end: every malformed request of spec/api.md gets the specified 4xx/5xx answer
+"""End-to-end: every malformed request of docs/api.md gets the specified 4xx/5xx answer
 and leaves the server's state exactly as it was.
 
 Each table case starts from the same known state (rank 3 with 8 pages: key A confirmed

@@ -1,6 +1,6 @@
 # ctest: etcd
-"""A replicated pair on a real 3-member etcd that loses members (design-ha.md §4.1, T4
-and T5). etcd runs three members on loopback ports, tuned as deploy/etcd (heartbeat
+"""A replicated pair on a real 3-member etcd that loses members (docs/replication.md,
+"Test plan": T4 and T5). etcd runs three members on loopback ports, tuned as deploy/etcd (heartbeat
 50 ms, election 500 ms, so a 1 s lease); every node gets all three client URLs in
 --ha-etcd and moves to the next one when a member fails. Node a leads, b is its sync
 standby, two vLLM-like writers (rank 0) run against a, and a sampler asks both nodes'

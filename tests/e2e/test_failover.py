@@ -1,5 +1,5 @@
 # ctest: etcd
-"""Failover with synchronous replication (design-ha.md §4, test plan T1 in small), on a
+"""Failover with synchronous replication (docs/replication.md; test plan T1 in small), on a
 real etcd tuned as deploy/etcd (1 s lease). Two nodes a and b run the same command line
 apart from --ha-node, ports, --data-dir and --repl-listen.
 

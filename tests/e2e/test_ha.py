@@ -59,7 +59,7 @@ def start_haproxy(directory, port_a, port_b, log_path=None):
 
 
 class Etcd:
-    """A one-member etcd with the tuned timing of design-ha (TTL 1 s is its minimum)."""
+    """A one-member etcd with the tuned timing of docs/replication.md (TTL 1 s is its minimum)."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="metad-ha-etcd-")

@@ -1,11 +1,11 @@
 # ctest: etcd
-"""Partitions and flapping with synchronous replication (design-ha.md §4.1, T2, T3 and T7),
-on a real etcd tuned as deploy/etcd (1 s lease). Each node reaches etcd, and the other node
-reaches its --repl-listen, through a failover_harness.Blackhole: cut, it drops the bytes
-both ways and keeps the connections open (timeouts, not resets, as behind an nft drop
-rule); the test and its clients still reach the node's HTTP port directly. A Prober per
-node asks it an API question every 10 ms from its own thread, so two nodes answering at
-once would show.
+"""Partitions and flapping with synchronous replication (docs/replication.md, "Test
+plan": T2, T3 and T7), on a real etcd tuned as deploy/etcd (1 s lease). Each node
+reaches etcd, and the other node reaches its --repl-listen, through a
+failover_harness.Blackhole: cut, it drops the bytes both ways and keeps the connections
+open (timeouts, not resets, as behind an nft drop rule); the test and its clients still
+reach the node's HTTP port directly. A Prober per node asks it an API question every 10
+ms from its own thread, so two nodes answering at once would show.
 
 Checks:
   a. T2. The leader a is cut off from etcd and from its standby b while a writer and the

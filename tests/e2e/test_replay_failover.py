@@ -1,9 +1,9 @@
 # ctest: etcd
-"""Replayed requests after failover (design-ha.md §3.3, test plan T8), on a real etcd
-tuned as deploy/etcd (1 s lease). Two replicated nodes: a leads, b is its sync standby;
-both run with the server's default --release-quarantine-ms (5000; the other suites turn
-it off) and --read-lease-ms 1000 (so that deletes refused after a promotion resume
-quickly).
+"""Replayed requests after failover (docs/replication.md, "Replayed requests after a
+failover"; test plan T8), on a real etcd tuned as deploy/etcd (1 s lease). Two
+replicated nodes: a leads, b is its sync standby; both run with the server's default
+--release-quarantine-ms (5000; the other suites turn it off) and --read-lease-ms 1000
+(so that deletes refused after a promotion resume quickly).
 
 A client (vLLM's client retrying a POST at 0, 0.01, 0.61, 1.81 s, or a proxy that
 redispatches) replays a request whose answer it lost, and after a failover the new

@@ -1,5 +1,5 @@
 // The path matcher on a table of its own: placeholders, methods, first match. The
-// server's table (vLLM's routes) is tested in tests/server/routes_test.cpp.
+// server's table (vLLM's routes) is tested in tests/pipeline/routes_test.cpp.
 #include "http/router.hpp"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // A one-member etcd for the integration tests: Debian's /usr/bin/etcd on free loopback
-// ports with a temporary data directory, tuned as design-ha §2.2 (heartbeat 50 ms,
-// election 500 ms: a 1 s lease TTL). kill() is a kill -9; start() again restarts it on
-// the same ports and data.
+// ports with a temporary data directory, tuned as docs/replication.md describes
+// ("Fencing and lease timing": heartbeat 50 ms, election 500 ms, a 1 s lease TTL).
+// kill() is a kill -9; start() again restarts it on the same ports and data.
 #pragma once
 
 #include <fcntl.h>
