@@ -41,8 +41,8 @@ import urllib.parse
 
 import requests
 
-from metad_harness import (Client, compact, free_port, key, keys, server_args, wait_until,
-                           watch_sanitizer)
+from metad_harness import (Client, compact, free_port, key, keys, rss_bytes, server_args,
+                           wait_until, watch_sanitizer)
 from test_ha import HaCase
 
 # The exit status of a node that can no longer follow the leader (its state diverged);
@@ -429,14 +429,6 @@ def read_until_closed(sock, timeout=3.0):
             return got, True
         got += data
     return got, False
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class Cluster:

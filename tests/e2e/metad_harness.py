@@ -73,6 +73,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def rss_bytes(pid):
+    """A process's resident set (VmRSS), bytes; 0 once it is gone."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def key(i, tag=""):
     """A vLLM-like block key: 32 lowercase hex characters."""
     return hashlib.md5(f"{tag}/{i}".encode()).hexdigest()

@@ -27,7 +27,8 @@ import unittest
 import requests
 
 from metad_harness import (SOCKET_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Client,
-                           MetadServer, RawConnection, compact, key, keys, raw_request)
+                           MetadServer, RawConnection, compact, key, keys, raw_request,
+                           rss_bytes)
 
 PROMTOOL = "/usr/bin/promtool"
 NGINX = "/usr/sbin/nginx"
@@ -1090,14 +1091,6 @@ def sanitized(pid):
     with open(f"/proc/{pid}/maps") as f:
         maps = f.read()
     return any(lib in maps for lib in ("libasan", "libtsan", "libubsan"))
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class HostileClientMemoryTest(OpsTestCase):
