@@ -33,14 +33,25 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 jobs=$(nproc)
 reports=$(mktemp -d /tmp/metad-test.XXXXXX)
-trap 'rm -rf "$reports"' EXIT
-
 summary=()
 started=$SECONDS
+current=""
+# The table of stages, also when one failed (it names the one that did).
+finish() {
+  local rc=$?
+  rm -rf "$reports"
+  echo
+  echo "== Stages (wall time; test cases run) =="
+  printf '%s\n' "${summary[@]}"
+  ((rc == 0)) || echo "FAILED in stage: $current (exit status $rc)"
+  echo "total          $((SECONDS - started)) s"
+}
+trap finish EXIT
 # stage NAME COMMAND...: runs COMMAND, then prints and records its wall time.
 stage() {
   local name=$1 began=$SECONDS
   shift
+  current=$name
   echo "== $name =="
   "$@"
   local took=$((SECONDS - began))
@@ -62,7 +73,6 @@ run_ctest() {
 if ((quick)); then
   dir=$(scripts/build.sh asan)
   stage "unit (asan)" run_ctest quick "$dir" -L unit
-  printf '%s\n' "${summary[@]}"
   exit 0
 fi
 
@@ -82,7 +92,3 @@ stage soak /usr/bin/python3 bench/soak/soak.py --binary "$dir/hf3fs-metad" --sec
 stage package tests/package_test.sh --build-dir "$dir"
 stage "release tests" run_ctest release "$dir"
 
-echo
-echo "== Stages (wall time; test cases run) =="
-printf '%s\n' "${summary[@]}"
-echo "total          $((SECONDS - started)) s"
