@@ -397,8 +397,10 @@ TEST_F(EtcdTest, AnUnreadableKeyUnderALiveLeaseIsReportedAndLeftToExpire) {
   ASSERT_TRUE(put && put->won);
   pair_harness h(etcd_.url());
   h.start(0);
+  // The control thread raises the flag, then changes role: wait for both.
   const auto until = steady::now() + 1s;
-  while (steady::now() < until && !h.nodes[0]->foreign_leader_key())
+  while (steady::now() < until &&
+         !(h.nodes[0]->foreign_leader_key() && h.nodes[0]->current() == ha::role::standby))
     std::this_thread::sleep_for(1ms);
   EXPECT_TRUE(h.nodes[0]->foreign_leader_key());
   EXPECT_EQ(h.nodes[0]->current(), ha::role::standby);
