@@ -14,7 +14,7 @@
 #
 #   scripts/test.sh            everything (~20 min from a fresh clone on 2 cores)
 #   scripts/test.sh --quick    the edit-compile-test loop: the ASan build's unit tests
-#                              (-L unit), incremental (~2 min on a built tree)
+#                              (-L unit), incremental (~30 s of tests on a built tree)
 # No retries: a flaky test is a bug to find. Each failure is printed in full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
