@@ -12,7 +12,8 @@
 #   release     the release build: a one-minute soak at 256 connections, the Debian
 #               package built and served from, then every test (etcd suites included)
 #
-#   scripts/test.sh            everything (~20 min from a fresh clone on 2 cores)
+#   scripts/test.sh            everything (20 min from a fresh clone on 2 cores; the
+#                              stage times: tests/README.md)
 #   scripts/test.sh --quick    the edit-compile-test loop: the ASan build's unit tests
 #                              (-L unit), incremental (~30 s of tests on a built tree)
 # No retries: a flaky test is a bug to find. Each failure is printed in full.
