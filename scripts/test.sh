@@ -9,8 +9,10 @@
 #   tsan        TSan build of the threaded targets only; -L threads: the threaded unit
 #               binaries, the C++ e2e flows, the replication e2e cases on a real etcd
 #   fuzz        the libFuzzer harnesses, 30 s each, side by side (scripts/fuzz.sh)
-#   release     the release build: a one-minute soak at 256 connections, the Debian
-#               package built and served from, then every test (etcd suites included)
+#   release     the release build: a 30 s soak at 256 connections, the Debian package
+#               built and served from, then every test (etcd suites included) but the
+#               epoll wire suites (the production transport is io_uring; epoll's run
+#               under ASan and TSan)
 #
 #   scripts/test.sh            everything (20 min from a fresh clone on 2 cores; the
 #                              stage times: tests/README.md)
@@ -88,8 +90,8 @@ stage "tsan build" build tsan threaded_tests
 stage "tsan tests" run_ctest tsan "$dir" -L threads
 stage fuzz scripts/fuzz.sh 30
 stage "release build" build release
-stage soak /usr/bin/python3 bench/soak/soak.py --binary "$dir/hf3fs-metad" --seconds 60 \
+stage soak /usr/bin/python3 bench/soak/soak.py --binary "$dir/hf3fs-metad" --seconds 30 \
   --connections 256
 stage package tests/package_test.sh --build-dir "$dir"
-stage "release tests" run_ctest release "$dir"
+stage "release tests" run_ctest release "$dir" -E '_epoll$'
 
