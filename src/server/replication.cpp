@@ -28,6 +28,7 @@
 #include "repl/link.hpp"
 #include "repl/protocol.hpp"
 #include "repl/session.hpp"
+#include "repl/sync_set.hpp"
 #include "smp/clock.hpp"
 
 namespace metad {
@@ -54,12 +55,6 @@ constexpr std::size_t kSnapshotReadBytes = std::size_t{1} << 20;
 // one sooner is answered busy (the standby connects again after its pause). A cut runs
 // alone: the stream it is for ends before another hello reaches the core.
 constexpr std::uint64_t kCutIntervalMs = 2'000;
-// A standby in the ack set whose acks come late is dropped like a silent one: when a
-// core's average ack latency (an EWMA of each ack's delay after the newest write it
-// covers, weight 1/4) stays above half of --sync-timeout-ms for 4 × --sync-timeout-ms
-// and at least kSlowAcksMin acks. It may join again kSlowRejoinMs later at the soonest.
-constexpr std::uint64_t kSlowAcksMin = 3;
-constexpr std::uint64_t kSlowRejoinMs = 30'000;
 
 // Writes all of `bytes` to a blocking descriptor; false on an error (the reader went).
 bool write_all(int fd, std::string_view bytes) {
@@ -71,8 +66,6 @@ bool write_all(int fd, std::string_view bytes) {
   }
   return true;
 }
-// A standby still catching up (its snapshot in transfer) may be silent this long.
-constexpr std::uint64_t kCatchUpSilenceMs = 60'000;
 
 [[noreturn]] void exit_to_resync(std::string_view why) {
   log::error("replication: {}; exiting with status {} to start again as an empty standby", why,
@@ -84,13 +77,13 @@ constexpr std::uint64_t kCatchUpSilenceMs = 60'000;
 
 struct replication::impl {
   // What each core's end of its stream shares with the sync-set decisions.
-  enum class progress : std::uint8_t { none, catching_up, caught_up };
+  using progress = repl::progress;
   struct shared_core {
     std::atomic<progress> state{progress::none};
     std::atomic<bool> cutting{false};  // a child is cutting a snapshot: wake the core
     std::atomic<std::uint64_t> oldest_unacked_ns{0};  // 0: everything sent was acked
-    std::atomic<bool> require_applied{false};
-    std::atomic<std::uint64_t> lag_bytes{0};  // sent − acked
+    std::atomic<bool> require_applied{false};         // repl::core_requirement::applied
+    std::atomic<std::uint64_t> lag_bytes{0};          // sent − acked
     // Acks late on average since slow_since_ns (0: not late), slow_acks of them.
     std::atomic<std::uint64_t> slow_since_ns{0}, slow_acks{0};
   };
@@ -118,8 +111,9 @@ struct replication::impl {
     std::uint64_t cut_lsn = 0, cut_bytes = 0, cut_started = 0;
     std::string cut_for;  // the standby's node id, for the log
     std::string cut_buffer;
-    std::uint64_t last_cut_ns = 0;  // when the latest cut began (kCutIntervalMs)
-    double ack_latency_ns = 0;      // EWMA; 0: no ack yet on this stream
+    std::uint64_t last_cut_ns = 0;             // when the latest cut began (kCutIntervalMs)
+    std::optional<repl::ack_latency> latency;  // late acks, on this stream
+    repl::core_requirement requirement;
     // When the standby caught up on this stream (0: not yet): only writes shipped from
     // then on are timed (a catch-up's first ack comes a snapshot's transfer later).
     std::uint64_t caught_up_ns = 0;
@@ -152,12 +146,9 @@ struct replication::impl {
   std::atomic<bool> park_asked{false};
   int parked = 0;
 
-  // The sync set, decided on the link thread.
-  enum class sync_state : std::uint8_t { alone, requiring, publishing, in_sync, dropping };
-  sync_state sync = sync_state::alone;
-  std::uint64_t sync_ticket = 0;
-  std::int64_t sync_epoch = 0;
-  std::uint64_t rejoin_after_ns = 0;  // a standby dropped for late acks waits until then
+  // The sync set, decided on the link thread (repl/sync_set.hpp).
+  repl::sync_set sync;
+  std::uint64_t sync_ticket = 0;  // the /sync write it asked for last
 
   // Bytes queued for one core's peer before its stream is cut (kQueuedCeiling).
   std::size_t queued_max = kQueuedCeiling;
@@ -166,7 +157,8 @@ struct replication::impl {
       : nd(n),
         mode(as),
         ends(static_cast<std::size_t>(n.cores)),
-        shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))) {
+        shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))),
+        sync(repl::sync_config{.sync_timeout_ms = n.cfg.sync_timeout_ms}) {
     const std::uint64_t share = nd.memory.max() / 8 / static_cast<std::uint64_t>(n.cores);
     queued_max =
         static_cast<std::size_t>(std::clamp<std::uint64_t>(share, kQueuedFloor, kQueuedCeiling));
@@ -239,12 +231,10 @@ struct replication::impl {
     abort_cut(c, e);
     e.leading.reset();
     e.unacked.clear();
-    e.ack_latency_ns = 0;
+    e.latency.reset();
     publish_unacked(c, e);
-    shared_core& s = shared[static_cast<std::size_t>(c)];
-    s.slow_since_ns.store(0);
-    s.slow_acks.store(0);
-    s.state.store(progress::none);
+    publish_latency(c, e);
+    shared[static_cast<std::size_t>(c)].state.store(progress::none);
   }
 
   void on_hello(int c, core_end& e, const repl::hello& h) {
@@ -309,10 +299,11 @@ struct replication::impl {
                 a.lsn, e.leading->sent() - a.lsn);
     }
     e.caught_up_at = e.leading->sent();
-    e.ack_latency_ns = 0;
+    e.latency.emplace(std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs);
     e.caught_up_ns = 0;
     e.unacked.assign(1, {e.caught_up_at, smp::monotonic_ns()});
     publish_unacked(c, e);
+    publish_latency(c, e);
     shared[static_cast<std::size_t>(c)].state.store(progress::catching_up);
     std::lock_guard lock(standby_mutex);
     standby_node = h.node;
@@ -467,8 +458,10 @@ struct replication::impl {
       e.unacked.pop_front();
     }
     const std::uint64_t now = smp::monotonic_ns();
-    if (e.caught_up_ns != 0 && newest_sent >= e.caught_up_ns)
-      note_ack_latency(c, e, now - newest_sent);
+    if (e.caught_up_ns != 0 && newest_sent >= e.caught_up_ns && e.latency) {
+      e.latency->on_ack(now - newest_sent, now);
+      publish_latency(c, e);
+    }
     publish_unacked(c, e);
     if (a.lsn >= e.caught_up_at && e.caught_up_ns == 0) {
       e.caught_up_ns = now;
@@ -476,19 +469,11 @@ struct replication::impl {
     }
   }
 
-  // The ack latency's EWMA, and since when it is above half of --sync-timeout-ms.
-  void note_ack_latency(int c, core_end& e, std::uint64_t latency_ns) {
-    const auto l = static_cast<double>(latency_ns);
-    e.ack_latency_ns = e.ack_latency_ns == 0 ? l : e.ack_latency_ns + (l - e.ack_latency_ns) / 4;
+  // What the sync set reads of the ack latency (repl::ack_latency).
+  void publish_latency(int c, const core_end& e) {
     shared_core& s = shared[static_cast<std::size_t>(c)];
-    const double bound = static_cast<double>(nd.cfg.sync_timeout_ms) * smp::kNsPerMs / 2;
-    if (e.ack_latency_ns <= bound) {
-      s.slow_since_ns.store(0);
-      s.slow_acks.store(0);
-      return;
-    }
-    if (s.slow_since_ns.load() == 0) s.slow_since_ns.store(smp::monotonic_ns() - latency_ns);
-    s.slow_acks.fetch_add(1);
+    s.slow_since_ns.store(e.latency ? e.latency->slow_since_ns() : 0);
+    s.slow_acks.store(e.latency ? e.latency->slow_acks() : 0);
   }
 
   // --- the standby's side ------------------------------------------------------------
@@ -683,10 +668,11 @@ struct replication::impl {
     }
     if (e.cut_fd >= 0 && !e.closing) pump_cut(c, e);
     if (mode.load() == start_as::standby) ack_durable(c, e);
+    // The requirement: applied once the standby also holds what was answered before it.
     store::log_writer& log = core(c).log;
-    const bool required = require.load();
+    const bool required = e.requirement.poll(require.load(), log.end(), log.replicated());
     if (log.standby_required() != required) log.require_standby(required);
-    shared[static_cast<std::size_t>(c)].require_applied.store(required);
+    shared[static_cast<std::size_t>(c)].require_applied.store(e.requirement.applied());
     if (park_asked.load()) park();
   }
 
@@ -765,33 +751,6 @@ struct replication::impl {
     return true;
   }
 
-  // A core whose standby has been silent past its bound, or whose stream ended.
-  bool lagging(bool in_set) const {
-    const std::uint64_t now = smp::monotonic_ns();
-    const std::uint64_t bound =
-        (in_set ? nd.cfg.sync_timeout_ms : kCatchUpSilenceMs) * smp::kNsPerMs;
-    for (int c = 0; c < nd.cores; ++c) {
-      const shared_core& s = shared[static_cast<std::size_t>(c)];
-      if (in_set && s.state.load() != progress::caught_up) return true;
-      const std::uint64_t oldest = s.oldest_unacked_ns.load(std::memory_order_relaxed);
-      if (oldest != 0 && now > oldest && now - oldest > bound) return true;
-    }
-    return false;
-  }
-
-  // A core whose standby has acked late on average for long enough (kSlowAcksMin).
-  bool slow() const {
-    const std::uint64_t now = smp::monotonic_ns();
-    const std::uint64_t window = 4 * std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs;
-    for (int c = 0; c < nd.cores; ++c) {
-      const shared_core& s = shared[static_cast<std::size_t>(c)];
-      const std::uint64_t since = s.slow_since_ns.load();
-      if (since != 0 && now > since && now - since >= window && s.slow_acks.load() >= kSlowAcksMin)
-        return true;
-    }
-    return false;
-  }
-
   void wake_cores() {
     for (int c = 0; c < nd.cores; ++c) nd.mailbox.wake(c);
   }
@@ -802,79 +761,62 @@ struct replication::impl {
     wake_cores();
   }
 
+  // Feeds the sync set what the cores report and does what it decides.
   void decide_sync() {
     if (nd.ha == nullptr || mode.load() != start_as::primary) return;
     std::uint64_t lag = 0;
-    for (int c = 0; c < nd.cores; ++c)
-      lag += shared[static_cast<std::size_t>(c)].lag_bytes.load(std::memory_order_relaxed);
-    nd.repl.lag_bytes.store(lag);
-    nd.repl.in_sync.store(sync == sync_state::in_sync);
-    const std::int64_t epoch = nd.ha->epoch();
-    if (epoch != sync_epoch) {  // a new leadership (or none): its /sync lists no standby
-      sync_epoch = epoch;
-      if (sync != sync_state::alone) {
-        set_require(false);
-        sync = sync_state::alone;
-      }
+    std::vector<repl::core_report> reports(static_cast<std::size_t>(nd.cores));
+    for (int c = 0; c < nd.cores; ++c) {
+      const shared_core& s = shared[static_cast<std::size_t>(c)];
+      lag += s.lag_bytes.load(std::memory_order_relaxed);
+      reports[static_cast<std::size_t>(c)] = {s.state.load(), s.require_applied.load(),
+                                              s.oldest_unacked_ns.load(std::memory_order_relaxed),
+                                              s.slow_since_ns.load(), s.slow_acks.load()};
     }
-    if (epoch == 0) return;
-    switch (sync) {
-      case sync_state::alone:
-        if (lagging(false)) {
-          log::warn("replication: a standby catching up went silent; closing its streams");
-          close_all();
-        } else if (all(progress::caught_up) && smp::monotonic_ns() >= rejoin_after_ns) {
-          set_require(true);  // into the ack set first
-          sync = sync_state::requiring;
-        }
-        return;
-      case sync_state::requiring: {
-        if (lagging(true)) {  // not yet named in /sync: release at once
-          set_require(false);
-          close_all();
-          sync = sync_state::alone;
-          return;
-        }
-        for (int c = 0; c < nd.cores; ++c)
-          if (!shared[static_cast<std::size_t>(c)].require_applied.load()) return;
-        std::string node;
-        {
-          std::lock_guard lock(standby_mutex);
-          node = standby_node;
-        }
-        sync_ticket = control->request_sync({node});
-        sync = sync_state::publishing;
-        return;
+    nd.repl.lag_bytes.store(lag);
+    using A = repl::sync_actions;
+    const A a = sync.step({nd.ha->epoch(), smp::monotonic_ns(), reports,
+                           sync_ticket != 0 && nd.ha->sync_written(sync_ticket)});
+    if (a.require != A::require_change::none) set_require(a.require == A::require_change::on);
+    if (a.close_streams) close_all();
+    if (a.write == A::sync_write::standby) {
+      std::string node;
+      {
+        std::lock_guard lock(standby_mutex);
+        node = standby_node;
       }
-      case sync_state::publishing:
-      case sync_state::in_sync: {
-        const bool late = !lagging(true) && slow();
-        if (late) {
-          rejoin_after_ns = smp::monotonic_ns() + kSlowRejoinMs * smp::kNsPerMs;
-          log::warn(
-              "replication: the standby acknowledges late (on average over half of "
-              "--sync-timeout-ms {} for {} ms): /sync first, then alone; it may rejoin in {} ms",
-              nd.cfg.sync_timeout_ms, 4 * std::uint64_t{nd.cfg.sync_timeout_ms}, kSlowRejoinMs);
-        }
-        if (late || lagging(true)) {
-          close_all();
-          if (!late)
-            log::warn("replication: the standby stopped acknowledging: /sync first, then alone");
-          sync_ticket = control->request_sync({});
-          sync = sync_state::dropping;
-          nd.repl.drops.fetch_add(1);
-        } else if (sync == sync_state::publishing && nd.ha->sync_written(sync_ticket)) {
-          log::info("replication: the standby is in sync: writes wait for its acknowledgement");
-          sync = sync_state::in_sync;
-        }
-        return;
-      }
-      case sync_state::dropping:
-        if (!nd.ha->sync_written(sync_ticket)) return;  // until /sync no longer names it
-        set_require(false);
+      sync_ticket = control->request_sync({node});
+    } else if (a.write == A::sync_write::nobody) {
+      sync_ticket = control->request_sync({});
+    }
+    nd.repl.in_sync.store(sync.in_sync());
+    const repl::sync_config& cfg = sync.config();
+    switch (a.why) {
+      case A::reason::catch_up_silent:
+        log::warn("replication: a standby catching up went silent; closing its streams");
+        break;
+      case A::reason::late_acks:
+        nd.repl.drops.fetch_add(1);
+        log::warn(
+            "replication: the standby acknowledges late (on average over half of "
+            "--sync-timeout-ms {} for {} ms): /sync first, then alone; it may rejoin in {} ms",
+            cfg.sync_timeout_ms, 4 * cfg.sync_timeout_ms, cfg.slow_rejoin_ms);
+        break;
+      case A::reason::stopped_acking:
+        nd.repl.drops.fetch_add(1);
+        log::warn("replication: the standby stopped acknowledging: /sync first, then alone");
+        break;
+      case A::reason::published:
+        log::info("replication: the standby is in sync: writes wait for its acknowledgement");
+        break;
+      case A::reason::dropped:
         log::info("replication: /sync lists no standby: acknowledging alone");
-        sync = sync_state::alone;
-        return;
+        break;
+      case A::reason::none:
+      case A::reason::caught_up:
+      case A::reason::lost_before_sync:
+      case A::reason::new_epoch:
+        break;
     }
   }
 
