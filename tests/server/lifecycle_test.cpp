@@ -18,14 +18,16 @@ namespace {
 namespace fs = std::filesystem;
 using server_test::sim_node;
 
-std::string list(const std::vector<std::string>& keys) {
+std::string lifecycle_list(const std::vector<std::string>& keys) {
   std::string out;
   for (const auto& k : keys) out += (out.empty() ? "\"" : ",\"") + k + "\"";
   return out;
 }
 
-// 32-hex keys as vLLM sends them; key(i) for i < 1000.
-std::string key(int i) { return fmt::format("{:032x}", 0x5eed0000u + static_cast<unsigned>(i)); }
+// 32-hex keys as vLLM sends them; lifecycle_key(i) for i < 1000.
+std::string lifecycle_key(int i) {
+  return fmt::format("{:032x}", 0x5eed0000u + static_cast<unsigned>(i));
+}
 
 class Lifecycle : public ::testing::TestWithParam<int> {
  protected:
@@ -50,8 +52,8 @@ class Lifecycle : public ::testing::TestWithParam<int> {
     std::string first;
     for (int r = 0; r < ranks; ++r) {
       const std::string rank = std::to_string(r);
-      const std::string got =
-          n.post("/keys/batch_allocate", "{\"rank\":" + rank + ",\"keys\":[" + list(keys) + "]}");
+      const std::string got = n.post("/keys/batch_allocate", "{\"rank\":" + rank + ",\"keys\":[" +
+                                                                 lifecycle_list(keys) + "]}");
       if (r == 0) first = got;
       std::string confirmations;
       std::size_t at = 0;
@@ -73,7 +75,7 @@ class Lifecycle : public ::testing::TestWithParam<int> {
              "{\"num_pages\":" + std::to_string(pages) + "}");
   }
   static std::string exists(sim_node& n, const std::vector<std::string>& keys) {
-    return n.post("/keys/batch_exists", "{\"keys\":[" + list(keys) + "]}");
+    return n.post("/keys/batch_exists", "{\"keys\":[" + lifecycle_list(keys) + "]}");
   }
 
   std::string dir_;
@@ -110,18 +112,23 @@ TEST_P(Lifecycle, AShortAllocationFirstTakesBackExpiredReservations) {
 TEST_P(Lifecycle, DeleteRemovesTheKeyOnEveryRank) {
   sim_node n(config(metad::eviction::none), GetParam());
   init(n, 3, 8);
-  save(n, 3, {key(1), key(2), key(3)});
-  // Rank 2 is still writing key(4); ranks 0 and 1 confirmed it.
-  save(n, 2, {key(4)});
-  n.post("/keys/batch_allocate", "{\"rank\":2,\"keys\":[\"" + key(4) + "\"]}");
-  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1), key(4), key(1), "nope"}) + "]}"),
+  save(n, 3, {lifecycle_key(1), lifecycle_key(2), lifecycle_key(3)});
+  // Rank 2 is still writing lifecycle_key(4); ranks 0 and 1 confirmed it.
+  save(n, 2, {lifecycle_key(4)});
+  n.post("/keys/batch_allocate", "{\"rank\":2,\"keys\":[\"" + lifecycle_key(4) + "\"]}");
+  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" +
+                                       lifecycle_list({lifecycle_key(1), lifecycle_key(4),
+                                                       lifecycle_key(1), "nope"}) +
+                                       "]}"),
             R"({"deleted":2})");
-  EXPECT_EQ(exists(n, {key(1), key(2), key(4)}), R"({"exists":[false,true,false]})");
+  EXPECT_EQ(exists(n, {lifecycle_key(1), lifecycle_key(2), lifecycle_key(4)}),
+            R"({"exists":[false,true,false]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":8,"free":6,"reserved":0,"bound":2,"incomplete":0})");
   EXPECT_EQ(n.get("/rank/2"), R"({"num_pages":8,"free":5,"reserved":1,"bound":2,"incomplete":0})");
   // The writer of rank 2 can still confirm: its key starts over in the directory.
-  EXPECT_EQ(
-      n.post("/keys/confirm_write", "{\"rank\":2,\"confirmations\":[[\"" + key(4) + "\",3]]}"), "");
+  EXPECT_EQ(n.post("/keys/confirm_write",
+                   "{\"rank\":2,\"confirmations\":[[\"" + lifecycle_key(4) + "\",3]]}"),
+            "");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   EXPECT_EQ(n.post("/keys/delete", R"({"keys":"x"})"), R"({"detail":"Invalid keys format"})");
   EXPECT_NE(n.get("/stats").find(R"("deleted_keys":2)"), std::string::npos);
@@ -130,16 +137,19 @@ TEST_P(Lifecycle, DeleteRemovesTheKeyOnEveryRank) {
 TEST_P(Lifecycle, AReadLeaseBlocksDeleteUntilItEnds) {
   sim_node n(config(metad::eviction::none, 10'000), GetParam());
   init(n, 1, 4);
-  save(n, 1, {key(1), key(2)});
-  EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[\"" + key(1) + "\"]}"),
+  save(n, 1, {lifecycle_key(1), lifecycle_key(2)});
+  EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[\"" + lifecycle_key(1) + "\"]}"),
             R"({"locations":[0]})");
-  EXPECT_EQ(exists(n, {key(2)}), R"({"exists":[true]})");  // no lease from batch_exists
-  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1), key(2)}) + "]}"),
+  EXPECT_EQ(exists(n, {lifecycle_key(2)}), R"({"exists":[true]})");  // no lease from batch_exists
+  EXPECT_EQ(n.post("/keys/delete",
+                   "{\"keys\":[" + lifecycle_list({lifecycle_key(1), lifecycle_key(2)}) + "]}"),
             R"({"deleted":1})");
   n.now += 9'999;
-  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1)}) + "]}"), R"({"deleted":0})");
+  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + lifecycle_list({lifecycle_key(1)}) + "]}"),
+            R"({"deleted":0})");
   n.now += 1;
-  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + list({key(1)}) + "]}"), R"({"deleted":1})");
+  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[" + lifecycle_list({lifecycle_key(1)}) + "]}"),
+            R"({"deleted":1})");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
@@ -147,14 +157,16 @@ TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
   sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 2, 4);
   for (int i = 0; i < 4; ++i) {
-    save(n, 2, {key(i)});
+    save(n, 2, {lifecycle_key(i)});
     n.now += 1;
   }
-  exists(n, {key(0)});  // key 0 is now the most recently used
+  exists(n, {lifecycle_key(0)});  // key 0 is now the most recently used
   n.now += 1;
-  EXPECT_EQ(save(n, 2, {key(10), key(11)}),
-            "{\"rank\":0,\"results\":[[\"" + key(10) + "\",1],[\"" + key(11) + "\",2]]}");
-  EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(10), key(11)}),
+  EXPECT_EQ(save(n, 2, {lifecycle_key(10), lifecycle_key(11)}),
+            "{\"rank\":0,\"results\":[[\"" + lifecycle_key(10) + "\",1],[\"" + lifecycle_key(11) +
+                "\",2]]}");
+  EXPECT_EQ(exists(n, {lifecycle_key(0), lifecycle_key(1), lifecycle_key(2), lifecycle_key(3),
+                       lifecycle_key(10), lifecycle_key(11)}),
             R"({"exists":[true,false,false,true,true,true]})");
   EXPECT_EQ(n.get("/rank/1"), R"({"num_pages":4,"free":0,"reserved":0,"bound":4,"incomplete":0})");
   EXPECT_NE(n.get("/stats").find(R"("evicted_keys":2)"), std::string::npos);
@@ -164,19 +176,25 @@ TEST_P(Lifecycle, EvictionTakesTheLeastRecentlyUsedKeysOnEveryRank) {
 TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
   sim_node n(config(metad::eviction::lru, 10'000), GetParam());
   init(n, 2, 3);
-  save(n, 2, {key(1)});
-  save(n, 2, {key(2)});
-  save(n, 1, {key(3)});  // rank 1 has not written key 3: incomplete
-  n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[" + list({key(1), key(2)}) + "]}");
+  save(n, 2, {lifecycle_key(1)});
+  save(n, 2, {lifecycle_key(2)});
+  save(n, 1, {lifecycle_key(3)});  // rank 1 has not written key 3: incomplete
+  n.post("/keys/get_locations",
+         "{\"rank\":1,\"keys\":[" + lifecycle_list({lifecycle_key(1), lifecycle_key(2)}) + "]}");
   // Rank 1's pool: two bound (leased), one free; two new keys cannot fit.
-  EXPECT_EQ(
-      n.post("/keys/batch_allocate", "{\"rank\":1,\"keys\":[" + list({key(7), key(8)}) + "]}"),
-      "{\"rank\":1,\"results\":[[\"" + key(7) + "\",-1],[\"" + key(8) + "\",-1]]}");
+  EXPECT_EQ(n.post("/keys/batch_allocate",
+                   "{\"rank\":1,\"keys\":[" + lifecycle_list({lifecycle_key(7), lifecycle_key(8)}) +
+                       "]}"),
+            "{\"rank\":1,\"results\":[[\"" + lifecycle_key(7) + "\",-1],[\"" + lifecycle_key(8) +
+                "\",-1]]}");
   n.now += 10'000;  // the leases end
-  EXPECT_EQ(
-      n.post("/keys/batch_allocate", "{\"rank\":1,\"keys\":[" + list({key(7), key(8)}) + "]}"),
-      "{\"rank\":1,\"results\":[[\"" + key(7) + "\",0],[\"" + key(8) + "\",2]]}");
-  EXPECT_EQ(exists(n, {key(1), key(2), key(3)}), R"({"exists":[false,true,false]})");
+  EXPECT_EQ(n.post("/keys/batch_allocate",
+                   "{\"rank\":1,\"keys\":[" + lifecycle_list({lifecycle_key(7), lifecycle_key(8)}) +
+                       "]}"),
+            "{\"rank\":1,\"results\":[[\"" + lifecycle_key(7) + "\",0],[\"" + lifecycle_key(8) +
+                "\",2]]}");
+  EXPECT_EQ(exists(n, {lifecycle_key(1), lifecycle_key(2), lifecycle_key(3)}),
+            R"({"exists":[false,true,false]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":3,"free":1,"reserved":0,"bound":2,"incomplete":1})");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
@@ -184,35 +202,38 @@ TEST_P(Lifecycle, EvictionSparesLeasedKeysAndKeysBeingWritten) {
 TEST_P(Lifecycle, AnAllocationHitLeasesItsKeyAgainstEviction) {
   sim_node n(config(metad::eviction::lru, 10'000), GetParam());
   init(n, 1, 2);
-  save(n, 1, {key(1)});
+  save(n, 1, {lifecycle_key(1)});
   n.now += 1;
-  save(n, 1, {key(2)});
+  save(n, 1, {lifecycle_key(2)});
   n.now += 1;
   // A writer re-saves key 1 (a hit: it may rewrite page 0), then the pool needs a page.
-  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + key(1) + "\"]}"),
-            "{\"rank\":0,\"results\":[[\"" + key(1) + "\",0]]}");
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + lifecycle_key(1) + "\"]}"),
+            "{\"rank\":0,\"results\":[[\"" + lifecycle_key(1) + "\",0]]}");
   n.now += 1;
-  exists(n, {key(2)});   // key 2 is now the most recently used ...
-  save(n, 1, {key(3)});  // ... but key 1 is leased: key 2 goes
-  EXPECT_EQ(exists(n, {key(1), key(2), key(3)}), R"({"exists":[true,false,true]})");
+  exists(n, {lifecycle_key(2)});   // key 2 is now the most recently used ...
+  save(n, 1, {lifecycle_key(3)});  // ... but key 1 is leased: key 2 goes
+  EXPECT_EQ(exists(n, {lifecycle_key(1), lifecycle_key(2), lifecycle_key(3)}),
+            R"({"exists":[true,false,true]})");
 }
 
 TEST_P(Lifecycle, ABatchThatCanNeverFitEvictsNothing) {
   sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 1, 2);
-  save(n, 1, {key(1), key(2)});
-  EXPECT_EQ(n.post("/keys/batch_allocate",
-                   "{\"rank\":0,\"keys\":[" + list({key(3), key(4), key(5)}) + "]}"),
-            "{\"rank\":0,\"results\":[[\"" + key(3) + "\",-1],[\"" + key(4) + "\",-1],[\"" +
-                key(5) + "\",-1]]}");
-  EXPECT_EQ(exists(n, {key(1), key(2)}), R"({"exists":[true,true]})");
+  save(n, 1, {lifecycle_key(1), lifecycle_key(2)});
+  EXPECT_EQ(
+      n.post("/keys/batch_allocate",
+             "{\"rank\":0,\"keys\":[" +
+                 lifecycle_list({lifecycle_key(3), lifecycle_key(4), lifecycle_key(5)}) + "]}"),
+      "{\"rank\":0,\"results\":[[\"" + lifecycle_key(3) + "\",-1],[\"" + lifecycle_key(4) +
+          "\",-1],[\"" + lifecycle_key(5) + "\",-1]]}");
+  EXPECT_EQ(exists(n, {lifecycle_key(1), lifecycle_key(2)}), R"({"exists":[true,true]})");
 }
 
 TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
   sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 1, 100);  // rank 0 alone: its keys are complete with one confirmation
   for (int i = 0; i < 20; ++i) {
-    save(n, 1, {key(i)});
+    save(n, 1, {lifecycle_key(i)});
     n.now += 1;
   }
   n.post("/rank/1/initialize", R"({"num_pages":2})");
@@ -220,47 +241,49 @@ TEST_P(Lifecycle, KeysWithoutAPageOnTheRankArePassedOverAndKeepTheirPlace) {
     n.now += 1;
     for (int r = 1; r >= 0; --r) {
       const std::string rank = std::to_string(r);
-      const std::string got =
-          n.post("/keys/batch_allocate", "{\"rank\":" + rank + ",\"keys\":[\"" + key(i) + "\"]}");
+      const std::string got = n.post("/keys/batch_allocate", "{\"rank\":" + rank + ",\"keys\":[\"" +
+                                                                 lifecycle_key(i) + "\"]}");
       const std::string page = got.substr(got.rfind(',') + 1, got.find(']') - got.rfind(',') - 1);
-      n.post("/keys/confirm_write",
-             "{\"rank\":" + rank + ",\"confirmations\":[[\"" + key(i) + "\"," + page + "]]}");
+      n.post("/keys/confirm_write", "{\"rank\":" + rank + ",\"confirmations\":[[\"" +
+                                        lifecycle_key(i) + "\"," + page + "]]}");
     }
   }
   // Rank 1 is full; the 20 older keys have no page there and are not evicted for it.
-  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":1,\"keys\":[\"" + key(50) + "\"]}"),
-            "{\"rank\":1,\"results\":[[\"" + key(50) + "\",0]]}");
-  EXPECT_EQ(exists(n, {key(0), key(19), key(20), key(21)}), R"({"exists":[true,true,false,true]})");
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":1,\"keys\":[\"" + lifecycle_key(50) + "\"]}"),
+            "{\"rank\":1,\"results\":[[\"" + lifecycle_key(50) + "\",0]]}");
+  EXPECT_EQ(exists(n, {lifecycle_key(0), lifecycle_key(19), lifecycle_key(20), lifecycle_key(21)}),
+            R"({"exists":[true,true,false,true]})");
   // ... and, but for key 0 and 19 just used, they are still the least recently used: a
   // full rank 0 evicts key 1 first.
-  for (int i = 100; i < 179; ++i) save(n, 1, {key(i)});  // incomplete: rank 1 lacks them
-  EXPECT_EQ(
-      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + key(60) + "\"]}").find("-1"),
-      std::string::npos);
-  EXPECT_EQ(exists(n, {key(1), key(2)}), R"({"exists":[false,true]})");
+  for (int i = 100; i < 179; ++i) save(n, 1, {lifecycle_key(i)});  // incomplete: rank 1 lacks them
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"" + lifecycle_key(60) + "\"]}")
+                .find("-1"),
+            std::string::npos);
+  EXPECT_EQ(exists(n, {lifecycle_key(1), lifecycle_key(2)}), R"({"exists":[false,true]})");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 TEST_P(Lifecycle, AnAllocationThatEvictionCannotServeEvictsNothing) {
   sim_node n(config(metad::eviction::lru), GetParam());
   init(n, 2, 8);
-  save(n, 1, {key(1), key(2)});   // confirmed on rank 0, being written on rank 1:
-  n.post("/keys/batch_allocate",  // incomplete, reserved, not evictable
-         "{\"rank\":1,\"keys\":[" + list({key(1), key(2)}) + "]}");
-  for (int i = 3; i < 9; ++i) save(n, 2, {key(i)});
+  save(n, 1,
+       {lifecycle_key(1), lifecycle_key(2)});  // confirmed on rank 0, being written on rank 1:
+  n.post("/keys/batch_allocate",               // incomplete, reserved, not evictable
+         "{\"rank\":1,\"keys\":[" + lifecycle_list({lifecycle_key(1), lifecycle_key(2)}) + "]}");
+  for (int i = 3; i < 9; ++i) save(n, 2, {lifecycle_key(i)});
   std::vector<std::string> fresh;
-  for (int i = 20; i < 27; ++i) fresh.push_back(key(i));
-  EXPECT_EQ(
-      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list(fresh) + "]}").find(",0]"),
-      std::string::npos);
-  EXPECT_EQ(exists(n, {key(3), key(8)}), R"({"exists":[true,true]})");
+  for (int i = 20; i < 27; ++i) fresh.push_back(lifecycle_key(i));
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + lifecycle_list(fresh) + "]}")
+                .find(",0]"),
+            std::string::npos);
+  EXPECT_EQ(exists(n, {lifecycle_key(3), lifecycle_key(8)}), R"({"exists":[true,true]})");
   EXPECT_NE(n.get("/stats").find(R"("evicted_keys":0)"), std::string::npos);
   // Six new keys fit once the six complete ones go.
   fresh.pop_back();
-  EXPECT_EQ(
-      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list(fresh) + "]}").find("-1"),
-      std::string::npos);
-  EXPECT_EQ(exists(n, {key(3), key(8)}), R"({"exists":[false,false]})");
+  EXPECT_EQ(n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + lifecycle_list(fresh) + "]}")
+                .find("-1"),
+            std::string::npos);
+  EXPECT_EQ(exists(n, {lifecycle_key(3), lifecycle_key(8)}), R"({"exists":[false,false]})");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
@@ -272,18 +295,19 @@ TEST_P(Lifecycle, AVllmFlowWithAPoolFarSmallerThanTheWorkingSetKeepsSaving) {
     int failed = 0;
     for (int task = 0; task < 60; ++task) {
       std::vector<std::string> keys;
-      for (int j = 0; j < 4; ++j) keys.push_back(key(task * 4 + j));
+      for (int j = 0; j < 4; ++j) keys.push_back(lifecycle_key(task * 4 + j));
       const std::string got = save(n, 2, keys);
       failed += got.find(",-1]") != std::string::npos;
       // The scheduler and a loader look at recent keys, as vLLM does before a load.
       exists(n, keys);
-      n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[" + list(keys) + "]}");
+      n.post("/keys/get_locations", "{\"rank\":1,\"keys\":[" + lifecycle_list(keys) + "]}");
       n.now += 50;
       ASSERT_EQ(pipeline::check_consistency(n.state()), "");
     }
     if (evict == metad::eviction::lru) {
       EXPECT_EQ(failed, 0);
-      EXPECT_EQ(exists(n, {key(236), key(237), key(238), key(239)}),
+      EXPECT_EQ(exists(n, {lifecycle_key(236), lifecycle_key(237), lifecycle_key(238),
+                           lifecycle_key(239)}),
                 R"({"exists":[true,true,true,true]})");
     } else {
       EXPECT_EQ(failed, 56);  // 16 pages hold 4 tasks; every later task gets -1
@@ -299,38 +323,41 @@ TEST_P(Lifecycle, DeletesEvictionsAndExpiriesSurviveARestart) {
     sim_node n(cfg, GetParam());
     init(n, 2, 4);
     for (int i = 0; i < 4; ++i) {
-      save(n, 2, {key(i)});
+      save(n, 2, {lifecycle_key(i)});
       n.now += 1;  // recency across cores is by the millisecond
     }
-    n.post("/keys/delete", "{\"keys\":[\"" + key(0) + "\"]}");        // frees page 0
-    save(n, 2, {key(4), key(5)});                                     // evicts key 1
-    n.post("/keys/batch_allocate", R"({"rank":0,"keys":["open"]})");  // evicts key 2
+    n.post("/keys/delete", "{\"keys\":[\"" + lifecycle_key(0) + "\"]}");  // frees page 0
+    save(n, 2, {lifecycle_key(4), lifecycle_key(5)});                     // evicts key 1
+    n.post("/keys/batch_allocate", R"({"rank":0,"keys":["open"]})");      // evicts key 2
     n.now += 5000;
     n.tick();  // "open" expires
-    EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(4), key(5)}),
+    EXPECT_EQ(exists(n, {lifecycle_key(0), lifecycle_key(1), lifecycle_key(2), lifecycle_key(3),
+                         lifecycle_key(4), lifecycle_key(5)}),
               R"({"exists":[false,false,false,true,true,true]})");
   }
   metad::config cfg = config(metad::eviction::lru, 10'000);
   cfg.data_dir = dir_;
   sim_node n(cfg, 4 - GetParam());  // another core count
-  EXPECT_EQ(exists(n, {key(0), key(1), key(2), key(3), key(4), key(5)}),
+  EXPECT_EQ(exists(n, {lifecycle_key(0), lifecycle_key(1), lifecycle_key(2), lifecycle_key(3),
+                       lifecycle_key(4), lifecycle_key(5)}),
             R"({"exists":[false,false,false,true,true,true]})");
   EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":1,"reserved":0,"bound":3,"incomplete":0})");
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
   // The readers' leases were not kept: nothing is removed for one lease after start-up.
   EXPECT_EQ(
-      n.post("/keys/delete", "{\"keys\":[\"" + key(3) + "\"]}"),
+      n.post("/keys/delete", "{\"keys\":[\"" + lifecycle_key(3) + "\"]}"),
       R"({"detail":"Deletes are refused for --read-lease-ms after a restart: readers' leases were not kept"})");
   n.now += 10'000;
-  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[\"" + key(3) + "\"]}"), R"({"deleted":1})");
+  EXPECT_EQ(n.post("/keys/delete", "{\"keys\":[\"" + lifecycle_key(3) + "\"]}"),
+            R"({"deleted":1})");
 }
 
 TEST_P(Lifecycle, StatsListEveryRankInOrderWithTheCounters) {
   sim_node n(config(metad::eviction::none), GetParam());
   init(n, 3, 2);
-  save(n, 3, {key(1)});  // complete: three worker ranks when it was first confirmed
+  save(n, 3, {lifecycle_key(1)});  // complete: three worker ranks when it was first confirmed
   n.post("/rank/-4/initialize", R"({"num_pages":5})");
-  n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[\"" + key(1) + "\"]}");
+  n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[\"" + lifecycle_key(1) + "\"]}");
   EXPECT_EQ(n.get("/stats"),
             R"({"ranks":[{"rank":-4,"num_pages":5,"free":5,"reserved":0,"bound":0},)"
             R"({"rank":0,"num_pages":2,"free":1,"reserved":0,"bound":1},)"

@@ -22,16 +22,11 @@ using namespace metad;
 
 namespace {
 
+using server_test::json_list;
 using server_test::sim_node;
 
-metad::config config(std::uint32_t quarantine_ms) {
-  metad::config cfg;
-  cfg.release_quarantine_ms = quarantine_ms;
-  return cfg;
-}
-
 // The page of each key in a batch_allocate answer {"rank":r,"results":[["k",p],...]}.
-std::map<std::string, std::int64_t> pages_of(const std::string& answer) {
+std::map<std::string, std::int64_t> replay_pages_of(const std::string& answer) {
   std::map<std::string, std::int64_t> pages;
   for (std::size_t at = answer.find("[\""); at != std::string::npos;
        at = answer.find("[\"", at + 1)) {
@@ -40,12 +35,6 @@ std::map<std::string, std::int64_t> pages_of(const std::string& answer) {
     pages[key] = std::stoll(answer.substr(key_end + 2));
   }
   return pages;
-}
-
-std::string json_list(const std::vector<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "\"" : ",\"") + k + "\"";
-  return out;
 }
 
 struct writer {
@@ -58,7 +47,7 @@ struct writer {
 // One run: returns how many times two writers held one page, or a held page's confirm
 // was refused.
 int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
-  sim_node n(config(quarantine_ms), cores);
+  sim_node n(server_test::quarantine_config(quarantine_ms), cores);
   std::mt19937 rng(seed);
   auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<unsigned>(k)); };
   const std::string init = R"({"num_pages":128})";
@@ -98,7 +87,7 @@ int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
         keys.push_back(fmt::format("w{}-{}", w.id, w.next_key++));
       const std::string answer =
           send("/keys/batch_allocate", R"({"rank":0,"keys":[)" + json_list(keys) + "]}");
-      for (const auto& [key, page] : pages_of(answer)) {
+      for (const auto& [key, page] : replay_pages_of(answer)) {
         if (page < 0) continue;
         const auto it = holder.find(page);
         if (it != holder.end() && it->second != std::make_pair(w.id, key)) {
@@ -169,7 +158,7 @@ TEST_P(Replay, WithoutTheQuarantineAReplayedReleaseFreesAnotherWritersPage) {
 // docs/api.md's case: allocate A (page p), release p, allocate B, the release replayed:
 // B keeps its page, and p goes to nobody else while its quarantine lasts.
 TEST_P(Replay, TheDocumentedCase) {
-  sim_node n(config(5'000), GetParam());
+  sim_node n(server_test::quarantine_config(5'000), GetParam());
   n.post("/rank/0/initialize", R"({"num_pages":4})");
   EXPECT_EQ(n.post("/keys/batch_allocate", R"({"rank":0,"keys":["A"]})"),
             R"({"rank":0,"results":[["A",0]]})");

@@ -22,13 +22,8 @@ using namespace metad;
 
 namespace {
 
+using server_test::json_list;
 using server_test::sim_node;
-
-metad::config config(std::uint32_t quarantine_ms) {
-  metad::config cfg;
-  cfg.release_quarantine_ms = quarantine_ms;
-  return cfg;
-}
 
 // The pages of a reserve answer {"indices":[[false,3],[true,2],...]} (-1 for a hit: the
 // writer writes only the pages it was given).
@@ -48,13 +43,7 @@ std::vector<std::int64_t> reserved_pages(const std::string& answer) {
   return pages;
 }
 
-std::string json_list(const std::vector<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "\"" : ",\"") + k + "\"";
-  return out;
-}
-
-struct writer {
+struct sglang_writer {
   int id = 0;
   int next_key = 0;
   std::vector<std::pair<std::string, std::int64_t>> in_flight;  // reserved, not yet settled
@@ -63,14 +52,14 @@ struct writer {
 
 // One run on a 64-page pool: returns how many times two writers held one page, or a
 // confirmation did not bind its page.
-int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
-  sim_node n(config(quarantine_ms), cores);
+int sglang_run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
+  sim_node n(server_test::quarantine_config(quarantine_ms), cores);
   std::mt19937 rng(seed);
   auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<unsigned>(k)); };
   n.post("/5/initialize", R"({"num_pages":64})");
   std::map<std::int64_t, std::pair<int, std::string>> holder;  // in-flight page → writer, key
   int violations = 0;
-  writer writers[2];
+  sglang_writer writers[2];
   writers[1].id = 1;
   std::optional<std::pair<std::string, std::string>> deferred;  // a replay for later
 
@@ -92,7 +81,7 @@ int run(int cores, std::uint32_t seed, std::uint32_t quarantine_ms, int steps) {
   };
 
   for (int step = 0; step < steps; ++step) {
-    writer& w = writers[pick(2)];
+    sglang_writer& w = writers[pick(2)];
     if (step % 25 == 24) {
       if (deferred) n.post(deferred->first, deferred->second);  // retries come within seconds
       deferred.reset();
@@ -166,7 +155,7 @@ class SglangReplay : public ::testing::TestWithParam<int> {};
 
 TEST_P(SglangReplay, ReplayedRequestsNeverGiveOneWritersPageToAnother) {
   for (std::uint32_t seed = 1; seed <= 6; ++seed)
-    EXPECT_EQ(run(GetParam(), seed, 5'000, 400), 0) << "seed " << seed;
+    EXPECT_EQ(sglang_run(GetParam(), seed, 5'000, 400), 0) << "seed " << seed;
 }
 
 // The same runs without the quarantine: a replayed release frees the page another writer
@@ -174,7 +163,8 @@ TEST_P(SglangReplay, ReplayedRequestsNeverGiveOneWritersPageToAnother) {
 // test above can fail.
 TEST_P(SglangReplay, WithoutTheQuarantineAReplayedReleaseFreesAnotherWritersPage) {
   int violations = 0;
-  for (std::uint32_t seed = 1; seed <= 6; ++seed) violations += run(GetParam(), seed, 0, 400);
+  for (std::uint32_t seed = 1; seed <= 6; ++seed)
+    violations += sglang_run(GetParam(), seed, 0, 400);
   EXPECT_GT(violations, 0);
 }
 
@@ -213,7 +203,7 @@ TEST_P(SglangReplay, AReplayedReleaseInsideTheQuarantineChangesNothing) {
 // --release-quarantine-ms 0: the reference's order exactly (SGLang's own tests assert
 // it): the page released last is handed out next.
 TEST_P(SglangReplay, WithoutTheQuarantineTheReferenceOrderHolds) {
-  sim_node n(config(0), GetParam());
+  sim_node n(server_test::quarantine_config(0), GetParam());
   n.post("/0/initialize", R"({"num_pages":64})");
   EXPECT_EQ(reserve(n, "ka"), R"({"indices":[[false,63]]})");
   EXPECT_EQ(n.post("/0/confirm_write", R"({"written_keys_to_confirm":[],"pages_to_release":[63]})"),

@@ -115,4 +115,18 @@ class sim_node {
   std::unique_ptr<pipeline::connection> x_;
 };
 
+// A node's settings with the release quarantine at `quarantine_ms` (the replay tests).
+inline metad::config quarantine_config(std::uint32_t quarantine_ms) {
+  metad::config cfg;
+  cfg.release_quarantine_ms = quarantine_ms;
+  return cfg;
+}
+
+// "a","b",... for a JSON array's body.
+inline std::string json_list(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "\"" : ",\"") + k + "\"";
+  return out;
+}
+
 }  // namespace server_test

@@ -21,20 +21,22 @@ using server_test::sim_node;
 
 constexpr std::uint32_t kGraceMs = 30'000;
 
-std::string key(int i) { return fmt::format("{:032x}", 0x57a1e000u + static_cast<unsigned>(i)); }
+std::string stale_key(int i) {
+  return fmt::format("{:032x}", 0x57a1e000u + static_cast<unsigned>(i));
+}
 std::vector<std::string> keys(int first, int n) {
   std::vector<std::string> out;
-  for (int i = first; i < first + n; ++i) out.push_back(key(i));
+  for (int i = first; i < first + n; ++i) out.push_back(stale_key(i));
   return out;
 }
-std::string list(const std::vector<std::string>& ks) {
+std::string stale_list(const std::vector<std::string>& ks) {
   std::string out;
   for (const auto& k : ks) out += (out.empty() ? "\"" : ",\"") + k + "\"";
   return out;
 }
 
 // The pages of a batch_allocate answer, in order.
-std::vector<long> pages_of(const std::string& answer) {
+std::vector<long> stale_pages_of(const std::string& answer) {
   std::vector<long> out;
   for (std::size_t at = answer.find("\","); at != std::string::npos;
        at = answer.find("\",", at + 2))
@@ -59,8 +61,9 @@ class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> 
              "{\"num_pages\":" + std::to_string(pages) + "}");
   }
   static std::vector<long> allocate(sim_node& n, int rank, const std::vector<std::string>& ks) {
-    return pages_of(n.post("/keys/batch_allocate",
-                           fmt::format("{{\"rank\":{},\"keys\":[{}]}}", rank, list(ks))));
+    return stale_pages_of(
+        n.post("/keys/batch_allocate",
+               fmt::format("{{\"rank\":{},\"keys\":[{}]}}", rank, stale_list(ks))));
   }
   static std::string confirm(sim_node& n, int rank, const std::vector<std::string>& ks,
                              const std::vector<long>& pages) {
@@ -91,7 +94,7 @@ class Stale : public ::testing::TestWithParam<std::tuple<int, metad::eviction>> 
     EXPECT_EQ(release(n, 1, pages), "");
   }
   static std::string exists(sim_node& n, const std::vector<std::string>& ks) {
-    return n.post("/keys/batch_exists", "{\"keys\":[" + list(ks) + "]}");
+    return n.post("/keys/batch_exists", "{\"keys\":[" + stale_list(ks) + "]}");
   }
   static std::string stats_tail(sim_node& n) {
     const std::string s = n.get("/stats");
@@ -240,7 +243,7 @@ TEST_P(Stale, AnEvictionBetweenTwoRanksOfASaveLeavesItsKeyOnTheLaterRanksOnly) {
     ASSERT_EQ(save_on(n, 0, c), (std::vector<long>{0}));  // complete, page 0 on both ranks
     ASSERT_EQ(save_on(n, 1, c), (std::vector<long>{0}));
     // A reader's lease: c cannot be evicted.
-    EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[" + list(c) + "]}"),
+    EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[" + stale_list(c) + "]}"),
               R"({"locations":[0]})");
     // Saver X: rank 0 written and confirmed; rank 1 not allocated yet (unless reserve_first).
     const std::vector<long> x_on_0 = allocate(n, 0, x);
