@@ -102,6 +102,7 @@ struct replication::impl {
     bool retaining = false;
     std::deque<std::string> retained;
     std::uint64_t retained_from = 0, shipped_end = 0;
+    std::uint64_t retained_bytes = 0;  // Σ retained: retained_from + retained_bytes == shipped_end
     // A new standby's snapshot being cut by a child process (fork(): a copy-on-write
     // image of this core's state at the hello), its encoded messages read from `cut_fd`
     // into the stream; what this core ships meanwhile waits in `held`, then follows.
@@ -679,6 +680,7 @@ struct replication::impl {
   void park() {
     std::unique_lock lock(park_mutex);
     ++parked;
+    METAD_ASSERT(parked <= nd.cores);
     park_cv.notify_all();
     park_cv.wait(lock, [this] { return !park_asked.load(); });
     --parked;
@@ -690,15 +692,19 @@ struct replication::impl {
     if (end <= e.shipped_end) return;
     if (job.lsn > e.shipped_end) {  // not consecutive (never expected): start again here
       e.retained.clear();
+      e.retained_bytes = 0;
       e.retained_from = e.shipped_end = job.lsn;
     }
     const std::uint64_t from = e.shipped_end;
     e.retained.emplace_back(job.data + (from - job.lsn), end - from);
+    e.retained_bytes += end - from;
     e.shipped_end = end;
     while (e.shipped_end - e.retained_from - e.retained.front().size() >= kRetainBytes) {
       e.retained_from += e.retained.front().size();
+      e.retained_bytes -= e.retained.front().size();
       e.retained.pop_front();
     }
+    METAD_ASSERT(e.retained_from + e.retained_bytes == e.shipped_end);
   }
 
   // Sends the retained bytes from `lsn` (at least retained_from) on a resumed stream.
@@ -718,6 +724,7 @@ struct replication::impl {
 
   void shipped(int c, const store::log_writer::flush_job& job) {
     core_end& e = ends[static_cast<std::size_t>(c)];
+    METAD_ASSERT(e.held.empty() || e.cut_fd >= 0);  // held only while a child cuts
     if (e.retaining) retain(e, job);
     if (!e.leading) return;
     const std::uint64_t end = job.lsn + job.bytes;
@@ -731,6 +738,7 @@ struct replication::impl {
     } else {
       send(c, e);
     }
+    METAD_ASSERT(e.unacked.empty() || e.unacked.back().first <= end);  // ascending
     e.unacked.emplace_back(end, smp::monotonic_ns());
     publish_unacked(c, e);
     if (link->at(c).queued() + e.held.size() > queued_max) {

@@ -14,8 +14,23 @@
 // stream cannot resume) exits with status 75 (kExitResync) so that its supervisor
 // starts it again: empty, as a standby.
 //
-// Threads: the core hooks run on their core; on_role and may_campaign on the ha thread;
-// the sync-set decisions on the link thread.
+// Five actors meet here (docs/replication.md lists every thread of the process): the core
+// threads (the hooks below, on their own core), the repl link thread (its each_turn
+// runs the sync set), the ha thread (on_role, may_campaign), the promotion thread (a
+// standby that won the lease) and a forked child per snapshot cut. Who owns what:
+//
+// | state (replication.cpp)          | written by                          | read by | guarded by |
+// |----------------------------------|-------------------------------------|--------------------------|------------|
+// | ends[c] (core_end)               | core c; promotion while c is parked | core c | the parking
+// handshake (park_mutex, park_cv) | | shared[c] (progress, unacked age, lag, require_applied, late
+// acks) | core c (state also promotion) | link thread (sync set), ha thread (may_campaign) |
+// atomics | | mode                             | promotion thread                    | cores, link,
+// ha threads  | atomic | | require                          | link thread                         |
+// cores                    | atomic | | sync, sync_ticket                | link thread | link
+// thread              | one thread | | standby_node                     | core (on_hello) | link
+// thread              | standby_mutex | | promotion (std::thread)          | ha thread (on_role) |
+// main thread (stop)       | server::run's shutdown order | | a snapshot cut's image           |
+// the forked child                    | core c, through a pipe   | the process boundary |
 #pragma once
 
 #include <cstdint>
