@@ -17,20 +17,20 @@
 // Five actors meet here (docs/replication.md lists every thread of the process): the core
 // threads (the hooks below, on their own core), the repl link thread (its each_turn
 // runs the sync set), the ha thread (on_role, may_campaign), the promotion thread (a
-// standby that won the lease) and a forked child per snapshot cut. Who owns what:
-//
-// | state (replication.cpp)          | written by                          | read by | guarded by |
-// |----------------------------------|-------------------------------------|--------------------------|------------|
-// | ends[c] (core_end)               | core c; promotion while c is parked | core c | the parking
-// handshake (park_mutex, park_cv) | | shared[c] (progress, unacked age, lag, require_applied, late
-// acks) | core c (state also promotion) | link thread (sync set), ha thread (may_campaign) |
-// atomics | | mode                             | promotion thread                    | cores, link,
-// ha threads  | atomic | | require                          | link thread                         |
-// cores                    | atomic | | sync, sync_ticket                | link thread | link
-// thread              | one thread | | standby_node                     | core (on_hello) | link
-// thread              | standby_mutex | | promotion (std::thread)          | ha thread (on_role) |
-// main thread (stop)       | server::run's shutdown order | | a snapshot cut's image           |
-// the forked child                    | core c, through a pipe   | the process boundary |
+// standby that won the lease) and a forked child per snapshot cut. Who owns what in
+// replication.cpp (written by → read by: guarded by):
+// - ends[c] (core_end): core c, and promotion while c is parked → core c: the parking
+//   handshake (park_mutex, park_cv);
+// - shared[c] (progress, oldest unacked write, lag, require_applied, late acks): core c
+//   (progress also promotion) → the link thread (sync set), the ha thread (may_campaign):
+//   atomics;
+// - mode: the promotion thread → cores, link and ha threads: atomic;
+// - require: the link thread → cores: atomic;
+// - sync, sync_ticket: the link thread alone;
+// - standby_node: a core (on_hello) → the link thread: standby_mutex;
+// - promotion (the std::thread): the ha thread (on_role) → the main thread (stop):
+//   server::run's shutdown order;
+// - a snapshot cut's image: the forked child → core c, through a pipe: the process boundary.
 #pragma once
 
 #include <cstdint>
