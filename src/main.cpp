@@ -92,16 +92,19 @@ metadata server; same HTTP API, default port 18000).
   --strict-reinit           SGLang API: initializing a pool again with fewer pages is a
                             409 (default: 204, the pool unchanged, and a warning)
   --ha-etcd URL[,URL...]    high availability: hold the leader lease in this etcd
-                            cluster (its members' http://HOST:PORT); only the leader
+                            cluster (its members' http(s)://HOST:PORT); only the leader
                             serves the API, the other nodes answer 503 naming it. Needs
                             --ha-cluster and --ha-node (docs/operations.md)
-  --ha-etcd-ca FILE         https:// etcd: verify its certificates (and that they name
-                            the URL's host) against this PEM CA (default: the system's)
-  --ha-etcd-cert FILE, --ha-etcd-key FILE  a client certificate for etcd (one without a
-                            Common Name: etcd's gateway refuses one with a CN)
-  --ha-etcd-user NAME       authenticate to etcd as NAME (https:// only), with the password
-  --ha-etcd-password-file FILE  in FILE's first line (mode 0600; a wrong one stops the
-                            start, exit 2)
+  --ha-etcd-ca FILE         https:// etcd: verify its members' certificates (and that
+                            they name the URL's host) against this PEM CA (default: the
+                            system's CAs)
+  --ha-etcd-cert FILE       a client certificate for etcd, when it asks for one (without
+                            a Common Name: etcd's gateway refuses one with a CN)
+  --ha-etcd-key FILE        that certificate's private key
+  --ha-etcd-user NAME       authenticate to etcd as NAME (https:// only)
+  --ha-etcd-password-file FILE  its password, FILE's first line; FILE readable by its
+                            owner only (0600); a password etcd refuses stops the start
+                            (exit 2)
   --ha-cluster NAME         the nodes that share one leader lease (A-Za-z0-9._-)
   --ha-node ID              this node's id in the cluster, unique (A-Za-z0-9._-)
   --ha-advertise URL        http://HOST:PORT the other nodes name as this node's address

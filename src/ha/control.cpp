@@ -190,7 +190,7 @@ access_check check_etcd_access(const config& c, time_point deadline) {
   const etcd_access& e = c.etcd;
   for (const endpoint& at : e.endpoints) {
     if (steady::now() >= deadline) break;
-    const auto by = std::min(deadline, steady::now() + c.request_timeout);
+    const auto by = std::min(deadline, steady::now() + kAuthenticateTimeout);
     std::string error;
     if (!e.authenticates()) {
       // TLS only: the handshake is the check (nothing to check over plain http).

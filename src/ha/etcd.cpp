@@ -213,7 +213,12 @@ auth_outcome etcd_client::authenticate(time_point deadline, std::string& error) 
 
 std::optional<std::string> etcd_client::token(time_point deadline, std::string& error) {
   if (access_.authenticates() && token_.empty()) {
-    const auth_outcome outcome = authenticate(deadline, error);
+    // etcd checks the password with bcrypt (cost 10: ~0.1 s, several times that on a
+    // busy member), longer than a renewal's deadline: bounded by its own, else a node
+    // whose token was dropped could time out authenticating for ever. The caller's
+    // request may then miss its deadline; the next one has the token.
+    const auth_outcome outcome =
+        authenticate(std::max(deadline, steady::now() + kAuthenticateTimeout), error);
     if (outcome == auth_outcome::refused && !refused_logged_) {
       // While running (start-up stops on it instead): the password changed, the user
       // was removed... Every request fails until an operator fixes it; say so once.
@@ -221,6 +226,12 @@ std::optional<std::string> etcd_client::token(time_point deadline, std::string& 
       metad::log::error("ha: {}", error);
     }
     if (outcome != auth_outcome::ok) return std::nullopt;
+    if (authentications_ > 1) {
+      metad::log::info(
+          "ha: etcd no longer took this node's token (unused past etcd's --auth-token-ttl, "
+          "or etcd restarted): authenticated again as {}",
+          access_.user);
+    }
   }
   return token_;
 }
@@ -233,8 +244,7 @@ http_result etcd_client::send(std::string_view path, const std::string& json,
   if (!access_.authenticates() || !answer.ok || !json::token_refused(answer.status, answer.body)) {
     return answer;
   }
-  metad::log::debug("ha: etcd refused the token ({} {}): authenticating again", path,
-                    answer.status);
+  metad::log::debug("ha: etcd refused the token ({} {})", path, answer.status);
   forget_token();
   http_result again;
   if (!token(deadline, again.error)) return again;

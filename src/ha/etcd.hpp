@@ -68,6 +68,9 @@ struct watch_event {
 // error: retrying cannot help); `failed`: no usable answer (down, timeout).
 enum class auth_outcome { ok, refused, failed };
 
+// How long an authentication may take, whatever the request that needs it allows.
+inline constexpr std::chrono::milliseconds kAuthenticateTimeout{2000};
+
 class etcd_client {
  public:
   etcd_client(etcd_access access, std::chrono::milliseconds connect_timeout);

@@ -357,7 +357,7 @@ void server::check_etcd() {
   const bool tls = settings.etcd.tls != nullptr;
   if (!tls && !settings.etcd.authenticates()) return;
   const auto check = ha::check_etcd_access(
-      settings, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      settings, std::chrono::steady_clock::now() + std::chrono::seconds(10));
   switch (check.outcome) {
     case ha::access_check::verdict::ok:
       if (settings.etcd.authenticates()) {
