@@ -101,7 +101,7 @@ struct config {
   // High availability (docs/operations.md): with ha_etcd set, this node campaigns for
   // the leader lease in etcd and serves the API only while it holds it; other nodes
   // answer 503 naming the leader. Empty ha_etcd: off (and every ha_* must be unset).
-  std::string ha_etcd;     // URL[,URL...] of etcd's members (http(s)://HOST:PORT)
+  std::string ha_etcd;  // URL[,URL...] of etcd's members (http(s)://HOST:PORT)
   // https:// members: the CA that signed their certificates (empty: the system's), and
   // a client certificate and its key if etcd asks for one (paths).
   std::string ha_etcd_ca;

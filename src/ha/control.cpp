@@ -151,8 +151,8 @@ std::string validate(const config& c) {
   std::size_t secure = 0;
   for (const endpoint& at : e.endpoints) secure += at.tls ? 1 : 0;
   if (secure != 0 && secure != e.size()) return "--ha-etcd: all https:// or all http://";
-  const bool tls_files = !e.tls_paths.ca.empty() || !e.tls_paths.cert.empty() ||
-                         !e.tls_paths.key.empty();
+  const bool tls_files =
+      !e.tls_paths.ca.empty() || !e.tls_paths.cert.empty() || !e.tls_paths.key.empty();
   if (secure == 0 && tls_files) {
     return "--ha-etcd-ca, --ha-etcd-cert and --ha-etcd-key need https:// --ha-etcd URLs";
   }
@@ -225,7 +225,7 @@ access_check check_etcd_access(const config& c, time_point deadline) {
     }
   }
   out.message = failures.empty() ? "no etcd member answered in time"
-                                  : fmt::format("{}", fmt::join(failures, "; "));
+                                 : fmt::format("{}", fmt::join(failures, "; "));
   return out;
 }
 

@@ -26,9 +26,9 @@ struct config {
   // by prepare_etcd) and --ha-etcd-user/--ha-etcd-password-file (the password is read
   // from the file when the flag is set).
   etcd_access etcd;
-  std::string cluster;         // --ha-cluster NAME
-  std::string node;            // --ha-node ID
-  std::string advertise;       // the leader key's value; empty: {"node":"<ID>"}
+  std::string cluster;    // --ha-cluster NAME
+  std::string node;       // --ha-node ID
+  std::string advertise;  // the leader key's value; empty: {"node":"<ID>"}
   // A new leader writes /sync {"epoch":E,"leader":"<ID>","sync":[]} (fenced by its
   // epoch) before it serves. With no replication no standby is in sync, so after the
   // first leader of a cluster only that node may ever campaign (the /sync rule). Tests

@@ -205,8 +205,8 @@ auth_outcome etcd_client::authenticate(time_point deadline, std::string& error) 
         access_.user);
     outcome = auth_outcome::refused;
   } else {
-    error = fmt::format("etcd authentication as {}: HTTP {}: {}", access_.user, answer.status,
-                        said);
+    error =
+        fmt::format("etcd authentication as {}: HTTP {}: {}", access_.user, answer.status, said);
   }
   return outcome;
 }
@@ -236,8 +236,7 @@ std::optional<std::string> etcd_client::token(time_point deadline, std::string& 
   return token_;
 }
 
-http_result etcd_client::send(std::string_view path, const std::string& json,
-                              time_point deadline) {
+http_result etcd_client::send(std::string_view path, const std::string& json, time_point deadline) {
   http_result answer;
   if (!token(deadline, answer.error)) return answer;
   answer = http_.post(path, json, deadline, token_);

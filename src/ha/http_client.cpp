@@ -188,8 +188,9 @@ void connection::close() {
 bool connection::send_all(std::string_view bytes, time_point deadline, std::string& error) {
   while (ssl_ != nullptr && !bytes.empty()) {
     ERR_clear_error();
-    const int n = SSL_write(ssl_, bytes.data(), static_cast<int>(std::min<std::size_t>(
-                                                     bytes.size(), std::size_t{1} << 30)));
+    const int n =
+        SSL_write(ssl_, bytes.data(),
+                  static_cast<int>(std::min<std::size_t>(bytes.size(), std::size_t{1} << 30)));
     if (n > 0) {
       bytes.remove_prefix(static_cast<std::size_t>(n));
       continue;
@@ -200,7 +201,8 @@ bool connection::send_all(std::string_view bytes, time_point deadline, std::stri
       continue;
     }
     if (why == SSL_ERROR_WANT_WRITE || why == SSL_ERROR_WANT_READ) {
-      error = errno == ETIMEDOUT ? "send: timed out" : fmt::format("poll: {}", std::strerror(errno));
+      error =
+          errno == ETIMEDOUT ? "send: timed out" : fmt::format("poll: {}", std::strerror(errno));
     } else if (why == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
       error = fmt::format("send: {}", errno != 0 ? std::strerror(errno) : "connection closed");
     } else {

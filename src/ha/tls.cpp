@@ -37,8 +37,8 @@ std::shared_ptr<const tls_context> tls_context::make(const tls_files& files, std
       return nullptr;
     }
   } else if (SSL_CTX_load_verify_locations(ctx, files.ca.c_str(), nullptr) != 1) {
-    error = fmt::format("--ha-etcd-ca {}: no usable PEM CA certificate ({})", files.ca,
-                        tls_error());
+    error =
+        fmt::format("--ha-etcd-ca {}: no usable PEM CA certificate ({})", files.ca, tls_error());
     return nullptr;
   }
   if (files.cert.empty() != files.key.empty()) {
@@ -47,13 +47,13 @@ std::shared_ptr<const tls_context> tls_context::make(const tls_files& files, std
   }
   if (!files.cert.empty()) {
     if (SSL_CTX_use_certificate_chain_file(ctx, files.cert.c_str()) != 1) {
-      error = fmt::format("--ha-etcd-cert {}: no usable PEM certificate ({})", files.cert,
-                          tls_error());
+      error =
+          fmt::format("--ha-etcd-cert {}: no usable PEM certificate ({})", files.cert, tls_error());
       return nullptr;
     }
     if (SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM) != 1) {
-      error = fmt::format("--ha-etcd-key {}: no usable PEM private key ({})", files.key,
-                          tls_error());
+      error =
+          fmt::format("--ha-etcd-key {}: no usable PEM private key ({})", files.key, tls_error());
       return nullptr;
     }
     if (SSL_CTX_check_private_key(ctx) != 1) {

@@ -58,7 +58,8 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
   }
   for (const auto& [flag, value] :
        {std::pair{"--ha-etcd-ca", &cfg.ha_etcd_ca}, std::pair{"--ha-etcd-cert", &cfg.ha_etcd_cert},
-        std::pair{"--ha-etcd-key", &cfg.ha_etcd_key}, std::pair{"--ha-etcd-user", &cfg.ha_etcd_user},
+        std::pair{"--ha-etcd-key", &cfg.ha_etcd_key},
+        std::pair{"--ha-etcd-user", &cfg.ha_etcd_user},
         std::pair{"--ha-etcd-password-file", &cfg.ha_etcd_password_file}}) {
     if (value->empty()) continue;
     error = ha::set_flag(c, flag, *value);

@@ -351,13 +351,13 @@ void server::run() {
 // for ever; members that do not answer are the ha thread's to wait for, as always.
 void server::check_etcd() {
   std::string error;
-  const ha::config settings = ha_settings(impl_->cfg, impl_->cfg.port == 0 ? 1 : impl_->cfg.port,
-                                          error);
+  const ha::config settings =
+      ha_settings(impl_->cfg, impl_->cfg.port == 0 ? 1 : impl_->cfg.port, error);
   if (!error.empty()) throw config_error(error);
   const bool tls = settings.etcd.tls != nullptr;
   if (!tls && !settings.etcd.authenticates()) return;
-  const auto check = ha::check_etcd_access(
-      settings, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const auto check =
+      ha::check_etcd_access(settings, std::chrono::steady_clock::now() + std::chrono::seconds(10));
   switch (check.outcome) {
     case ha::access_check::verdict::ok:
       if (settings.etcd.authenticates()) {

@@ -138,13 +138,15 @@ class fake_gateway {
       const gateway_answer answer = answer_(request);
       std::string out;
       if (answer.stream) {
-        out = fmt::format("HTTP/1.1 {} OK\r\nContent-Type: application/json\r\n"
-                          "Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n",
-                          answer.status, answer.body.size(), answer.body);
+        out = fmt::format(
+            "HTTP/1.1 {} OK\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n",
+            answer.status, answer.body.size(), answer.body);
       } else {
-        out = fmt::format("HTTP/1.1 {} X\r\nContent-Type: application/json\r\n"
-                          "Content-Length: {}\r\n\r\n{}",
-                          answer.status, answer.body.size(), answer.body);
+        out = fmt::format(
+            "HTTP/1.1 {} X\r\nContent-Type: application/json\r\n"
+            "Content-Length: {}\r\n\r\n{}",
+            answer.status, answer.body.size(), answer.body);
       }
       ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
       if (answer.stream) return true;
@@ -157,8 +159,8 @@ class fake_gateway {
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};
   std::mutex mutex_;
-  std::vector<gateway_request> seen_;    // under mutex_
-  std::vector<int> open_;                // under mutex_
+  std::vector<gateway_request> seen_;       // under mutex_
+  std::vector<int> open_;                   // under mutex_
   std::vector<std::thread> conversations_;  // under mutex_ until the acceptor ends
 };
 
@@ -187,13 +189,15 @@ TEST(EtcdAuth, AuthenticateRequestEscapesTheStrings) {
 
 TEST(EtcdAuth, WhichAnswersRefuseTheToken) {
   EXPECT_TRUE(ha::json::token_refused(401, kInvalidToken));
-  EXPECT_TRUE(ha::json::token_refused(0, "rpc error: code = Unauthenticated desc = etcdserver: "
-                                         "invalid auth token"));
+  EXPECT_TRUE(ha::json::token_refused(0,
+                                      "rpc error: code = Unauthenticated desc = etcdserver: "
+                                      "invalid auth token"));
   EXPECT_TRUE(ha::json::token_refused(
       400, R"({"error":"etcdserver: revision of auth store is old","code":9})"));
   EXPECT_FALSE(ha::json::token_refused(400, kWrongPassword));
   EXPECT_FALSE(ha::json::token_refused(
-      403, R"({"error":"etcdserver: permission denied","message":"etcdserver: permission denied","code":7})"));
+      403,
+      R"({"error":"etcdserver: permission denied","message":"etcdserver: permission denied","code":7})"));
   EXPECT_FALSE(ha::json::token_refused(200, "{}"));
 }
 
@@ -233,8 +237,8 @@ TEST(EtcdAuth, EveryRequestCarriesTheTokenAndAnExpiredOneIsFetchedAgainOnce) {
   std::vector<std::pair<std::string, std::string>> calls;
   for (const auto& r : seen) calls.emplace_back(r.path, r.authorization);
   const std::vector<std::pair<std::string, std::string>> expected{
-      {"/v3/auth/authenticate", ""}, {"/v3/kv/txn", "tok1.11"}, {"/v3/kv/txn", "tok1.11"},
-      {"/v3/kv/txn", "tok1.11"},     {"/v3/auth/authenticate", ""}, {"/v3/kv/txn", "tok2.12"},
+      {"/v3/auth/authenticate", ""},  {"/v3/kv/txn", "tok1.11"},     {"/v3/kv/txn", "tok1.11"},
+      {"/v3/kv/txn", "tok1.11"},      {"/v3/auth/authenticate", ""}, {"/v3/kv/txn", "tok2.12"},
       {"/v3/lease/revoke", "tok2.12"}};
   EXPECT_EQ(calls, expected);
 }
