@@ -237,8 +237,13 @@ std::optional<std::string> etcd_client::token(time_point deadline, std::string& 
 }
 
 http_result etcd_client::send(std::string_view path, const std::string& json, time_point deadline) {
+  // A request that had to wait for an authentication gets its whole time after it.
+  const auto budget = deadline - steady::now();
+  const auto after_authenticating = [&] { deadline = std::max(deadline, steady::now() + budget); };
   http_result answer;
+  const std::uint64_t before = authentications_;
   if (!token(deadline, answer.error)) return answer;
+  if (authentications_ != before) after_authenticating();
   answer = http_.post(path, json, deadline, token_);
   if (!access_.authenticates() || !answer.ok || !json::token_refused(answer.status, answer.body)) {
     return answer;
@@ -247,6 +252,7 @@ http_result etcd_client::send(std::string_view path, const std::string& json, ti
   forget_token();
   http_result again;
   if (!token(deadline, again.error)) return again;
+  after_authenticating();
   return http_.post(path, json, deadline, token_);
 }
 
