@@ -184,6 +184,15 @@ std::string prepare_etcd(config& c) {
   return error;
 }
 
+namespace {
+
+std::string checked_against(const etcd_access& e) {
+  if (e.tls_paths.ca.empty()) return "checked against the system's CAs: give --ha-etcd-ca";
+  return fmt::format("checked against --ha-etcd-ca {}", e.tls_paths.ca);
+}
+
+}  // namespace
+
 access_check check_etcd_access(const config& c, time_point deadline) {
   access_check out;
   std::vector<std::string> failures;
@@ -198,9 +207,7 @@ access_check check_etcd_access(const config& c, time_point deadline) {
       connection probe;
       if (probe.open(at, by, error, e.tls.get())) return {access_check::verdict::ok, {}};
       if (probe.certificate_refused()) {
-        const std::string ca = e.tls_paths.ca.empty() ? "the system's CAs" : e.tls_paths.ca;
-        return {access_check::verdict::refused,
-                fmt::format("{} (checked against --ha-etcd-ca {})", error, ca)};
+        return {access_check::verdict::refused, fmt::format("{} ({})", error, checked_against(e))};
       }
       failures.push_back(error);
       continue;
@@ -216,9 +223,8 @@ access_check check_etcd_access(const config& c, time_point deadline) {
         return {access_check::verdict::refused, error};
       case auth_outcome::failed:
         if (error.find("does not verify") != std::string::npos) {
-          const std::string ca = e.tls_paths.ca.empty() ? "the system's CAs" : e.tls_paths.ca;
           return {access_check::verdict::refused,
-                  fmt::format("{} (checked against --ha-etcd-ca {})", error, ca)};
+                  fmt::format("{} ({})", error, checked_against(e))};
         }
         failures.push_back(error);
         break;
