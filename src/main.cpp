@@ -92,9 +92,19 @@ metadata server; same HTTP API, default port 18000).
   --strict-reinit           SGLang API: initializing a pool again with fewer pages is a
                             409 (default: 204, the pool unchanged, and a warning)
   --ha-etcd URL[,URL...]    high availability: hold the leader lease in this etcd
-                            cluster (its members' http://HOST:PORT); only the leader
+                            cluster (its members' http(s)://HOST:PORT); only the leader
                             serves the API, the other nodes answer 503 naming it. Needs
                             --ha-cluster and --ha-node (docs/operations.md)
+  --ha-etcd-ca FILE         https:// etcd: verify its members' certificates (and that
+                            they name the URL's host) against this PEM CA (default: the
+                            system's CAs)
+  --ha-etcd-cert FILE       a client certificate for etcd, when it asks for one (without
+                            a Common Name: etcd's gateway refuses one with a CN)
+  --ha-etcd-key FILE        that certificate's private key
+  --ha-etcd-user NAME       authenticate to etcd as NAME (https:// only)
+  --ha-etcd-password-file FILE  its password, FILE's first line; FILE readable by its
+                            owner only (0600); a password etcd refuses stops the start
+                            (exit 2)
   --ha-cluster NAME         the nodes that share one leader lease (A-Za-z0-9._-)
   --ha-node ID              this node's id in the cluster, unique (A-Za-z0-9._-)
   --ha-advertise URL        http://HOST:PORT the other nodes name as this node's address
@@ -194,6 +204,16 @@ void parse_ha_flag(metad::config& cfg, std::string_view flag, std::string_view v
     cfg.ha_node = value;
   else if (flag == "--ha-advertise")
     cfg.ha_advertise = value;
+  else if (flag == "--ha-etcd-ca")
+    cfg.ha_etcd_ca = value;
+  else if (flag == "--ha-etcd-cert")
+    cfg.ha_etcd_cert = value;
+  else if (flag == "--ha-etcd-key")
+    cfg.ha_etcd_key = value;
+  else if (flag == "--ha-etcd-user")
+    cfg.ha_etcd_user = value;
+  else if (flag == "--ha-etcd-password-file")
+    cfg.ha_etcd_password_file = value;
   else if (flag == "--ha-ttl-ms")
     cfg.ha_ttl_ms = parse_int<std::uint32_t>(flag, value, 1000, 3'600'000);
   else if (flag == "--ha-renew-ms")
@@ -416,6 +436,11 @@ int main(int argc, char** argv) {
     }
     finished = true;
     signal_thread.join();
+  } catch (const metad::config_error& e) {
+    // The configuration is wrong (e.g. etcd refused --ha-etcd-user's password): a
+    // restart cannot help (ha.conf: RestartPreventExitStatus=2).
+    metad::log::error("{}", e.what());
+    return 2;
   } catch (const std::exception& e) {
     metad::log::error("{}", e.what());
     return 1;

@@ -101,7 +101,16 @@ struct config {
   // High availability (docs/operations.md): with ha_etcd set, this node campaigns for
   // the leader lease in etcd and serves the API only while it holds it; other nodes
   // answer 503 naming the leader. Empty ha_etcd: off (and every ha_* must be unset).
-  std::string ha_etcd;     // URL[,URL...] of etcd's members (http://HOST:PORT)
+  std::string ha_etcd;  // URL[,URL...] of etcd's members (http(s)://HOST:PORT)
+  // https:// members: the CA that signed their certificates (empty: the system's), and
+  // a client certificate and its key if etcd asks for one (paths).
+  std::string ha_etcd_ca;
+  std::string ha_etcd_cert;
+  std::string ha_etcd_key;
+  // etcd's password authentication: the user, and the file whose first line is its
+  // password (the path only: the password is read where it is used, never kept here).
+  std::string ha_etcd_user;
+  std::string ha_etcd_password_file;
   std::string ha_cluster;  // the nodes that share one lease
   std::string ha_node;     // this node's id, unique in the cluster
   // The http://HOST:PORT other nodes name in their 503s; empty: http://host:port.

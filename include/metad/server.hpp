@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "metad/config.hpp"
@@ -27,6 +28,13 @@ std::string ha_config_error(const config& cfg);
 // error. (The file itself is checked when it is imported: persist/sglang_import.cpp.)
 std::string sglang_import_config_error(const config& cfg);
 
+// A start-up failure that is the configuration's fault, found only once the server
+// meets the world (etcd refusing --ha-etcd-user's password, or its certificate failing
+// --ha-etcd-ca): run() throws it; main exits 2, as for a bad flag.
+struct config_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class server {
  public:
   explicit server(config cfg);  // throws std::runtime_error on bad config
@@ -42,6 +50,7 @@ class server {
 
  private:
   void start_ha(std::uint16_t port);
+  void check_etcd();
 
   struct impl;
   std::unique_ptr<impl> impl_;

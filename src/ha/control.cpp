@@ -1,7 +1,13 @@
 #include "ha/control.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <simdjson.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "ha/etcd.hpp"
 #include "ha/parse_int.hpp"
@@ -62,11 +68,65 @@ std::string sync_key(std::string_view cluster) {
   return fmt::format("/hf3fs-metad/{}/sync", cluster);
 }
 
+std::optional<std::string> read_password_file(const std::string& path, std::string& error) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    error = fmt::format("--ha-etcd-password-file {}: cannot open: {}", path, std::strerror(errno));
+    return std::nullopt;
+  }
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    error = fmt::format("--ha-etcd-password-file {}: not a regular file", path);
+  } else if ((st.st_mode & 077) != 0) {
+    error = fmt::format(
+        "--ha-etcd-password-file {}: readable or writable by group or others (mode {:04o}): "
+        "chmod 600 it",
+        path, st.st_mode & 07777);
+  } else if (st.st_size > 4096) {
+    error = fmt::format("--ha-etcd-password-file {}: over 4 KiB", path);
+  } else {
+    text.resize(static_cast<std::size_t>(st.st_size));
+    const ssize_t n = ::read(fd, text.data(), text.size());
+    if (n != static_cast<ssize_t>(text.size())) {
+      error = fmt::format("--ha-etcd-password-file {}: cannot read it", path);
+    }
+  }
+  ::close(fd);
+  if (!error.empty()) return std::nullopt;
+  text = text.substr(0, text.find('\n'));
+  const auto first = text.find_first_not_of(" \t\r");
+  const auto last = text.find_last_not_of(" \t\r");
+  if (first == std::string::npos) {
+    error = fmt::format("--ha-etcd-password-file {}: the password is empty", path);
+    return std::nullopt;
+  }
+  return text.substr(first, last - first + 1);
+}
+
 std::string set_flag(config& c, std::string_view name, std::string_view value) {
   if (name == "--ha-etcd") {
     auto endpoints = parse_endpoints(value);
-    if (!endpoints) return fmt::format("--ha-etcd: expected http://HOST:PORT[,...], got {}", value);
-    c.etcd = std::move(*endpoints);
+    if (!endpoints) {
+      return fmt::format("--ha-etcd: expected http(s)://HOST:PORT[,...], got {}", value);
+    }
+    c.etcd.endpoints = std::move(*endpoints);
+  } else if (name == "--ha-etcd-ca") {
+    c.etcd.tls_paths.ca = value;
+  } else if (name == "--ha-etcd-cert") {
+    c.etcd.tls_paths.cert = value;
+  } else if (name == "--ha-etcd-key") {
+    c.etcd.tls_paths.key = value;
+  } else if (name == "--ha-etcd-user") {
+    // etcd's user names are free text; these are the ones an etcdctl line and a log
+    // line show as they are.
+    if (!valid_name(value)) return "--ha-etcd-user: 1-64 of A-Za-z0-9._-";
+    c.etcd.user = value;
+  } else if (name == "--ha-etcd-password-file") {
+    std::string error;
+    auto password = read_password_file(std::string(value), error);
+    if (!password) return error;
+    c.etcd.password = std::move(*password);
   } else if (name == "--ha-cluster") {
     if (!valid_name(value)) return "--ha-cluster: 1-64 of A-Za-z0-9._-";
     c.cluster = value;
@@ -87,6 +147,25 @@ std::string set_flag(config& c, std::string_view name, std::string_view value) {
 
 std::string validate(const config& c) {
   if (c.etcd.empty()) return "--ha-etcd is required";
+  const etcd_access& e = c.etcd;
+  std::size_t secure = 0;
+  for (const endpoint& at : e.endpoints) secure += at.tls ? 1 : 0;
+  if (secure != 0 && secure != e.size()) return "--ha-etcd: all https:// or all http://";
+  const bool tls_files =
+      !e.tls_paths.ca.empty() || !e.tls_paths.cert.empty() || !e.tls_paths.key.empty();
+  if (secure == 0 && tls_files) {
+    return "--ha-etcd-ca, --ha-etcd-cert and --ha-etcd-key need https:// --ha-etcd URLs";
+  }
+  if (e.tls_paths.cert.empty() != e.tls_paths.key.empty()) {
+    return "--ha-etcd-cert and --ha-etcd-key go together";
+  }
+  if (e.user.empty() != e.password.empty()) {
+    return "--ha-etcd-user and --ha-etcd-password-file go together";
+  }
+  if (!e.user.empty() && secure == 0) {
+    return "--ha-etcd-user needs https:// --ha-etcd URLs (the password and etcd's tokens "
+           "must not cross the network in clear)";
+  }
   if (c.cluster.empty()) return "--ha-cluster is required";
   if (c.node.empty()) return "--ha-node is required";
   const timing& t = c.timings;
@@ -95,6 +174,65 @@ std::string validate(const config& c) {
   // At least one renewal must be able to land before the deadline.
   if (t.renew_interval + t.margin >= t.ttl) return "--ha-renew-ms + --ha-margin-ms must be < TTL";
   return {};
+}
+
+std::string prepare_etcd(config& c) {
+  c.etcd.tls.reset();
+  if (c.etcd.empty() || !c.etcd.endpoints.front().tls) return {};
+  std::string error;
+  c.etcd.tls = tls_context::make(c.etcd.tls_paths, error);
+  return error;
+}
+
+namespace {
+
+std::string checked_against(const etcd_access& e) {
+  if (e.tls_paths.ca.empty()) return "checked against the system's CAs: give --ha-etcd-ca";
+  return fmt::format("checked against --ha-etcd-ca {}", e.tls_paths.ca);
+}
+
+}  // namespace
+
+access_check check_etcd_access(const config& c, time_point deadline) {
+  access_check out;
+  std::vector<std::string> failures;
+  const etcd_access& e = c.etcd;
+  for (const endpoint& at : e.endpoints) {
+    if (steady::now() >= deadline) break;
+    const auto by = std::min(deadline, steady::now() + kAuthenticateTimeout);
+    std::string error;
+    if (!e.authenticates()) {
+      // TLS only: the handshake is the check (nothing to check over plain http).
+      if (!at.tls) return {access_check::verdict::ok, {}};
+      connection probe;
+      if (probe.open(at, by, error, e.tls.get())) return {access_check::verdict::ok, {}};
+      if (probe.certificate_refused()) {
+        return {access_check::verdict::refused, fmt::format("{} ({})", error, checked_against(e))};
+      }
+      failures.push_back(error);
+      continue;
+    }
+    // One member at a time, so that a refusal names the member that refused.
+    etcd_access single = e;
+    single.endpoints = {at};
+    etcd_client one(std::move(single), c.connect_timeout);
+    switch (one.authenticate(by, error)) {
+      case auth_outcome::ok:
+        return {access_check::verdict::ok, {}};
+      case auth_outcome::refused:
+        return {access_check::verdict::refused, error};
+      case auth_outcome::failed:
+        if (error.find("does not verify") != std::string::npos) {
+          return {access_check::verdict::refused,
+                  fmt::format("{} ({})", error, checked_against(e))};
+        }
+        failures.push_back(error);
+        break;
+    }
+  }
+  out.message = failures.empty() ? "no etcd member answered in time"
+                                 : fmt::format("{}", fmt::join(failures, "; "));
+  return out;
 }
 
 std::optional<leader_info> parse_leader_value(std::string_view value) {
@@ -230,7 +368,15 @@ void control::report_foreign(const leadership& machine) {
   foreign_reported_ = odd->mod_revision;
   foreign_seen_.fetch_add(1, std::memory_order_acq_rel);
   std::string endpoints;
-  for (const endpoint& e : config_.etcd) endpoints += (endpoints.empty() ? "" : ",") + e.url;
+  for (const endpoint& e : config_.etcd.endpoints) {
+    endpoints += (endpoints.empty() ? "" : ",") + e.url;
+  }
+  const etcd_access& access = config_.etcd;
+  if (!access.tls_paths.ca.empty()) endpoints += " --cacert " + access.tls_paths.ca;
+  if (!access.tls_paths.cert.empty()) {
+    endpoints += fmt::format(" --cert {} --key {}", access.tls_paths.cert, access.tls_paths.key);
+  }
+  if (access.authenticates()) endpoints += " --user " + access.user;
   const std::string key = leader_key(config_.cluster);
   const std::string remove =
       fmt::format("ETCDCTL_API=3 etcdctl --endpoints={} del {}", endpoints, key);

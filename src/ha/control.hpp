@@ -15,16 +15,20 @@
 #include <thread>
 #include <vector>
 
+#include "ha/etcd_access.hpp"
 #include "ha/http_client.hpp"
 #include "ha/leadership.hpp"
 
 namespace metad::ha {
 
 struct config {
-  std::vector<endpoint> etcd;  // --ha-etcd URL[,URL...]
-  std::string cluster;         // --ha-cluster NAME
-  std::string node;            // --ha-node ID
-  std::string advertise;       // the leader key's value; empty: {"node":"<ID>"}
+  // --ha-etcd URL[,URL...], with --ha-etcd-ca/-cert/-key (tls_paths; the context is made
+  // by prepare_etcd) and --ha-etcd-user/--ha-etcd-password-file (the password is read
+  // from the file when the flag is set).
+  etcd_access etcd;
+  std::string cluster;    // --ha-cluster NAME
+  std::string node;       // --ha-node ID
+  std::string advertise;  // the leader key's value; empty: {"node":"<ID>"}
   // A new leader writes /sync {"epoch":E,"leader":"<ID>","sync":[]} (fenced by its
   // epoch) before it serves. With no replication no standby is in sync, so after the
   // first leader of a cluster only that node may ever campaign (the /sync rule). Tests
@@ -40,6 +44,24 @@ struct config {
 std::string set_flag(config& c, std::string_view name, std::string_view value);
 // Checks the whole configuration; empty when usable.
 std::string validate(const config& c);
+// After validate: makes the TLS context of https endpoints from the files; why not,
+// naming the flag, or empty.
+std::string prepare_etcd(config& c);
+// --ha-etcd-password-file's rules: a regular file of at most 4 KiB, not readable or
+// writable by group or others (chmod 600, or a systemd credential), whose first line
+// (without surrounding blanks) is the password. The password, or nullopt and why.
+std::optional<std::string> read_password_file(const std::string& path, std::string& error);
+
+// Start-up's check of etcd access (TLS and authentication) before anything depends on
+// it: each member in turn until one answers. `refused`: a member refused this
+// configuration (its certificate does not verify, or the user or password is wrong):
+// the start must stop, with `message`. `failed`: none answered (the ha thread will keep
+// trying, as without TLS). ok: a member took the TLS handshake and the password.
+struct access_check {
+  enum class verdict { ok, refused, failed } outcome = verdict::failed;
+  std::string message;
+};
+access_check check_etcd_access(const config& c, time_point deadline);
 
 std::string leader_key(std::string_view cluster);
 std::string sync_key(std::string_view cluster);

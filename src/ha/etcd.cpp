@@ -6,6 +6,7 @@
 
 #include "ha/base64.hpp"
 #include "ha/parse_int.hpp"
+#include "metad/log.hpp"
 
 namespace metad::ha {
 namespace json {
@@ -51,6 +52,37 @@ std::string delete_if_unchanged_txn(std::string_view key, std::int64_t mod_revis
 std::string watch_create(std::string_view key, std::int64_t start_revision) {
   return fmt::format(R"({{"create_request":{{"key":"{}","start_revision":"{}"}}}})",
                      base64_encode(key), start_revision);
+}
+
+std::string quote(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string authenticate(std::string_view user, std::string_view password) {
+  return fmt::format(R"({{"name":{},"password":{}}})", quote(user), quote(password));
+}
+
+bool token_refused(int status, std::string_view body) {
+  return status == 401 || body.find("invalid auth token") != std::string_view::npos ||
+         body.find("revision of auth store is old") != std::string_view::npos;
 }
 
 std::optional<std::int64_t> int64_field(simdjson::dom::element object, std::string_view name) {
@@ -122,12 +154,111 @@ std::optional<std::optional<key_value>> range_kv(simdjson::dom::element response
 
 }  // namespace
 
-etcd_client::etcd_client(std::vector<endpoint> endpoints, std::chrono::milliseconds connect_timeout)
-    : http_(std::move(endpoints), connect_timeout) {}
+etcd_client::etcd_client(etcd_access access, std::chrono::milliseconds connect_timeout)
+    : access_(std::move(access)), http_(access_.endpoints, connect_timeout, access_.tls) {}
+
+auth_outcome etcd_client::authenticate(time_point deadline, std::string& error) {
+  token_.clear();
+  if (!access_.authenticates()) return auth_outcome::ok;
+  const http_result answer = http_.post(
+      "/v3/auth/authenticate", json::authenticate(access_.user, access_.password), deadline);
+  if (!answer.ok) {
+    error = fmt::format("etcd authentication as {}: {}", access_.user, answer.error);
+    return auth_outcome::failed;
+  }
+  simdjson::dom::element doc;
+  const bool is_json = !parser_.parse(answer.body).get(doc);
+  std::string_view message = answer.body;
+  if (is_json) std::ignore = doc["message"].get(message);
+  if (answer.status == 200 && is_json) {
+    std::string_view token;
+    if (!doc["token"].get(token) && !token.empty()) {
+      token_ = token;
+      ++authentications_;
+      refused_logged_ = false;
+      return auth_outcome::ok;
+    }
+  }
+  std::string said(message.substr(0, 200));
+  while (!said.empty() && (said.back() == '\n' || said.back() == '\r')) said.pop_back();
+  auth_outcome outcome = auth_outcome::failed;
+  if (said.find("invalid user ID or password") != std::string::npos) {
+    error = fmt::format(
+        "etcd refused the password of user {} (--ha-etcd-user, --ha-etcd-password-file): "
+        "etcd said \"{}\"",
+        access_.user, said);
+    outcome = auth_outcome::refused;
+  } else if (said.find("CommonName") != std::string::npos) {
+    // etcd --client-cert-auth refuses gateway requests whose client certificate has a
+    // CN (etcd 3.4: "CommonName of client sending a request against gateway will be
+    // ignored and not used as expected").
+    error = fmt::format(
+        "etcd refuses requests with --ha-etcd-cert {}: its certificate has a Common Name, "
+        "which etcd's JSON gateway does not accept with --client-cert-auth; issue one "
+        "without a CN (subject alternative names only). etcd said \"{}\"",
+        access_.tls_paths.cert, said);
+    outcome = auth_outcome::refused;
+  } else if (said.find("authentication is not enabled") != std::string::npos) {
+    error = fmt::format(
+        "etcd's authentication is not enabled, but --ha-etcd-user {} is given: run "
+        "etcdctl auth enable (docs/operations.md), or drop --ha-etcd-user",
+        access_.user);
+    outcome = auth_outcome::refused;
+  } else {
+    error =
+        fmt::format("etcd authentication as {}: HTTP {}: {}", access_.user, answer.status, said);
+  }
+  return outcome;
+}
+
+std::optional<std::string> etcd_client::token(time_point deadline, std::string& error) {
+  if (access_.authenticates() && token_.empty()) {
+    // etcd checks the password with bcrypt (cost 10: ~0.1 s, several times that on a
+    // busy member), longer than a renewal's deadline: bounded by its own, else a node
+    // whose token was dropped could time out authenticating for ever. The caller's
+    // request may then miss its deadline; the next one has the token.
+    const auth_outcome outcome =
+        authenticate(std::max(deadline, steady::now() + kAuthenticateTimeout), error);
+    if (outcome == auth_outcome::refused && !refused_logged_) {
+      // While running (start-up stops on it instead): the password changed, the user
+      // was removed... Every request fails until an operator fixes it; say so once.
+      refused_logged_ = true;
+      metad::log::error("ha: {}", error);
+    }
+    if (outcome != auth_outcome::ok) return std::nullopt;
+    if (authentications_ > 1) {
+      metad::log::info(
+          "ha: etcd no longer took this node's token (unused past etcd's --auth-token-ttl, "
+          "or etcd restarted): authenticated again as {}",
+          access_.user);
+    }
+  }
+  return token_;
+}
+
+http_result etcd_client::send(std::string_view path, const std::string& json, time_point deadline) {
+  // A request that had to wait for an authentication gets its whole time after it.
+  const auto budget = deadline - steady::now();
+  const auto after_authenticating = [&] { deadline = std::max(deadline, steady::now() + budget); };
+  http_result answer;
+  const std::uint64_t before = authentications_;
+  if (!token(deadline, answer.error)) return answer;
+  if (authentications_ != before) after_authenticating();
+  answer = http_.post(path, json, deadline, token_);
+  if (!access_.authenticates() || !answer.ok || !json::token_refused(answer.status, answer.body)) {
+    return answer;
+  }
+  metad::log::debug("ha: etcd refused the token ({} {})", path, answer.status);
+  forget_token();
+  http_result again;
+  if (!token(deadline, again.error)) return again;
+  after_authenticating();
+  return http_.post(path, json, deadline, token_);
+}
 
 result<simdjson::dom::element> etcd_client::call(std::string_view path, const std::string& json,
                                                  time_point deadline) {
-  http_result answer = http_.post(path, json, deadline);
+  http_result answer = send(path, json, deadline);
   if (!answer.ok) return result<simdjson::dom::element>::fail(answer.error);
   simdjson::dom::element doc;
   if (parser_.parse(answer.body).get(doc)) {
@@ -169,8 +300,7 @@ result<std::int64_t> etcd_client::keepalive(std::int64_t lease, time_point deadl
 }
 
 result<bool> etcd_client::revoke(std::int64_t lease, time_point deadline) {
-  http_result answer =
-      http_.post("/v3/lease/revoke", fmt::format(R"({{"ID":"{}"}})", lease), deadline);
+  http_result answer = send("/v3/lease/revoke", fmt::format(R"({{"ID":"{}"}})", lease), deadline);
   if (!answer.ok) return result<bool>::fail(answer.error);
   if (answer.status == 200) return {true, {}};
   if (answer.status == 404) return {false, {}};  // "etcdserver: requested lease not found"
@@ -239,10 +369,13 @@ bool etcd_watch::open(etcd_client& client, std::string_view key, std::int64_t st
   const auto& endpoints = client.http().endpoints();
   const std::string body = json::watch_create(key, start_revision);
   next_revision_ = start_revision;
+  client_ = &client;
+  const auto token = client.token(deadline, error);
+  if (!token) return false;
   for (std::size_t i = 0; i < endpoints.size(); ++i) {
     const endpoint& to = endpoints[(client.http().current() + i) % endpoints.size()];
     const auto connect_by = std::min(deadline, steady::now() + client.http().connect_timeout());
-    if (stream_.open(to, "/v3/watch", body, connect_by, error)) {
+    if (stream_.open(to, "/v3/watch", body, connect_by, error, client.http().tls(), *token)) {
       if (stream_.http_status() == 200) return true;
       error = fmt::format("watch {}: HTTP {}", to.url, stream_.http_status());
       stream_.close();
@@ -283,6 +416,8 @@ etcd_watch::status etcd_watch::next(time_point deadline, std::vector<watch_event
       std::string_view reason;
       std::ignore = answer["cancel_reason"].get(reason);
       error = fmt::format("watch cancelled: {}", reason);
+      // An expired token is only noticed here: the stream is refused, not the request.
+      if (client_ != nullptr && json::token_refused(0, reason)) client_->forget_token();
       stream_.close();
       return status::ended;
     }

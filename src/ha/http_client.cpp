@@ -1,16 +1,22 @@
 #include "ha/http_client.hpp"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
 #include "ha/parse_int.hpp"
+#include "ha/tls.hpp"
 
 namespace metad::ha {
 namespace {
@@ -34,12 +40,20 @@ bool wait_for(int fd, short events, time_point deadline) {
   }
 }
 
+bool is_ip_address(const std::string& host) {
+  unsigned char bytes[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), bytes) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), bytes) == 1;
+}
+
 }  // namespace
 
 std::optional<endpoint> parse_endpoint(std::string_view url) {
-  constexpr std::string_view scheme = "http://";
-  if (url.substr(0, scheme.size()) != scheme) return std::nullopt;
-  std::string_view rest = url.substr(scheme.size());
+  constexpr std::string_view plain = "http://";
+  constexpr std::string_view secure = "https://";
+  const bool tls = url.substr(0, secure.size()) == secure;
+  if (!tls && url.substr(0, plain.size()) != plain) return std::nullopt;
+  std::string_view rest = url.substr(tls ? secure.size() : plain.size());
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   const std::size_t colon = rest.rfind(':');
   if (colon == std::string_view::npos || colon == 0) return std::nullopt;
@@ -50,7 +64,7 @@ std::optional<endpoint> parse_endpoint(std::string_view url) {
   if (!parse_whole(port, value) || value == 0 || value > 65535) {
     return std::nullopt;
   }
-  return endpoint{std::string(host), static_cast<std::uint16_t>(value), std::string(url)};
+  return endpoint{std::string(host), static_cast<std::uint16_t>(value), std::string(url), tls};
 }
 
 std::optional<std::vector<endpoint>> parse_endpoints(std::string_view urls) {
@@ -66,8 +80,14 @@ std::optional<std::vector<endpoint>> parse_endpoints(std::string_view urls) {
   return out;
 }
 
-bool connection::open(const endpoint& to, time_point deadline, std::string& error) {
+bool connection::open(const endpoint& to, time_point deadline, std::string& error,
+                      const tls_context* tls) {
   close();
+  certificate_refused_ = false;
+  if (to.tls && tls == nullptr) {
+    error = fmt::format("{}: https without TLS settings", to.url);
+    return false;
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -95,6 +115,10 @@ bool connection::open(const endpoint& to, time_point deadline, std::string& erro
     if (rc == 0) {
       fd_ = fd;
       ::freeaddrinfo(found);
+      if (to.tls && !handshake(to, *tls, deadline, error)) {
+        close();
+        return false;
+      }
       return true;
     }
     error = fmt::format("connect {}: {}", to.url, std::strerror(errno));
@@ -105,12 +129,87 @@ bool connection::open(const endpoint& to, time_point deadline, std::string& erro
   return false;
 }
 
+bool connection::handshake(const endpoint& to, const tls_context& tls, time_point deadline,
+                           std::string& error) {
+  ERR_clear_error();
+  ssl_ = SSL_new(tls.native());
+  if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) {
+    error = fmt::format("TLS {}: {}", to.url, tls_error());
+    return false;
+  }
+  // The certificate must name the host of the URL: an IP address in its IP SANs, a
+  // DNS name in its DNS SANs (or CN). SNI only for names (RFC 6066 forbids addresses).
+  if (is_ip_address(to.host)) {
+    if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_), to.host.c_str()) != 1) {
+      error = fmt::format("TLS {}: {}", to.url, tls_error());
+      return false;
+    }
+  } else if (SSL_set_tlsext_host_name(ssl_, to.host.c_str()) != 1 ||
+             SSL_set1_host(ssl_, to.host.c_str()) != 1) {
+    error = fmt::format("TLS {}: {}", to.url, tls_error());
+    return false;
+  }
+  for (;;) {
+    ERR_clear_error();
+    const int rc = SSL_connect(ssl_);
+    if (rc == 1) return true;
+    const int why = SSL_get_error(ssl_, rc);
+    if (why == SSL_ERROR_WANT_READ || why == SSL_ERROR_WANT_WRITE) {
+      if (wait_for(fd_, why == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) continue;
+      error = fmt::format("TLS handshake with {}: {}", to.url,
+                          errno == ETIMEDOUT ? "timed out" : std::strerror(errno));
+      return false;
+    }
+    const long verified = SSL_get_verify_result(ssl_);
+    if (verified != X509_V_OK) {
+      certificate_refused_ = true;
+      error = fmt::format("TLS handshake with {}: its certificate does not verify: {}", to.url,
+                          X509_verify_cert_error_string(verified));
+      ERR_clear_error();
+      return false;
+    }
+    if (why == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
+      error = fmt::format("TLS handshake with {}: {}", to.url,
+                          errno != 0 ? std::strerror(errno) : "connection closed");
+    } else {
+      error = fmt::format("TLS handshake with {}: {}", to.url, tls_error());
+    }
+    return false;
+  }
+}
+
 void connection::close() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+  ssl_ = nullptr;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
 
 bool connection::send_all(std::string_view bytes, time_point deadline, std::string& error) {
+  while (ssl_ != nullptr && !bytes.empty()) {
+    ERR_clear_error();
+    const int n =
+        SSL_write(ssl_, bytes.data(),
+                  static_cast<int>(std::min<std::size_t>(bytes.size(), std::size_t{1} << 30)));
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    const int why = SSL_get_error(ssl_, n);
+    if ((why == SSL_ERROR_WANT_WRITE || why == SSL_ERROR_WANT_READ) &&
+        wait_for(fd_, why == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) {
+      continue;
+    }
+    if (why == SSL_ERROR_WANT_WRITE || why == SSL_ERROR_WANT_READ) {
+      error =
+          errno == ETIMEDOUT ? "send: timed out" : fmt::format("poll: {}", std::strerror(errno));
+    } else if (why == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
+      error = fmt::format("send: {}", errno != 0 ? std::strerror(errno) : "connection closed");
+    } else {
+      error = fmt::format("send: {}", tls_error());
+    }
+    return false;
+  }
   while (!bytes.empty()) {
     const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n > 0) {
@@ -127,8 +226,39 @@ bool connection::send_all(std::string_view bytes, time_point deadline, std::stri
   return true;
 }
 
+// TLS: OpenSSL may already hold decrypted bytes (or need to write first), so read
+// before polling, and poll for what it asks for.
+connection::read_status connection::read_tls(http_reader& reader, time_point deadline,
+                                             std::string& error) {
+  char buffer[16384];
+  for (;;) {
+    ERR_clear_error();
+    const int n = SSL_read(ssl_, buffer, sizeof buffer);
+    if (n > 0) {
+      reader.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+      return read_status::progress;
+    }
+    const int why = SSL_get_error(ssl_, n);
+    if (why == SSL_ERROR_ZERO_RETURN ||
+        (why == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && errno == 0)) {
+      reader.feed_eof();
+      return read_status::closed;
+    }
+    if (why == SSL_ERROR_WANT_READ || why == SSL_ERROR_WANT_WRITE) {
+      if (wait_for(fd_, why == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) continue;
+      error = errno == ETIMEDOUT ? "timed out" : fmt::format("poll: {}", std::strerror(errno));
+      return errno == ETIMEDOUT ? read_status::timeout : read_status::error;
+    }
+    error = why == SSL_ERROR_SYSCALL && ERR_peek_error() == 0
+                ? fmt::format("recv: {}", std::strerror(errno))
+                : fmt::format("recv: {}", tls_error());
+    return read_status::error;
+  }
+}
+
 connection::read_status connection::read_some(http_reader& reader, time_point deadline,
                                               std::string& error) {
+  if (ssl_ != nullptr) return read_tls(reader, deadline, error);
   if (!wait_for(fd_, POLLIN, deadline)) {
     error = errno == ETIMEDOUT ? "timed out" : fmt::format("poll: {}", std::strerror(errno));
     return errno == ETIMEDOUT ? read_status::timeout : read_status::error;
@@ -151,22 +281,27 @@ connection::read_status connection::read_some(http_reader& reader, time_point de
   }
 }
 
-std::string format_post(const endpoint& to, std::string_view path, std::string_view json) {
+std::string format_post(const endpoint& to, std::string_view path, std::string_view json,
+                        std::string_view authorization) {
+  std::string auth;
+  if (!authorization.empty()) auth = fmt::format("Authorization: {}\r\n", authorization);
   return fmt::format(
-      "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\n"
+      "POST {} HTTP/1.1\r\nHost: {}:{}\r\n{}Content-Type: application/json\r\n"
       "Content-Length: {}\r\n\r\n{}",
-      path, to.host, to.port, json.size(), json);
+      path, to.host, to.port, auth, json.size(), json);
 }
 
-http_client::http_client(std::vector<endpoint> endpoints, std::chrono::milliseconds connect_timeout)
-    : endpoints_(std::move(endpoints)), connect_timeout_(connect_timeout) {}
+http_client::http_client(std::vector<endpoint> endpoints, std::chrono::milliseconds connect_timeout,
+                         std::shared_ptr<const tls_context> tls)
+    : endpoints_(std::move(endpoints)), connect_timeout_(connect_timeout), tls_(std::move(tls)) {}
 
-http_result http_client::post(std::string_view path, std::string_view json, time_point deadline) {
+http_result http_client::post(std::string_view path, std::string_view json, time_point deadline,
+                              std::string_view authorization) {
   http_result last;
   last.error = "deadline passed before any attempt";
   for (std::size_t tried = 0; tried < endpoints_.size(); ++tried) {
     if (steady::now() >= deadline) break;
-    const std::string request = format_post(endpoints_[current_], path, json);
+    const std::string request = format_post(endpoints_[current_], path, json, authorization);
     last = attempt(request, deadline);
     if (last.ok && last.status < 500) return last;
     conn_.close();
@@ -184,7 +319,7 @@ http_result http_client::attempt(std::string_view request, time_point deadline) 
     const bool reused = conn_.is_open();
     if (!reused) {
       const auto connect_by = std::min(deadline, steady::now() + connect_timeout_);
-      if (!conn_.open(to, connect_by, out.error)) return out;
+      if (!conn_.open(to, connect_by, out.error, tls_.get())) return out;
     }
     http_reader reader;
     bool got_bytes = false;
@@ -215,10 +350,11 @@ http_result http_client::attempt(std::string_view request, time_point deadline) 
 }
 
 bool http_stream::open(const endpoint& to, std::string_view path, std::string_view json,
-                       time_point deadline, std::string& error) {
+                       time_point deadline, std::string& error, const tls_context* tls,
+                       std::string_view authorization) {
   close();
-  if (!conn_.open(to, deadline, error)) return false;
-  if (!conn_.send_all(format_post(to, path, json), deadline, error)) {
+  if (!conn_.open(to, deadline, error, tls)) return false;
+  if (!conn_.send_all(format_post(to, path, json, authorization), deadline, error)) {
     close();
     return false;
   }

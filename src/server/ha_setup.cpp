@@ -13,7 +13,8 @@ namespace {
 // The advertised URL goes into JSON (the leader key's value) and into other nodes' 503
 // details as is: http://HOST:PORT, printable, nothing to escape.
 bool valid_advertise(const std::string& url) {
-  if (!ha::parse_endpoint(url)) return false;
+  const auto at = ha::parse_endpoint(url);
+  if (!at || at->tls) return false;
   for (const char c : url)
     if (c <= ' ' || c > '~' || c == '"' || c == '\\') return false;
   return true;
@@ -37,7 +38,9 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
   error.clear();
   if (cfg.ha_etcd.empty()) {
     if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty() ||
-        !cfg.repl_listen.empty() || !cfg.repl_advertise.empty())
+        !cfg.repl_listen.empty() || !cfg.repl_advertise.empty() || !cfg.ha_etcd_ca.empty() ||
+        !cfg.ha_etcd_cert.empty() || !cfg.ha_etcd_key.empty() || !cfg.ha_etcd_user.empty() ||
+        !cfg.ha_etcd_password_file.empty())
       error =
           "--ha-cluster, --ha-node, --ha-advertise, --repl-listen and --repl-advertise need "
           "--ha-etcd";
@@ -53,10 +56,21 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
     error = ha::set_flag(c, flag, *value);
     if (!error.empty()) return c;
   }
+  for (const auto& [flag, value] :
+       {std::pair{"--ha-etcd-ca", &cfg.ha_etcd_ca}, std::pair{"--ha-etcd-cert", &cfg.ha_etcd_cert},
+        std::pair{"--ha-etcd-key", &cfg.ha_etcd_key},
+        std::pair{"--ha-etcd-user", &cfg.ha_etcd_user},
+        std::pair{"--ha-etcd-password-file", &cfg.ha_etcd_password_file}}) {
+    if (value->empty()) continue;
+    error = ha::set_flag(c, flag, *value);
+    if (!error.empty()) return c;
+  }
   c.timings.ttl = std::chrono::milliseconds(cfg.ha_ttl_ms);
   c.timings.renew_interval = std::chrono::milliseconds(cfg.ha_renew_ms);
   c.timings.margin = std::chrono::milliseconds(cfg.ha_margin_ms);
   error = ha::validate(c);
+  if (!error.empty()) return c;
+  error = ha::prepare_etcd(c);
   if (!error.empty()) return c;
   const std::string http =
       cfg.ha_advertise.empty() ? default_advertise(cfg.host, port) : cfg.ha_advertise;

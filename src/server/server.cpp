@@ -266,6 +266,7 @@ void server::run() {
   // Listeners open only after recovery: a client that connects sees the recovered state.
   // With replication, etcd says first whether this node recovers its own state or
   // starts empty and copies the leader's.
+  if (!cfg.ha_etcd.empty()) check_etcd();
   auto start_as = replication::start_as::primary;
   if (!cfg.repl_listen.empty()) {
     std::string error;
@@ -343,6 +344,34 @@ void server::run() {
   if (impl_->repl) impl_->repl->stop();
   for (auto& core : nd.core) persist::finish_snapshot(*core);
   log::info("stopped");
+}
+
+// Before anything depends on etcd: a member that refuses this node's TLS settings or
+// password stops the start (config_error, exit 2) rather than leave the node retrying
+// for ever; members that do not answer are the ha thread's to wait for, as always.
+void server::check_etcd() {
+  std::string error;
+  const ha::config settings =
+      ha_settings(impl_->cfg, impl_->cfg.port == 0 ? 1 : impl_->cfg.port, error);
+  if (!error.empty()) throw config_error(error);
+  const bool tls = settings.etcd.tls != nullptr;
+  if (!tls && !settings.etcd.authenticates()) return;
+  const auto check =
+      ha::check_etcd_access(settings, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  switch (check.outcome) {
+    case ha::access_check::verdict::ok:
+      if (settings.etcd.authenticates()) {
+        log::info("ha: etcd over TLS, authenticated as {}", settings.etcd.user);
+      } else {
+        log::info("ha: etcd over TLS");
+      }
+      return;
+    case ha::access_check::verdict::refused:
+      throw config_error(check.message);
+    case ha::access_check::verdict::failed:
+      log::warn("ha: no etcd member answered the start-up check ({}): going on", check.message);
+      return;
+  }
 }
 
 // After recovery and listening: until it is elected, the node answers the API with 503.

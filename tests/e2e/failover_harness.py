@@ -434,16 +434,19 @@ def read_until_closed(sock, timeout=3.0):
 class Cluster:
     """The etcd keys of one cluster (v3 JSON gateway)."""
 
-    def __init__(self, etcd_url, name):
+    def __init__(self, etcd_url, name, post=None):
+        """post(path, body): how to reach etcd (Etcd.post: TLS and a token); default a
+        plain POST to etcd_url."""
         self.url = etcd_url
         self.name = name
+        self._post = post or (lambda path, body: requests.post(self.url + path, json=body,
+                                                               timeout=2))
         self.leader_key = f"/hf3fs-metad/{name}/leader"
         self.sync_key = f"/hf3fs-metad/{name}/sync"
 
     def _range(self, k):
-        answer = requests.post(self.url + "/v3/kv/range",
-                               json={"key": base64.b64encode(k.encode()).decode()},
-                               timeout=2).json()
+        answer = self._post("/v3/kv/range",
+                            {"key": base64.b64encode(k.encode()).decode()}).json()
         kvs = answer.get("kvs", [])
         return kvs[0] if kvs else None
 
@@ -977,7 +980,7 @@ class FailoverCase(HaCase):
 
     def setUp(self):
         super().setUp()
-        self.cluster_keys = Cluster(self.etcd.url, self.cluster)
+        self.cluster_keys = Cluster(self.etcd.url, self.cluster, getattr(self.etcd, "post", None))
 
     # Cases a-d are about failover, not about dropping a slow standby: a loaded CI host's
     # fdatasync can stall past the default 500 ms, so they give the standby 3 s. Case e
@@ -993,7 +996,10 @@ class FailoverCase(HaCase):
         reach its HTTP port. ack_delay: its standbys reach its --repl-listen through a
         Delayer holding what they send that many seconds (late acks). flags: more
         command-line flags for this node."""
-        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms), *self.node_flags, *flags]
+        # The flags a node needs to reach this etcd (test_ha.Etcd: TLS and a password).
+        etcd_flags = getattr(self.etcd, "node_flags", ())
+        extra = ["--sync-timeout-ms", str(self.sync_timeout_ms), *etcd_flags, *self.node_flags,
+                 *flags]
         etcd_url, repl_port = self.etcd.url, free_port()
         links = None
         if ack_delay is not None:  # its standbys reach it through a Delayer
@@ -1005,7 +1011,9 @@ class FailoverCase(HaCase):
             links = (Blackhole(at.hostname, at.port), Blackhole("127.0.0.1", repl_port))
             for link in links:
                 self.addCleanup(link.close)
-            etcd_url = links[0].url
+            etcd_url = links[0].url  # bytes pass as they are: TLS goes through
+            if self.etcd.url.startswith("https://"):
+                etcd_url = etcd_url.replace("http://", "https://", 1)
             extra += ["--repl-advertise", links[1].address]
         n = Node(node_id, etcd_url, self.cluster, self.dir, free_port(), repl_port, extra)
         if links:

@@ -58,38 +58,132 @@ def start_haproxy(directory, port_a, port_b, log_path=None):
     return proc, f"http://127.0.0.1:{port}"
 
 
-class Etcd:
-    """A one-member etcd with the tuned timing of docs/replication.md (TTL 1 s is its minimum)."""
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
 
-    def __init__(self):
+
+def make_certificates(directory):
+    """A CA, etcd's certificate (IP SAN 127.0.0.1 only, for serving and for the gateway's
+    own client connection to etcd's gRPC side), and client certificates signed by it:
+    client.pem without a Common Name (what etcd --client-cert-auth's gateway accepts),
+    cn-client.pem with one, and other-ca.pem, a CA that signed nothing here. P-256 keys:
+    fast to make. Files in `directory`."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=hf3fs-metad test CA", cwd=directory)
+    _openssl("req", "-x509", *ec, "-keyout", "other-ca.key", "-out", "other-ca.pem", "-days",
+             "2", "-subj", "/CN=another CA", cwd=directory)
+    for name, subject, usage, san in (
+            ("etcd", "/CN=etcd", "serverAuth,clientAuth", "subjectAltName=IP:127.0.0.1\n"),
+            ("client", "/O=hf3fs-metad", "clientAuth", ""),
+            ("cn-client", "/CN=hf3fs-metad", "clientAuth", "")):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
+                 cwd=directory)
+        with open(os.path.join(directory, f"{name}.ext"), "w") as f:
+            f.write(f"{san}extendedKeyUsage={usage}\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile",
+                 f"{name}.ext", cwd=directory)
+
+
+class Etcd:
+    """A one-member etcd with the tuned timing of docs/replication.md (TTL 1 s is its minimum).
+
+    secure=True: as deploy/etcd ships it, on loopback: TLS on the client port with client
+    certificates required (--trusted-ca-file, --client-cert-auth), certificates made by
+    openssl in its directory (make_certificates), and authentication on: user root, and
+    user hf3fs-metad whose role may read and write /hf3fs-metad/ only. node_flags are the
+    flags a node needs to reach it; post() speaks to it as root. token_ttl_s: etcd's
+    --auth-token-ttl (how long a token may go unused)."""
+
+    USER = "hf3fs-metad"
+    PASSWORD = "metad-test-password"
+
+    def __init__(self, secure=False, token_ttl_s=300):
         self.dir = tempfile.mkdtemp(prefix="metad-ha-etcd-")
+        self.secure = secure
+        self.node_flags = []
+        self._token = None
+        self._tls = {}
         client, peer = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{client}"
+        scheme = "https" if secure else "http"
+        self.url = f"{scheme}://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
+        args = [ETCD, "--name", "n1", "--data-dir", os.path.join(self.dir, "data"),
+                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", f"n1={peer_url}",
+                "--heartbeat-interval", "50", "--election-timeout", "500"]
+        if secure:
+            make_certificates(self.dir)
+            pem = lambda name: os.path.join(self.dir, name)
+            args += ["--cert-file", pem("etcd.pem"), "--key-file", pem("etcd.key"),
+                     "--trusted-ca-file", pem("ca.pem"), "--client-cert-auth",
+                     "--auth-token-ttl", str(token_ttl_s)]
+            self._tls = {"verify": pem("ca.pem"), "cert": (pem("client.pem"), pem("client.key"))}
+            self.password_file = pem("metad-password")
+            with open(os.open(self.password_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(self.PASSWORD + "\n")
+            self.node_flags = ["--ha-etcd-ca", pem("ca.pem"), "--ha-etcd-cert", pem("client.pem"),
+                               "--ha-etcd-key", pem("client.key"), "--ha-etcd-user", self.USER,
+                               "--ha-etcd-password-file", self.password_file]
         self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
-        self.proc = subprocess.Popen(
-            [ETCD, "--name", "n1", "--data-dir", os.path.join(self.dir, "data"),
-             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-             "--initial-cluster", f"n1={peer_url}",
-             "--heartbeat-interval", "50", "--election-timeout", "500"],
-            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log,
+                                     stdin=subprocess.DEVNULL)
         if not wait_until(self._answers, 10):
             self.stop()
             raise RuntimeError("etcd did not start")
+        if secure:
+            self._secure()
+
+    def _secure(self):
+        """docs/operations.md's etcdctl steps, through the gateway: root, the node's user
+        and role (read and write under /hf3fs-metad/ only), then auth enable."""
+        b64 = lambda text: base64.b64encode(text.encode()).decode()
+        for path, body in (
+                ("user/add", {"name": "root", "password": "root-test-password"}),
+                ("user/grant", {"user": "root", "role": "root"}),
+                ("user/add", {"name": self.USER, "password": self.PASSWORD}),
+                ("role/add", {"name": self.USER}),
+                ("role/grant", {"name": self.USER, "perm": {
+                    "permType": "READWRITE", "key": b64("/hf3fs-metad/"),
+                    "range_end": b64("/hf3fs-metad0")}}),
+                ("user/grant", {"user": self.USER, "role": self.USER}),
+                ("enable", {})):
+            answer = requests.post(f"{self.url}/v3/auth/{path}", json=body, timeout=5,
+                                   **self._tls)
+            if answer.status_code != 200:
+                raise RuntimeError(f"etcd auth {path}: {answer.status_code} {answer.text}")
+
+    def post(self, path, body, timeout=2):
+        """POST to the gateway; as root once auth is on (a token fetched again on 401)."""
+        for attempt in range(2):
+            headers = {}
+            if self.secure and self._token is None:
+                answer = requests.post(self.url + "/v3/auth/authenticate",
+                                       json={"name": "root", "password": "root-test-password"},
+                                       timeout=timeout, **self._tls)
+                self._token = answer.json().get("token")
+            if self._token:
+                headers["Authorization"] = self._token
+            answer = requests.post(self.url + path, json=body, headers=headers,
+                                   timeout=timeout, **self._tls)
+            if answer.status_code != 401:
+                return answer
+            self._token = None
+        return answer
 
     def _answers(self):
         try:
             return requests.post(self.url + "/v3/kv/range", json={"key": "eA=="},
-                                 timeout=0.5).status_code == 200
+                                 timeout=0.5, **self._tls).status_code == 200
         except requests.RequestException:
             return False
 
     def get(self, key):
         """The key's value (str) or None."""
-        answer = requests.post(self.url + "/v3/kv/range",
-                               json={"key": base64.b64encode(key.encode()).decode()},
-                               timeout=2).json()
+        answer = self.post("/v3/kv/range",
+                           {"key": base64.b64encode(key.encode()).decode()}).json()
         kvs = answer.get("kvs", [])
         return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
 
@@ -104,11 +198,14 @@ class Etcd:
 @unittest.skipUnless(os.access(ETCD, os.X_OK),
                      f"{ETCD} not found (Debian package etcd-server; scripts/setup.sh --test)")
 class HaCase(unittest.TestCase):
-    """One etcd per class; each test's nodes form a cluster named after the test."""
+    """One etcd per class; each test's nodes form a cluster named after the test.
+    etcd_options: Etcd's arguments (secure=True: TLS and authentication)."""
+
+    etcd_options = {}
 
     @classmethod
     def setUpClass(cls):
-        cls.etcd = Etcd()
+        cls.etcd = Etcd(**cls.etcd_options)
 
     @classmethod
     def tearDownClass(cls):
@@ -129,7 +226,8 @@ class HaCase(unittest.TestCase):
         data = os.path.join(self.dir, node_id)
         os.makedirs(data, exist_ok=True)
         server = MetadServer(["--ha-etcd", self.etcd.url, "--ha-cluster", self.cluster,
-                              "--ha-node", node_id, "--data-dir", data, *extra])
+                              "--ha-node", node_id, "--data-dir", data, *self.etcd.node_flags,
+                              *extra])
         self.nodes.append(server)
         return server
 
@@ -356,19 +454,26 @@ class DeployConfigTest(unittest.TestCase):
 
     @unittest.skipUnless(os.access(ETCD, os.X_OK), f"{ETCD} not found")
     def test_the_etcd_example_makes_a_3_member_cluster_granting_1_s_leases(self):
-        """deploy/etcd/etcd.default, its three members moved to loopback ports."""
+        """deploy/etcd/etcd.default, its three members moved to loopback ports, with
+        certificates made here (TLS between members and to clients, client certificates
+        required)."""
         with open(os.path.join(ROOT, "deploy", "etcd", "etcd.default")) as f:
             env = dict(line.strip().split("=", 1) for line in f
                        if "=" in line and not line.startswith("#"))
         d = tempfile.mkdtemp(prefix="metad-ha-etcd3-")
         self.addCleanup(shutil.rmtree, d, True)
+        make_certificates(d)
+        shutil.copy(os.path.join(d, "etcd.pem"), os.path.join(d, "member.pem"))
+        shutil.copy(os.path.join(d, "etcd.key"), os.path.join(d, "member.key"))
+        tls = {"verify": os.path.join(d, "ca.pem"),
+               "cert": (os.path.join(d, "client.pem"), os.path.join(d, "client.key"))}
         ports = {n: (free_port(), free_port()) for n in (1, 2, 3)}  # client, peer
 
         def local(text):
             for n, (client, peer) in ports.items():
                 text = text.replace(f"10.0.1.{n}:2379", f"127.0.0.1:{client}")
                 text = text.replace(f"10.0.1.{n}:2380", f"127.0.0.1:{peer}")
-            return text.replace(",http://127.0.0.1:2379", "")
+            return text.replace(",https://127.0.0.1:2379", "").replace("/etc/etcd/pki/", d + "/")
 
         procs = []
         for n in (1, 2, 3):
@@ -383,18 +488,24 @@ class DeployConfigTest(unittest.TestCase):
                                     stdin=subprocess.DEVNULL)
             procs.append(proc)
             self.addCleanup(lambda p=proc: (p.kill(), p.wait()))
-        url = f"http://127.0.0.1:{ports[2][0]}"
+        url = f"https://127.0.0.1:{ports[2][0]}"
+        self.assertTrue(env["ETCD_ADVERTISE_CLIENT_URLS"].startswith("https://"))
 
         def grant():
             try:
-                return requests.post(url + "/v3/lease/grant", json={"TTL": 1}, timeout=1).json()
+                return requests.post(url + "/v3/lease/grant", json={"TTL": 1}, timeout=1,
+                                     **tls).json()
             except (requests.RequestException, ValueError):
                 return None
 
         self.assertTrue(wait_until(lambda: (grant() or {}).get("TTL") is not None, 15),
                         open(os.path.join(d, "2.log")).read()[-2000:])
         self.assertEqual(grant()["TTL"], "1")  # the tuned timing's minimum: 1 s
-        members = requests.post(url + "/v3/cluster/member/list", json={}, timeout=2).json()
+        with self.assertRaises(requests.RequestException):  # no client certificate
+            requests.post(url + "/v3/lease/grant", json={"TTL": 1}, timeout=1,
+                          verify=tls["verify"])
+        members = requests.post(url + "/v3/cluster/member/list", json={}, timeout=2,
+                                **tls).json()
         self.assertEqual(len(members["members"]), 3)
 
     @unittest.skipUnless(os.access(NGINX, os.X_OK), f"{NGINX} absent")
@@ -427,7 +538,15 @@ class HaFlagsTest(unittest.TestCase):
             (["--ha-node", "a"], "need --ha-etcd"),
             (["--ha-ttl-ms", "2000"], "need --ha-etcd"),
             (["--ha-etcd", "localhost:2379", "--ha-cluster", "c", "--ha-node", "a"],
-             "--ha-etcd: expected http://HOST:PORT"),
+             "--ha-etcd: expected http(s)://HOST:PORT"),
+            ([*named, "--ha-etcd-ca", "/etc/ssl/certs/ca-certificates.crt"], "need https://"),
+            (["--ha-etcd", "https://127.0.0.1:1", "--ha-cluster", "c", "--ha-node", "a",
+              "--ha-etcd-user", "u"], "--ha-etcd-user and --ha-etcd-password-file go together"),
+            (["--ha-etcd", "https://127.0.0.1:1", "--ha-cluster", "c", "--ha-node", "a",
+              "--ha-etcd-cert", "/nonexistent.pem"], "--ha-etcd-cert and --ha-etcd-key go together"),
+            (["--ha-etcd", "https://127.0.0.1:1", "--ha-cluster", "c", "--ha-node", "a",
+              "--ha-etcd-ca", "/nonexistent.pem"], "--ha-etcd-ca /nonexistent.pem"),
+            (["--ha-etcd-user", "u"], "need --ha-etcd"),
             ([*etcd, "--ha-cluster", "c/d", "--ha-node", "a"], "--ha-cluster"),
             ([*named, "--ha-ttl-ms", "1500"], "whole seconds"),
             ([*named, "--ha-renew-ms", "900"], "must be < TTL"),

@@ -103,8 +103,8 @@ TEST(HaEndpoints, ParsesUrlLists) {
   EXPECT_EQ((*list)[1].host, "etcd-b");
   EXPECT_EQ((*list)[1].port, 2380);
   for (const char* bad :
-       {"", "127.0.0.1:2379", "https://a:1", "http://a", "http://a:0", "http://a:65536",
-        "http://:1", "http://a:1,", "http://a:1/v3", "http://a:x"}) {
+       {"", "127.0.0.1:2379", "ftp://a:1", "http://a", "http://a:0", "http://a:65536", "http://:1",
+        "http://a:1,", "http://a:1/v3", "http://a:x"}) {
     EXPECT_FALSE(ha::parse_endpoints(bad)) << bad;
   }
 }
