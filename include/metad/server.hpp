@@ -20,14 +20,6 @@ int verify_data_dir(const std::string& path);
 // serves on the epoll transport and --io uring refuses to start.
 bool uring_usable();
 
-// Why the high-availability settings (config::ha_*) are unusable, naming the flag; empty
-// when they are usable or HA is off. The server's constructor throws it.
-std::string ha_config_error(const config& cfg);
-// Why --import-sglang-state cannot be used with these settings (no --data-dir); empty
-// when it can or is not given. The server's constructor throws it; main makes it a usage
-// error. (The file itself is checked when it is imported: persist/sglang_import.cpp.)
-std::string sglang_import_config_error(const config& cfg);
-
 // A start-up failure that is the configuration's fault, found only once the server
 // meets the world (etcd refusing --ha-etcd-user's password, or its certificate failing
 // --ha-etcd-ca): run() throws it; main exits 2, as for a bad flag.
@@ -37,7 +29,7 @@ struct config_error : std::runtime_error {
 
 class server {
  public:
-  explicit server(config cfg);  // throws std::runtime_error on bad config
+  explicit server(config cfg);  // throws std::runtime_error on bad config (flags::validate)
   ~server();
   server(const server&) = delete;
   server& operator=(const server&) = delete;

@@ -10,31 +10,11 @@
 #include <cstring>
 
 #include "ha/etcd.hpp"
-#include "ha/parse_int.hpp"
 #include "metad/assert.hpp"
 #include "metad/log.hpp"
 
 namespace metad::ha {
 namespace {
-
-bool parse_ms(std::string_view text, milliseconds& out) {
-  long long value = 0;
-  if (!parse_whole(text, value) || value <= 0 || value > 3'600'000) {
-    return false;
-  }
-  out = milliseconds(value);
-  return true;
-}
-
-bool valid_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (const char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 std::int64_t ticks(time_point t) { return t.time_since_epoch().count(); }
 
@@ -104,45 +84,14 @@ std::optional<std::string> read_password_file(const std::string& path, std::stri
   return text.substr(first, last - first + 1);
 }
 
-std::string set_flag(config& c, std::string_view name, std::string_view value) {
-  if (name == "--ha-etcd") {
-    auto endpoints = parse_endpoints(value);
-    if (!endpoints) {
-      return fmt::format("--ha-etcd: expected http(s)://HOST:PORT[,...], got {}", value);
-    }
-    c.etcd.endpoints = std::move(*endpoints);
-  } else if (name == "--ha-etcd-ca") {
-    c.etcd.tls_paths.ca = value;
-  } else if (name == "--ha-etcd-cert") {
-    c.etcd.tls_paths.cert = value;
-  } else if (name == "--ha-etcd-key") {
-    c.etcd.tls_paths.key = value;
-  } else if (name == "--ha-etcd-user") {
-    // etcd's user names are free text; these are the ones an etcdctl line and a log
-    // line show as they are.
-    if (!valid_name(value)) return "--ha-etcd-user: 1-64 of A-Za-z0-9._-";
-    c.etcd.user = value;
-  } else if (name == "--ha-etcd-password-file") {
-    std::string error;
-    auto password = read_password_file(std::string(value), error);
-    if (!password) return error;
-    c.etcd.password = std::move(*password);
-  } else if (name == "--ha-cluster") {
-    if (!valid_name(value)) return "--ha-cluster: 1-64 of A-Za-z0-9._-";
-    c.cluster = value;
-  } else if (name == "--ha-node") {
-    if (!valid_name(value)) return "--ha-node: 1-64 of A-Za-z0-9._-";
-    c.node = value;
-  } else if (name == "--ha-ttl-ms") {
-    if (!parse_ms(value, c.timings.ttl)) return "--ha-ttl-ms: a positive number of ms";
-  } else if (name == "--ha-renew-ms") {
-    if (!parse_ms(value, c.timings.renew_interval)) return "--ha-renew-ms: a positive number of ms";
-  } else if (name == "--ha-margin-ms") {
-    if (!parse_ms(value, c.timings.margin)) return "--ha-margin-ms: a positive number of ms";
-  } else {
-    return fmt::format("unknown flag {}", name);
+bool valid_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
   }
-  return {};
+  return true;
 }
 
 std::string validate(const config& c) {

@@ -22,26 +22,25 @@
 namespace metad::ha {
 
 struct config {
-  // --ha-etcd URL[,URL...], with --ha-etcd-ca/-cert/-key (tls_paths; the context is made
-  // by prepare_etcd) and --ha-etcd-user/--ha-etcd-password-file (the password is read
-  // from the file when the flag is set).
+  // etcd's members, with the TLS files (tls_paths; the context is made by prepare_etcd)
+  // and the user and password (server/ha_setup.cpp fills them from metad::config).
   etcd_access etcd;
-  std::string cluster;    // --ha-cluster NAME
-  std::string node;       // --ha-node ID
+  std::string cluster;    // the nodes that share one lease
+  std::string node;       // this node, unique in the cluster
   std::string advertise;  // the leader key's value; empty: {"node":"<ID>"}
   // A new leader writes /sync {"epoch":E,"leader":"<ID>","sync":[]} (fenced by its
   // epoch) before it serves. With no replication no standby is in sync, so after the
   // first leader of a cluster only that node may ever campaign (the /sync rule). Tests
   // of takeover without replication turn it off.
   bool claim_sync = true;
-  ha::timing timings;  // --ha-ttl-ms, --ha-renew-ms, --ha-margin-ms
+  ha::timing timings;
   milliseconds connect_timeout{100};
   milliseconds request_timeout{500};  // reads, grants and campaigns
 };
 
-// Applies one flag (name without its value, e.g. "--ha-etcd"). Returns an error message,
-// empty on success; "unknown" names are reported as such.
-std::string set_flag(config& c, std::string_view name, std::string_view value);
+// A cluster, node or etcd user name: 1-64 of A-Za-z0-9._- (etcd keys, log lines and
+// etcdctl show them as they are).
+bool valid_name(std::string_view name);
 // Checks the whole configuration; empty when usable.
 std::string validate(const config& c);
 // After validate: makes the TLS context of https endpoints from the files; why not,

@@ -1,7 +1,7 @@
-// How the ha module reaches etcd: its members' URLs, TLS for https:// ones
-// (--ha-etcd-ca, --ha-etcd-cert, --ha-etcd-key) and etcd's password authentication
-// (--ha-etcd-user, --ha-etcd-password-file). Built from the flags (ha::set_flag,
-// ha::prepare_etcd in control.hpp); every etcd client made from it shares the TLS context.
+// How the ha module reaches etcd: its members' URLs, TLS for https:// ones (CA, client
+// certificate and key) and etcd's password authentication (user, password). Built from
+// metad::config by server/ha_setup.cpp, then ha::prepare_etcd (control.hpp); every etcd
+// client made from it shares the TLS context.
 #pragma once
 
 #include <memory>

@@ -36,34 +36,40 @@ std::string leader_value(const std::string& node, const std::string& http,
 ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string& error) {
   ha::config c;
   error.clear();
-  if (cfg.ha_etcd.empty()) {
-    if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty() ||
-        !cfg.repl_listen.empty() || !cfg.repl_advertise.empty() || !cfg.ha_etcd_ca.empty() ||
-        !cfg.ha_etcd_cert.empty() || !cfg.ha_etcd_key.empty() || !cfg.ha_etcd_user.empty() ||
-        !cfg.ha_etcd_password_file.empty())
-      error =
-          "--ha-cluster, --ha-node, --ha-advertise, --repl-listen and --repl-advertise need "
-          "--ha-etcd";
+  // The rules across flags (--ha-etcd needs --ha-cluster and --ha-node, ...) are
+  // flags::validate's, which the server runs first.
+  if (cfg.ha_etcd.empty()) return c;
+  // The config's typed fields into the ha control's settings; each value checked here.
+  auto endpoints = ha::parse_endpoints(cfg.ha_etcd);
+  if (!endpoints) {
+    error = fmt::format("--ha-etcd: expected http(s)://HOST:PORT[,...], got {}", cfg.ha_etcd);
     return c;
   }
-  if (cfg.ha_cluster.empty() || cfg.ha_node.empty()) {
-    error = "--ha-etcd needs --ha-cluster and --ha-node (give all three, or none)";
+  c.etcd.endpoints = std::move(*endpoints);
+  if (!ha::valid_name(cfg.ha_cluster)) {
+    error = "--ha-cluster: 1-64 of A-Za-z0-9._-";
     return c;
   }
-  for (const auto& [flag, value] :
-       {std::pair{"--ha-etcd", &cfg.ha_etcd}, std::pair{"--ha-cluster", &cfg.ha_cluster},
-        std::pair{"--ha-node", &cfg.ha_node}}) {
-    error = ha::set_flag(c, flag, *value);
-    if (!error.empty()) return c;
+  c.cluster = cfg.ha_cluster;
+  if (!ha::valid_name(cfg.ha_node)) {
+    error = "--ha-node: 1-64 of A-Za-z0-9._-";
+    return c;
   }
-  for (const auto& [flag, value] :
-       {std::pair{"--ha-etcd-ca", &cfg.ha_etcd_ca}, std::pair{"--ha-etcd-cert", &cfg.ha_etcd_cert},
-        std::pair{"--ha-etcd-key", &cfg.ha_etcd_key},
-        std::pair{"--ha-etcd-user", &cfg.ha_etcd_user},
-        std::pair{"--ha-etcd-password-file", &cfg.ha_etcd_password_file}}) {
-    if (value->empty()) continue;
-    error = ha::set_flag(c, flag, *value);
-    if (!error.empty()) return c;
+  c.node = cfg.ha_node;
+  c.etcd.tls_paths = {cfg.ha_etcd_ca, cfg.ha_etcd_cert, cfg.ha_etcd_key};
+  if (!cfg.ha_etcd_user.empty()) {
+    // etcd's user names are free text; these are the ones an etcdctl line and a log
+    // line show as they are.
+    if (!ha::valid_name(cfg.ha_etcd_user)) {
+      error = "--ha-etcd-user: 1-64 of A-Za-z0-9._-";
+      return c;
+    }
+    c.etcd.user = cfg.ha_etcd_user;
+  }
+  if (!cfg.ha_etcd_password_file.empty()) {
+    auto password = ha::read_password_file(cfg.ha_etcd_password_file, error);
+    if (!password) return c;
+    c.etcd.password = std::move(*password);
   }
   c.timings.ttl = std::chrono::milliseconds(cfg.ha_ttl_ms);
   c.timings.renew_interval = std::chrono::milliseconds(cfg.ha_renew_ms);
@@ -86,10 +92,6 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
       error = fmt::format("--repl-listen: expected IPv4 HOST:PORT, got {}", cfg.repl_listen);
       return c;
     }
-    if (cfg.data_dir.empty()) {
-      error = "--repl-listen needs --data-dir (a standby keeps what it acknowledges on disk)";
-      return c;
-    }
     repl = repl_advertise(cfg.repl_listen, http);
     if (!cfg.repl_advertise.empty()) {
       if (!repl::split_host_port(cfg.repl_advertise, host, repl_port) || host == "0.0.0.0") {
@@ -99,9 +101,6 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
       }
       repl = cfg.repl_advertise;
     }
-  } else if (!cfg.repl_advertise.empty()) {
-    error = "--repl-advertise needs --repl-listen";
-    return c;
   }
   c.advertise = leader_value(c.node, http, repl);
   return c;
@@ -115,17 +114,6 @@ std::string repl_advertise(const std::string& listen, const std::string& http) {
   // Listening on every address: the host others reach this node's HTTP side at.
   const auto at = ha::parse_endpoint(http);
   return at ? fmt::format("{}:{}", at->host, port) : listen;
-}
-
-}  // namespace metad
-
-namespace metad {
-
-std::string ha_config_error(const config& cfg) {
-  std::string error;
-  // A port of 0 is picked at start-up: any port stands in for it here.
-  ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error);
-  return error;
 }
 
 }  // namespace metad

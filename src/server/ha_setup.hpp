@@ -1,6 +1,7 @@
-// High availability's start-up wiring: the ha control's settings from the server's
-// config (flags checked here, once, for main and embedders alike), and the leader
-// key's value that names this node. Start-up only.
+// High availability's start-up wiring: the ha control's settings (ha::config) from the
+// server's config, each value checked (flags::validate runs this, once, for main and
+// embedders alike, after the rules across flags), and the leader key's value that
+// names this node. Start-up only.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,8 @@
 namespace metad {
 
 // The ha control's settings for a node listening on `port` (the advertised address
-// defaults to http://<host>:<port>); why they are unusable in `error`, empty if usable.
+// defaults to http://<host>:<port>); why they are unusable in `error` (naming the flag),
+// empty if usable. Assumes flags::validate's rules across flags hold; HA off: empty.
 ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string& error);
 
 // The leader key's value: {"node":"<id>","http":"<advertised URL>"}, and

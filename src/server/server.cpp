@@ -24,6 +24,7 @@
 #include "pipeline/endpoints.hpp"
 #include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
+#include "server/flags.hpp"
 #include "server/ha_setup.hpp"
 #include "server/replication.hpp"
 #include "smp/clock.hpp"
@@ -231,21 +232,13 @@ struct server::impl {
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
-  if (const std::string error = ha_config_error(cfg); !error.empty())
-    throw std::runtime_error(error);
-  if (const std::string error = sglang_import_config_error(cfg); !error.empty())
+  if (const std::string error = flags::validate(cfg); !error.empty())
     throw std::runtime_error(error);
   if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->node =
       std::make_unique<pipeline::node>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
-}
-
-std::string sglang_import_config_error(const config& cfg) {
-  if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
-    return "--import-sglang-state needs --data-dir (the imported state lives there)";
-  return {};
 }
 
 server::~server() {

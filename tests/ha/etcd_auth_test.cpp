@@ -356,73 +356,75 @@ std::string write_file(const std::string& dir, const std::string& name, const st
   return path;
 }
 
-TEST(EtcdFlags, TlsAndAuthenticationFlags) {
+TEST(EtcdFlags, TlsAndAuthenticationSettings) {
   sim::temp_dir dir("metad-etcd-flags");
   const std::string good = write_file(dir.path(), "pw", "  s3cret \nsecond line\n", 0600);
   const std::string owner_only = write_file(dir.path(), "pw400", "x", 0400);
   const std::string open = write_file(dir.path(), "pw644", "s3cret\n", 0644);
   const std::string group = write_file(dir.path(), "pw640", "s3cret\n", 0640);
   const std::string empty = write_file(dir.path(), "empty", " \n", 0600);
+  auto password_of = [](const std::string& path, std::string& error) {
+    return ha::read_password_file(path, error).value_or("");
+  };
 
-  auto base = [] {
+  auto base = [](const char* urls = "https://127.0.0.1:2379,https://127.0.0.1:2380") {
     ha::config c;
-    EXPECT_EQ(ha::set_flag(c, "--ha-etcd", "https://127.0.0.1:2379,https://127.0.0.1:2380"), "");
-    EXPECT_EQ(ha::set_flag(c, "--ha-cluster", "c"), "");
-    EXPECT_EQ(ha::set_flag(c, "--ha-node", "a"), "");
+    c.etcd.endpoints = ha::parse_endpoints(urls).value();
+    c.cluster = "c";
+    c.node = "a";
     return c;
   };
   ha::config c = base();
   EXPECT_EQ(ha::validate(c), "");
   EXPECT_TRUE(c.etcd.endpoints[0].tls);
-  EXPECT_EQ(ha::set_flag(c, "--ha-etcd-user", "hf3fs-metad"), "");
+  c.etcd.user = "hf3fs-metad";
   EXPECT_NE(ha::validate(c), "");  // a user needs the password
-  EXPECT_EQ(ha::set_flag(c, "--ha-etcd-password-file", good), "");
+  std::string error;
+  c.etcd.password = password_of(good, error);
+  EXPECT_EQ(error, "");
   EXPECT_EQ(c.etcd.password, "s3cret");
   EXPECT_EQ(ha::validate(c), "");
   EXPECT_TRUE(c.etcd.authenticates());
-  EXPECT_EQ(ha::set_flag(c, "--ha-etcd-password-file", owner_only), "");
-  EXPECT_EQ(c.etcd.password, "x");
+  EXPECT_EQ(password_of(owner_only, error), "x");
+  EXPECT_EQ(error, "");
 
   for (const std::string& bad : {open, group}) {
-    const std::string error = ha::set_flag(c, "--ha-etcd-password-file", bad);
+    EXPECT_FALSE(ha::read_password_file(bad, error));
     EXPECT_NE(error.find("chmod 600"), std::string::npos) << error;
     EXPECT_EQ(error.find("s3cret"), std::string::npos) << error;
   }
-  EXPECT_NE(ha::set_flag(c, "--ha-etcd-password-file", empty).find("empty"), std::string::npos);
-  EXPECT_NE(ha::set_flag(c, "--ha-etcd-password-file", dir.path() + "/missing"), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-etcd-password-file", dir.path()), "");  // a directory
-  EXPECT_NE(ha::set_flag(c, "--ha-etcd-user", "a b"), "");
+  EXPECT_FALSE(ha::read_password_file(empty, error));
+  EXPECT_NE(error.find("empty"), std::string::npos);
+  EXPECT_FALSE(ha::read_password_file(dir.path() + "/missing", error));
+  EXPECT_FALSE(ha::read_password_file(dir.path(), error));  // a directory
+  EXPECT_FALSE(ha::valid_name("a b"));
 
   ha::config cert = base();
-  EXPECT_EQ(ha::set_flag(cert, "--ha-etcd-cert", "/x/c.pem"), "");
+  cert.etcd.tls_paths.cert = "/x/c.pem";
   EXPECT_NE(ha::validate(cert), "");  // a certificate needs its key
-  EXPECT_EQ(ha::set_flag(cert, "--ha-etcd-key", "/x/c.key"), "");
+  cert.etcd.tls_paths.key = "/x/c.key";
   EXPECT_EQ(ha::validate(cert), "");
   const std::string missing = ha::prepare_etcd(cert);  // the files are checked here
   EXPECT_NE(missing.find("--ha-etcd-cert /x/c.pem"), std::string::npos) << missing;
 
   ha::config ca = base();
-  EXPECT_EQ(ha::set_flag(ca, "--ha-etcd-ca", dir.path() + "/nope.pem"), "");
+  ca.etcd.tls_paths.ca = dir.path() + "/nope.pem";
   EXPECT_NE(ha::prepare_etcd(ca).find("--ha-etcd-ca"), std::string::npos);
   ha::config system_cas = base();
   EXPECT_EQ(ha::prepare_etcd(system_cas), "");
   EXPECT_NE(system_cas.etcd.tls, nullptr);
 
-  ha::config plain;
-  EXPECT_EQ(ha::set_flag(plain, "--ha-etcd", "http://127.0.0.1:2379"), "");
-  EXPECT_EQ(ha::set_flag(plain, "--ha-cluster", "c"), "");
-  EXPECT_EQ(ha::set_flag(plain, "--ha-node", "a"), "");
+  ha::config plain = base("http://127.0.0.1:2379");
   EXPECT_EQ(ha::prepare_etcd(plain), "");
   EXPECT_EQ(plain.etcd.tls, nullptr);
   ha::config plain_ca = plain;
-  ha::set_flag(plain_ca, "--ha-etcd-ca", "/x/ca.pem");
+  plain_ca.etcd.tls_paths.ca = "/x/ca.pem";
   EXPECT_NE(ha::validate(plain_ca).find("https"), std::string::npos);
   ha::config plain_user = plain;
-  ha::set_flag(plain_user, "--ha-etcd-user", "u");
-  ha::set_flag(plain_user, "--ha-etcd-password-file", good);
+  plain_user.etcd.user = "u";
+  plain_user.etcd.password = password_of(good, error);
   EXPECT_NE(ha::validate(plain_user).find("https"), std::string::npos);  // no password in clear
-  ha::config mixed = plain;
-  EXPECT_EQ(ha::set_flag(mixed, "--ha-etcd", "http://a:1,https://b:2"), "");
+  ha::config mixed = base("http://a:1,https://b:2");
   EXPECT_NE(ha::validate(mixed), "");
 }
 

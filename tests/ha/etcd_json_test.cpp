@@ -121,35 +121,33 @@ TEST(HaSync, OnlyTheListedNodesMayCampaign) {
   EXPECT_FALSE(ha::listed_in_sync(std::string(R"({"leader":"x","sync":"b"})"), "b"));
 }
 
-TEST(HaConfig, FlagsAndDefaults) {
+TEST(HaConfig, SettingsAndDefaults) {
   ha::config c;
   EXPECT_EQ(c.timings.ttl, std::chrono::milliseconds(1000));
   EXPECT_EQ(c.timings.renew_interval, std::chrono::milliseconds(200));
   EXPECT_EQ(c.timings.margin, std::chrono::milliseconds(150));
   EXPECT_NE(ha::validate(c), "");
-  EXPECT_EQ(ha::set_flag(c, "--ha-etcd", "http://127.0.0.1:1,http://127.0.0.1:2"), "");
-  EXPECT_EQ(ha::set_flag(c, "--ha-cluster", "prod-1"), "");
-  EXPECT_EQ(ha::set_flag(c, "--ha-node", "a"), "");
+  c.etcd.endpoints = *ha::parse_endpoints("http://127.0.0.1:1,http://127.0.0.1:2");
+  c.cluster = "prod-1";
+  c.node = "a";
   EXPECT_EQ(ha::validate(c), "");
   EXPECT_EQ(c.etcd.size(), 2u);
   EXPECT_EQ(ha::leader_key(c.cluster), "/hf3fs-metad/prod-1/leader");
   EXPECT_EQ(ha::sync_key(c.cluster), "/hf3fs-metad/prod-1/sync");
 
-  EXPECT_EQ(ha::set_flag(c, "--ha-ttl-ms", "2000"), "");
-  EXPECT_EQ(ha::set_flag(c, "--ha-renew-ms", "300"), "");
-  EXPECT_EQ(ha::set_flag(c, "--ha-margin-ms", "250"), "");
+  c.timings = {std::chrono::milliseconds(2000), std::chrono::milliseconds(300),
+               std::chrono::milliseconds(250)};
   EXPECT_EQ(ha::validate(c), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-ttl-ms", "0"), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-renew-ms", "-5"), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-cluster", "a/b"), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-node", ""), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-etcd", "etcd:2379"), "");
-  EXPECT_NE(ha::set_flag(c, "--ha-bogus", "1"), "");
+  EXPECT_TRUE(ha::valid_name("prod-1.a_b"));
+  EXPECT_FALSE(ha::valid_name("a/b"));
+  EXPECT_FALSE(ha::valid_name(""));
+  EXPECT_FALSE(ha::valid_name(std::string(65, 'a')));
+  EXPECT_FALSE(ha::parse_endpoints("etcd:2379"));
 
-  ha::set_flag(c, "--ha-ttl-ms", "1500");
+  c.timings.ttl = std::chrono::milliseconds(1500);
   EXPECT_NE(ha::validate(c), "");  // etcd TTLs are whole seconds
-  ha::set_flag(c, "--ha-ttl-ms", "1000");
-  ha::set_flag(c, "--ha-renew-ms", "900");
+  c.timings.ttl = std::chrono::milliseconds(1000);
+  c.timings.renew_interval = std::chrono::milliseconds(900);
   EXPECT_NE(ha::validate(c), "");  // renew + margin must fit in the TTL
 }
 
