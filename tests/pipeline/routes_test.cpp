@@ -67,7 +67,11 @@ INSTANTIATE_TEST_SUITE_P(
                       route_case{method::post, "/keys/get_locations", "get_locations"},
                       route_case{method::post, "/keys/delete", "delete"},
                       route_case{method::post, "/clear", "clear"},
-                      route_case{method::get, "/stats", "stats"}));
+                      route_case{method::get, "/stats", "stats"},
+                      route_case{method::post, "/keys/inspect", "inspect"},
+                      route_case{method::get, "/", "status_page"},
+                      route_case{method::head, "/", "status_page"},
+                      route_case{method::get, "/status.json", "status"}));
 
 INSTANTIATE_TEST_SUITE_P(
     WrongMethod, RouterTable,
@@ -85,12 +89,15 @@ INSTANTIATE_TEST_SUITE_P(
                       route_case{method::get, "/keys/delete", method_not_allowed},
                       route_case{method::delete_, "/keys/delete", method_not_allowed},
                       route_case{method::post, "/stats", method_not_allowed_get},
-                      route_case{method::delete_, "/stats", method_not_allowed_get}));
+                      route_case{method::delete_, "/stats", method_not_allowed_get},
+                      route_case{method::get, "/keys/inspect", method_not_allowed},
+                      route_case{method::post, "/", method_not_allowed_get},
+                      route_case{method::post, "/status.json", method_not_allowed_get}));
 
 INSTANTIATE_TEST_SUITE_P(
     Unknown, RouterTable,
     ::testing::Values(
-        route_case{method::get, "/", not_found}, route_case{method::post, "", not_found},
+        route_case{method::post, "", not_found},
         route_case{method::post, "/clear/", not_found},
         route_case{method::post, "/clearx", not_found},
         route_case{method::post, "/CLEAR", not_found},
@@ -114,7 +121,10 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::post, "/delete", not_found},
         route_case{method::get, "/stats/", not_found}, route_case{method::get, "/STATS", not_found},
         route_case{method::get, "/stat", not_found},
-        route_case{method::get, "/keys/stats", not_found}));
+        route_case{method::get, "/keys/stats", not_found},
+        route_case{method::get, "//", not_found}, route_case{method::get, "/status", not_found},
+        route_case{method::get, "/status.json/", not_found},
+        route_case{method::get, "/index.html", not_found}));
 
 // SGLang's routes (docs/sglang-api.md): an integer first segment is the default tenant;
 // a tenant name before the rank, a named tenant (whose rank segment is checked later).
@@ -138,6 +148,9 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::post, "/t/0/confirm_write", "sglang_tenant_confirm_write"},
         route_case{method::post, "/t/0/delete_keys", "sglang_tenant_delete_keys"},
         route_case{method::post, "/t/0/get_page_indices", "sglang_tenant_get_page_indices"},
+        route_case{method::post, "/3/inspect", "sglang_inspect", "3"},
+        route_case{method::post, "/t/0/inspect", "sglang_tenant_inspect"},
+        route_case{method::post, "/status.json/0/inspect", not_found},
         route_case{method::get, "/0/exists", method_not_allowed},
         route_case{method::get, "/t/0/exists", method_not_allowed},
         route_case{method::post, "/0/exists/", not_found},
