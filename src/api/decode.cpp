@@ -394,8 +394,8 @@ error decoder::decode_inspect(std::string_view body, inspect_cmd& out) {
   if (out.keys.size() > kInspectKeysMax) {
     const std::size_t n = out.keys.size();
     out.keys.clear();
-    return {400, fmt::format("Too many keys: {}; an inspection takes at most {}", n,
-                             kInspectKeysMax)};
+    return {400,
+            fmt::format("Too many keys: {}; an inspection takes at most {}", n, kInspectKeysMax)};
   }
   return {};
 }

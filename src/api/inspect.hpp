@@ -27,8 +27,8 @@ struct inspect_row {
   std::int32_t tp_world_size = 0, confirmations = 0;
   std::int64_t incomplete_since_ms = -1;  // incomplete: its last confirmation
   std::int64_t last_used_ms = -1;
-  std::int64_t leased_until_ms = -1;        // only while the lease runs
-  std::span<const inspect_hold> holds;      // by rank
+  std::int64_t leased_until_ms = -1;    // only while the lease runs
+  std::span<const inspect_hold> holds;  // by rank
 };
 
 // {"keys":[{"key","exists","state","tp_world_size","confirmations","ranks":[{"rank",

@@ -131,8 +131,8 @@ error sglang_decoder::decode_inspect(std::string_view body, sg_keys_cmd& out) {
   if (out.keys.size() > kInspectKeysMax) {
     const std::size_t n = out.keys.size();
     out.keys.clear();
-    return {400, fmt::format("Too many keys: {}; an inspection takes at most {}", n,
-                             kInspectKeysMax)};
+    return {400,
+            fmt::format("Too many keys: {}; an inspection takes at most {}", n, kInspectKeysMax)};
   }
   return {};
 }

@@ -64,7 +64,8 @@ endpoint_task run_inspect(connection& x) {
     row.removing = r.removing;
     row.tp_world_size = r.tp_world_size;
     row.confirmations = r.confirmations;
-    row.incomplete_since_ms = r.present && !r.complete && !r.removing ? to_ms(r.last_confirmed) : -1;
+    row.incomplete_since_ms =
+        r.present && !r.complete && !r.removing ? to_ms(r.last_confirmed) : -1;
     row.last_used_ms = to_ms(r.last_used);
     row.leased_until_ms = r.lease_until > now ? to_ms(r.lease_until) : -1;
     row.holds = std::span<const api::inspect_hold>(holds.data() + at, end - at);

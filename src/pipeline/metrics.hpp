@@ -8,8 +8,8 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <unordered_map>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "pipeline/routes.hpp"
@@ -111,8 +111,8 @@ struct metrics_snapshot {
   std::uint64_t ranks = 0;
   // --memory-max, the memory counted against it, and what it refused.
   std::uint64_t memory_max = 0, memory_used = 0, refused_ranks = 0, refused_bodies = 0;
-  pool_pages pages;                       // summed over every rank
-  lookup_counts lookups;                  // vLLM's and SGLang's default tenant
+  pool_pages pages;                                     // summed over every rank
+  lookup_counts lookups;                                // vLLM's and SGLang's default tenant
   std::map<std::string, lookup_counts> tenant_lookups;  // SGLang's named tenants, sorted
   allocation_counts allocations;
   std::uint64_t rank_series_omitted = 0;  // ranks without per-rank series (kRankRowsMax)

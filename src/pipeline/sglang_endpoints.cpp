@@ -191,8 +191,7 @@ void count_sg_lookups(core_state& home, const scratch& s) {
     return;
   }
   auto it = home.sg_tenant_lookups.find(std::string_view(s.tenant));
-  if (it == home.sg_tenant_lookups.end())
-    it = home.sg_tenant_lookups.try_emplace(s.tenant).first;
+  if (it == home.sg_tenant_lookups.end()) it = home.sg_tenant_lookups.try_emplace(s.tenant).first;
   it->second.count(endpoint, hits, n - hits);
 }
 
@@ -208,9 +207,9 @@ void encode_sg_inspect(scratch& s, std::uint64_t clock) {
   const api::key_list& keys = s.sg_keys.keys;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const shard::sglang_key_report& r = s.sg_inspect_reports[i];
-    s.sg_inspect_rows.push_back({keys[i], r.page, r.lease_until > clock ? to_ms(r.lease_until) : -1,
-                                 r.reserved_page, r.reserved_page >= 0 ? to_ms(r.reserved_until) : -1,
-                                 r.reserved_stale});
+    s.sg_inspect_rows.push_back(
+        {keys[i], r.page, r.lease_until > clock ? to_ms(r.lease_until) : -1, r.reserved_page,
+         r.reserved_page >= 0 ? to_ms(r.reserved_until) : -1, r.reserved_stale});
   }
   s.body.clear();
   api::encode_sglang_inspect(s.body, s.sg_inspect_rows);

@@ -9,8 +9,8 @@
 
 #include "metad/log.hpp"
 #include "pipeline/endpoints.hpp"
-#include "smp/for_each_core.hpp"
 #include "pipeline/ha_gate.hpp"
+#include "smp/for_each_core.hpp"
 
 namespace metad::pipeline {
 namespace {
@@ -46,9 +46,9 @@ double p99_ms(const std::array<std::uint64_t, request_metrics::kBuckets>& bucket
     if (b == kLatencyBoundsUs.size()) return kLatencyBoundsUs.back() / 1000.0;  // +Inf
     const double lower = b == 0 ? 0 : kLatencyBoundsUs[b - 1];
     const double upper = kLatencyBoundsUs[b];
-    const double within = buckets[b] == 0 ? 1.0
-                                          : (rank - static_cast<double>(before)) /
-                                                static_cast<double>(buckets[b]);
+    const double within =
+        buckets[b] == 0 ? 1.0
+                        : (rank - static_cast<double>(before)) / static_cast<double>(buckets[b]);
     return (lower + (upper - lower) * within) / 1000.0;
   }
   return kLatencyBoundsUs.back() / 1000.0;

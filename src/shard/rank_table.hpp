@@ -150,11 +150,11 @@ class rank_table {
   // UINT64_MAX never) or confirmed (deadline 0). O(ranks here).
   template <typename Visit>
   void inspect_key(std::string_view key, Visit&& visit) const {
-    inspect_key_impl(key, &visit,
-                     [](void* v, std::int64_t rank, std::int64_t page, bool confirmed,
-                        std::uint64_t deadline) {
-                       (*static_cast<Visit*>(v))(rank, page, confirmed, deadline);
-                     });
+    inspect_key_impl(
+        key, &visit,
+        [](void* v, std::int64_t rank, std::int64_t page, bool confirmed, std::uint64_t deadline) {
+          (*static_cast<Visit*>(v))(rank, page, confirmed, deadline);
+        });
   }
 
   std::optional<rank_stats> stats(std::int64_t rank) const;

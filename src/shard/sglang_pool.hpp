@@ -92,11 +92,11 @@ struct sglang_image {
 
 // What a pool knows of one key (POST /{rank}/inspect).
 struct sglang_key_report {
-  std::int64_t page = -1;              // bound page, or -1
-  std::uint64_t lease_until = 0;       // bound keys: a read lease's end (0: none)
-  std::int64_t reserved_page = -1;     // a page in flight for the key, or -1
-  std::uint64_t reserved_until = 0;    // ... its deadline (UINT64_MAX: none)
-  bool reserved_stale = false;         // ... reserved before a clear: it will not bind
+  std::int64_t page = -1;            // bound page, or -1
+  std::uint64_t lease_until = 0;     // bound keys: a read lease's end (0: none)
+  std::int64_t reserved_page = -1;   // a page in flight for the key, or -1
+  std::uint64_t reserved_until = 0;  // ... its deadline (UINT64_MAX: none)
+  bool reserved_stale = false;       // ... reserved before a clear: it will not bind
 };
 
 class sglang_pool {

@@ -256,7 +256,8 @@ TEST(DecodeInspect, RefusesMoreKeysThanTheLimit) {
   decoder d;
   auto keys_body = [](std::size_t n) {
     std::string text = R"({"keys":[)";
-    for (std::size_t i = 0; i < n; ++i) text += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\"";
+    for (std::size_t i = 0; i < n; ++i)
+      text += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\"";
     return text + "]}";
   };
   inspect_cmd cmd;

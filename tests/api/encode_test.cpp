@@ -417,14 +417,13 @@ TEST(EncodeInspect, SglangStates) {
                                  {"\n", -1, -1, -1, -1, false}};
   std::string out;
   encode_sglang_inspect(out, rows);
-  EXPECT_EQ(out,
-            R"({"keys":[{"key":"b","exists":true,"state":"bound","page":3,)"
-            R"("leased_until":1700000000000,"reserved_page":null,"reserved_until":null,)"
-            R"("reserved_before_clear":false},{"key":"f","exists":false,"state":"in_flight",)"
-            R"("page":null,"leased_until":null,"reserved_page":7,"reserved_until":null,)"
-            R"("reserved_before_clear":true},{"key":"\n","exists":false,"state":"absent",)"
-            R"("page":null,"leased_until":null,"reserved_page":null,"reserved_until":null,)"
-            R"("reserved_before_clear":false}]})");
+  EXPECT_EQ(out, R"({"keys":[{"key":"b","exists":true,"state":"bound","page":3,)"
+                 R"("leased_until":1700000000000,"reserved_page":null,"reserved_until":null,)"
+                 R"("reserved_before_clear":false},{"key":"f","exists":false,"state":"in_flight",)"
+                 R"("page":null,"leased_until":null,"reserved_page":7,"reserved_until":null,)"
+                 R"("reserved_before_clear":true},{"key":"\n","exists":false,"state":"absent",)"
+                 R"("page":null,"leased_until":null,"reserved_page":null,"reserved_until":null,)"
+                 R"("reserved_before_clear":false}]})");
 }
 
 }  // namespace

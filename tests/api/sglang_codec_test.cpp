@@ -150,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(ExistsDeleteGet, SglangStringKeys,
 TEST(SglangDecodeInspect, RefusesMoreKeysThanTheLimit) {
   sglang_decoder d;
   std::string text = R"({"namespace":"kv","keys":[)";
-  for (std::size_t i = 0; i <= kInspectKeysMax; ++i) text += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\"";
+  for (std::size_t i = 0; i <= kInspectKeysMax; ++i)
+    text += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\"";
   text += "]}";
   sg_keys_cmd cmd;
   const error e = d.decode_inspect(body(text), cmd);

@@ -231,12 +231,14 @@ TEST_P(Pipeline, InspectReportsEveryStateAcrossCores) {
     send(post("/keys/batch_allocate",
               "{\"rank\":" + std::to_string(r) + R"(,"keys":["done","half","held"]})"));
   for (int r = 0; r < 3; ++r)
-    send(post("/keys/confirm_write", "{\"rank\":" + std::to_string(r) +
-                                         R"(,"confirmations":[["done",0]]})"));
-  send(post("/keys/confirm_write", R"({"rank":0,"confirmations":[["half",1]],"pages_to_release":[]})"));
+    send(post("/keys/confirm_write",
+              "{\"rank\":" + std::to_string(r) + R"(,"confirmations":[["done",0]]})"));
+  send(post("/keys/confirm_write",
+            R"({"rank":0,"confirmations":[["half",1]],"pages_to_release":[]})"));
   send(post("/keys/confirm_write", R"({"rank":0,"confirmations":[],"pages_to_release":[2]})"));
   send(post("/keys/confirm_write", R"({"rank":1,"confirmations":[],"pages_to_release":[2]})"));
-  const std::string answer = send(post("/keys/inspect", R"({"keys":["done","half","held","none"]})"));
+  const std::string answer =
+      send(post("/keys/inspect", R"({"keys":["done","half","held","none"]})"));
   ASSERT_EQ(answer.substr(0, 15), "HTTP/1.1 200 OK");
   const std::string b = body_of(answer);
   EXPECT_NE(b.find(R"({"key":"done","exists":true,"state":"complete","tp_world_size":3,)"
@@ -270,16 +272,16 @@ TEST_P(Pipeline, LookupsAreCountedAsHitsAndMisses) {
   send(post("/rank/0/initialize", R"({"num_pages":4})"));
   send(post("/keys/batch_allocate", R"({"rank":0,"keys":["a","b"]})"));
   send(post("/keys/confirm_write", R"({"rank":0,"confirmations":[["a",0]]})"));
-  send(post("/keys/batch_exists", R"({"keys":["a","b","c","a"]})"));  // 2 hits, 2 misses
+  send(post("/keys/batch_exists", R"({"keys":["a","b","c","a"]})"));    // 2 hits, 2 misses
   send(post("/keys/get_locations", R"({"rank":0,"keys":["a","b"]})"));  // 1, 1
   send(post("/keys/get_locations", R"({"rank":9,"keys":["a"]})"));      // 404: not counted
   send(post("/0/initialize", R"({"num_pages":2})"));
   send(post("/0/reserve_and_allocate_page_indices", R"({"keys":["x"]})"));
   send(post("/0/confirm_write", R"({"written_keys_to_confirm":[["x",1]]})"));
-  send(post("/0/exists", R"({"keys":["x","y"]})"));                   // 1, 1
-  send(post("/0/get_page_indices", R"({"keys":["x","x","y"]})"));     // 2, 1
+  send(post("/0/exists", R"({"keys":["x","y"]})"));                // 1, 1
+  send(post("/0/get_page_indices", R"({"keys":["x","x","y"]})"));  // 2, 1
   send(post("/t/0/initialize", R"({"num_pages":2})"));
-  send(post("/t/0/exists", R"({"keys":["x"]})"));                     // tenant t: 0, 1
+  send(post("/t/0/exists", R"({"keys":["x"]})"));  // tenant t: 0, 1
   const std::string m = send("GET /metrics HTTP/1.1\r\n\r\n");
   for (const std::string_view line : {
            R"(hf3fs_metad_lookup_keys_total{endpoint="batch_exists",result="hit"} 2)",
@@ -321,8 +323,11 @@ TEST_P(Pipeline, SglangInspectReportsBoundInFlightAndAbsent) {
             std::string::npos)
       << b;
   EXPECT_NE(b.find(R"({"key":"z","exists":false,"state":"absent")"), std::string::npos) << b;
-  EXPECT_EQ(send(post("/1/inspect", R"({"keys":["b"]})")),
-            json_status("404 Not Found", R"({"detail":"Rank 1 namespace 'kv' not initialized. Please call /1/initialize first."})"));
+  EXPECT_EQ(
+      send(post("/1/inspect", R"({"keys":["b"]})")),
+      json_status(
+          "404 Not Found",
+          R"({"detail":"Rank 1 namespace 'kv' not initialized. Please call /1/initialize first."})"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cores, Pipeline, ::testing::Values(1, 3),
