@@ -182,6 +182,9 @@ TEST(RouteTable, LabelsInMetricsOrder) {
                                     "metrics",
                                     "delete",
                                     "stats",
+                                    "inspect",
+                                    "status_page",
+                                    "status",
                                     "sglang_initialize",
                                     "sglang_exists",
                                     "sglang_reserve",
@@ -189,6 +192,7 @@ TEST(RouteTable, LabelsInMetricsOrder) {
                                     "sglang_delete_keys",
                                     "sglang_clear",
                                     "sglang_get_page_indices",
+                                    "sglang_inspect",
                                     "sglang_tenant_initialize",
                                     "sglang_tenant_exists",
                                     "sglang_tenant_reserve",
@@ -196,6 +200,7 @@ TEST(RouteTable, LabelsInMetricsOrder) {
                                     "sglang_tenant_delete_keys",
                                     "sglang_tenant_clear",
                                     "sglang_tenant_get_page_indices",
+                                    "sglang_tenant_inspect",
                                     "not_found",
                                     "method_not_allowed",
                                     "invalid_http"};
@@ -208,9 +213,10 @@ TEST(RouteTable, Access) {
   for (const endpoint_row& row : kEndpoints) {
     const bool admin = row.label == "clear" || row.label == "delete" ||
                        row.label == "sglang_clear" || row.label == "sglang_tenant_clear";
-    const access want = row.label == "health" ? access::open
-                        : admin               ? access::admin
-                                              : access::token;
+    // The status page carries no data: it asks for the token and sends it to status.json.
+    const access want = row.label == "health" || row.label == "status_page" ? access::open
+                        : admin                                             ? access::admin
+                                                                            : access::token;
     EXPECT_EQ(row.auth, want) << row.label;
   }
 }
