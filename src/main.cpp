@@ -50,7 +50,7 @@ metadata server; same HTTP API, default port 18000).
   --unix PATH               also listen on this unix socket (the fast path behind a proxy)
   --no-tcp                  listen only on --unix
   --auth-token-file F       require "Authorization: Bearer <token>" (the file's first line)
-                            on every endpoint but /health
+                            on every endpoint but /health and the status page (GET /)
   --admin-token-file F      require this token (not the --auth-token-file one) for the
                             destructive endpoints: POST /clear and POST /keys/delete
   --access-log              one log line per request
