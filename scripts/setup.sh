@@ -2,7 +2,8 @@
 # Installs the Debian packages the build needs (as root), plus those of the profiles
 # named as arguments: --test (nginx and haproxy for the proxy tests, promtool for the
 # metrics and alert rule checks, clang for the fuzzers, etcd-server for the ha
-# module's integration tests), --bench (wrk, nginx), --fuzz
+# module's integration tests, chromium for the status page's headless test), --bench
+# (wrk, nginx), --fuzz
 # (clang). Skips apt entirely when everything is already there.
 set -euo pipefail
 
@@ -15,7 +16,7 @@ packages=(build-essential cmake pkg-config liburing-dev libasio-dev libsimdjson-
   dpkg-dev ccache openssl)
 for profile in "$@"; do
   case "$profile" in
-    --test) packages+=(nginx-light haproxy prometheus clang-14 libclang-rt-14-dev etcd-server) ;;
+    --test) packages+=(nginx-light haproxy prometheus clang-14 libclang-rt-14-dev etcd-server chromium) ;;
     --bench) packages+=(wrk nginx-light curl) ;;
     --fuzz) packages+=(clang-14 libclang-rt-14-dev) ;;
     *) echo "usage: scripts/setup.sh [--test] [--bench] [--fuzz]" >&2; exit 2 ;;

@@ -77,6 +77,11 @@ struct exists_cmd {
 struct delete_cmd {
   key_list keys;
 };
+// POST /keys/inspect (and SGLang's /{rank}/inspect): at most kInspectKeysMax keys.
+inline constexpr std::size_t kInspectKeysMax = 256;
+struct inspect_cmd {
+  key_list keys;
+};
 struct locations_cmd {
   std::int64_t rank = 0;
   key_list keys;

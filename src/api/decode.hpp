@@ -46,6 +46,9 @@ class decoder {
   // Same body and the same errors as batch_exists: {"keys": [string, ...]}.
   error decode_delete(std::string_view body, delete_cmd& out);
   error decode_locations(std::string_view body, locations_cmd& out);
+  // POST /keys/inspect: batch_exists' body and errors, and more than kInspectKeysMax keys
+  // → 400.
+  error decode_inspect(std::string_view body, inspect_cmd& out);
 
  private:
   // An object whose optional `keys` is a list of strings (batch_exists, keys/delete).

@@ -83,6 +83,9 @@ class sglang_decoder {
   error decode_clear(std::string_view body, sg_clear_cmd& out);
   // {"keys": [str, ...] = [], "namespace": str = "kv"}
   error decode_get_page_indices(std::string_view body, sg_keys_cmd& out);
+  // inspect (this server's, not the reference's): get_page_indices' body and errors, and
+  // more than kInspectKeysMax keys → 400.
+  error decode_inspect(std::string_view body, sg_keys_cmd& out);
 
  private:
   // A keys body; keys_first: report a keys error before a namespace error; prefixed: a

@@ -126,6 +126,17 @@ error sglang_decoder::decode_get_page_indices(std::string_view body, sg_keys_cmd
   return decode_keys(body, /*keys_first=*/false, /*prefixed=*/false, out);
 }
 
+error sglang_decoder::decode_inspect(std::string_view body, sg_keys_cmd& out) {
+  if (error e = decode_keys(body, /*keys_first=*/false, /*prefixed=*/false, out)) return e;
+  if (out.keys.size() > kInspectKeysMax) {
+    const std::size_t n = out.keys.size();
+    out.keys.clear();
+    return {400,
+            fmt::format("Too many keys: {}; an inspection takes at most {}", n, kInspectKeysMax)};
+  }
+  return {};
+}
+
 error sglang_decoder::decode_reserve(std::string_view body, sg_keys_cmd& out) {
   return decode_keys(body, /*keys_first=*/false, /*prefixed=*/true, out);
 }

@@ -48,6 +48,7 @@ struct path_pattern {
       throw "a route is \"POST /path\" or \"GET /path\"";
     }
     path = text;
+    if (text == "/") return;  // the root: no segments, matched literally
     while (!text.empty()) {
       text.remove_prefix(1);  // the '/'
       const std::string_view segment = text.substr(0, text.find('/'));

@@ -109,9 +109,7 @@ endpoint_task run_rank_info(connection& x) {
   co_return answer::json(200, s.body);
 }
 
-endpoint_task run_metrics(connection& x) {
-  node& nd = x.shared();
-  scratch& s = x.work();
+void begin_metrics(node& nd, scratch& s) {
   if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
   metrics_snapshot& snap = *s.snapshot;
   snap = metrics_snapshot{};
@@ -119,31 +117,39 @@ endpoint_task run_metrics(connection& x) {
   s.rank_rows.clear();
   s.sg_rows.clear();
   s.sg_sum = {};
-  auto collect = [&nd, &s, &snap](const core_state& core) {
-    collect_sg_pools(core, s);
-    snap.requests.add(core.metrics);
-    snap.flushes.add(core.flushes);
-    snap.keys += core.directory.size();
-    snap.refused_releases += core.ranks.refused_releases();
-    snap.expired_reservations += core.ranks.expired_reservations();
-    snap.evicted_keys += core.evicted_keys;
-    snap.deleted_keys += core.deleted_keys;
-    snap.stale_keys += core.stale_keys;
-    snap.ranks_grown += core.ranks_grown;
-    snap.ranks_shrunk += core.ranks_shrunk;
-    snap.incomplete_keys += core.directory.incomplete_count();
-    snap.incomplete_pages += core.directory.incomplete_bindings();
-    snap.hops += nd.mailbox.posted(core.index);
-    snap.ranks += core.ranks.rank_count();
-    const net::loop_stats& conn = core.connections;
-    snap.connections[static_cast<std::size_t>(core.index)] = {
-        conn.accepted - conn.closed, conn.accepted, conn.rejected, conn.timed_out};
-    core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
-      s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
-    });
-  };
-  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
-                              [&](int c) { collect(*nd.core[c]); });
+}
+
+void collect_metrics(node& nd, const core_state& core, scratch& s) {
+  metrics_snapshot& snap = *s.snapshot;
+  collect_sg_pools(core, s);
+  snap.requests.add(core.metrics);
+  snap.flushes.add(core.flushes);
+  snap.lookups.add(core.lookups);
+  for (const auto& [tenant, counts] : core.sg_tenant_lookups)
+    snap.tenant_lookups[tenant].add(counts);
+  snap.allocations.add(core.allocations);
+  snap.keys += core.directory.size();
+  snap.refused_releases += core.ranks.refused_releases();
+  snap.expired_reservations += core.ranks.expired_reservations();
+  snap.evicted_keys += core.evicted_keys;
+  snap.deleted_keys += core.deleted_keys;
+  snap.stale_keys += core.stale_keys;
+  snap.ranks_grown += core.ranks_grown;
+  snap.ranks_shrunk += core.ranks_shrunk;
+  snap.incomplete_keys += core.directory.incomplete_count();
+  snap.incomplete_pages += core.directory.incomplete_bindings();
+  snap.hops += nd.mailbox.posted(core.index);
+  snap.ranks += core.ranks.rank_count();
+  const net::loop_stats& conn = core.connections;
+  snap.connections[static_cast<std::size_t>(core.index)] = {
+      conn.accepted - conn.closed, conn.accepted, conn.rejected, conn.timed_out};
+  core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
+    s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
+  });
+}
+
+void end_metrics(node& nd, scratch& s) {
+  metrics_snapshot& snap = *s.snapshot;
   snap.memory_max = nd.memory.max();
   snap.memory_used = nd.memory.used();
   snap.refused_ranks = nd.memory.refused_ranks.load(std::memory_order_relaxed);
@@ -151,8 +157,17 @@ endpoint_task run_metrics(connection& x) {
   const api::rank_pool& pool = s.rank_rows.pool();
   snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
   snap.rank_series_omitted = s.rank_rows.omitted();
+}
+
+endpoint_task run_metrics(connection& x) {
+  node& nd = x.shared();
+  scratch& s = x.work();
+  begin_metrics(nd, s);
+  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
+                              [&](int c) { collect_metrics(nd, *nd.core[c], s); });
+  end_metrics(nd, s);
   s.body.clear();
-  render_metrics(s.body, snap);
+  render_metrics(s.body, *s.snapshot);
   render_rank_headers(s.body);
   for (const api::rank_info_row& r : s.rank_rows.sorted())
     render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);

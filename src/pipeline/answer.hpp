@@ -31,6 +31,8 @@ class answer {
   }
   // Prometheus text (GET /metrics).
   static answer metrics(std::string_view text) { return {kind::metrics, {}, 200, text}; }
+  // The status page (GET /): constant HTML, with headers that keep it self-contained.
+  static answer html(std::string_view page) { return {kind::html, {}, 200, page}; }
   // A whole response, as is (the parser's errors: they close the connection).
   static answer raw(std::string_view bytes) { return {kind::raw, {}, 0, bytes}; }
   // An endpoint coroutine has the request: it answers when it co_returns.
@@ -39,7 +41,7 @@ class answer {
   bool is_later() const { return kind_ == kind::later; }
 
  private:
-  enum class kind : std::uint8_t { later, canned, json, error, metrics, raw };
+  enum class kind : std::uint8_t { later, canned, json, error, metrics, html, raw };
   answer(kind k, http::canned what, int status, std::string_view text)
       : kind_(k), canned_(what), status_(status), text_(text) {}
 

@@ -249,6 +249,22 @@ void connection::finish(const answer& a) {
     case answer::kind::metrics:
       respond_metrics(a.text_);
       break;
+    case answer::kind::html:
+      status_ = 200;
+      // The page loads nothing from elsewhere and may be framed by nobody; its script and
+      // style are inline. Extra headers ride after the content type.
+      http::append_body(out_, 200,
+                        "text/html; charset=utf-8\r\n"
+                        "cache-control: no-store\r\n"
+                        "x-content-type-options: nosniff\r\n"
+                        "x-frame-options: DENY\r\n"
+                        "referrer-policy: no-referrer\r\n"
+                        "content-security-policy: default-src 'none'; script-src 'unsafe-inline'; "
+                        "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+                        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                        a.text_, answer_keeps_alive());
+      drop_body_of_head(a.text_.size());
+      break;
     case answer::kind::raw:
       status_ = http::status_of(a.text_);
       out_.append(a.text_);

@@ -13,6 +13,7 @@
 
 #include "api/decode.hpp"
 #include "api/encode.hpp"
+#include "api/inspect.hpp"
 #include "api/sglang_codec.hpp"
 #include "http/parser.hpp"
 #include "http/response.hpp"
@@ -22,6 +23,7 @@
 #include "pipeline/node.hpp"
 #include "pipeline/rank_sample.hpp"
 #include "pipeline/routes.hpp"
+#include "shard/directory.hpp"
 #include "shard/sglang_pool.hpp"
 
 namespace metad::pipeline {
@@ -83,7 +85,8 @@ enum class sg_op : std::uint8_t {
   confirm,
   delete_keys,
   clear,
-  get_page_indices
+  get_page_indices,
+  inspect  // this server's, not the reference's: read-only
 };
 
 // One SGLang pool's row in /stats and /metrics.
@@ -116,6 +119,19 @@ struct scratch {
   api::exists_cmd exists;
   api::locations_cmd locations;
   api::delete_cmd remove;
+  // POST /keys/inspect and SGLang's inspect: what each core found, then the rows.
+  api::inspect_cmd inspect;
+  struct inspect_found {
+    std::uint32_t key;  // index in the request
+    api::inspect_hold hold;
+    std::uint64_t deadline;  // the reservation's, on the server's clock
+  };
+  std::vector<inspect_found> inspect_holds;
+  std::vector<api::inspect_hold> inspect_hold_rows;
+  std::vector<shard::key_report> inspect_reports;
+  std::vector<shard::sglang_key_report> sg_inspect_reports;
+  std::vector<api::inspect_row> inspect_rows;
+  std::vector<api::sg_inspect_row> sg_inspect_rows;
   removal_job removal;
   rank_sample rank_rows;  // /stats, /metrics
   api::stats_totals totals;

@@ -144,18 +144,27 @@ namespace {
 // One attempt at a batch_allocate on the rank's owner core, logged if it changed the
 // rank. Allocation is deterministic: replaying the same request on the same state takes
 // the same pages, so the request itself is the record.
-shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool& stored) {
+// `fresh`: the pages it reserved for keys that held none (all-or-nothing: 0 unless the
+// whole batch was served).
+shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool& stored,
+                                    std::uint64_t& fresh) {
   const api::allocate_cmd& cmd = s.allocate;
   s.indices.clear();
   s.pages.clear();
+  fresh = 0;
   if (!core.journal.reserve(record_bytes(cmd.keys.views(), 0))) {
     stored = false;
     return {};
   }
-  const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+  const auto before = core.ranks.stats(cmd.rank);
   const shard::allocate_result r =
       core.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages);
-  if (r.found && core.journal.enabled() && !same_stats(before, core.ranks.stats(cmd.rank)))
+  if (!r.found) return r;
+  const auto after = core.ranks.stats(cmd.rank);
+  // A quarantined page taken counts as reserved now (stats count it as free before).
+  if (before && after && after->reserved > before->reserved)
+    fresh = static_cast<std::uint64_t>(after->reserved - before->reserved);
+  if (core.journal.enabled() && !same_stats(before, after))
     core.journal.allocate(cmd.rank, cmd.keys.views());
   return r;
 }
@@ -196,10 +205,12 @@ endpoint_task run_allocate(connection& x) {
   co_await nd.mailbox.hop_to(owner);
   core_state& core = *nd.core[owner];
   bool stored = true;
-  shard::allocate_result r = try_allocate(nd, core, s, stored);
+  std::uint64_t fresh = 0;
+  shard::allocate_result r = try_allocate(nd, core, s, stored, fresh);
   // Short of pages: first reservations past their deadline, then stale incomplete keys
   // (in every eviction mode: they are dead), then the least recently used complete keys.
-  if (stored && r.short_by > 0 && expire_due(nd, core) > 0) r = try_allocate(nd, core, s, stored);
+  if (stored && r.short_by > 0 && expire_due(nd, core) > 0)
+    r = try_allocate(nd, core, s, stored, fresh);
   const bool lru = nd.cfg.evict == metad::eviction::lru;
   const std::uint64_t grace = stale_grace_ns(nd);
   for (int round = 0; stored && r.short_by > 0 && r.evictable && round < kEvictionRounds &&
@@ -209,7 +220,7 @@ endpoint_task run_allocate(connection& x) {
         co_await reclaim_incomplete(nd, -1, std::size_t{r.short_by} + kStaleExtra, grace,
                                     removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
-    r = try_allocate(nd, core, s, stored);
+    r = try_allocate(nd, core, s, stored, fresh);
   }
   // Eviction takes the dead before the living. Incomplete keys within their grace that
   // no rank reserves and that hold a page here are unreadable, and once kSettleNs old
@@ -220,8 +231,11 @@ endpoint_task run_allocate(connection& x) {
   // confirmed first. When saves fail often, the incomplete keys of the last moments
   // would otherwise fill the pool (measured: bench.sh --stale).
   const std::uint64_t settle = grace == 0 ? kSettleNs : std::min(grace, kSettleNs);
+  // Pages the batch lacked when eviction began: those of `fresh` that eviction freed.
+  std::uint64_t evicted_for = 0;
   for (int round = 0; stored && r.short_by > 0 && r.evictable && lru && round < kEvictionRounds;
        ++round) {
+    if (round == 0) evicted_for = r.short_by;
     std::size_t evicted = 0;
     for (const std::uint64_t age : {settle, std::uint64_t{0}}) {
       if (evicted == 0 && stored && incomplete_keys_older_than(nd, age))
@@ -231,8 +245,12 @@ endpoint_task run_allocate(connection& x) {
         evicted = co_await evict(nd, cmd.rank, r.short_by, s.removal, stored);
     }
     if (evicted == 0 || !stored) break;
-    r = try_allocate(nd, core, s, stored);
+    r = try_allocate(nd, core, s, stored, fresh);
   }
+  // Counted on the owner core, which alone writes its counters.
+  const std::uint64_t from_eviction = std::min(fresh, evicted_for);
+  core.allocations.vllm_eviction += from_eviction;
+  core.allocations.vllm_free += fresh - from_eviction;
   if (stored) stored = co_await core.journal.durable();
   co_await nd.mailbox.hop_to(home);
   if (!stored) {
@@ -363,6 +381,9 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
   co_await nd.mailbox.hop_to(home);
   s.body.clear();
   if (!with_rank) {
+    std::uint64_t hits = 0;
+    for (const std::uint8_t f : s.flags) hits += f;
+    x.home().lookups.count(lookup_endpoint::batch_exists, hits, keys.size() - hits);
     api::encode_exists(s.body, s.flags);
     co_return answer::json(200, s.body);
   }
@@ -370,8 +391,12 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
     s.detail = fmt::format("Failed to get key locations: Rank {} not initialized", rank);
     co_return answer::error(404, s.detail);
   }
-  for (std::size_t i = 0; i < keys.size(); ++i)
+  std::uint64_t hits = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
     if (!s.flags[i]) s.pages[i] = -1;
+    hits += s.pages[i] >= 0 ? 1 : 0;
+  }
+  x.home().lookups.count(lookup_endpoint::get_locations, hits, keys.size() - hits);
   api::encode_locations(s.body, s.pages);
   co_return answer::json(200, s.body);
 }

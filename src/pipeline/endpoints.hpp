@@ -3,6 +3,11 @@
 // back home and co_returns its answer (answer.hpp), which the connection writes.
 #pragma once
 
+#include <time.h>
+
+#include <cstdint>
+#include <string_view>
+
 #include "pipeline/connection.hpp"
 #include "smp/request_task.hpp"
 
@@ -22,6 +27,24 @@ endpoint_task run_rank_info(connection& x);
 endpoint_task run_metrics(connection& x);
 endpoint_task run_delete(connection& x);
 endpoint_task run_stats(connection& x);
+// /metrics' walk, shared with /status.json: begin (home), collect (on each core), end
+// (home), into *s.snapshot, s.rank_rows, s.sg_rows and s.sg_sum.
+void begin_metrics(node& nd, scratch& s);
+void collect_metrics(node& nd, const core_state& core, scratch& s);
+void end_metrics(node& nd, scratch& s);
+
+// What the operator looks at (inspect.cpp, status.cpp): POST /keys/inspect (every core's
+// ranks, the keys' directory slices), GET /status.json (the status page's summary), and
+// the page itself (GET /, status_page.cpp: constant bytes).
+endpoint_task run_inspect(connection& x);
+endpoint_task run_status(connection& x);
+extern const std::string_view kStatusPage;
+// The wall clock, in Unix epoch milliseconds (inspect's and the status page's times).
+inline std::int64_t unix_ms_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
+}
 
 // SGLang's seven operations (sglang_endpoints.cpp): scratch::sg says which, with the
 // command, tenant and rank decoded; any decoding error in scratch::sg_error is answered

@@ -175,6 +175,40 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   line(out, "# TYPE hf3fs_metad_rank_reinitialized_total counter");
   line(out, "hf3fs_metad_rank_reinitialized_total{{change=\"grown\"}} {}", snap.ranks_grown);
   line(out, "hf3fs_metad_rank_reinitialized_total{{change=\"shrunk\"}} {}", snap.ranks_shrunk);
+  line(out,
+       "# HELP hf3fs_metad_lookup_keys_total Keys looked up by batch_exists, get_locations and "
+       "SGLang's exists and get_page_indices: found (hit) or not (miss); hit / (hit + miss) is "
+       "the hit ratio.");
+  line(out, "# TYPE hf3fs_metad_lookup_keys_total counter");
+  auto lookups = [&out](const lookup_counts& c, std::string_view tenant) {
+    for (std::size_t e = 0; e < kLookupEndpoints.size(); ++e) {
+      if (!tenant.empty() && e < 2) continue;  // vLLM has no tenants
+      for (const bool hit : {true, false}) {
+        if (tenant.empty()) {
+          line(out, "hf3fs_metad_lookup_keys_total{{endpoint=\"{}\",result=\"{}\"}} {}",
+               kLookupEndpoints[e], hit ? "hit" : "miss", hit ? c.hit[e] : c.miss[e]);
+        } else {
+          line(out,
+               "hf3fs_metad_lookup_keys_total{{endpoint=\"{}\",tenant=\"{}\",result=\"{}\"}} {}",
+               kLookupEndpoints[e], tenant, hit ? "hit" : "miss", hit ? c.hit[e] : c.miss[e]);
+        }
+      }
+    }
+  };
+  lookups(snap.lookups, "");
+  for (const auto& [tenant, counts] : snap.tenant_lookups) lookups(counts, tenant);
+  line(out,
+       "# HELP hf3fs_metad_allocated_pages_total Pages handed out to new keys: from free pages, "
+       "or freed for them by evicting least recently used keys.");
+  line(out, "# TYPE hf3fs_metad_allocated_pages_total counter");
+  line(out, "hf3fs_metad_allocated_pages_total{{api=\"vllm\",source=\"free\"}} {}",
+       snap.allocations.vllm_free);
+  line(out, "hf3fs_metad_allocated_pages_total{{api=\"vllm\",source=\"eviction\"}} {}",
+       snap.allocations.vllm_eviction);
+  line(out, "hf3fs_metad_allocated_pages_total{{api=\"sglang\",source=\"free\"}} {}",
+       snap.allocations.sglang_free);
+  line(out, "hf3fs_metad_allocated_pages_total{{api=\"sglang\",source=\"eviction\"}} {}",
+       snap.allocations.sglang_eviction);
   struct family {
     std::string_view name, type, help;
     std::uint64_t connection_counts::*field;

@@ -5,8 +5,11 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "pipeline/routes.hpp"
@@ -42,6 +45,48 @@ struct flush_metrics {
   void add(const flush_metrics& other);
 };
 
+// Keys looked up by the read endpoints, found (hit) or not (miss): the hit ratio. Each
+// core counts the requests it is home to; a scrape sums them.
+enum class lookup_endpoint : std::uint8_t {
+  batch_exists,
+  get_locations,
+  sglang_exists,
+  sglang_get_page_indices
+};
+inline constexpr std::array<std::string_view, 4> kLookupEndpoints = {
+    "batch_exists", "get_locations", "sglang_exists", "sglang_get_page_indices"};
+struct lookup_counts {
+  std::array<std::uint64_t, kLookupEndpoints.size()> hit{}, miss{};
+  void count(lookup_endpoint e, std::uint64_t hits, std::uint64_t misses) {
+    hit[static_cast<std::size_t>(e)] += hits;
+    miss[static_cast<std::size_t>(e)] += misses;
+  }
+  void add(const lookup_counts& other) {
+    for (std::size_t i = 0; i < hit.size(); ++i) {
+      hit[i] += other.hit[i];
+      miss[i] += other.miss[i];
+    }
+  }
+};
+// SGLang's named tenants' lookups (the default tenant's are in lookup_counts).
+struct tenant_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using tenant_lookups = std::unordered_map<std::string, lookup_counts, tenant_hash, std::equal_to<>>;
+
+// Pages handed out for new keys: from free pages (the quarantine and expired
+// reservations included) or freed by evicting keys for them.
+struct allocation_counts {
+  std::uint64_t vllm_free = 0, vllm_eviction = 0, sglang_free = 0, sglang_eviction = 0;
+  void add(const allocation_counts& o) {
+    vllm_free += o.vllm_free;
+    vllm_eviction += o.vllm_eviction;
+    sglang_free += o.sglang_free;
+    sglang_eviction += o.sglang_eviction;
+  }
+};
+
 struct connection_counts {
   std::uint64_t open = 0, accepted = 0, rejected = 0, timed_out = 0;
 };
@@ -66,7 +111,10 @@ struct metrics_snapshot {
   std::uint64_t ranks = 0;
   // --memory-max, the memory counted against it, and what it refused.
   std::uint64_t memory_max = 0, memory_used = 0, refused_ranks = 0, refused_bodies = 0;
-  pool_pages pages;                       // summed over every rank
+  pool_pages pages;                                     // summed over every rank
+  lookup_counts lookups;                                // vLLM's and SGLang's default tenant
+  std::map<std::string, lookup_counts> tenant_lookups;  // SGLang's named tenants, sorted
+  allocation_counts allocations;
   std::uint64_t rank_series_omitted = 0;  // ranks without per-rank series (kRankRowsMax)
 };
 

@@ -46,6 +46,12 @@ struct core_state {
   api::decoder decoder;
   request_metrics metrics;
   flush_metrics flushes;
+  // Keys found or not by the requests this core is home to (the hit ratio), vLLM's and
+  // SGLang's default tenant, and SGLang's named tenants; pages this core's ranks and
+  // pools handed out, by source.
+  lookup_counts lookups;
+  tenant_lookups sg_tenant_lookups;
+  allocation_counts allocations;
   net::loop_stats connections;
   // Keys that left the directory slice here: by /keys/delete, by eviction, as stale
   // incomplete keys (metrics).
@@ -104,6 +110,8 @@ struct node {
 
   const metad::config& cfg;
   const int cores;
+  // When the node was made (GET /status.json's uptime), on smp::monotonic_ns.
+  const std::uint64_t started_ns = smp::monotonic_ns();
   // Cores [0, directory_cores) hold the directory's slices (see config::directory_cores).
   const int directory_cores;
   // The core that holds `key`'s directory slice.

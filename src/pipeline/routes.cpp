@@ -75,6 +75,20 @@ answer start_delete(connection& x, const http::request& request, const http::rou
 
 answer start_stats(connection& x, const http::request&, const http::route&) { return run_stats(x); }
 
+answer start_inspect(connection& x, const http::request& request, const http::route&) {
+  if (api::error err = x.home().decoder.decode_inspect(request.body, x.work().inspect))
+    return x.refused(std::move(err));
+  return run_inspect(x);
+}
+
+answer start_status_page(connection&, const http::request&, const http::route&) {
+  return answer::html(kStatusPage);
+}
+
+answer start_status(connection& x, const http::request&, const http::route&) {
+  return run_status(x);
+}
+
 namespace {
 
 // An SGLang request's operation, rank and tenant; false when the rank segment is not an
@@ -151,6 +165,13 @@ answer start_sg_get_page_indices(connection& x, const http::request& request,
   if (!sg_target(x, route, sg_op::get_page_indices)) return invalid_rank();
   api::sg_keys_cmd& cmd = x.work().sg_keys;
   api::error err = x.home().sg_decoder.decode_get_page_indices(request.body, cmd);
+  return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
+}
+
+answer start_sg_inspect(connection& x, const http::request& request, const http::route& route) {
+  if (!sg_target(x, route, sg_op::inspect)) return invalid_rank();
+  api::sg_keys_cmd& cmd = x.work().sg_keys;
+  api::error err = x.home().sg_decoder.decode_inspect(request.body, cmd);
   return sg_start_on_pool(x, std::move(err), cmd.ns_valid);
 }
 

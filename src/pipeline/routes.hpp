@@ -55,6 +55,9 @@ answer start_ready(connection& x, const http::request& request, const http::rout
 answer start_metrics(connection& x, const http::request& request, const http::route& route);
 answer start_delete(connection& x, const http::request& request, const http::route& route);
 answer start_stats(connection& x, const http::request& request, const http::route& route);
+answer start_inspect(connection& x, const http::request& request, const http::route& route);
+answer start_status_page(connection& x, const http::request& request, const http::route& route);
+answer start_status(connection& x, const http::request& request, const http::route& route);
 // SGLang's HiCache API (docs/sglang-api.md): the rank is the path's, the tenant the
 // segment before it (none: the default tenant).
 answer start_sg_initialize(connection& x, const http::request& request, const http::route& route);
@@ -65,6 +68,7 @@ answer start_sg_delete_keys(connection& x, const http::request& request, const h
 answer start_sg_clear(connection& x, const http::request& request, const http::route& route);
 answer start_sg_get_page_indices(connection& x, const http::request& request,
                                  const http::route& route);
+answer start_sg_inspect(connection& x, const http::request& request, const http::route& route);
 
 // "GET" rows answer HEAD too. The order is that of the metrics' lines. Paths of
 // different rows do not overlap (a request matches the first row whose path and method
@@ -83,6 +87,10 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"GET /metrics",                 "metrics",        access::token, start_metrics, serves::any_node},
     {"POST /keys/delete",            "delete",         access::admin, start_delete},
     {"GET /stats",                   "stats",          access::token, start_stats},
+    {"POST /keys/inspect",           "inspect",        access::token, start_inspect},
+    // The status page carries no data (open); it polls /status.json with the token.
+    {"GET /",                        "status_page",    access::open,  start_status_page, serves::any_node},
+    {"GET /status.json",             "status",         access::token, start_status,      serves::any_node},
     // SGLang, default tenant: the first segment is an integer (vLLM's paths start with
     // a word), so the two APIs never claim one path.
     {"POST /{int}/initialize",                        "sglang_initialize",       access::token, start_sg_initialize},
@@ -92,6 +100,7 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"POST /{int}/delete_keys",                       "sglang_delete_keys",      access::token, start_sg_delete_keys},
     {"POST /{int}/clear",                             "sglang_clear",            access::admin, start_sg_clear},
     {"POST /{int}/get_page_indices",                  "sglang_get_page_indices", access::token, start_sg_get_page_indices},
+    {"POST /{int}/inspect",                           "sglang_inspect",          access::token, start_sg_inspect},
     // SGLang, a named tenant: its own pools. Any rank segment matches, so that a
     // non-integer one is a 400 rather than a 404.
     {"POST /{tenant}/{rank}/initialize",                        "sglang_tenant_initialize",       access::token, start_sg_initialize},
@@ -101,6 +110,7 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"POST /{tenant}/{rank}/delete_keys",                       "sglang_tenant_delete_keys",      access::token, start_sg_delete_keys},
     {"POST /{tenant}/{rank}/clear",                             "sglang_tenant_clear",            access::admin, start_sg_clear},
     {"POST /{tenant}/{rank}/get_page_indices",                  "sglang_tenant_get_page_indices", access::token, start_sg_get_page_indices},
+    {"POST /{tenant}/{rank}/inspect",                           "sglang_tenant_inspect",          access::token, start_sg_inspect},
 };
 // clang-format on
 inline constexpr std::size_t kEndpointCount = std::size(kEndpoints);

@@ -107,6 +107,8 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
       const shard::sglang_reserve_stats st = pool.reserve(s.sg_keys.keys.views(), now, s.slots);
       if (s.sg_keys.keys.size() != 0) journal.sg_reserve(name, now, s.sg_keys.keys.views());
       core.sg_counters.evicted += st.evicted;
+      core.allocations.sglang_eviction += st.evicted;
+      core.allocations.sglang_free += st.allocated - std::min(st.allocated, st.evicted);
       core.sg_counters.no_page += st.no_page;
       core.sg_counters.expired += st.expired;
       s.body.clear();
@@ -142,6 +144,9 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
       pool.clear();
       journal.sg_clear(name);
       return sg_answer::no_content;
+    case sg_op::inspect:
+      pool.inspect(s.sg_keys.keys.views(), s.sg_inspect_reports);
+      return sg_answer::body;  // encoded home (times in wall-clock ms)
     case sg_op::get_page_indices:
       pool.get_page_indices(s.sg_keys.keys.views(), now, s.pages);
       if (std::any_of(s.pages.begin(), s.pages.end(), [](std::int64_t p) { return p >= 0; }))
@@ -157,11 +162,57 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
 std::uint64_t sg_record_bytes(const scratch& s) {
   std::uint64_t bytes = 128 + s.tenant.size() + sg_namespace(s).size();
   const api::key_list& keys = s.sg == sg_op::confirm ? s.sg_confirm.keys : s.sg_keys.keys;
-  if (s.sg != sg_op::initialize && s.sg != sg_op::clear && s.sg != sg_op::exists) {
+  if (s.sg != sg_op::initialize && s.sg != sg_op::clear && s.sg != sg_op::exists &&
+      s.sg != sg_op::inspect) {
     for (const std::string_view key : keys.views()) bytes += key.size() + 12;
     bytes += 8 * s.sg_confirm.releases.size();
   }
   return bytes;
+}
+
+// Home, after exists or get_page_indices: the keys found and not, on the home core's
+// counters (a named tenant's in its own row).
+void count_sg_lookups(core_state& home, const scratch& s) {
+  lookup_endpoint endpoint;
+  std::uint64_t hits = 0, n = 0;
+  if (s.sg == sg_op::exists) {
+    endpoint = lookup_endpoint::sglang_exists;
+    for (const std::uint8_t f : s.flags) hits += f;
+    n = s.flags.size();
+  } else if (s.sg == sg_op::get_page_indices) {
+    endpoint = lookup_endpoint::sglang_get_page_indices;
+    for (const std::int64_t p : s.pages) hits += p >= 0 ? 1 : 0;
+    n = s.pages.size();
+  } else {
+    return;
+  }
+  if (s.tenant.empty()) {
+    home.lookups.count(endpoint, hits, n - hits);
+    return;
+  }
+  auto it = home.sg_tenant_lookups.find(std::string_view(s.tenant));
+  if (it == home.sg_tenant_lookups.end()) it = home.sg_tenant_lookups.try_emplace(s.tenant).first;
+  it->second.count(endpoint, hits, n - hits);
+}
+
+// Home: the inspection's answer; `clock` is the SGLang clock's reading at the pool.
+void encode_sg_inspect(scratch& s, std::uint64_t clock) {
+  const std::int64_t wall = unix_ms_now();
+  auto to_ms = [&](std::uint64_t t) -> std::int64_t {
+    if (t == 0 || t == shard::sglang_pool::no_deadline) return -1;
+    return wall + (static_cast<std::int64_t>(t) - static_cast<std::int64_t>(clock)) /
+                      static_cast<std::int64_t>(smp::kNsPerMs);
+  };
+  s.sg_inspect_rows.clear();
+  const api::key_list& keys = s.sg_keys.keys;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const shard::sglang_key_report& r = s.sg_inspect_reports[i];
+    s.sg_inspect_rows.push_back(
+        {keys[i], r.page, r.lease_until > clock ? to_ms(r.lease_until) : -1, r.reserved_page,
+         r.reserved_page >= 0 ? to_ms(r.reserved_until) : -1, r.reserved_stale});
+  }
+  s.body.clear();
+  api::encode_sglang_inspect(s.body, s.sg_inspect_rows);
 }
 
 }  // namespace
@@ -175,6 +226,7 @@ endpoint_task run_sglang(connection& x) {
   const std::size_t n = s.sg_keys.keys.size();
   if (s.sg == sg_op::exists) s.flags.assign(n, 0);
   if (s.sg == sg_op::get_page_indices) s.pages.assign(n, -1);
+  if (s.sg == sg_op::inspect) s.sg_inspect_reports.assign(n, {});
   if (s.sg == sg_op::reserve) {
     s.slots.clear();
     s.slots.reserve(n);
@@ -185,6 +237,7 @@ endpoint_task run_sglang(connection& x) {
   std::uint64_t needed = 0;
   co_await nd.mailbox.hop_to(owner);
   core_state& core = *nd.core[owner];
+  const std::uint64_t sg_clock = sg_now(nd, core);  // inspect's times, in wall-clock ms
   sg_answer outcome = sg_answer::not_initialized;
   bool stored = true;
   if (!core.journal.reserve(sg_record_bytes(s))) {
@@ -204,10 +257,12 @@ endpoint_task run_sglang(connection& x) {
   if (outcome != sg_answer::storage_failed) stored = co_await core.journal.durable();
   co_await nd.mailbox.hop_to(home);
   if (!stored) outcome = sg_answer::storage_failed;
+  if (outcome == sg_answer::body) count_sg_lookups(x.home(), s);
   switch (outcome) {
     case sg_answer::no_content:
       co_return answer::canned(http::canned::no_content);
     case sg_answer::body:
+      if (s.sg == sg_op::inspect) encode_sg_inspect(s, sg_clock);
       co_return answer::json(200, s.body);
     case sg_answer::not_initialized:
       s.body.clear();

@@ -146,7 +146,7 @@ const std::vector<row>& table() {
    text<&C::unix_path>},
   {"--no-tcp", "", "listen only on --unix", set_to<&C::tcp, false>},
   {"--auth-token-file", "F", "require \"Authorization: Bearer <token>\" (the file's first line)\n"
-                             "on every endpoint but /health",
+                             "on every endpoint but /health and the status page (GET /)",
    token<&C::auth_token>},
   {"--admin-token-file", "F", "require this token (not the --auth-token-file one) for the\n"
                               "destructive endpoints: POST /clear and POST /keys/delete",

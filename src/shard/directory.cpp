@@ -194,6 +194,25 @@ bool directory::complete(std::string_view key) const {
   return impl_->complete(key, p);
 }
 
+key_report directory::inspect(std::string_view key) const {
+  parsed_key p;
+  parse_key(key, p);
+  impl& m = *impl_;
+  key_report r;
+  const impl::entry e = m.find(key, p);
+  if (!e) return r;
+  const completion c = e.get();
+  r.present = true;
+  r.tp_world_size = c.tp_world_size;
+  r.confirmations = c.confirmed_count;
+  r.removing = m.is_removing(key);
+  r.complete = impl::is_complete(c) && !r.removing;
+  std::uint64_t unused = 0;
+  if (!impl::is_complete(c)) m.incomplete.times(key, p, r.last_confirmed, unused);
+  m.life.times(key, p, r.last_used, r.lease_until);
+  return r;
+}
+
 bool directory::use(std::string_view key, std::uint64_t now, std::uint64_t lease_until) {
   parsed_key p;
   parse_key(key, p);

@@ -16,6 +16,18 @@
 
 namespace metad::shard {
 
+// What the directory knows of one key (POST /keys/inspect). Times on the caller's clock;
+// 0: not known.
+struct key_report {
+  bool present = false;   // in the directory: some rank confirmed it
+  bool complete = false;  // as complete(): what batch_exists answers
+  bool removing = false;  // a delete or eviction has begun: reads as incomplete
+  std::int32_t tp_world_size = 0, confirmations = 0;
+  std::uint64_t last_confirmed = 0;  // incomplete keys: their last confirmation
+  std::uint64_t last_used = 0;       // complete keys, when tracked (LRU on, or leased)
+  std::uint64_t lease_until = 0;     // > now: a reader holds a lease until then
+};
+
 class directory {
  public:
   directory();
@@ -37,6 +49,8 @@ class directory {
                          std::span<std::uint8_t> entered);
   // Confirmed by >= tp_world_size ranks, and not being removed.
   bool complete(std::string_view key) const;
+  // Read-only: everything known of `key` (changes nothing, touches no recency).
+  key_report inspect(std::string_view key) const;
   // A lookup at now: whether the key is complete; if so it counts as used, and with
   // lease_until != 0 a reader holds a lease on its pages until then.
   bool use(std::string_view key, std::uint64_t now, std::uint64_t lease_until);

@@ -13,6 +13,15 @@ std::uint32_t key_life::find(std::string_view key, const parsed_key& p) const {
   return v == nullptr ? 0 : *v;
 }
 
+bool key_life::times(std::string_view key, const parsed_key& p, std::uint64_t& used,
+                     std::uint64_t& lease_until) const {
+  const std::uint32_t i = find(key, p);
+  if (i == 0) return false;
+  used = nodes_[i].used;
+  lease_until = nodes_[i].lease_until;
+  return true;
+}
+
 std::uint32_t key_life::insert(std::string_view key, const parsed_key& p) {
   std::uint32_t i = free_;
   if (i != 0) {

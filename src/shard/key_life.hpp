@@ -39,6 +39,10 @@ class key_life {
   // A reader got the key's pages at now: leased until `until`, and used.
   void lease(std::string_view key, const parsed_key& p, std::uint64_t now, std::uint64_t until);
   bool leased(std::string_view key, std::uint64_t now) const;
+  // Read-only (POST /keys/inspect): whether the key is tracked, and if so its last use
+  // and the end of its lease (0: none, or found ended by the sweep).
+  bool times(std::string_view key, const parsed_key& p, std::uint64_t& used,
+             std::uint64_t& lease_until) const;
   // Starts loading what touch() or lease() of the key will read first.
   void prefetch(const parsed_key& p) const { keys_.prefetch(p); }
   // Keys under a lease at now: O(leases ended since the last sweep).

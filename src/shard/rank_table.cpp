@@ -552,6 +552,20 @@ void rank_table::mark_reserved(std::span<const std::string_view> keys,
   }
 }
 
+void rank_table::inspect_key_impl(std::string_view key, void* visit,
+                                  void (*call)(void*, std::int64_t, std::int64_t, bool,
+                                               std::uint64_t)) const {
+  parsed_key p;
+  parse_key(key, p);
+  for (const auto& [rank, rs] : impl_->ranks) {
+    const std::uint32_t* word = rs.keys.find(key, p);
+    if (word == nullptr) continue;
+    const std::uint32_t page = entry_word::page(*word);
+    const bool confirmed = entry_word::confirmed(*word);
+    call(visit, rank, page, confirmed, confirmed ? 0 : rs.keys.owners.find(page).deadline);
+  }
+}
+
 std::optional<rank_stats> rank_table::stats(std::int64_t rank) const {
   const rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return std::nullopt;

@@ -145,6 +145,18 @@ class rank_table {
   void mark_reserved(std::span<const std::string_view> keys,
                      std::span<std::uint8_t> reserved) const;
 
+  // Read-only (POST /keys/inspect): calls visit(rank, page, confirmed, deadline) for
+  // each rank here that holds `key`, reserved (deadline: when the reservation expires,
+  // UINT64_MAX never) or confirmed (deadline 0). O(ranks here).
+  template <typename Visit>
+  void inspect_key(std::string_view key, Visit&& visit) const {
+    inspect_key_impl(
+        key, &visit,
+        [](void* v, std::int64_t rank, std::int64_t page, bool confirmed, std::uint64_t deadline) {
+          (*static_cast<Visit*>(v))(rank, page, confirmed, deadline);
+        });
+  }
+
   std::optional<rank_stats> stats(std::int64_t rank) const;
   // Calls visit(rank, stats) for every rank, in no particular order (metrics).
   template <typename Visit>
@@ -223,6 +235,8 @@ class rank_table {
 
  private:
   void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;
+  void inspect_key_impl(std::string_view key, void* visit,
+                        void (*call)(void*, std::int64_t, std::int64_t, bool, std::uint64_t)) const;
   void for_each_entry_impl(void* visit, void (*call)(void*, std::int64_t, std::string_view,
                                                      std::int64_t, bool)) const;
   void for_each_rank_packed_impl(

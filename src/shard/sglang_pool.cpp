@@ -343,6 +343,29 @@ void sglang_pool::exists(std::span<const std::string_view> keys,
   }
 }
 
+void sglang_pool::inspect(std::span<const std::string_view> keys,
+                          std::span<sglang_key_report> out) const {
+  METAD_ASSERT(out.size() == keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    out[i] = sglang_key_report{};
+    if (const std::uint32_t n = find(keys[i], table_hash(keys[i])); n != 0) {
+      out[i].page = nodes_[n].page;
+      out[i].lease_until = nodes_[n].lease_until;
+    }
+  }
+  if (owners_.size() == 0 || keys.empty()) return;
+  owners_.for_each([&](std::uint32_t page, const owner& o) {
+    if (o.blob == nullptr) return;
+    const std::string_view key = key_blob::view(o.blob);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] != key || out[i].reserved_page >= 0) continue;
+      out[i].reserved_page = page;
+      out[i].reserved_until = o.deadline;
+      out[i].reserved_stale = o.epoch != epoch_;
+    }
+  });
+}
+
 void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::uint64_t now,
                                    std::span<std::int64_t> out) {
   METAD_ASSERT(out.size() == keys.size());

@@ -90,6 +90,15 @@ struct sglang_image {
   std::vector<std::uint32_t> quarantined;                    // oldest release first
 };
 
+// What a pool knows of one key (POST /{rank}/inspect).
+struct sglang_key_report {
+  std::int64_t page = -1;            // bound page, or -1
+  std::uint64_t lease_until = 0;     // bound keys: a read lease's end (0: none)
+  std::int64_t reserved_page = -1;   // a page in flight for the key, or -1
+  std::uint64_t reserved_until = 0;  // ... its deadline (UINT64_MAX: none)
+  bool reserved_stale = false;       // ... reserved before a clear: it will not bind
+};
+
 class sglang_pool {
  public:
   // Pages are numbered below this (page_pool's own limit).
@@ -173,6 +182,10 @@ class sglang_pool {
   // After recovery or a promotion: every running quarantine ends at `until`.
   void restart_quarantines(std::uint64_t until);
   std::size_t quarantined() const { return quarantine_.size(); }
+
+  // Read-only: out[i] = what the pool holds for keys[i] (touches no recency). One pass
+  // over the pages in flight when there are any.
+  void inspect(std::span<const std::string_view> keys, std::span<sglang_key_report> out) const;
 
   sglang_pool_stats stats() const;
   std::size_t memory_bytes() const;

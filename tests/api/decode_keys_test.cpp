@@ -246,6 +246,33 @@ TEST(DecodeExists, AcceptsKeyListsAndRefusesMalformedRequests) {
       [](decoder& d, std::string_view b, exists_cmd& cmd) { return d.decode_exists(b, cmd); });
 }
 
+// POST /keys/inspect: batch_exists' body and errors, and a bounded batch.
+TEST(DecodeInspect, AcceptsKeyListsAndRefusesMalformedRequests) {
+  expect_key_strings_decoded<inspect_cmd>(
+      [](decoder& d, std::string_view b, inspect_cmd& cmd) { return d.decode_inspect(b, cmd); });
+}
+
+TEST(DecodeInspect, RefusesMoreKeysThanTheLimit) {
+  decoder d;
+  auto keys_body = [](std::size_t n) {
+    std::string text = R"({"keys":[)";
+    for (std::size_t i = 0; i < n; ++i)
+      text += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\"";
+    return text + "]}";
+  };
+  inspect_cmd cmd;
+  ASSERT_FALSE(d.decode_inspect(body(keys_body(kInspectKeysMax)), cmd));
+  EXPECT_EQ(cmd.keys.size(), kInspectKeysMax);
+  const error e = d.decode_inspect(body(keys_body(kInspectKeysMax + 1)), cmd);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.detail, "Too many keys: 257; an inspection takes at most 256");
+  EXPECT_EQ(cmd.keys.size(), 0u);
+  // A key over --key-bytes-max is refused as on every endpoint.
+  d.set_key_bytes_max(4);
+  EXPECT_EQ(d.decode_inspect(body(R"({"keys":["abcde"]})"), cmd).detail,
+            "Key at index 0 is 5 bytes long; the limit is 4");
+}
+
 // The scheduler's hot path: all block keys of a 20k-token prompt.
 TEST(DecodeExists, DecodesALongPrompt) {
   std::string text = R"({"keys":[)";

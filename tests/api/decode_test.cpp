@@ -59,6 +59,11 @@ const std::vector<endpoint>& endpoints() {
          delete_cmd cmd;
          return d.decode_delete(b, cmd);
        }},
+      {"keys/inspect",
+       [](decoder& d, std::string_view b) {
+         inspect_cmd cmd;
+         return d.decode_inspect(b, cmd);
+       }},
   };
   return all;
 }

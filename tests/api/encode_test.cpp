@@ -10,6 +10,7 @@
 
 #include "api/decode.hpp"
 #include "api/encode.hpp"
+#include "api/inspect.hpp"
 #include "test_util.hpp"
 
 namespace metad::api {
@@ -363,6 +364,66 @@ TEST(EncodeError, RoundTripsThroughAJsonParser) {
   ASSERT_EQ(parser.parse(b.view().data(), b.view().size(), false)["detail"].get(decoded),
             simdjson::SUCCESS);
   EXPECT_EQ(decoded, detail);
+}
+
+}  // namespace
+}  // namespace metad::api
+
+namespace metad::api {
+namespace {
+
+TEST(EncodeInspect, WritesEveryStateAndNullsForUnknownTimes) {
+  const inspect_hold holds[] = {{0, 3, true, -1}, {1, 5, false, 1700000000123}};
+  inspect_row complete;
+  complete.key = "a\"b";
+  complete.present = complete.complete = true;
+  complete.tp_world_size = complete.confirmations = 2;
+  complete.last_used_ms = 1700000000000;
+  complete.leased_until_ms = 1700000010000;
+  complete.holds = holds;
+  inspect_row absent;
+  absent.key = "z";
+  inspect_row reserved;
+  reserved.key = "r";
+  reserved.holds = std::span<const inspect_hold>(holds + 1, 1);
+  inspect_row incomplete = reserved;
+  incomplete.key = "i";
+  incomplete.present = true;
+  incomplete.tp_world_size = 2;
+  incomplete.confirmations = 1;
+  incomplete.incomplete_since_ms = 1600000000000;
+  const inspect_row rows[] = {complete, absent, reserved, incomplete};
+  std::string out;
+  encode_inspect(out, rows);
+  EXPECT_EQ(out,
+            R"({"keys":[)"
+            R"({"key":"a\"b","exists":true,"state":"complete","tp_world_size":2,"confirmations":2,)"
+            R"("ranks":[{"rank":0,"page":3,"state":"bound"},{"rank":1,"page":5,"state":"reserved",)"
+            R"("reserved_until":1700000000123}],"incomplete_since":null,"last_used":1700000000000,)"
+            R"("leased_until":1700000010000},)"
+            R"({"key":"z","exists":false,"state":"absent","tp_world_size":0,"confirmations":0,)"
+            R"("ranks":[],"incomplete_since":null,"last_used":null,"leased_until":null},)"
+            R"({"key":"r","exists":false,"state":"reserved","tp_world_size":0,"confirmations":0,)"
+            R"("ranks":[{"rank":1,"page":5,"state":"reserved","reserved_until":1700000000123}],)"
+            R"("incomplete_since":null,"last_used":null,"leased_until":null},)"
+            R"({"key":"i","exists":false,"state":"incomplete","tp_world_size":2,"confirmations":1,)"
+            R"("ranks":[{"rank":1,"page":5,"state":"reserved","reserved_until":1700000000123}],)"
+            R"("incomplete_since":1600000000000,"last_used":null,"leased_until":null}]})");
+}
+
+TEST(EncodeInspect, SglangStates) {
+  const sg_inspect_row rows[] = {{"b", 3, 1700000000000, -1, -1, false},
+                                 {"f", -1, -1, 7, -1, true},
+                                 {"\n", -1, -1, -1, -1, false}};
+  std::string out;
+  encode_sglang_inspect(out, rows);
+  EXPECT_EQ(out, R"({"keys":[{"key":"b","exists":true,"state":"bound","page":3,)"
+                 R"("leased_until":1700000000000,"reserved_page":null,"reserved_until":null,)"
+                 R"("reserved_before_clear":false},{"key":"f","exists":false,"state":"in_flight",)"
+                 R"("page":null,"leased_until":null,"reserved_page":7,"reserved_until":null,)"
+                 R"("reserved_before_clear":true},{"key":"\n","exists":false,"state":"absent",)"
+                 R"("page":null,"leased_until":null,"reserved_page":null,"reserved_until":null,)"
+                 R"("reserved_before_clear":false}]})");
 }
 
 }  // namespace

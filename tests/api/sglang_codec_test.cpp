@@ -144,7 +144,21 @@ TEST_P(SglangStringKeys, RefusesKeysOverTheLimit) {
 INSTANTIATE_TEST_SUITE_P(ExistsDeleteGet, SglangStringKeys,
                          ::testing::Values(&sglang_decoder::decode_exists,
                                            &sglang_decoder::decode_delete_keys,
-                                           &sglang_decoder::decode_get_page_indices));
+                                           &sglang_decoder::decode_get_page_indices,
+                                           &sglang_decoder::decode_inspect));
+
+TEST(SglangDecodeInspect, RefusesMoreKeysThanTheLimit) {
+  sglang_decoder d;
+  std::string text = R"({"namespace":"kv","keys":[)";
+  for (std::size_t i = 0; i <= kInspectKeysMax; ++i)
+    text += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\"";
+  text += "]}";
+  sg_keys_cmd cmd;
+  const error e = d.decode_inspect(body(text), cmd);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.detail, "Too many keys: 257; an inspection takes at most 256");
+  EXPECT_TRUE(cmd.ns_valid);  // the pool's 404 still comes first
+}
 
 TEST(SglangDecodeKeys, ExistsReportsKeysBeforeTheNamespaceOthersAfter) {
   sglang_decoder d;

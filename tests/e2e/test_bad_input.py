@@ -52,6 +52,7 @@ ENDPOINTS = {
     "confirm_write": "/keys/confirm_write",
     "batch_exists": "/keys/batch_exists",
     "get_locations": "/keys/get_locations",
+    "inspect": "/keys/inspect",
 }
 
 # A valid body per endpoint, each of which would change state or answer 200 if the
@@ -62,6 +63,7 @@ VALID_BODIES = {
     "confirm_write": f'{{"rank":{RANK},"confirmations":[["{B}",1]],"pages_to_release":[]}}',
     "batch_exists": f'{{"keys":["{A}"]}}',
     "get_locations": f'{{"rank":{RANK},"keys":["{A}"]}}',
+    "inspect": f'{{"keys":["{A}"]}}',
 }
 
 
@@ -279,11 +281,11 @@ def confirm_cases():
     ]
 
 
-def exists_cases():
-    path = "/keys/batch_exists"
+def exists_cases(endpoint="batch_exists"):
+    path = f"/keys/{endpoint}"
 
     def ex(name, ks, detail=None):
-        return Case(f"batch_exists/{name}", path, {"keys": ks}, 400, detail=detail)
+        return Case(f"{endpoint}/{name}", path, {"keys": ks}, 400, detail=detail)
 
     return [
         ex("keys_string", "x", KEYS_FORMAT),
@@ -327,7 +329,7 @@ def locations_cases():
 
 def routing_cases():
     cases = []
-    for path in ("/nope", "/", "/keys", "/keys/", "/keys/batch_allocatex",
+    for path in ("/nope", "//", "/keys", "/keys/", "/keys/batch_allocatex",
                  "/Keys/batch_allocate", "/rank/3/initialize/x", "/rank/3/init",
                  "/rank/3/initialize/", "/clear/x"):
         for method in ("POST", "GET"):
@@ -475,8 +477,26 @@ class BadInputTest(MetadTestCase):
     def test_get_locations(self):
         self.run_cases(locations_cases())
 
+    def test_inspect(self):
+        # batch_exists' body rules, and at most 256 keys.
+        too_many = [f"k{i}" for i in range(257)]
+        self.run_cases(exists_cases("inspect") + [
+            Case("inspect/too_many_keys", "/keys/inspect", {"keys": too_many}, 400,
+                 detail="Too many keys: 257; an inspection takes at most 256")])
+
     def test_routing(self):
         self.run_cases(routing_cases())
+
+    def test_status_page_wrong_method(self):
+        # GET / is the status page, GET /status.json its summary: nothing else.
+        for path in ("/", "/status.json"):
+            for method in ("POST", "PUT", "DELETE"):
+                with self.subTest(path=path, method=method):
+                    self.build_state()
+                    r = self.client.request(method, path, data=b"{}")
+                    self.assert_error(r, 405, "Method Not Allowed")
+                    self.assertEqual(r.headers.get("Allow"), "GET, HEAD")
+                    self.assert_unchanged()
 
     def test_rank_info_wrong_method(self):
         # GET /rank/{rank} is the only method there: a 405 must not advertise POST.
@@ -504,6 +524,11 @@ class BadInputTest(MetadTestCase):
             with self.subTest(endpoint=endpoint):
                 self.build_state()
                 r = self.client.post_raw(path, VALID_BODIES[endpoint].encode())
+                if endpoint == "inspect":  # its answer carries times
+                    self.assertEqual(r.status_code, 200, r.content)
+                    self.assertEqual([(k["key"], k["state"]) for k in r.json()["keys"]],
+                                     [(A, "complete")])
+                    continue
                 self.assertEqual((r.status_code, r.content), expected[endpoint])
 
     def test_limits_boundaries_are_accepted(self):

@@ -319,7 +319,7 @@ class Generator:
             Request("POST", f"/rank/{self.rank()}", b"{}"), Request("GET", f"/rank/{self.rank()}/initialize"),
             Request("POST", "/nope", b"{}"), Request("POST", "/keys/", b"{}"), Request("POST", "/keys/batch_exist", b"{}"),
             Request("POST", "/rank//initialize", b"{}"), Request("POST", f"/rank/{self.rank()}/initialize/x", b"{}"),
-            Request("POST", "/keys/batch_exists?verbose=1", b"{\"keys\":[]}"), Request("GET", "/"),
+            Request("POST", "/keys/batch_exists?verbose=1", b"{\"keys\":[]}"), Request("GET", "/nope"),
             Request("POST", "/clear/", b""), Request("GET", f"/rank/{self.rank()}?x=1"),
         ])
 

@@ -186,7 +186,8 @@ class MonitoringFilesTest(OpsTestCase):
                        "hf3fs_metad_evicted_keys_total", "hf3fs_metad_expired_reservations_total",
                        "hf3fs_metad_connections_open", "hf3fs_metad_log_flush_seconds_bucket",
                        "hf3fs_metad_log_flush_failures_total", "hf3fs_metad_memory_used_bytes",
-                       "hf3fs_metad_memory_budget_bytes", "hf3fs_metad_rank_reinitialized_total"):
+                       "hf3fs_metad_memory_budget_bytes", "hf3fs_metad_rank_reinitialized_total",
+                       "hf3fs_metad_lookup_keys_total", "hf3fs_metad_allocated_pages_total"):
             with self.subTest(used=family):
                 self.assertIn(family, used)
 

@@ -3,7 +3,8 @@
 // any read beyond). One decoder is reused across inputs, as one core reuses its own.
 // Checks that a decoded command is well formed and that decoding is repeatable.
 //
-// Input: byte 0 = endpoint (mod 6: initialize, allocate, confirm, exists, locations, delete); for
+// Input: byte 0 = endpoint (mod 7: initialize, allocate, confirm, exists, locations, delete,
+// inspect); for
 // initialize, byte 1 = length of the {rank} path text (mod 24) that follows; the rest = the body.
 #include <simdjson.h>
 
@@ -84,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 1) return 0;
   api::decoder& d = shared_decoder();
   std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0: {
       std::string_view rank_text;
       if (!rest.empty()) {
@@ -163,6 +164,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       api::delete_cmd a, b;
       decode_twice([&](api::delete_cmd& out) { return d.decode_delete(p.body, out); },
                    [](const api::delete_cmd& c) { return flatten(c.keys); }, a, b);
+      check_keys(a.keys);
+      break;
+    }
+    case 6: {
+      const padded p(rest);
+      api::inspect_cmd a, b;
+      decode_twice([&](api::inspect_cmd& out) { return d.decode_inspect(p.body, out); },
+                   [](const api::inspect_cmd& c) { return flatten(c.keys); }, a, b);
+      fuzz::require(a.keys.size() <= api::kInspectKeysMax, "an inspection is bounded");
       check_keys(a.keys);
       break;
     }

@@ -57,6 +57,7 @@ def vllm_bodies():
         "locations": ("/keys/get_locations", {"rank": 0, "keys": keys[:3]}),
         "sha256_keys": ("/keys/batch_exists", {"keys": [key(i, 64) for i in range(40)]}),
         "delete": ("/keys/delete", {"keys": [keys[1], keys[4], keys[1], "nope"]}),
+        "inspect": ("/keys/inspect", {"keys": [keys[0], keys[2], keys[5], "nope", keys[0]]}),
     }
 
 
@@ -124,6 +125,7 @@ def http_streams():
         ("/0/exists", {"keys": h, "namespace": "kv"}),
         ("/0/get_page_indices", {"keys": h[:2], "namespace": "kv"}),
         ("/0/reserve_and_allocate_page_indices", {"keys": [[k, ""] for k in h[2:]], "namespace": "kv"}),
+        ("/0/inspect", {"keys": h + ["nope"], "namespace": "kv"}),
         ("/0/delete_keys", {"keys": [h[0]], "namespace": "kv"}),
         ("/0/clear", {"namespace": "mamba"}),
     ]
@@ -131,7 +133,8 @@ def http_streams():
     streams["sglang_tenant"] = (post("/llama70b/1/initialize", b'{"num_pages":2}') +
                                 post("/llama70b/1/reserve_and_allocate_page_indices", b'{"keys":["a","b","c"]}') +
                                 post("/llama70b/x/exists", b'{}') + post("/1/exists", b'{"keys":["a"]}') +
-                                b"GET /stats HTTP/1.1\r\n\r\n")
+                                post("/llama70b/1/inspect", b'{"keys":["a","b","z"]}') +
+                                b"GET /stats HTTP/1.1\r\n\r\n" + b"GET /status.json HTTP/1.1\r\n\r\n")
     streams["sglang_bad"] = (post("/2/exists", b'{"keys":"ab"}') + post("/2/clear", b"") +
                              post("/2/initialize", b'{"num_pages":true}') +
                              post("/2/initialize", b'{"num_pages":1,"namespace":null}') +
@@ -194,9 +197,10 @@ def main():
         # pipeline_fuzz: byte 0 = home core (+0x80: clear first), bytes 1-2 = split seed.
         write("pipeline_fuzz", name, bytes([i % 3, i & 0xFF, 0]) + data)
     # json_decode_fuzz: byte 0 = endpoint (0 initialize, 1 allocate, 2 confirm, 3 exists,
-    # 4 locations, 5 delete); initialize: byte 1 = rank text length, then the rank text.
+    # 4 locations, 5 delete, 6 inspect); initialize: byte 1 = rank text length, then the
+    # rank text.
     for i, b in enumerate(JSON_BODIES):
-        for endpoint in range(6):
+        for endpoint in range(7):
             if endpoint == 0:
                 for rank in (b"0", b"-7", b"+12", b"9223372036854775808", b"x"):
                     write("json_decode_fuzz", f"{i:02d}-init-{rank.decode()}", bytes([0, len(rank)]) + rank + b)

@@ -216,6 +216,120 @@ TEST_P(Pipeline, ClearDropsEveryRankOnEveryCore) {
             json_status("404 Not Found", R"({"detail":"Rank 2 not initialized"})"));
 }
 
+// The body of an answer (after its headers).
+std::string body_of(const std::string& answer) {
+  const std::size_t at = answer.find("\r\n\r\n");
+  return at == std::string::npos ? std::string() : answer.substr(at + 4);
+}
+
+TEST_P(Pipeline, InspectReportsEveryStateAcrossCores) {
+  for (int r = 0; r < 3; ++r)
+    send(post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4})"));
+  // "done": bound on all 3 ranks; "half": bound on rank 0, reserved on rank 1; "held":
+  // reserved on rank 2 only; "none": nowhere.
+  for (int r = 0; r < 3; ++r)
+    send(post("/keys/batch_allocate",
+              "{\"rank\":" + std::to_string(r) + R"(,"keys":["done","half","held"]})"));
+  for (int r = 0; r < 3; ++r)
+    send(post("/keys/confirm_write",
+              "{\"rank\":" + std::to_string(r) + R"(,"confirmations":[["done",0]]})"));
+  send(post("/keys/confirm_write",
+            R"({"rank":0,"confirmations":[["half",1]],"pages_to_release":[]})"));
+  send(post("/keys/confirm_write", R"({"rank":0,"confirmations":[],"pages_to_release":[2]})"));
+  send(post("/keys/confirm_write", R"({"rank":1,"confirmations":[],"pages_to_release":[2]})"));
+  const std::string answer =
+      send(post("/keys/inspect", R"({"keys":["done","half","held","none"]})"));
+  ASSERT_EQ(answer.substr(0, 15), "HTTP/1.1 200 OK");
+  const std::string b = body_of(answer);
+  EXPECT_NE(b.find(R"({"key":"done","exists":true,"state":"complete","tp_world_size":3,)"
+                   R"("confirmations":3,"ranks":[{"rank":0,"page":0,"state":"bound"},)"
+                   R"({"rank":1,"page":0,"state":"bound"},{"rank":2,"page":0,"state":"bound"}],)"
+                   R"("incomplete_since":null,)"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find(R"({"key":"half","exists":false,"state":"incomplete","tp_world_size":3,)"
+                   R"("confirmations":1,"ranks":[{"rank":0,"page":1,"state":"bound"},)"
+                   R"({"rank":1,"page":1,"state":"reserved","reserved_until":)"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find(R"({"key":"held","exists":false,"state":"reserved","tp_world_size":0,)"
+                   R"("confirmations":0,"ranks":[{"rank":2,"page":2,"state":"reserved",)"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find(R"({"key":"none","exists":false,"state":"absent","tp_world_size":0,)"
+                   R"("confirmations":0,"ranks":[],"incomplete_since":null,"last_used":null,)"
+                   R"("leased_until":null}]})"),
+            std::string::npos)
+      << b;
+  // Inspecting changed nothing: no lease, no use.
+  EXPECT_EQ(send(post("/keys/inspect", R"({"keys":["done","half","held","none"]})")).size(),
+            answer.size());
+  EXPECT_EQ(send(post("/keys/inspect", R"({"keys":"x"})")),
+            json_status("400 Bad Request", R"({"detail":"Invalid keys format"})"));
+}
+
+TEST_P(Pipeline, LookupsAreCountedAsHitsAndMisses) {
+  send(post("/rank/0/initialize", R"({"num_pages":4})"));
+  send(post("/keys/batch_allocate", R"({"rank":0,"keys":["a","b"]})"));
+  send(post("/keys/confirm_write", R"({"rank":0,"confirmations":[["a",0]]})"));
+  send(post("/keys/batch_exists", R"({"keys":["a","b","c","a"]})"));    // 2 hits, 2 misses
+  send(post("/keys/get_locations", R"({"rank":0,"keys":["a","b"]})"));  // 1, 1
+  send(post("/keys/get_locations", R"({"rank":9,"keys":["a"]})"));      // 404: not counted
+  send(post("/0/initialize", R"({"num_pages":2})"));
+  send(post("/0/reserve_and_allocate_page_indices", R"({"keys":["x"]})"));
+  send(post("/0/confirm_write", R"({"written_keys_to_confirm":[["x",1]]})"));
+  send(post("/0/exists", R"({"keys":["x","y"]})"));                // 1, 1
+  send(post("/0/get_page_indices", R"({"keys":["x","x","y"]})"));  // 2, 1
+  send(post("/t/0/initialize", R"({"num_pages":2})"));
+  send(post("/t/0/exists", R"({"keys":["x"]})"));  // tenant t: 0, 1
+  const std::string m = send("GET /metrics HTTP/1.1\r\n\r\n");
+  for (const std::string_view line : {
+           R"(hf3fs_metad_lookup_keys_total{endpoint="batch_exists",result="hit"} 2)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="batch_exists",result="miss"} 2)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="get_locations",result="hit"} 1)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="get_locations",result="miss"} 1)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="sglang_exists",result="hit"} 1)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="sglang_exists",result="miss"} 1)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="sglang_get_page_indices",result="hit"} 2)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="sglang_get_page_indices",result="miss"} 1)",
+           R"(hf3fs_metad_lookup_keys_total{endpoint="sglang_exists",tenant="t",result="miss"} 1)",
+           R"(hf3fs_metad_allocated_pages_total{api="vllm",source="free"} 2)",
+           R"(hf3fs_metad_allocated_pages_total{api="sglang",source="free"} 1)",
+       }) {
+    EXPECT_NE(m.find(std::string(line) + "\n"), std::string::npos) << line;
+  }
+  const std::string status = body_of(send("GET /status.json HTTP/1.1\r\n\r\n"));
+  EXPECT_NE(status.find(R"("hit":6,"miss":6})"), std::string::npos) << status;
+  EXPECT_NE(status.find(R"("ranks":{"total":1,"pages":4,"free":2,"reserved":1,"bound":1,)"),
+            std::string::npos)
+      << status;
+  const std::string page = send("GET / HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(page.substr(0, 15), "HTTP/1.1 200 OK");
+  EXPECT_NE(page.find("content-type: text/html; charset=utf-8\r\n"), std::string::npos);
+  EXPECT_NE(page.find("fetch(\"status.json\""), std::string::npos);
+}
+
+TEST_P(Pipeline, SglangInspectReportsBoundInFlightAndAbsent) {
+  send(post("/0/initialize", R"({"num_pages":4})"));
+  send(post("/0/reserve_and_allocate_page_indices", R"({"keys":["b","f"]})"));  // pages 3, 2
+  send(post("/0/confirm_write", R"({"written_keys_to_confirm":[["b",3]]})"));
+  const std::string b = body_of(send(post("/0/inspect", R"({"keys":["b","f","z"]})")));
+  EXPECT_NE(b.find(R"({"key":"b","exists":true,"state":"bound","page":3,"leased_until":null,)"
+                   R"("reserved_page":null,"reserved_until":null,"reserved_before_clear":false})"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find(R"({"key":"f","exists":false,"state":"in_flight","page":null,)"
+                   R"("leased_until":null,"reserved_page":2,"reserved_until":)"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find(R"({"key":"z","exists":false,"state":"absent")"), std::string::npos) << b;
+  EXPECT_EQ(
+      send(post("/1/inspect", R"({"keys":["b"]})")),
+      json_status(
+          "404 Not Found",
+          R"({"detail":"Rank 1 namespace 'kv' not initialized. Please call /1/initialize first."})"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Cores, Pipeline, ::testing::Values(1, 3),
                          [](const auto& info) { return std::to_string(info.param) + "cores"; });
 

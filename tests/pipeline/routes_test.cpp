@@ -52,22 +52,24 @@ TEST_P(RouterTable, MatchesPathAndMethod) {
 
 INSTANTIATE_TEST_SUITE_P(
     Endpoints, RouterTable,
-    ::testing::Values(route_case{method::post, "/rank/0/initialize", "initialize", "0"},
-                      route_case{method::post, "/rank/-12/initialize", "initialize", "-12"},
-                      route_case{method::post, "/rank/abc/initialize", "initialize", "abc"},
-                      route_case{method::post, "/rank/%31/initialize", "initialize", "%31"},
-                      route_case{method::get, "/rank/3", "rank_info", "3"},
-                      route_case{method::head, "/rank/3", "rank_info", "3"},
-                      route_case{method::head, "/health", "health"},
-                      route_case{method::head, "/stats", "stats"},
-                      route_case{method::get, "/rank/x y", "rank_info", "x y"},
-                      route_case{method::post, "/keys/batch_allocate", "batch_allocate"},
-                      route_case{method::post, "/keys/confirm_write", "confirm_write"},
-                      route_case{method::post, "/keys/batch_exists", "batch_exists"},
-                      route_case{method::post, "/keys/get_locations", "get_locations"},
-                      route_case{method::post, "/keys/delete", "delete"},
-                      route_case{method::post, "/clear", "clear"},
-                      route_case{method::get, "/stats", "stats"}));
+    ::testing::Values(
+        route_case{method::post, "/rank/0/initialize", "initialize", "0"},
+        route_case{method::post, "/rank/-12/initialize", "initialize", "-12"},
+        route_case{method::post, "/rank/abc/initialize", "initialize", "abc"},
+        route_case{method::post, "/rank/%31/initialize", "initialize", "%31"},
+        route_case{method::get, "/rank/3", "rank_info", "3"},
+        route_case{method::head, "/rank/3", "rank_info", "3"},
+        route_case{method::head, "/health", "health"}, route_case{method::head, "/stats", "stats"},
+        route_case{method::get, "/rank/x y", "rank_info", "x y"},
+        route_case{method::post, "/keys/batch_allocate", "batch_allocate"},
+        route_case{method::post, "/keys/confirm_write", "confirm_write"},
+        route_case{method::post, "/keys/batch_exists", "batch_exists"},
+        route_case{method::post, "/keys/get_locations", "get_locations"},
+        route_case{method::post, "/keys/delete", "delete"},
+        route_case{method::post, "/clear", "clear"}, route_case{method::get, "/stats", "stats"},
+        route_case{method::post, "/keys/inspect", "inspect"},
+        route_case{method::get, "/", "status_page"}, route_case{method::head, "/", "status_page"},
+        route_case{method::get, "/status.json", "status"}));
 
 INSTANTIATE_TEST_SUITE_P(
     WrongMethod, RouterTable,
@@ -85,13 +87,15 @@ INSTANTIATE_TEST_SUITE_P(
                       route_case{method::get, "/keys/delete", method_not_allowed},
                       route_case{method::delete_, "/keys/delete", method_not_allowed},
                       route_case{method::post, "/stats", method_not_allowed_get},
-                      route_case{method::delete_, "/stats", method_not_allowed_get}));
+                      route_case{method::delete_, "/stats", method_not_allowed_get},
+                      route_case{method::get, "/keys/inspect", method_not_allowed},
+                      route_case{method::post, "/", method_not_allowed_get},
+                      route_case{method::post, "/status.json", method_not_allowed_get}));
 
 INSTANTIATE_TEST_SUITE_P(
     Unknown, RouterTable,
     ::testing::Values(
-        route_case{method::get, "/", not_found}, route_case{method::post, "", not_found},
-        route_case{method::post, "/clear/", not_found},
+        route_case{method::post, "", not_found}, route_case{method::post, "/clear/", not_found},
         route_case{method::post, "/clearx", not_found},
         route_case{method::post, "/CLEAR", not_found},
         route_case{method::post, "//clear", not_found},
@@ -114,7 +118,10 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::post, "/delete", not_found},
         route_case{method::get, "/stats/", not_found}, route_case{method::get, "/STATS", not_found},
         route_case{method::get, "/stat", not_found},
-        route_case{method::get, "/keys/stats", not_found}));
+        route_case{method::get, "/keys/stats", not_found}, route_case{method::get, "//", not_found},
+        route_case{method::get, "/status", not_found},
+        route_case{method::get, "/status.json/", not_found},
+        route_case{method::get, "/index.html", not_found}));
 
 // SGLang's routes (docs/sglang-api.md): an integer first segment is the default tenant;
 // a tenant name before the rank, a named tenant (whose rank segment is checked later).
@@ -138,6 +145,9 @@ INSTANTIATE_TEST_SUITE_P(
         route_case{method::post, "/t/0/confirm_write", "sglang_tenant_confirm_write"},
         route_case{method::post, "/t/0/delete_keys", "sglang_tenant_delete_keys"},
         route_case{method::post, "/t/0/get_page_indices", "sglang_tenant_get_page_indices"},
+        route_case{method::post, "/3/inspect", "sglang_inspect", "3"},
+        route_case{method::post, "/t/0/inspect", "sglang_tenant_inspect"},
+        route_case{method::post, "/status.json/0/inspect", not_found},
         route_case{method::get, "/0/exists", method_not_allowed},
         route_case{method::get, "/t/0/exists", method_not_allowed},
         route_case{method::post, "/0/exists/", not_found},
@@ -172,6 +182,9 @@ TEST(RouteTable, LabelsInMetricsOrder) {
                                     "metrics",
                                     "delete",
                                     "stats",
+                                    "inspect",
+                                    "status_page",
+                                    "status",
                                     "sglang_initialize",
                                     "sglang_exists",
                                     "sglang_reserve",
@@ -179,6 +192,7 @@ TEST(RouteTable, LabelsInMetricsOrder) {
                                     "sglang_delete_keys",
                                     "sglang_clear",
                                     "sglang_get_page_indices",
+                                    "sglang_inspect",
                                     "sglang_tenant_initialize",
                                     "sglang_tenant_exists",
                                     "sglang_tenant_reserve",
@@ -186,6 +200,7 @@ TEST(RouteTable, LabelsInMetricsOrder) {
                                     "sglang_tenant_delete_keys",
                                     "sglang_tenant_clear",
                                     "sglang_tenant_get_page_indices",
+                                    "sglang_tenant_inspect",
                                     "not_found",
                                     "method_not_allowed",
                                     "invalid_http"};
@@ -198,9 +213,10 @@ TEST(RouteTable, Access) {
   for (const endpoint_row& row : kEndpoints) {
     const bool admin = row.label == "clear" || row.label == "delete" ||
                        row.label == "sglang_clear" || row.label == "sglang_tenant_clear";
-    const access want = row.label == "health" ? access::open
-                        : admin               ? access::admin
-                                              : access::token;
+    // The status page carries no data: it asks for the token and sends it to status.json.
+    const access want = row.label == "health" || row.label == "status_page" ? access::open
+                        : admin                                             ? access::admin
+                                                                            : access::token;
     EXPECT_EQ(row.auth, want) << row.label;
   }
 }
