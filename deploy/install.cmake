@@ -56,7 +56,7 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # Depends from the binary's shared libraries (dpkg-shlibdeps, from dpkg-dev): liburing2,
-# libfmt9, libsimdjson14, libstdc++6, libc6 on Debian 12.
+# libfmt9, libsimdjson14, libssl3, libstdc++6, libc6 on Debian 12.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     "${CMAKE_CURRENT_SOURCE_DIR}/deploy/debian/conffiles"

@@ -8,8 +8,11 @@ set -euo pipefail
 
 # dpkg-dev: dpkg-shlibdeps, which scripts/package.sh's cpack runs for the Depends line.
 # ccache: scripts/build.sh and scripts/fuzz.sh use it when present.
+# libssl-dev: replication over mutual TLS (OpenSSL 3); openssl: the certificates' tool
+# (docs/operations.md), which the TLS tests run too.
 packages=(build-essential cmake pkg-config liburing-dev libasio-dev libsimdjson-dev
-  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-requests dpkg-dev ccache)
+  libfmt-dev libssl-dev openssl libgtest-dev libgmock-dev libbenchmark-dev python3
+  python3-requests dpkg-dev ccache)
 for profile in "$@"; do
   case "$profile" in
     --test) packages+=(nginx-light haproxy prometheus clang-14 libclang-rt-14-dev etcd-server) ;;

@@ -39,7 +39,7 @@ version=$(sed -n 's/^project(hf3fs_metad VERSION \([0-9.]*\).*/\1/p' CMakeLists.
 [[ $(dpkg-deb -f "$deb" Version) == "$version" ]] || fail "Version is not $version"
 depends=$(dpkg-deb -f "$deb" Depends)
 # The binary's own libraries, as dpkg-shlibdeps names them on this system.
-for lib in liburing libfmt libsimdjson libstdc++ libc6; do
+for lib in liburing libfmt libsimdjson libssl libstdc++ libc6; do
   [[ "$depends" == *"$lib"* ]] || fail "Depends lacks $lib: $depends"
 done
 dpkg-deb -e "$deb" "$scratch/control"
