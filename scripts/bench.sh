@@ -32,7 +32,8 @@
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
 #                               server in the same run (Debian's python3-fastapi, uvicorn)
-# Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
+# Options: --no-build (use the binaries already in the build dir), --build-dir DIR;
+# BENCH_TMPDIR=DIR puts the scratch files and data directories there (default /tmp).
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
 set -euo pipefail
@@ -90,7 +91,9 @@ server_cpus=0
 load_cpus=1
 hz=$(getconf CLK_TCK)
 
-tmp=$(mktemp -d /tmp/metad-bench.XXXXXX)
+# BENCH_TMPDIR=/dev/shm: data directories on tmpfs (fdatasync costs nothing: what is
+# left of a synchronous write is CPU and the round trip to the standby).
+tmp=$(mktemp -d "${BENCH_TMPDIR:-/tmp}/metad-bench.XXXXXX")
 pids=()
 cleanup() {
   local pid
