@@ -133,10 +133,11 @@ void render_ha_metrics(std::string& out, const node& nd) {
                  "# HELP hf3fs_metad_repl_refused_connections_total Connections to --repl-listen "
                  "refused: handshake (TLS: none, no certificate, another CA's), name (the "
                  "certificate does not name the node the hello claims), taken (another node's "
-                 "streams are live), core (a core this node lacks).\n# TYPE "
+                 "streams are live), core (a core this node lacks), rate (over 64 TLS handshakes a "
+                 "second).\n# TYPE "
                  "hf3fs_metad_repl_refused_connections_total counter\n");
-  static constexpr const char* reasons[] = {"handshake", "name", "taken", "core"};
-  for (std::size_t i = 0; i < 4; ++i)
+  static constexpr const char* reasons[] = {"handshake", "name", "taken", "core", "rate"};
+  for (std::size_t i = 0; i < std::size(reasons); ++i)
     fmt::format_to(it, "hf3fs_metad_repl_refused_connections_total{{reason=\"{}\"}} {}\n",
                    reasons[i], r.refused[i].load());
 }

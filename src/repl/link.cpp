@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -229,7 +230,22 @@ struct link::impl {
   mode current = mode::idle;
   std::string leader, leader_node;
   std::string asked_leader_node;
-  complaint refused_handshake, refused_name, refused_taken, leader_handshake;
+  complaint refused_handshake, refused_name, refused_taken, leader_handshake, refused_rate;
+  double handshake_tokens = 0;
+  clock::time_point tokens_at = clock::now();
+
+  // One handshake from the rate's budget (link_config::handshakes_per_second); false if
+  // none is left.
+  bool take_handshake() {
+    const auto now = clock::now();
+    const double rate = cfg.handshakes_per_second;
+    handshake_tokens = std::min(
+        rate, handshake_tokens + std::chrono::duration<double>(now - tokens_at).count() * rate);
+    tokens_at = now;
+    if (handshake_tokens < 1) return false;
+    handshake_tokens -= 1;
+    return true;
+  }
   std::vector<stream> streams;  // by core
   std::vector<unrouted> waiting;
   std::vector<lingering> closing;
@@ -238,7 +254,10 @@ struct link::impl {
   std::chrono::milliseconds pause{0};
 
   impl(link_config c, std::vector<std::unique_ptr<channel>>& ch)
-      : cfg(std::move(c)), channels(ch), streams(static_cast<std::size_t>(cfg.cores)) {}
+      : cfg(std::move(c)),
+        channels(ch),
+        streams(static_cast<std::size_t>(cfg.cores)),
+        handshake_tokens(cfg.handshakes_per_second) {}
 
   void wake() {
     const std::uint64_t one = 1;
@@ -412,7 +431,15 @@ struct link::impl {
       unrouted u;
       u.fd = std::move(s);
       u.from = peer_address(fd);
-      if (cfg.tls) u.tls = std::make_unique<tls_stream>(*cfg.tls, fd, tls_stream::role::accept);
+      if (cfg.tls) {
+        if (!take_handshake()) {  // closed at once
+          count(refusal::rate);
+          refused_rate("replication: refused a connection from {}: over {} TLS handshakes a second",
+                       u.from, cfg.handshakes_per_second);
+          continue;
+        }
+        u.tls = std::make_unique<tls_stream>(*cfg.tls, fd, tls_stream::role::accept);
+      }
       u.since = clock::now();
       waiting.push_back(std::move(u));
     }

@@ -66,7 +66,7 @@ std::string bytes_to_end(const repl::socket_fd& s, std::chrono::milliseconds wit
 }
 
 struct counts {
-  std::atomic<int> by[4] = {};
+  std::atomic<int> by[repl::kRefusals] = {};
   int operator[](repl::refusal r) const { return by[static_cast<int>(r)].load(); }
 };
 
@@ -245,4 +245,29 @@ TEST(ReplLinkPlain, OnlyTheSameNodesHelloReplacesAStream) {
   ASSERT_TRUE(repl::write_all(far, hello_from("b", 2, 3)));
   EXPECT_EQ(bytes_to_end(far), "refused b");
   EXPECT_EQ(refused[repl::refusal::no_such_core], 1);
+}
+
+// Past link_config::handshakes_per_second (a burst of as many) connections are closed on
+// accept, before any TLS work; a follower of the cluster gets in once the budget refills.
+TEST_F(ReplLinkTls, HandshakesPastTheRateAreRefusedOnAccept) {
+  repl::link_config c = tls_config(2, true, &a, &refused);
+  c.handshakes_per_second = 4;
+  repl::link limited(c);
+  limited.start();
+  limited.set_mode(repl::link::mode::accept);
+  std::vector<repl::socket_fd> flood;
+  for (int i = 0; i < 20; ++i) flood.push_back(repl::connect_tcp("127.0.0.1", limited.port()));
+  EXPECT_TRUE(tls_eventually([&] { return refused[repl::refusal::rate] >= 10; }));
+  flood.clear();
+  std::this_thread::sleep_for(1200ms);
+  const repl::tls_files b = pki.node("b");
+  auto f = std::make_unique<repl::link>(tls_config(2, false, &b));
+  f->start();
+  f->set_mode(repl::link::mode::follow, "127.0.0.1:" + std::to_string(limited.port()), "a");
+  EXPECT_TRUE(tls_eventually([&] {
+    for (int core = 0; core < 2; ++core)
+      if (const std::uint64_t s = f->at(core).current(); s != 0)
+        f->at(core).send(s, hello_from("b", static_cast<std::uint32_t>(core)));
+    return limited.at(0).current() != 0 && limited.at(1).current() != 0;
+  }));
 }
