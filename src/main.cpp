@@ -119,6 +119,15 @@ metadata server; same HTTP API, default port 18000).
                             once this node and the standby both have it on disk
   --repl-advertise HOST:PORT  where the other nodes connect for this node's streams
                             (default: --repl-listen, 0.0.0.0 as --ha-advertise's host)
+  --repl-tls-cert FILE      replication over mutual TLS (all three flags or none): this
+  --repl-tls-key FILE       node's certificate (PEM, naming --ha-node as a DNS
+  --repl-tls-ca FILE        subjectAltName or CN), its key (mode 0600 or 0400) and the
+                            CA that signs every node's; a peer is accepted (and a leader
+                            followed) only with a certificate from that CA naming the
+                            node it claims to be
+  --repl-insecure           replicate in clear text on a --repl-listen that is not a
+                            loopback address (refused without it: anyone who reaches the
+                            port could read every key or pose as the standby)
   --sync-timeout-ms N       a standby silent this long is dropped from /sync, then the
                             leader answers alone (default 500)
   --log-level LEVEL         error|warn|info|debug (default info)
@@ -254,6 +263,10 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.tcp = false;
       continue;
     }
+    if (flag == "--repl-insecure") {
+      cfg.repl_insecure = true;
+      continue;
+    }
     if (i + 1 >= argc) throw usage_error(std::string(flag) + ": unknown flag or missing value");
     std::string_view value = argv[++i];
     if (flag == "--host")
@@ -356,6 +369,12 @@ metad::config parse_flags(int argc, char** argv) {
       cfg.repl_listen = value;
     } else if (flag == "--repl-advertise") {
       cfg.repl_advertise = value;
+    } else if (flag == "--repl-tls-cert") {
+      cfg.repl_tls_cert = value;
+    } else if (flag == "--repl-tls-key") {
+      cfg.repl_tls_key = value;
+    } else if (flag == "--repl-tls-ca") {
+      cfg.repl_tls_ca = value;
     } else if (flag == "--sync-timeout-ms") {
       cfg.sync_timeout_ms = parse_int<std::uint32_t>(flag, value, 10, 600'000);
     } else if (flag.starts_with("--ha-")) {

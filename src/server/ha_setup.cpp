@@ -6,6 +6,7 @@
 
 #include "metad/server.hpp"
 #include "repl/link.hpp"
+#include "repl/tls.hpp"
 
 namespace metad {
 namespace {
@@ -18,6 +19,29 @@ bool valid_advertise(const std::string& url) {
   for (const char c : url)
     if (c <= ' ' || c > '~' || c == '"' || c == '\\') return false;
   return true;
+}
+
+// --repl-tls-* and --repl-insecure, given a valid --repl-listen on `host`: "" or why not.
+std::string repl_security_error(const metad::config& cfg, const std::string& host) {
+  const bool tls =
+      !cfg.repl_tls_cert.empty() || !cfg.repl_tls_key.empty() || !cfg.repl_tls_ca.empty();
+  if (tls && (cfg.repl_tls_cert.empty() || cfg.repl_tls_key.empty() || cfg.repl_tls_ca.empty()))
+    return "--repl-tls-cert, --repl-tls-key and --repl-tls-ca go together (give all three, or "
+           "none)";
+  if (tls && cfg.repl_insecure)
+    return "--repl-insecure and --repl-tls-* contradict each other: give one or the other";
+  if (tls)
+    return repl::tls_files_error({cfg.repl_tls_cert, cfg.repl_tls_key, cfg.repl_tls_ca},
+                                 cfg.ha_node);
+  // 127.0.0.0/8: only this host's processes reach it.
+  if (!cfg.repl_insecure && !host.starts_with("127."))
+    return fmt::format(
+        "--repl-listen {} is not a loopback address: give --repl-tls-cert, --repl-tls-key and "
+        "--repl-tls-ca (mutual TLS between the nodes; docs/operations.md), or --repl-insecure to "
+        "replicate in clear text (anyone who reaches the port can read every key and pose as "
+        "the standby)",
+        cfg.repl_listen);
+  return {};
 }
 
 std::string default_advertise(const std::string& host, std::uint16_t port) {
@@ -40,10 +64,11 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
     if (!cfg.ha_cluster.empty() || !cfg.ha_node.empty() || !cfg.ha_advertise.empty() ||
         !cfg.repl_listen.empty() || !cfg.repl_advertise.empty() || !cfg.ha_etcd_ca.empty() ||
         !cfg.ha_etcd_cert.empty() || !cfg.ha_etcd_key.empty() || !cfg.ha_etcd_user.empty() ||
-        !cfg.ha_etcd_password_file.empty())
+        !cfg.ha_etcd_password_file.empty() || !cfg.repl_tls_cert.empty() ||
+        !cfg.repl_tls_key.empty() || !cfg.repl_tls_ca.empty() || cfg.repl_insecure)
       error =
-          "--ha-cluster, --ha-node, --ha-advertise, --repl-listen and --repl-advertise need "
-          "--ha-etcd";
+          "--ha-cluster, --ha-node, --ha-advertise, the other --ha-* flags and the --repl-* "
+          "flags need --ha-etcd";
     return c;
   }
   if (cfg.ha_cluster.empty() || cfg.ha_node.empty()) {
@@ -90,6 +115,8 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
       error = "--repl-listen needs --data-dir (a standby keeps what it acknowledges on disk)";
       return c;
     }
+    error = repl_security_error(cfg, host);
+    if (!error.empty()) return c;
     repl = repl_advertise(cfg.repl_listen, http);
     if (!cfg.repl_advertise.empty()) {
       if (!repl::split_host_port(cfg.repl_advertise, host, repl_port) || host == "0.0.0.0") {
@@ -101,6 +128,10 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
     }
   } else if (!cfg.repl_advertise.empty()) {
     error = "--repl-advertise needs --repl-listen";
+    return c;
+  } else if (!cfg.repl_tls_cert.empty() || !cfg.repl_tls_key.empty() || !cfg.repl_tls_ca.empty() ||
+             cfg.repl_insecure) {
+    error = "--repl-tls-cert, --repl-tls-key, --repl-tls-ca and --repl-insecure need --repl-listen";
     return c;
   }
   c.advertise = leader_value(c.node, http, repl);
