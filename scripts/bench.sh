@@ -21,17 +21,19 @@
 #                               kill -9 (from the log) and after a graceful stop (from the
 #                               snapshots the previous start wrote), VmRSS before and after
 #                               (RESTART_BINDINGS="1 2" picks the millions to run)
-#   scripts/bench.sh --repl     ~3 minutes: the fresh allocate → release pair (-t64 -c64)
+#   scripts/bench.sh --repl     ~4 minutes: the fresh allocate → release pair (-t64 -c64)
 #                               with synchronous replication to a hot standby (etcd, a
-#                               leader and a standby, both on the server's CPU) against
-#                               local --durability sync alone, alternating, 3 rounds
-#                               (REPL_ROUNDS=N); then an empty standby's catch-up and its
-#                               promotion at 1M and 8M bindings (REPL_BINDINGS="1 8")
+#                               leader and a standby, both on the server's CPU), in clear
+#                               text and over mutual TLS, against local --durability sync
+#                               alone, alternating, 3 rounds (REPL_ROUNDS=N); then an
+#                               empty standby's catch-up and its promotion at 1M and 8M
+#                               bindings (REPL_BINDINGS="1 8"; " ": none)
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
 #                               server in the same run (Debian's python3-fastapi, uvicorn)
-# Options: --no-build (use the binaries already in the build dir), --build-dir DIR.
+# Options: --no-build (use the binaries already in the build dir), --build-dir DIR;
+# BENCH_TMPDIR=DIR puts the scratch files and data directories there (default /tmp).
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
 # --scaling: the server on the first half of the CPUs, wrk on the second).
 set -euo pipefail
@@ -57,7 +59,7 @@ tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
   scaling | sglang) tools+=" wrk curl" ;;
-  repl) tools+=" wrk curl /usr/bin/etcd python3" ;;  # no nginx: scripts/bench-kit.sh packs these two
+  repl) tools+=" wrk curl /usr/bin/etcd python3 openssl" ;;  # no nginx: scripts/bench-kit.sh packs these two
   memory | stale | restart) tools+=" curl" ;;  # waits for the server's port with it
   fanout) tools+=" python3" ;;
 esac
@@ -89,7 +91,9 @@ server_cpus=0
 load_cpus=1
 hz=$(getconf CLK_TCK)
 
-tmp=$(mktemp -d /tmp/metad-bench.XXXXXX)
+# BENCH_TMPDIR=/dev/shm: data directories on tmpfs (fdatasync costs nothing: what is
+# left of a synchronous write is CPU and the round trip to the standby).
+tmp=$(mktemp -d "${BENCH_TMPDIR:-/tmp}/metad-bench.XXXXXX")
 pids=()
 cleanup() {
   local pid
@@ -603,37 +607,46 @@ run_repl() {
     curl -s -o /dev/null -m 1 -X POST -d '{"key":"eA=="}' "$etcd_url/v3/kv/range" && break
     sleep 0.1
   done
+  "$root/scripts/repl-certs.sh" "$tmp/pki" a b
+  # One replicated pair (a leads, b joins /sync), then wrk on a: repl_pair_case cluster
+  # label [--repl-tls-ca FILE: both nodes over TLS, each with its own certificate].
+  repl_pair_case() {
+    local cluster=$1 label=$2 tls_a=() tls_b=()
+    if (($# > 2)); then
+      tls_a=("$3" "$4" --repl-tls-cert "$tmp/pki/a.crt" --repl-tls-key "$tmp/pki/a.key")
+      tls_b=("$3" "$4" --repl-tls-cert "$tmp/pki/b.crt" --repl-tls-key "$tmp/pki/b.key")
+    fi
+    rm -rf "$tmp/a" "$tmp/b"
+    local ha=(--ha-etcd "$etcd_url" --ha-cluster "$cluster")
+    start_server uring "$server_cpus" "${ha[@]}" --ha-node a --data-dir "$tmp/a" \
+      --repl-listen "127.0.0.1:$repl_port" "${tls_a[@]}"
+    for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$server_port/ready" && break; sleep 0.05; done
+    taskset -c "$server_cpus" "$server_bin" --port "$standby_port" --cpus "$server_cpus" \
+      --io uring --log-level warn "${ha[@]}" --ha-node b --data-dir "$tmp/b" \
+      --repl-listen "127.0.0.1:$((repl_port + 1))" "${tls_b[@]}" &
+    local standby_pid=$!
+    pids+=("$standby_pid")
+    local _
+    for _ in $(seq 200); do sync_lists_b "$etcd_url" "$cluster" && break; sleep 0.05; done
+    sync_lists_b "$etcd_url" "$cluster" || { echo "bench.sh: b never joined /sync of $cluster" >&2; exit 1; }
+    wrk_case "$label" uring "$server_port" alloc_release.lua 64 64 "$load_cpus" "$server_pid"
+    kill -9 "$server_pid" "$standby_pid"
+    wait "$server_pid" "$standby_pid" 2>/dev/null || true
+  }
   for round in $(seq "${REPL_ROUNDS:-3}"); do
     rm -rf "$tmp/data"
     start_server uring "$server_cpus" --data-dir "$tmp/data" --durability sync
     wrk_case "alloc→release pair, 64 conns, local --durability sync" uring "$server_port" \
       alloc_release.lua 64 64 "$load_cpus" "$server_pid"
     stop_server
-    rm -rf "$tmp/a" "$tmp/b"
-    local ha=(--ha-etcd "$etcd_url" --ha-cluster "bench-$round")
-    start_server uring "$server_cpus" "${ha[@]}" --ha-node a --data-dir "$tmp/a" \
-      --repl-listen "127.0.0.1:$repl_port"
-    for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$server_port/ready" && break; sleep 0.05; done
-    taskset -c "$server_cpus" "$server_bin" --port "$standby_port" --cpus "$server_cpus" \
-      --io uring --log-level warn "${ha[@]}" --ha-node b --data-dir "$tmp/b" \
-      --repl-listen "127.0.0.1:$((repl_port + 1))" &
-    local standby_pid=$!
-    pids+=("$standby_pid")
-    local key
-    key=$(printf '/hf3fs-metad/bench-%s/sync' "$round" | base64 -w0)
-    for _ in $(seq 200); do
-      curl -s -X POST -d "{\"key\":\"$key\"}" "$etcd_url/v3/kv/range" |
-        python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); sys.exit(0 if kv and "\"b\"" in base64.b64decode(kv[0]["value"]).decode() else 1)' && break
-      sleep 0.05
-    done
-    wrk_case "alloc→release pair, 64 conns, sync + standby in /sync" uring "$server_port" \
-      alloc_release.lua 64 64 "$load_cpus" "$server_pid"
-    kill -9 "$server_pid" "$standby_pid"
-    wait "$server_pid" "$standby_pid" 2>/dev/null || true
+    repl_pair_case "bench-$round" "alloc→release pair, 64 conns, sync + standby in /sync"
+    # The same over mutual TLS (--repl-tls-*, certificates by scripts/repl-certs.sh).
+    repl_pair_case "bench-tls-$round" "alloc→release pair, 64 conns, sync + standby in /sync, TLS" \
+      --repl-tls-ca "$tmp/pki/ca.crt"
   done
   print_table
   echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
-    "cluster; rows alternate control and replication, 3 rounds."
+    "cluster; rows alternate control, replication and replication over TLS, ${REPL_ROUNDS:-3} rounds."
   echo
   echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"

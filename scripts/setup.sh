@@ -9,8 +9,8 @@ set -euo pipefail
 
 # dpkg-dev: dpkg-shlibdeps, which scripts/package.sh's cpack runs for the Depends line.
 # ccache: scripts/build.sh and scripts/fuzz.sh use it when present.
-# libssl-dev: OpenSSL, for TLS to etcd; openssl: the CLI the etcd TLS tests make
-# certificates with.
+# libssl-dev: OpenSSL, for TLS to etcd and between replicas; openssl: the CLI that
+# makes certificates (docs/operations.md) and that the TLS tests run.
 packages=(build-essential cmake pkg-config liburing-dev libasio-dev libsimdjson-dev
   libfmt-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-requests
   dpkg-dev ccache openssl)

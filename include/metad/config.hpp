@@ -130,6 +130,15 @@ struct config {
   // by the host of the advertised http URL.
   std::string repl_advertise;
   std::uint32_t sync_timeout_ms = 500;
+  // Replication over mutual TLS (all three or none; docs/replication.md, "TLS"): this
+  // node's certificate (PEM, naming ha_node) and private key (no access for group or
+  // others), and the CA that signs every node's. A stream is accepted or followed only
+  // from a node whose certificate the CA signed and names the node it claims to be.
+  std::string repl_tls_cert, repl_tls_key, repl_tls_ca;
+  // Without TLS, repl_listen must be a loopback address unless this is set (clear text
+  // to any address: anyone who reaches the port can read every key, or pose as the
+  // standby).
+  bool repl_insecure = false;
 };
 
 // The CPUs of a list such as "0-3,8,10-11" (the --cpus flag, sysfs cpulist files), each

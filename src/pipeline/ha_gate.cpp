@@ -129,6 +129,17 @@ void render_ha_metrics(std::string& out, const node& nd) {
          "counter", r.drops.load());
   metric("hf3fs_metad_repl_promotions_total", "Times this standby took over.", "counter",
          r.promotions.load());
+  fmt::format_to(it,
+                 "# HELP hf3fs_metad_repl_refused_connections_total Connections to --repl-listen "
+                 "refused: handshake (TLS: none, no certificate, another CA's), name (the "
+                 "certificate does not name the node the hello claims), taken (another node's "
+                 "streams are live), core (a core this node lacks), rate (over 64 TLS handshakes a "
+                 "second).\n# TYPE "
+                 "hf3fs_metad_repl_refused_connections_total counter\n");
+  static constexpr const char* reasons[] = {"handshake", "name", "taken", "core", "rate"};
+  for (std::size_t i = 0; i < std::size(reasons); ++i)
+    fmt::format_to(it, "hf3fs_metad_repl_refused_connections_total{{reason=\"{}\"}} {}\n",
+                   reasons[i], r.refused[i].load());
 }
 
 }  // namespace metad::pipeline

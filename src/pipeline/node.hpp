@@ -157,6 +157,9 @@ struct node {
     std::atomic<bool> caught_up{false};       // standby: it holds the leader's whole state
     std::atomic<std::uint64_t> lag_bytes{0};  // leader: sent and not yet acked, all cores
     std::atomic<std::uint64_t> drops{0}, promotions{0}, snapshots_sent{0};
+    // Connections the leader refused, by repl::refusal (handshake, name, taken,
+    // no_such_core, rate).
+    std::atomic<std::uint64_t> refused[5] = {};
     // A standby that won the lease finishes its replay before it answers (ha_gate.hpp).
     std::atomic<bool> promoting{false};
   } repl;

@@ -5,20 +5,24 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstring>
 #include <system_error>
 
 #include "metad/log.hpp"
 #include "repl/protocol.hpp"
 #include "repl/socket.hpp"
+#include "repl/tls.hpp"
 
 namespace metad::repl {
 
@@ -103,6 +107,55 @@ constexpr auto kLingerTime = std::chrono::seconds(1);
 constexpr std::size_t kLingeringMax = 64;
 // A buffer whose bytes are all written is given back past this capacity.
 constexpr std::size_t kKeepCapacity = 1 << 20;
+// Refused connections are logged at most once per this interval per reason, with the
+// count of the others (a client looping on the port must not flood the log).
+constexpr auto kComplaintInterval = std::chrono::seconds(10);
+
+using tls_status = tls_stream::status;
+
+// A name or address a peer chose, printable in a log line.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text.substr(0, 80)) {
+    if (c >= ' ' && c <= '~' && c != '\\')
+      out.push_back(c);
+    else
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+  }
+  if (text.size() > 80) out += "...";
+  return out;
+}
+
+// "HOST:PORT" of an accepted connection's peer.
+std::string peer_address(int fd) {
+  sockaddr_in a{};
+  socklen_t length = sizeof a;
+  char host[INET_ADDRSTRLEN] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &length) != 0 || a.sin_family != AF_INET)
+    return "?";
+  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+  return fmt::format("{}:{}", host, ntohs(a.sin_port));
+}
+
+// One kind of refusal's log lines: the first at once, then at most one per interval,
+// each saying how many it stands for.
+struct complaint {
+  clock::time_point next{};
+  std::uint64_t quiet = 0;
+  template <typename... Args>
+  void operator()(fmt::format_string<Args...> format, Args&&... args) {
+    const auto now = clock::now();
+    if (now < next) {
+      ++quiet;
+      return;
+    }
+    std::string line = fmt::format(format, std::forward<Args>(args)...);
+    if (quiet > 0) line += fmt::format(" ({} more since the last such line)", quiet);
+    log::warn("{}", line);
+    quiet = 0;
+    next = now + kComplaintInterval;
+  }
+};
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -148,25 +201,51 @@ struct link::impl {
   // Link thread only from here on.
   struct stream {
     socket_fd fd;
+    std::unique_ptr<tls_stream> tls;  // with TLS; its handshake may still be under way
     std::uint64_t id = 0;
     std::string out;  // taken from the channel's outbox, being written
     std::size_t written = 0;
+    std::string peer;  // accept mode: the node whose hello opened it (proven with TLS)
+    // TLS only: the session waits for the socket to be writable (a handshake step, or a
+    // read that must send first), or a write waits for it to be readable.
+    bool tls_wants_write = false, write_wants_read = false;
   };
   struct unrouted {  // an accepted connection whose hello is not complete yet
     socket_fd fd;
+    std::unique_ptr<tls_stream> tls;  // with TLS: handshake, then the hello through it
+    bool tls_wants_write = false;
+    std::string from;   // the peer's address, for the log
     std::string bytes;  // all of it, handed to the core with the stream
     decoder d;          // fed each read's new bytes only
     clock::time_point since;
   };
   struct lingering {  // a closed stream delivering the core's last bytes
     socket_fd fd;
+    std::unique_ptr<tls_stream> tls;
     std::string out;
     std::size_t written = 0;
     clock::time_point until;
     bool shut = false;  // everything written; waiting for the peer's end
   };
   mode current = mode::idle;
-  std::string leader;
+  std::string leader, leader_node;
+  std::string asked_leader_node;
+  complaint refused_handshake, refused_name, refused_taken, leader_handshake, refused_rate;
+  double handshake_tokens = 0;
+  clock::time_point tokens_at = clock::now();
+
+  // One handshake from the rate's budget (link_config::handshakes_per_second); false if
+  // none is left.
+  bool take_handshake() {
+    const auto now = clock::now();
+    const double rate = cfg.handshakes_per_second;
+    handshake_tokens = std::min(
+        rate, handshake_tokens + std::chrono::duration<double>(now - tokens_at).count() * rate);
+    tokens_at = now;
+    if (handshake_tokens < 1) return false;
+    handshake_tokens -= 1;
+    return true;
+  }
   std::vector<stream> streams;  // by core
   std::vector<unrouted> waiting;
   std::vector<lingering> closing;
@@ -175,18 +254,28 @@ struct link::impl {
   std::chrono::milliseconds pause{0};
 
   impl(link_config c, std::vector<std::unique_ptr<channel>>& ch)
-      : cfg(std::move(c)), channels(ch), streams(static_cast<std::size_t>(cfg.cores)) {}
+      : cfg(std::move(c)),
+        channels(ch),
+        streams(static_cast<std::size_t>(cfg.cores)),
+        handshake_tokens(cfg.handshakes_per_second) {}
 
   void wake() {
     const std::uint64_t one = 1;
     [[maybe_unused]] const auto n = ::write(event_fd, &one, sizeof one);
   }
 
-  // Core c's channel gets a new stream on fd, with `first` bytes already received.
-  void open_stream(int c, socket_fd fd, std::string first) {
+  // Core c's channel gets a new stream on fd (through `tls` if set), with `first` bytes
+  // already received, from node `peer` (accept mode).
+  void open_stream(int c, socket_fd fd, std::unique_ptr<tls_stream> tls, std::string first,
+                   std::string peer = {}) {
     stream& s = streams[static_cast<std::size_t>(c)];
     end_stream(c);
     s.fd = std::move(fd);
+    s.tls = std::move(tls);
+    // A connecting session starts its handshake by writing.
+    s.tls_wants_write = s.tls && !s.tls->established();
+    s.write_wants_read = false;
+    s.peer = std::move(peer);
     s.id = ++next_id;
     release(s.out);
     s.written = 0;
@@ -223,15 +312,18 @@ struct link::impl {
     }
     const std::size_t unwritten = s.out.size() - s.written + rest.size();
     if (close_asked && unwritten > 0 && unwritten <= kLingerBytesMax &&
-        closing.size() < kLingeringMax) {
+        closing.size() < kLingeringMax && (!s.tls || s.tls->established())) {
       lingering l;
       l.fd = std::move(s.fd);
+      l.tls = std::move(s.tls);
       l.out.assign(s.out, s.written);
       l.out += rest;
       l.until = clock::now() + kLingerTime;
       closing.push_back(std::move(l));
     }
+    s.tls.reset();
     s.fd = socket_fd();
+    s.peer.clear();
     release(s.out);
     s.written = 0;
     cfg.wake_core(c);
@@ -241,13 +333,21 @@ struct link::impl {
   static bool linger(lingering& l, short revents) {
     if (clock::now() >= l.until) return false;
     if (!l.shut && (revents & POLLOUT)) {
-      const ssize_t n = ::send(l.fd.get(), l.out.data() + l.written, l.out.size() - l.written,
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-      if (n > 0) l.written += static_cast<std::size_t>(n);
+      if (l.tls) {
+        std::size_t n = 0;
+        const tls_status st = l.tls->write(std::string_view(l.out).substr(l.written), n);
+        if (st == tls_status::failed || st == tls_status::closed) return false;
+        l.written += n;
+      } else {
+        const ssize_t n = ::send(l.fd.get(), l.out.data() + l.written, l.out.size() - l.written,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+        if (n > 0) l.written += static_cast<std::size_t>(n);
+      }
       if (l.written == l.out.size()) {
         // The peer reads all of it before our end: closing with its bytes unread here
         // would reset the connection, and a reset may discard what it has not read yet.
+        if (l.tls) l.tls->close_notify();
         ::shutdown(l.fd.get(), SHUT_WR);
         l.shut = true;
         release(l.out);
@@ -292,6 +392,7 @@ struct link::impl {
     closing.clear();
     current = asked_mode;
     leader = asked_leader;
+    leader_node = asked_leader_node;
     next_connect = {};
     pause = std::chrono::milliseconds(cfg.reconnect_pause_ms);
     applied = asked;
@@ -309,8 +410,14 @@ struct link::impl {
       if (!fds.back().open()) return retry_later();
     }
     connected_at = clock::now();
-    for (int c = 0; c < cfg.cores; ++c)
-      open_stream(c, std::move(fds[static_cast<std::size_t>(c)]), {});
+    for (int c = 0; c < cfg.cores; ++c) {
+      socket_fd& fd = fds[static_cast<std::size_t>(c)];
+      std::unique_ptr<tls_stream> tls;
+      if (cfg.tls)
+        tls = std::make_unique<tls_stream>(*cfg.tls, fd.get(), tls_stream::role::connect,
+                                           leader_node);
+      open_stream(c, std::move(fd), std::move(tls), {});
+    }
   }
 
   void accept_all() {
@@ -323,9 +430,23 @@ struct link::impl {
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       unrouted u;
       u.fd = std::move(s);
+      u.from = peer_address(fd);
+      if (cfg.tls) {
+        if (!take_handshake()) {  // closed at once
+          count(refusal::rate);
+          refused_rate("replication: refused a connection from {}: over {} TLS handshakes a second",
+                       u.from, cfg.handshakes_per_second);
+          continue;
+        }
+        u.tls = std::make_unique<tls_stream>(*cfg.tls, fd, tls_stream::role::accept);
+      }
       u.since = clock::now();
       waiting.push_back(std::move(u));
     }
+  }
+
+  void count(refusal r) {
+    if (cfg.refused) cfg.refused(r);
   }
 
   // Reads what fd holds into `into`; false at the end of the stream or on an error.
@@ -346,6 +467,14 @@ struct link::impl {
   // An accepted connection's first bytes, read up to kHelloBytesMax + 1 (so that a peer
   // sending more is seen to): false at the end of the stream or on an error.
   static bool read_hello(unrouted& u) {
+    if (u.tls) {
+      std::string got;
+      const tls_status st = u.tls->read(got, kHelloBytesMax + 1 - u.bytes.size());
+      u.bytes += got;
+      u.d.feed(got);
+      u.tls_wants_write = st == tls_status::want_write;
+      return st != tls_status::closed && st != tls_status::failed;
+    }
     char buffer[kHelloBytesMax + 1];
     while (u.bytes.size() <= kHelloBytesMax) {
       const std::size_t room = kHelloBytesMax + 1 - u.bytes.size();
@@ -374,23 +503,159 @@ struct link::impl {
     const decoder::status st = u.d.next();
     if (st == decoder::status::need_more) return u.bytes.size() > kHelloBytesMax;
     if (st != decoder::status::message || u.d.type != message_type::hello) return true;
-    if (u.d.hello.core < static_cast<std::uint32_t>(cfg.cores)) {
-      open_stream(static_cast<int>(u.d.hello.core), std::move(u.fd), std::move(u.bytes));
-    } else if (cfg.answer_unroutable && closing.size() < kLingeringMax) {
-      lingering l;  // delivered, then closed
-      l.out = cfg.answer_unroutable(u.d.hello);
-      if (l.out.empty() || l.out.size() > kLingerBytesMax) return true;
-      l.fd = std::move(u.fd);
-      l.until = clock::now() + kLingerTime;
-      closing.push_back(std::move(l));
+    const hello& h = u.d.hello;
+    if (u.tls && !u.tls->peer_names(h.node)) {
+      // A node of the cluster claiming to be another (finding 1 of issue 30, with a
+      // stolen or misissued certificate): it displaces nothing and learns nothing.
+      count(refusal::name);
+      refused_name(
+          "replication: refused a stream from {}: its certificate names {}, its hello claims "
+          "node {}",
+          u.from, u.tls->peer_names_text(), printable(h.node));
+      return true;
+    }
+    if (h.core >= static_cast<std::uint32_t>(cfg.cores)) {
+      count(refusal::no_such_core);
+      answer_and_close(u, refusal::no_such_core);
+      return true;
+    }
+    // A new hello replaces a core's stream only when it comes from the node that holds
+    // this node's streams: another client (a second standby, or one claiming another
+    // name) waits until they have all ended.
+    for (const stream& s : streams) {
+      if (!s.fd.open() || s.peer == h.node) continue;
+      count(refusal::taken);
+      refused_taken(
+          "replication: refused node {}'s stream for core {} from {}: node {}'s streams are "
+          "live (a new hello replaces only its own node's)",
+          printable(h.node), h.core, u.from, printable(s.peer));
+      answer_and_close(u, refusal::taken);
+      return true;
+    }
+    open_stream(static_cast<int>(h.core), std::move(u.fd), std::move(u.tls), std::move(u.bytes),
+                h.node);
+    return true;
+  }
+
+  // A refused hello's answer, delivered before its connection closes (if there is one).
+  void answer_and_close(unrouted& u, refusal why) {
+    if (!cfg.answer_refused || closing.size() >= kLingeringMax) return;
+    lingering l;
+    l.out = cfg.answer_refused(u.d.hello, why);
+    if (l.out.empty() || l.out.size() > kLingerBytesMax) return;
+    l.fd = std::move(u.fd);
+    l.tls = std::move(u.tls);
+    l.until = clock::now() + kLingerTime;
+    closing.push_back(std::move(l));
+  }
+
+  // One turn of a connection waiting for its hello (TLS: its handshake first); true once
+  // it is routed or refused (closed when `u` goes).
+  bool on_waiting(unrouted& u) {
+    if (u.tls && !u.tls->established()) {
+      const tls_status st = u.tls->handshake();
+      if (st == tls_status::want_read || st == tls_status::want_write) {
+        u.tls_wants_write = st == tls_status::want_write;
+        return false;
+      }
+      if (st != tls_status::ok) {
+        count(refusal::handshake);
+        refused_handshake("replication: refused a connection from {}: TLS: {}", u.from,
+                          u.tls->error().empty() ? "the peer ended it" : u.tls->error());
+        return true;
+      }
+      u.tls_wants_write = false;
+    }
+    return !read_hello(u) || route(u);
+  }
+
+  // Writes what core c's stream has to write; false if the stream failed.
+  bool write_stream(stream& s) {
+    std::size_t n = 0;
+    if (s.tls) {
+      const tls_status st = s.tls->write(std::string_view(s.out).substr(s.written), n);
+      s.write_wants_read = st == tls_status::want_read;
+      if (st == tls_status::failed || st == tls_status::closed) return false;
+    } else {
+      const ssize_t sent = ::send(s.fd.get(), s.out.data() + s.written, s.out.size() - s.written,
+                                  MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+      n = sent > 0 ? static_cast<std::size_t>(sent) : 0;
+    }
+    s.written += n;
+    if (s.written == s.out.size()) {
+      if (s.out.capacity() > kKeepCapacity)
+        release(s.out);
+      else
+        s.out.clear();
+      s.written = 0;
     }
     return true;
+  }
+
+  // Reads what core c's stream holds into `got`; false at its end or on an error.
+  static bool read_stream(stream& s, std::string& got) {
+    if (!s.tls) return read_into(s.fd.get(), got);
+    // All of it: bytes left inside the session would not wake poll.
+    const tls_status st = s.tls->read(got, static_cast<std::size_t>(-1));
+    s.tls_wants_write = st == tls_status::want_write;
+    return st == tls_status::want_read || st == tls_status::want_write;
+  }
+
+  // What poll waits for on core c's stream.
+  static short stream_events(const stream& s) {
+    if (s.tls && !s.tls->established())
+      return static_cast<short>(s.tls_wants_write ? POLLOUT : POLLIN);
+    const bool out = !s.out.empty() && !s.write_wants_read;
+    return static_cast<short>(POLLIN | (out || s.tls_wants_write ? POLLOUT : 0));
+  }
+
+  // One poll result of core c's stream.
+  void on_stream(int c, short revents) {
+    stream& s = streams[static_cast<std::size_t>(c)];
+    if (s.tls && !s.tls->established()) {
+      const tls_status st = s.tls->handshake();
+      if (st == tls_status::want_read || st == tls_status::want_write) {
+        s.tls_wants_write = st == tls_status::want_write;
+        return;
+      }
+      if (st != tls_status::ok) {
+        leader_handshake("replication: TLS with the leader (node {} at {}) failed: {}",
+                         printable(leader_node), leader,
+                         s.tls->error().empty() ? "it ended the connection" : s.tls->error());
+        return fail_stream(c);
+      }
+      s.tls_wants_write = false;
+      revents = POLLIN | POLLOUT;  // the outbox may hold the hello: try both now
+    }
+    const bool try_write =
+        (revents & POLLOUT) || (s.tls && s.write_wants_read && (revents & POLLIN));
+    if (try_write && !s.out.empty() && !write_stream(s)) return fail_stream(c);
+    if ((revents & (POLLIN | POLLHUP | POLLERR)) || (s.tls && s.tls_wants_write)) {
+      std::string got;
+      const bool open = read_stream(s, got);
+      if (!got.empty()) {
+        channel& ch = *channels[static_cast<std::size_t>(c)];
+        {
+          std::lock_guard lock(ch.mutex_);
+          ch.inbox_.append(got);
+        }
+        cfg.wake_core(c);
+      }
+      if (!open) fail_stream(c);
+    }
   }
 
   void run();
 };
 
 void link::impl::run() {
+  // OpenSSL writes to the sockets with write(): a peer gone must be an EPIPE here, not a
+  // SIGPIPE for the process (which an embedder may not ignore).
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   std::vector<pollfd> fds;
   // -1 event fd, -2 listener, -3 - i waiting[i], kClosing - i closing[i], else the core
   constexpr int kClosing = -1000;
@@ -412,7 +677,8 @@ void link::impl::run() {
         waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
-      fds.push_back({waiting[i].fd.get(), POLLIN, 0});
+      fds.push_back({waiting[i].fd.get(),
+                     static_cast<short>(POLLIN | (waiting[i].tls_wants_write ? POLLOUT : 0)), 0});
       owner.push_back(-3 - static_cast<int>(i));
       ++i;
     }
@@ -446,7 +712,7 @@ void link::impl::run() {
         fail_stream(c);
         continue;
       }
-      fds.push_back({s.fd.get(), static_cast<short>(POLLIN | (s.out.empty() ? 0 : POLLOUT)), 0});
+      fds.push_back({s.fd.get(), stream_events(s), 0});
       owner.push_back(c);
     }
     if (::poll(fds.data(), fds.size(), 20) > 0) {
@@ -465,40 +731,11 @@ void link::impl::run() {
           accept_all();
         } else if (who <= -3) {
           unrouted& u = waiting[static_cast<std::size_t>(-3 - who)];
-          if (!read_hello(u) || route(u)) routed.push_back(static_cast<std::size_t>(-3 - who));
+          if (on_waiting(u)) routed.push_back(static_cast<std::size_t>(-3 - who));
         } else {
           stream& s = streams[static_cast<std::size_t>(who)];
           if (!s.fd.open() || s.fd.get() != fds[i].fd) continue;  // replaced meanwhile
-          if (fds[i].revents & POLLOUT) {
-            const ssize_t n = ::send(s.fd.get(), s.out.data() + s.written, s.out.size() - s.written,
-                                     MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n > 0) {
-              s.written += static_cast<std::size_t>(n);
-              if (s.written == s.out.size()) {
-                if (s.out.capacity() > kKeepCapacity)
-                  release(s.out);
-                else
-                  s.out.clear();
-                s.written = 0;
-              }
-            } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-              fail_stream(who);
-              continue;
-            }
-          }
-          if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-            std::string got;
-            const bool open = read_into(s.fd.get(), got);
-            if (!got.empty()) {
-              channel& ch = *channels[static_cast<std::size_t>(who)];
-              {
-                std::lock_guard lock(ch.mutex_);
-                ch.inbox_.append(got);
-              }
-              cfg.wake_core(who);
-            }
-            if (!open) fail_stream(who);
-          }
+          on_stream(who, fds[i].revents);
         }
       }
       for (auto it = routed.rbegin(); it != routed.rend(); ++it)
@@ -541,10 +778,11 @@ void link::stop() {
   impl_->thread.join();
 }
 
-void link::set_mode(mode m, const std::string& leader) {
+void link::set_mode(mode m, const std::string& leader, const std::string& leader_node) {
   std::unique_lock lock(impl_->mode_mutex);
   impl_->asked_mode = m;
   impl_->asked_leader = leader;
+  impl_->asked_leader_node = leader_node;
   const std::uint64_t ticket = ++impl_->asked;
   impl_->wake();
   if (!impl_->thread.joinable()) return;  // not started: applied by the first turn

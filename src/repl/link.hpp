@@ -16,6 +16,14 @@
 // closes still delivers the few bytes it queued last (up to 64 KiB, within 1 s: a
 // refusal), and a standby's core hears what its leader sent before its end
 // (channel::take_last). A stream's buffers are freed when it ends.
+//
+// Who may take a stream (accept mode): with TLS (link_config::tls, tls.hpp) only a peer
+// whose certificate the cluster's CA signed and that names the node its hello claims;
+// the standby, for its part, follows only a leader whose certificate names the node the
+// leader key names. With or without TLS, while any stream of one node is live a hello
+// from another node is refused (answered, e.g. busy): a new hello replaces a core's
+// stream only when it comes from the node that holds the streams, so that a second
+// client cannot displace the standby in the ack set.
 #pragma once
 
 #include <atomic>
@@ -29,6 +37,19 @@
 #include <vector>
 
 namespace metad::repl {
+
+class tls_context;
+struct hello;
+
+// Why the link refused a connection (accept mode).
+enum class refusal : std::uint8_t {
+  handshake,     // TLS: not TLS, no certificate, another CA's, or a broken handshake
+  name,          // TLS: the certificate does not name the node its hello claims
+  taken,         // another node's streams are live
+  no_such_core,  // the hello names a core this node does not have
+  rate,          // TLS: over link_config::handshakes_per_second
+};
+inline constexpr int kRefusals = 5;
 
 // One core's bytes to and from its peer. The core calls take, send and close; the link
 // thread fills the inbox and empties the outbox. Every connection is a new stream
@@ -72,9 +93,21 @@ struct link_config {
   std::function<void(int core)> wake_core;
   // Called on the link thread every loop turn (at most ~20 ms apart).
   std::function<void()> each_turn;
-  // accept mode: a hello naming a core this node does not have reaches no channel; the
-  // bytes to answer it with before its connection closes (empty: none). Link thread.
-  std::function<std::string(const struct hello&)> answer_unroutable;
+  // accept mode: a hello the link refuses (refusal::taken or no_such_core) reaches no
+  // channel; the bytes to answer it with before its connection closes (empty: none).
+  // Link thread.
+  std::function<std::string(const hello&, refusal)> answer_refused;
+  // accept mode: each connection refused, whatever the reason (for /metrics). Link thread.
+  std::function<void(refusal)> refused;
+  // Mutual TLS on every stream (tls.hpp); null: plain TCP.
+  std::shared_ptr<const tls_context> tls;
+  // accept mode, TLS: handshakes started per second at most, with a burst of as many at
+  // once (a standby connects one stream per core at once). A peer that has not proven
+  // itself costs the link thread ~0.2 ms of CPU (P-256: key exchange, signature,
+  // verifications), on the thread that ships every batch; past the rate connections are
+  // closed on accept, and a real standby connects again after its pause, while the
+  // streams already established go on.
+  double handshakes_per_second = 64;
   int connect_timeout_ms = 200;
   int reconnect_pause_ms = 100;
 };
@@ -93,8 +126,9 @@ class link {
 
   enum class mode : std::uint8_t { idle, accept, follow };
   // Changes mode; returns once every stream of the old mode is closed (the promotion's
-  // "cut the old stream first"). follow needs the leader's HOST:PORT.
-  void set_mode(mode m, const std::string& leader = {});
+  // "cut the old stream first"). follow needs the leader's HOST:PORT and, with TLS, its
+  // node id (its certificate must name it).
+  void set_mode(mode m, const std::string& leader = {}, const std::string& leader_node = {});
 
  private:
   struct impl;

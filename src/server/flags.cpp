@@ -242,6 +242,20 @@ const std::vector<row>& table() {
   {"--repl-advertise", "HOST:PORT", "where the other nodes connect for this node's streams\n"
                                     "(default: --repl-listen, 0.0.0.0 as --ha-advertise's host)",
    text<&C::repl_advertise>},
+  // The three TLS rows share one help paragraph, beside their three names.
+  {"--repl-tls-cert", "FILE", "replication over mutual TLS (all three flags or none): this",
+   text<&C::repl_tls_cert>},
+  {"--repl-tls-key", "FILE", "node's certificate (PEM, naming --ha-node as a DNS",
+   text<&C::repl_tls_key>},
+  {"--repl-tls-ca", "FILE", "subjectAltName or CN), its key (mode 0600 or 0400) and the\n"
+                            "CA that signs every node's; a peer is accepted (and a leader\n"
+                            "followed) only with a certificate from that CA naming the\n"
+                            "node it claims to be",
+   text<&C::repl_tls_ca>},
+  {"--repl-insecure", "", "replicate in clear text on a --repl-listen that is not a\n"
+                          "loopback address (refused without it: anyone who reaches the\n"
+                          "port could read every key or pose as the standby)",
+   set_to<&C::repl_insecure, true>},
   {"--sync-timeout-ms", "N", "a standby silent this long is dropped from /sync, then the\n"
                              "leader answers alone (default {})",
    integer<&C::sync_timeout_ms, 10, 600'000>, number<&C::sync_timeout_ms>},
@@ -330,12 +344,14 @@ std::string validate(const config& cfg) {
                         !cfg.ha_etcd_user.empty() || !cfg.ha_etcd_password_file.empty() ||
                         cfg.ha_ttl_ms != d.ha_ttl_ms || cfg.ha_renew_ms != d.ha_renew_ms ||
                         cfg.ha_margin_ms != d.ha_margin_ms;
+  const bool repl_tls =
+      !cfg.repl_tls_cert.empty() || !cfg.repl_tls_key.empty() || !cfg.repl_tls_ca.empty();
   if (cfg.ha_etcd.empty()) {
     if (ha_flags)
       return "--ha-* flags need --ha-etcd (give --ha-etcd, --ha-cluster and --ha-node, or none)";
-    if (!cfg.repl_listen.empty() || !cfg.repl_advertise.empty())
-      return "--ha-cluster, --ha-node, --ha-advertise, --repl-listen and --repl-advertise need "
-             "--ha-etcd";
+    if (!cfg.repl_listen.empty() || !cfg.repl_advertise.empty() || repl_tls || cfg.repl_insecure)
+      return "--ha-cluster, --ha-node, --ha-advertise, the other --ha-* flags and the --repl-* "
+             "flags need --ha-etcd";
   } else if (cfg.ha_cluster.empty() || cfg.ha_node.empty()) {
     return "--ha-etcd needs --ha-cluster and --ha-node (give all three, or none)";
   }
@@ -343,11 +359,19 @@ std::string validate(const config& cfg) {
     return "--repl-listen needs --data-dir (a standby keeps what it acknowledges on disk)";
   if (cfg.repl_listen.empty() && !cfg.repl_advertise.empty())
     return "--repl-advertise needs --repl-listen";
+  if (cfg.repl_listen.empty() && (repl_tls || cfg.repl_insecure))
+    return "--repl-tls-cert, --repl-tls-key, --repl-tls-ca and --repl-insecure need --repl-listen";
+  if (repl_tls &&
+      (cfg.repl_tls_cert.empty() || cfg.repl_tls_key.empty() || cfg.repl_tls_ca.empty()))
+    return "--repl-tls-cert, --repl-tls-key and --repl-tls-ca go together (give all three, or "
+           "none)";
+  if (repl_tls && cfg.repl_insecure)
+    return "--repl-insecure and --repl-tls-* contradict each other: give one or the other";
   if (!cfg.sglang_import_path.empty() && cfg.data_dir.empty())
     return "--import-sglang-state needs --data-dir (the imported state lives there)";
   // Each --ha-* and --repl-* value (etcd's URLs, names, the password file, the TLS
-  // files, the timings' fit, the advertised addresses). A port of 0 is picked at
-  // start-up: any port stands in for it here.
+  // files, --repl-listen on loopback unless TLS or --repl-insecure, the timings' fit,
+  // the advertised addresses). A port of 0 is picked at start-up: any port stands in.
   std::string error;
   ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error);
   return error;

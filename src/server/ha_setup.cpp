@@ -6,6 +6,7 @@
 
 #include "metad/server.hpp"
 #include "repl/link.hpp"
+#include "repl/tls.hpp"
 
 namespace metad {
 namespace {
@@ -18,6 +19,24 @@ bool valid_advertise(const std::string& url) {
   for (const char c : url)
     if (c <= ' ' || c > '~' || c == '"' || c == '\\') return false;
   return true;
+}
+
+// --repl-tls-* and --repl-insecure, given a valid --repl-listen on `host` (and
+// flags::validate's rules: all three TLS files or none, not with --repl-insecure): ""
+// or why not.
+std::string repl_security_error(const metad::config& cfg, const std::string& host) {
+  if (!cfg.repl_tls_cert.empty())
+    return repl::tls_files_error({cfg.repl_tls_cert, cfg.repl_tls_key, cfg.repl_tls_ca},
+                                 cfg.ha_node);
+  // 127.0.0.0/8: only this host's processes reach it.
+  if (!cfg.repl_insecure && !host.starts_with("127."))
+    return fmt::format(
+        "--repl-listen {} is not a loopback address: give --repl-tls-cert, --repl-tls-key and "
+        "--repl-tls-ca (mutual TLS between the nodes; docs/operations.md), or --repl-insecure to "
+        "replicate in clear text (anyone who reaches the port can read every key and pose as "
+        "the standby)",
+        cfg.repl_listen);
+  return {};
 }
 
 std::string default_advertise(const std::string& host, std::uint16_t port) {
@@ -92,6 +111,8 @@ ha::config ha_settings(const metad::config& cfg, std::uint16_t port, std::string
       error = fmt::format("--repl-listen: expected IPv4 HOST:PORT, got {}", cfg.repl_listen);
       return c;
     }
+    error = repl_security_error(cfg, host);
+    if (!error.empty()) return c;
     repl = repl_advertise(cfg.repl_listen, http);
     if (!cfg.repl_advertise.empty()) {
       if (!repl::split_host_port(cfg.repl_advertise, host, repl_port) || host == "0.0.0.0") {

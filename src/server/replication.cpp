@@ -29,6 +29,7 @@
 #include "repl/protocol.hpp"
 #include "repl/session.hpp"
 #include "repl/sync_set.hpp"
+#include "repl/tls.hpp"
 #include "smp/clock.hpp"
 
 namespace metad {
@@ -173,15 +174,25 @@ struct replication::impl {
     lc.listen_host = host;
     lc.listen_port = port;
     lc.wake_core = [this](int c) { nd.mailbox.wake(c); };
-    lc.answer_unroutable = [this](const repl::hello& h) {
-      // A hello for a core this node lacks (another core count): refused like the
-      // others, so that the standby can say why.
+    if (!nd.cfg.repl_tls_cert.empty())
+      lc.tls = std::make_shared<repl::tls_context>(
+          repl::tls_files{nd.cfg.repl_tls_cert, nd.cfg.repl_tls_key, nd.cfg.repl_tls_ca});
+    lc.refused = [this](repl::refusal r) {
+      nd.repl.refused[static_cast<std::size_t>(r)].fetch_add(1, std::memory_order_relaxed);
+    };
+    lc.answer_refused = [this](const repl::hello& h, repl::refusal why) {
       repl::answer a;
-      a.status = repl::answer_status::refused;
       a.epoch =
           nd.ha != nullptr && nd.ha->serving() ? static_cast<std::uint64_t>(nd.ha->epoch()) : 0;
       a.core = h.core;
-      if (a.epoch != 0)
+      // Another node holds this node's streams: that node may be the standby in the ack
+      // set, which a newcomer must not displace. Busy: the newcomer connects again after
+      // its pause, and gets in once those streams have ended.
+      a.status =
+          why == repl::refusal::taken ? repl::answer_status::busy : repl::answer_status::refused;
+      // A hello for a core this node lacks (another core count): refused like the
+      // others, so that the standby can say why.
+      if (a.status == repl::answer_status::refused && a.epoch != 0)
         log::warn(
             "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol {} "
             "(this node: {}, {} cores, protocol {})",
@@ -526,8 +537,10 @@ struct replication::impl {
       return close(c, e);
     }
     if (a.status == repl::answer_status::busy) {
-      log::info("replication: the leader is busy cutting a snapshot for core {}: connecting again",
-                c);
+      log::info(
+          "replication: the leader is busy with core {} (cutting a snapshot, or another node's "
+          "streams are live): connecting again",
+          c);
       return close(c, e);
     }
     if (a.status == repl::answer_status::wrong_epoch) {
@@ -934,8 +947,9 @@ void replication::on_role(ha::role from, ha::role to, std::int64_t) {
     m.link->set_mode(repl::link::mode::idle);
     return;
   }
-  log::info("replication: following node {} at {}", leader->node, leader->repl);
-  m.link->set_mode(repl::link::mode::follow, leader->repl);
+  log::info("replication: following node {} at {}{}", leader->node, leader->repl,
+            m.nd.cfg.repl_tls_cert.empty() ? "" : " (TLS: its certificate must name it)");
+  m.link->set_mode(repl::link::mode::follow, leader->repl, leader->node);
 }
 
 bool replication::may_campaign(const std::optional<std::string>& sync) const {

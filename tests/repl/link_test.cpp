@@ -221,7 +221,7 @@ TEST(ReplLink, TheLastBytesACoreSendsBeforeClosingReachThePeer) {
 
 // The follower's side of the same: a leader's last bytes before its end (answer, then
 // FIN, maybe in one read) are kept for the core as that stream's last words, and a
-// hello naming a core the leader lacks gets the answer_unroutable bytes before its end.
+// hello naming a core the leader lacks gets the answer_refused bytes before its end.
 TEST_F(ReplLinkPair, TheFollowerHearsTheLeadersLastWords) {
   connect();
   const std::uint64_t stream = follower.at(0).current();
@@ -243,7 +243,10 @@ TEST_F(ReplLinkPair, TheFollowerHearsTheLeadersLastWords) {
 
 TEST(ReplLink, AHelloForACoreTheLeaderLacksGetsItsAnswerBeforeTheEnd) {
   repl::link_config c = config(2, true);
-  c.answer_unroutable = [](const repl::hello& h) { return "no core " + std::to_string(h.core); };
+  c.answer_refused = [](const repl::hello& h, repl::refusal why) {
+    EXPECT_EQ(why, repl::refusal::no_such_core);
+    return "no core " + std::to_string(h.core);
+  };
   repl::link leader(c);
   leader.start();
   leader.set_mode(repl::link::mode::accept);

@@ -96,6 +96,10 @@ std::string flags_first_difference(const config& a, const config& b) {
   FLAGS_FIELD(repl_listen);
   FLAGS_FIELD(repl_advertise);
   FLAGS_FIELD(sync_timeout_ms);
+  FLAGS_FIELD(repl_tls_cert);
+  FLAGS_FIELD(repl_tls_key);
+  FLAGS_FIELD(repl_tls_ca);
+  FLAGS_FIELD(repl_insecure);
 #undef FLAGS_FIELD
   return "";
 }
@@ -306,8 +310,11 @@ TEST(Flags, ValidateHoldsTheRulesAcrossFlags) {
   EXPECT_EQ(flags_error({"--ha-ttl-ms", "2000"}), need_etcd);
   EXPECT_EQ(flags_error({"--ha-etcd-user", "u"}), need_etcd);
   EXPECT_EQ(flags_error({"--repl-advertise", "127.0.0.1:1"}),
-            "--ha-cluster, --ha-node, --ha-advertise, --repl-listen and --repl-advertise need "
-            "--ha-etcd");
+            "--ha-cluster, --ha-node, --ha-advertise, the other --ha-* flags and the --repl-* "
+            "flags need --ha-etcd");
+  EXPECT_EQ(flags_error({"--repl-insecure"}),
+            "--ha-cluster, --ha-node, --ha-advertise, the other --ha-* flags and the --repl-* "
+            "flags need --ha-etcd");
   const std::vector<std::string> named{
       "--ha-etcd", "http://127.0.0.1:2379", "--ha-cluster", "c", "--ha-node", "a"};
   auto with = [&](std::vector<std::string> more) {
@@ -336,10 +343,32 @@ TEST(Flags, ValidateHoldsTheRulesAcrossFlags) {
   EXPECT_EQ(with({"--repl-listen", "nohost", "--data-dir", "/d"}),
             "--repl-listen: expected IPv4 HOST:PORT, got nohost");
   EXPECT_EQ(with({"--repl-advertise", "127.0.0.1:1"}), "--repl-advertise needs --repl-listen");
+  EXPECT_EQ(with({"--repl-listen", "0.0.0.0:1", "--data-dir", "/d", "--repl-advertise", "0.0.0.0:2",
+                  "--repl-insecure"}),
+            "--repl-advertise: expected IPv4 HOST:PORT others can reach, got 0.0.0.0:2");
+  EXPECT_EQ(with({"--repl-listen", "127.0.0.1:1", "--data-dir", "/d"}), "");
+  EXPECT_EQ(with({"--repl-listen", "0.0.0.0:1", "--data-dir", "/d", "--repl-insecure"}), "");
+  EXPECT_EQ(with({"--repl-listen", "0.0.0.0:1", "--data-dir", "/d"})
+                .find("--repl-listen 0.0.0.0:1 is not a loopback address: give --repl-tls-cert"),
+            0u);
   EXPECT_EQ(
-      with({"--repl-listen", "0.0.0.0:1", "--data-dir", "/d", "--repl-advertise", "0.0.0.0:2"}),
-      "--repl-advertise: expected IPv4 HOST:PORT others can reach, got 0.0.0.0:2");
-  EXPECT_EQ(with({"--repl-listen", "0.0.0.0:1", "--data-dir", "/d"}), "");
+      with({"--repl-tls-ca", "/ca", "--repl-insecure"}),
+      "--repl-tls-cert, --repl-tls-key, --repl-tls-ca and --repl-insecure need --repl-listen");
+  const std::vector<std::string> listen{"--repl-listen", "127.0.0.1:1", "--data-dir", "/d"};
+  auto listening = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), listen.begin(), listen.end());
+    return with(more);
+  };
+  EXPECT_EQ(listening({"--repl-tls-cert", "/c", "--repl-tls-key", "/k"}),
+            "--repl-tls-cert, --repl-tls-key and --repl-tls-ca go together (give all three, or "
+            "none)");
+  EXPECT_EQ(listening({"--repl-tls-cert", "/c", "--repl-tls-key", "/k", "--repl-tls-ca", "/a",
+                       "--repl-insecure"}),
+            "--repl-insecure and --repl-tls-* contradict each other: give one or the other");
+  EXPECT_NE(listening({"--repl-tls-cert", "/c", "--repl-tls-key", "/k", "--repl-tls-ca", "/a"})
+                .find("/c"),
+            std::string::npos)
+      << "the files are checked";
 }
 
 }  // namespace
