@@ -363,7 +363,10 @@ TEST(EtcdFlags, TlsAndAuthenticationSettings) {
   const std::string open = write_file(dir.path(), "pw644", "s3cret\n", 0644);
   const std::string group = write_file(dir.path(), "pw640", "s3cret\n", 0640);
   const std::string empty = write_file(dir.path(), "empty", " \n", 0600);
-  auto password_of = [](const std::string& path, std::string& error) {
+  // The password read from `path`, or "" and why not in `error` (a fresh one each time).
+  std::string error;
+  auto password_of = [&error](const std::string& path) {
+    error.clear();
     return ha::read_password_file(path, error).value_or("");
   };
 
@@ -379,24 +382,25 @@ TEST(EtcdFlags, TlsAndAuthenticationSettings) {
   EXPECT_TRUE(c.etcd.endpoints[0].tls);
   c.etcd.user = "hf3fs-metad";
   EXPECT_NE(ha::validate(c), "");  // a user needs the password
-  std::string error;
-  c.etcd.password = password_of(good, error);
+  c.etcd.password = password_of(good);
   EXPECT_EQ(error, "");
   EXPECT_EQ(c.etcd.password, "s3cret");
   EXPECT_EQ(ha::validate(c), "");
   EXPECT_TRUE(c.etcd.authenticates());
-  EXPECT_EQ(password_of(owner_only, error), "x");
+  EXPECT_EQ(password_of(owner_only), "x");
   EXPECT_EQ(error, "");
 
   for (const std::string& bad : {open, group}) {
-    EXPECT_FALSE(ha::read_password_file(bad, error));
+    EXPECT_EQ(password_of(bad), "");
     EXPECT_NE(error.find("chmod 600"), std::string::npos) << error;
     EXPECT_EQ(error.find("s3cret"), std::string::npos) << error;
   }
-  EXPECT_FALSE(ha::read_password_file(empty, error));
-  EXPECT_NE(error.find("empty"), std::string::npos);
-  EXPECT_FALSE(ha::read_password_file(dir.path() + "/missing", error));
-  EXPECT_FALSE(ha::read_password_file(dir.path(), error));  // a directory
+  EXPECT_EQ(password_of(empty), "");
+  EXPECT_NE(error.find("empty"), std::string::npos) << error;
+  EXPECT_EQ(password_of(dir.path() + "/missing"), "");
+  EXPECT_NE(error, "");
+  EXPECT_EQ(password_of(dir.path()), "");  // a directory
+  EXPECT_NE(error, "");
   EXPECT_FALSE(ha::valid_name("a b"));
 
   ha::config cert = base();
@@ -422,7 +426,7 @@ TEST(EtcdFlags, TlsAndAuthenticationSettings) {
   EXPECT_NE(ha::validate(plain_ca).find("https"), std::string::npos);
   ha::config plain_user = plain;
   plain_user.etcd.user = "u";
-  plain_user.etcd.password = password_of(good, error);
+  plain_user.etcd.password = password_of(good);
   EXPECT_NE(ha::validate(plain_user).find("https"), std::string::npos);  // no password in clear
   ha::config mixed = base("http://a:1,https://b:2");
   EXPECT_NE(ha::validate(mixed), "");
