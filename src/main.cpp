@@ -35,12 +35,14 @@ metadata server; same HTTP API, default port 18000).
   --io auto|uring|epoll     transport (default auto: io_uring, epoll where refused)
   --header-bytes-max N      request line + headers limit, else 431 (default 65536)
   --body-bytes-max N        request body limit, else 413 (default 33554432)
-  --pages-per-rank-max N    largest num_pages a rank may have (default 268435456)
+  --pages-per-rank-max N    largest num_pages a rank or pool may have (default and most
+                            281474976710656 = 2^48; a pool costs what it hands out)
   --ranks-max N             worker ranks that may exist at once; one more gets a 400
                             (default 4096)
   --key-bytes-max N         longest key a request may carry, else 400 (default 4096)
   --memory-max BYTES        memory clients may make the server hold, e.g. 8GiB: a rank
-                            created or grown past it gets a 507, a request body that
+                            or pool created past it gets a 507, an allocation past it
+                            is answered as by a full pool, a request body that
                             does not fit a 503 before it is read (default: half of the
                             physical memory, or of the cgroup's limit when lower)
   --idle-timeout-ms N       close keep-alive connections idle this long (default 60000)
@@ -293,7 +295,7 @@ metad::config parse_flags(int argc, char** argv) {
     } else if (flag == "--body-bytes-max") {
       cfg.body_bytes_max = parse_int<std::size_t>(flag, value, 0, std::size_t{1} << 32);
     } else if (flag == "--pages-per-rank-max") {
-      cfg.pages_per_rank_max = parse_int<std::int64_t>(flag, value, 1, (std::int64_t{1} << 31) - 1);
+      cfg.pages_per_rank_max = parse_int<std::int64_t>(flag, value, 1, std::int64_t{1} << 48);
     } else if (flag == "--ranks-max") {
       cfg.ranks_max = parse_int<std::int64_t>(flag, value, 1, std::int64_t{1} << 24);
     } else if (flag == "--key-bytes-max") {
