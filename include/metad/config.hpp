@@ -40,7 +40,9 @@ struct config {
 
   std::size_t header_bytes_max = 64 * 1024;
   std::size_t body_bytes_max = 32 * 1024 * 1024;
-  std::int64_t pages_per_rank_max = std::int64_t{1} << 28;
+  // Largest num_pages of a vLLM rank or SGLang pool (--pages-per-rank-max): an operator's
+  // limit, 2^48 at most (the default). A pool costs what it hands out, not num_pages.
+  std::int64_t pages_per_rank_max = std::int64_t{1} << 48;
   // Worker ranks that may exist at once; initializing one more gets a 400.
   std::int64_t ranks_max = 4096;
   // Longest key (bytes, as decoded from JSON) a request may carry; longer: 400.

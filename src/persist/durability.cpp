@@ -333,10 +333,11 @@ void print_sg_pools(const core_state& core) {
               static_cast<unsigned long long>(in_flight));
   for (const row& r : rows)
     std::printf(
-        "sglang pool tenant '%s' rank %lld namespace '%s': pages %u, bound %u, in flight "
-        "%u, free %u\n",
-        r.tenant.c_str(), static_cast<long long>(r.rank), r.ns.c_str(), r.stats.num_pages,
-        r.stats.bound, r.stats.in_flight, r.stats.free);
+        "sglang pool tenant '%s' rank %lld namespace '%s': pages %llu, bound %u, in flight "
+        "%u, free %llu\n",
+        r.tenant.c_str(), static_cast<long long>(r.rank), r.ns.c_str(),
+        static_cast<unsigned long long>(r.stats.num_pages), r.stats.bound, r.stats.in_flight,
+        static_cast<unsigned long long>(r.stats.free));
 }
 
 }  // namespace

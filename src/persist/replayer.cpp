@@ -105,6 +105,8 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::sg_get:
     case store::record_kind::sg_expire:
     case store::record_kind::sg_snapshot_pool:
+    case store::record_kind::sg_snapshot_pool_runs:
+    case store::record_kind::sg_reserve_full:
     case store::record_kind::sg_confirm_quarantined:
     case store::record_kind::sg_quarantine_end:
     case store::record_kind::sg_snapshot_quarantine:

@@ -25,27 +25,35 @@ std::string apply_sg_record(node& nd, core_state& core, const store::record& r) 
   core.sg_last_now = std::max(core.sg_last_now, r.now);
   auto where = [&r] { return fmt::format("SGLang pool '{}' {} '{}'", r.tenant, r.rank, r.ns); };
   if (r.kind == store::record_kind::sg_initialize) {
-    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
+    if (r.num_pages < 0 || static_cast<std::uint64_t>(r.num_pages) > shard::sglang_pool::pages_max)
       return where() + ": bad page count";
     shard::sglang_pools& pools = *core.sg_pools(r.tenant, true);
     const bool created = pools.find(r.rank, r.ns) == nullptr;
-    pools.initialize(r.rank, r.ns, static_cast<std::uint32_t>(r.num_pages));
+    pools.initialize(r.rank, r.ns, static_cast<std::uint64_t>(r.num_pages));
     if (created) nd.sglang_pools.fetch_add(1);
     return {};
   }
-  if (r.kind == store::record_kind::sg_snapshot_pool) {
-    if (r.num_pages < 0 || r.num_pages > shard::sglang_pool::pages_max)
+  if (r.kind == store::record_kind::sg_snapshot_pool ||
+      r.kind == store::record_kind::sg_snapshot_pool_runs) {
+    if (r.num_pages < 0 || static_cast<std::uint64_t>(r.num_pages) > shard::sglang_pool::pages_max)
       return where() + ": bad page count";
+    // Negative pages wrap past num_pages: restore() refuses them as out of range.
+    auto page = [](std::int64_t p) { return static_cast<std::uint64_t>(p); };
     shard::sglang_image image;
-    image.num_pages = static_cast<std::uint32_t>(r.num_pages);
+    image.num_pages = static_cast<std::uint64_t>(r.num_pages);
     image.epoch = r.sg_epoch;
-    for (const std::int64_t p : r.releases) image.free.push_back(static_cast<std::uint32_t>(p));
+    if (r.kind == store::record_kind::sg_snapshot_pool) {  // page by page (older directories)
+      for (const std::int64_t p : r.releases) image.push_free(page(p));
+    } else {
+      if (r.releases.size() % 2 != 0) return where() + ": its snapshot's free runs are cut";
+      for (std::size_t i = 0; i < r.releases.size(); i += 2)
+        image.free.emplace_back(page(r.releases[i]), page(r.releases[i + 1]));
+    }
     for (std::size_t i = 0; i < r.keys.size(); ++i)
-      image.bound.emplace_back(std::string(r.keys[i]), static_cast<std::uint32_t>(r.pages[i]));
+      image.bound.emplace_back(std::string(r.keys[i]), page(r.pages[i]));
     for (std::size_t i = 0; i < r.sg_flight_keys.size(); ++i)
-      image.reserved.push_back({static_cast<std::uint32_t>(r.sg_flight_pages[i]),
-                                std::string(r.sg_flight_keys[i]), r.sg_flight_epochs[i],
-                                r.sg_flight_deadlines[i]});
+      image.reserved.push_back({page(r.sg_flight_pages[i]), std::string(r.sg_flight_keys[i]),
+                                r.sg_flight_epochs[i], r.sg_flight_deadlines[i]});
     std::string error;
     shard::sglang_pool pool(0, core.sg_config);
     if (!shard::sglang_pool::restore(image, core.sg_config, pool, error))
@@ -63,9 +71,10 @@ std::string apply_sg_record(node& nd, core_state& core, const store::record& r) 
   shard::sglang_pool* pool = pools ? pools->find(r.rank, r.ns) : nullptr;
   if (!pool) return where() + ": a record for a pool that does not exist";
   switch (r.kind) {
-    case store::record_kind::sg_reserve: {
+    case store::record_kind::sg_reserve:
+    case store::record_kind::sg_reserve_full: {
       std::vector<shard::sglang_slot> slots;
-      pool->reserve(r.keys, r.now, slots);
+      pool->reserve(r.keys, r.now, slots, r.kind == store::record_kind::sg_reserve);
       return {};
     }
     case store::record_kind::sg_confirm:

@@ -18,6 +18,7 @@
 #include "api/sglang_state.hpp"
 #include "metad/log.hpp"
 #include "shard/ownership.hpp"
+#include "shard/page_pool.hpp"
 #include "shard/rank_table.hpp"
 
 namespace metad::persist {
@@ -87,8 +88,10 @@ std::string read_file(const std::string& path, std::uint64_t size_max,
 shard::sglang_image image_of(api::sg_state_pool& pool) {
   shard::sglang_image image;
   image.num_pages = pool.num_pages;
-  image.free = std::move(pool.free);
-  image.bound = std::move(pool.bound);
+  for (const std::uint32_t p : pool.free) image.push_free(p);
+  pool.free = {};
+  for (auto& [key, page] : pool.bound) image.bound.emplace_back(std::move(key), page);
+  pool.bound = {};
   return image;
 }
 
@@ -118,8 +121,9 @@ bool import_sglang_state(pipeline::node& nd, const store::data_dir& dir) {
   const std::string bytes = read_file(path, size_max, size_why);
   const std::int64_t pools_now = nd.sglang_pools.load();
   api::sg_state_limits limits;
-  limits.pages_max =
-      std::min<std::int64_t>(nd.cfg.pages_per_rank_max, shard::sglang_pool::pages_max);
+  // The reference's file lists every free page of a pool, and reading it marks each page:
+  // its pools stay within 2^31 - 1 pages (a pool created here afterwards may be larger).
+  limits.pages_max = std::min<std::int64_t>(nd.cfg.pages_per_rank_max, shard::page_pool::held_max);
   limits.key_bytes_max = nd.cfg.key_bytes_max;
   limits.pools_max =
       static_cast<std::size_t>(std::max<std::int64_t>(nd.cfg.ranks_max - pools_now, 0));

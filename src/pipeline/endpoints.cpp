@@ -22,8 +22,9 @@ bool same_stats(const std::optional<shard::rank_stats>& a,
 // Why an initialization that would create or grow a rank was not carried out.
 enum class init_refusal : std::uint8_t { none, too_many_ranks, over_budget };
 
-// On the rank's owner core: a new rank needs a place under --ranks-max, a created or
-// grown one the memory its pool will hold under --memory-max.
+// On the rank's owner core: a new rank needs a place under --ranks-max and what an empty
+// rank holds under --memory-max. Growing one costs nothing (a pool holds only the pages
+// it hands out: those are charged as it does).
 init_refusal admit_initialize(node& nd, const core_state& core, const api::initialize_cmd& cmd,
                               std::uint64_t& needed) {
   const auto before = core.ranks.stats(cmd.rank);
@@ -36,7 +37,7 @@ init_refusal admit_initialize(node& nd, const core_state& core, const api::initi
     } while (!nd.worker_ranks.compare_exchange_weak(ranks, ranks + 1, std::memory_order_relaxed));
   }
   needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(old_pages);
-  if (nd.memory.charge_kept(needed)) return init_refusal::none;
+  if (needed == 0 || nd.memory.charge_kept(needed)) return init_refusal::none;
   if (!before) nd.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
   nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
   return init_refusal::over_budget;
@@ -141,13 +142,27 @@ endpoint_task run_initialize(connection& x) {
 
 namespace {
 
+// What one key given a new page on a rank may add to the server, for the memory budget:
+// its bytes twice (the rank's key table and, once confirmed, the directory) and its
+// entries in both, its reservation, its page's bits, allocator slack. An estimate made
+// before the fact; the resident size measured at the next sample replaces it.
+std::uint64_t allocation_bytes(std::span<const std::string_view> keys) {
+  constexpr std::uint64_t kBindingBytes = 128;
+  std::uint64_t bytes = keys.size() * kBindingBytes;
+  for (const std::string_view key : keys) bytes += 2 * key.size();
+  return bytes;
+}
+
 // One attempt at a batch_allocate on the rank's owner core, logged if it changed the
 // rank. Allocation is deterministic: replaying the same request on the same state takes
-// the same pages, so the request itself is the record.
+// the same pages, so the request itself is the record (the memory budget only ever
+// refuses a batch whole, which changes nothing and logs nothing). Past the budget the
+// batch is answered as by a full pool, except for up to `evicted` keys: the pages and
+// memory that evictions for this request freed.
 // `fresh`: the pages it reserved for keys that held none (all-or-nothing: 0 unless the
 // whole batch was served).
 shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool& stored,
-                                    std::uint64_t& fresh) {
+                                    std::uint64_t evicted, std::uint64_t& fresh) {
   const api::allocate_cmd& cmd = s.allocate;
   s.indices.clear();
   s.pages.clear();
@@ -157,8 +172,12 @@ shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool
     return {};
   }
   const auto before = core.ranks.stats(cmd.rank);
-  const shard::allocate_result r =
-      core.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages);
+  const std::uint64_t bytes = allocation_bytes(cmd.keys.views());
+  const bool fits = core.credit.take(nd.memory, bytes);
+  const shard::allocate_result r = core.ranks.allocate(
+      cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages, fits ? UINT64_MAX : evicted);
+  if (fits && r.taken < cmd.keys.size())  // the hits and repeats hold nothing new
+    core.credit.give_back(bytes - bytes / cmd.keys.size() * r.taken);
   if (!r.found) return r;
   const auto after = core.ranks.stats(cmd.rank);
   // A quarantined page taken counts as reserved now (stats count it as free before).
@@ -206,11 +225,16 @@ endpoint_task run_allocate(connection& x) {
   core_state& core = *nd.core[owner];
   bool stored = true;
   std::uint64_t fresh = 0;
-  shard::allocate_result r = try_allocate(nd, core, s, stored, fresh);
+  std::uint64_t evicted_total = 0;  // keys expired, reclaimed or evicted for this request
+  shard::allocate_result r = try_allocate(nd, core, s, stored, evicted_total, fresh);
   // Short of pages: first reservations past their deadline, then stale incomplete keys
   // (in every eviction mode: they are dead), then the least recently used complete keys.
-  if (stored && r.short_by > 0 && expire_due(nd, core) > 0)
-    r = try_allocate(nd, core, s, stored, fresh);
+  if (stored && r.short_by > 0) {
+    if (const std::size_t expired = expire_due(nd, core); expired > 0) {
+      evicted_total += expired;
+      r = try_allocate(nd, core, s, stored, evicted_total, fresh);
+    }
+  }
   const bool lru = nd.cfg.evict == metad::eviction::lru;
   const std::uint64_t grace = stale_grace_ns(nd);
   for (int round = 0; stored && r.short_by > 0 && r.evictable && round < kEvictionRounds &&
@@ -220,7 +244,8 @@ endpoint_task run_allocate(connection& x) {
         co_await reclaim_incomplete(nd, -1, std::size_t{r.short_by} + kStaleExtra, grace,
                                     removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
-    r = try_allocate(nd, core, s, stored, fresh);
+    evicted_total += reclaimed;
+    r = try_allocate(nd, core, s, stored, evicted_total, fresh);
   }
   // Eviction takes the dead before the living. Incomplete keys within their grace that
   // no rank reserves and that hold a page here are unreadable, and once kSettleNs old
@@ -245,7 +270,8 @@ endpoint_task run_allocate(connection& x) {
         evicted = co_await evict(nd, cmd.rank, r.short_by, s.removal, stored);
     }
     if (evicted == 0 || !stored) break;
-    r = try_allocate(nd, core, s, stored, fresh);
+    evicted_total += evicted;
+    r = try_allocate(nd, core, s, stored, evicted_total, fresh);
   }
   // Counted on the owner core, which alone writes its counters.
   const std::uint64_t from_eviction = std::min(fresh, evicted_for);

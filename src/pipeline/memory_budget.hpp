@@ -1,8 +1,11 @@
 // --memory-max: how much memory clients may make the server hold. What grows with
 // clients' requests beyond a connection's steady buffers is charged here before it is
-// taken: a rank's page bitmaps when it is created or grown, a request body beyond
-// 64 KiB when its size is announced. A charge that would take the server past the
-// budget is refused (the request gets a 507 or 503), and everything else goes on.
+// taken: a rank or pool when it is created (a constant: pools cost what they hold, not
+// their num_pages), the pages, bindings and key bytes an allocation adds to a pool
+// (through each core's memory_credit, in chunks), a request body beyond 64 KiB when its
+// size is announced. A charge that would take the server past the budget is refused
+// (an initialization gets a 507, a body a 503, an allocation is answered as by a full
+// pool), and everything else goes on.
 //
 // What counts as used is the process's resident memory, sampled on core 0's tick (and
 // again before refusing), plus the charges made since that sample (a burst of
@@ -59,6 +62,14 @@ class memory_budget {
   // Memory a rank's pool will keep (created or grown): false, and nothing charged, if
   // it does not fit. It stays charged until the next sample sees it resident.
   bool charge_kept(std::uint64_t bytes) { return charge(recent_, bytes); }
+  // What an allocation adds to a pool (memory_credit's chunks), kept as charge_kept is,
+  // but stopping headroom() short of the budget: that much stays for what is never
+  // charged (request bodies under 64 KiB, answers being written, allocator slack), so
+  // that clients filling their pools never take the resident size past the budget.
+  bool charge_allocation(std::uint64_t bytes) { return charge(recent_, bytes, headroom()); }
+  std::uint64_t headroom() const {
+    return max_ / 64 < (std::uint64_t{16} << 20) ? max_ / 64 : std::uint64_t{16} << 20;
+  }
   // A request body about to be buffered: false if it does not fit. Charged until
   // release_body(), whatever the samples say (most of it has not arrived yet).
   bool charge_body(std::uint64_t bytes) { return charge(bodies_, bytes); }
@@ -73,23 +84,27 @@ class memory_budget {
     if (resident != 0) {
       resident_.store(resident, std::memory_order_relaxed);
       recent_.fetch_sub(charged, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_relaxed);
     }
     sampling_.clear(std::memory_order_release);
   }
+  // Counts the samples that took charges out of recent_ (memory_credit drops what it has
+  // left of a chunk charged before one: that is no longer counted anywhere).
+  std::uint64_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
   // Refusals, by what was refused (metrics).
-  std::atomic<std::uint64_t> refused_ranks{0}, refused_bodies{0};
+  std::atomic<std::uint64_t> refused_ranks{0}, refused_bodies{0}, refused_allocations{0};
 
  private:
-  bool charge(std::atomic<std::uint64_t>& counter, std::uint64_t bytes) {
-    if (try_charge(counter, bytes)) return true;
+  bool charge(std::atomic<std::uint64_t>& counter, std::uint64_t bytes, std::uint64_t spared = 0) {
+    if (try_charge(counter, bytes, spared)) return true;
     sample();  // the last sample may be stale (memory freed since): look again
-    return try_charge(counter, bytes);
+    return try_charge(counter, bytes, spared);
   }
-  bool try_charge(std::atomic<std::uint64_t>& counter, std::uint64_t bytes) {
+  bool try_charge(std::atomic<std::uint64_t>& counter, std::uint64_t bytes, std::uint64_t spared) {
     std::uint64_t seen = counter.load(std::memory_order_relaxed);
     do {
-      if (used() + bytes > max_) return false;
+      if (used() + bytes + spared > max_) return false;
     } while (!counter.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed));
     return true;
   }
@@ -114,7 +129,57 @@ class memory_budget {
   std::atomic<std::uint64_t> resident_{0};
   std::atomic<std::uint64_t> recent_{0};
   std::atomic<std::uint64_t> bodies_{0};
+  std::atomic<std::uint64_t> generation_{0};
   std::atomic_flag sampling_ = ATOMIC_FLAG_INIT;
+};
+
+// One core's share of the budget for what allocations add to its pools (pages handed
+// out, bindings, key bytes): taken from memory_budget in chunks of kChunk, so that an
+// allocation costs no atomic operation, only a subtraction here. What a chunk has left
+// when the next sample takes the charges into the resident figure is dropped (it is no
+// longer counted anywhere), so each core is at most one chunk ahead of the budget.
+// Owned by one core.
+class memory_credit {
+ public:
+  static constexpr std::uint64_t kChunk = 1 << 20;
+
+  // Takes `bytes` from the credit (charging a chunk when it runs short): false, and
+  // nothing taken, if they do not fit the budget.
+  bool take(memory_budget& budget, std::uint64_t bytes) {
+    resync(budget);
+    if (bytes <= credit_) {
+      credit_ -= bytes;
+      return true;
+    }
+    const std::uint64_t missing = bytes - credit_;
+    std::uint64_t charged = missing < kChunk ? kChunk : missing;
+    if (!budget.charge_allocation(charged)) {
+      if (charged == missing || !budget.charge_allocation(missing)) {
+        budget.refused_allocations.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+      charged = missing;
+    }
+    // A refused try sampled before the charge that passed: what the credit had is gone.
+    resync(budget);
+    credit_ += charged;
+    credit_ = credit_ > bytes ? credit_ - bytes : 0;
+    return true;
+  }
+  // Bytes taken and not used after all (keys that were hits).
+  void give_back(std::uint64_t bytes) { credit_ += bytes; }
+  std::uint64_t left() const { return credit_; }
+
+ private:
+  void resync(const memory_budget& budget) {
+    const std::uint64_t generation = budget.generation();
+    if (generation == generation_) return;
+    generation_ = generation;
+    credit_ = 0;
+  }
+
+  std::uint64_t credit_ = 0;
+  std::uint64_t generation_ = 0;
 };
 
 }  // namespace metad::pipeline

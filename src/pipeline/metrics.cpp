@@ -164,11 +164,14 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
          "sampled.",
          snap.memory_used);
   line(out,
-       "# HELP hf3fs_metad_memory_refusals_total Rank initializations (507) and request "
-       "bodies (503) refused because they did not fit the budget.");
+       "# HELP hf3fs_metad_memory_refusals_total Rank and pool creations (507), request "
+       "bodies (503) and allocations (answered as by a full pool) refused because they did "
+       "not fit the budget.");
   line(out, "# TYPE hf3fs_metad_memory_refusals_total counter");
   line(out, "hf3fs_metad_memory_refusals_total{{what=\"rank\"}} {}", snap.refused_ranks);
   line(out, "hf3fs_metad_memory_refusals_total{{what=\"body\"}} {}", snap.refused_bodies);
+  line(out, "hf3fs_metad_memory_refusals_total{{what=\"allocation\"}} {}",
+       snap.refused_allocations);
   line(out,
        "# HELP hf3fs_metad_rank_reinitialized_total Worker initializations of an existing rank "
        "with another page count: grown or shrunk.");

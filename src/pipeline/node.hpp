@@ -59,6 +59,8 @@ struct core_state {
   // Initializations of this core's ranks with another page count than the rank has
   // (metrics): the usual sign of a second model, with another KV layout, on this server.
   std::uint64_t ranks_grown = 0, ranks_shrunk = 0;
+  // This core's share of --memory-max for what allocations add to its ranks and pools.
+  memory_credit credit;
   // directory.oldest_incomplete(), published for the other cores: an allocation short of
   // pages looks for stale keys only when some core has one. Refreshed by this core on
   // its tick and after each confirmation or removal it settles.

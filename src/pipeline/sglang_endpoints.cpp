@@ -42,13 +42,13 @@ const std::string& sg_namespace(const scratch& s) {
 
 // On the owner core: creates or grows a pool, within --ranks-max pools and the memory
 // budget.
-sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint32_t& old_pages,
+sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint64_t& old_pages,
                         std::uint64_t& needed) {
   const api::sg_initialize_cmd& cmd = s.sg_init;
   shard::sglang_pools* pools = core.sg_pools(s.tenant, false);
   const shard::sglang_pool* pool = pools ? pools->find(s.sg_rank, cmd.ns) : nullptr;
-  const std::int64_t before = pool ? pool->num_pages() : 0;
-  const auto pages = static_cast<std::uint32_t>(cmd.num_pages);
+  const auto before = static_cast<std::int64_t>(pool ? pool->num_pages() : 0);
+  const auto pages = static_cast<std::uint64_t>(cmd.num_pages);
   if (!pool) {
     std::int64_t count = nd.sglang_pools.load(std::memory_order_relaxed);
     do {
@@ -56,8 +56,9 @@ sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint32_t& o
     } while (!nd.sglang_pools.compare_exchange_weak(count, count + 1, std::memory_order_relaxed));
   }
   if (cmd.num_pages > before) {
+    // A pool costs what it holds: creating one a constant, growing it nothing.
     needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(before);
-    if (!nd.memory.charge_kept(needed)) {
+    if (needed != 0 && !nd.memory.charge_kept(needed)) {
       if (!pool) nd.sglang_pools.fetch_sub(1, std::memory_order_relaxed);
       nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
       return sg_answer::over_budget;
@@ -90,6 +91,17 @@ sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint32_t& o
   return sg_answer::no_content;
 }
 
+// What a key given a page by a reserve may add to the server, for the memory budget: its
+// bytes (its reservation's copy, then its binding's), its node, its entries, its page's
+// bits, allocator slack. An estimate made before the fact; the resident size measured
+// at the next sample replaces it.
+std::uint64_t sg_reserve_bytes(std::span<const std::string_view> keys) {
+  constexpr std::uint64_t kBindingBytes = 160;
+  std::uint64_t bytes = keys.size() * kBindingBytes;
+  for (const std::string_view key : keys) bytes += key.size();
+  return bytes;
+}
+
 // On the owner core: the operation on an existing pool.
 sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch& s) {
   const std::uint64_t now = sg_now(nd, core);
@@ -104,8 +116,15 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
       api::encode_exists(s.body, s.flags);
       return sg_answer::body;
     case sg_op::reserve: {
-      const shard::sglang_reserve_stats st = pool.reserve(s.sg_keys.keys.views(), now, s.slots);
-      if (s.sg_keys.keys.size() != 0) journal.sg_reserve(name, now, s.sg_keys.keys.views());
+      // The memory budget: past it the pool answers as a full one (evictions only), and
+      // the record says so for the replay.
+      const auto keys = s.sg_keys.keys.views();
+      const std::uint64_t bytes = sg_reserve_bytes(keys);
+      const bool fresh = core.credit.take(nd.memory, bytes);
+      const shard::sglang_reserve_stats st = pool.reserve(keys, now, s.slots, fresh);
+      if (fresh && st.allocated < keys.size())  // hits, repeats and evictions hold nothing new
+        core.credit.give_back(bytes - bytes / keys.size() * st.allocated);
+      if (keys.size() != 0) journal.sg_reserve(name, now, keys, !fresh);
       core.sg_counters.evicted += st.evicted;
       core.allocations.sglang_eviction += st.evicted;
       core.allocations.sglang_free += st.allocated - std::min(st.allocated, st.evicted);
@@ -233,7 +252,7 @@ endpoint_task run_sglang(connection& x) {
   }
   s.body.reserve(64 + 24 * n);
   s.detail.reserve(256);
-  std::uint32_t old_pages = 0;
+  std::uint64_t old_pages = 0;
   std::uint64_t needed = 0;
   co_await nd.mailbox.hop_to(owner);
   core_state& core = *nd.core[owner];
@@ -363,7 +382,11 @@ void write_sg_pools(const core_state& core, Sink&& sink) {
     entry.second.for_each([&](std::int64_t rank, std::string_view ns,
                               const shard::sglang_pool& pool) {
       const shard::sglang_image image = pool.image();
-      free.assign(image.free.begin(), image.free.end());
+      free.clear();  // as runs: lo, hi, lo, hi, ...
+      for (const auto& [lo, hi] : image.free) {
+        free.push_back(static_cast<std::int64_t>(lo));
+        free.push_back(static_cast<std::int64_t>(hi));
+      }
       bound_keys.clear();
       bound_pages.clear();
       for (const auto& [key, page] : image.bound) {
@@ -371,7 +394,8 @@ void write_sg_pools(const core_state& core, Sink&& sink) {
         bound_pages.push_back(page);
       }
       flights.clear();
-      for (const auto& f : image.reserved) flights.push_back({f.page, f.key, f.epoch, f.deadline});
+      for (const auto& f : image.reserved)
+        flights.push_back({static_cast<std::int64_t>(f.page), f.key, f.epoch, f.deadline});
       store::append_sg_snapshot_pool(sink(), {name, rank, ns}, core.sg_last_now, image.num_pages,
                                      image.epoch, free, bound_keys, bound_pages, flights);
       if (image.quarantined.empty()) return;

@@ -139,7 +139,7 @@ void render_sg_metrics(std::string& out, scratch& s) {
       "pools by tenant, rank and namespace).\n"
       "# TYPE hf3fs_metad_sglang_pool_pages gauge\n");
   for (const sg_pool_row& r : rows) {
-    const std::pair<std::string_view, std::uint32_t> states[] = {{"total", r.stats.num_pages},
+    const std::pair<std::string_view, std::uint64_t> states[] = {{"total", r.stats.num_pages},
                                                                  {"free", r.stats.free},
                                                                  {"in_flight", r.stats.in_flight},
                                                                  {"bound", r.stats.bound}};

@@ -122,15 +122,17 @@ const std::vector<row>& table() {
    integer<&C::header_bytes_max, 256, std::size_t{1} << 24>, number<&C::header_bytes_max>},
   {"--body-bytes-max", "N", "request body limit, else 413 (default {})",
    integer<&C::body_bytes_max, 0, std::size_t{1} << 32>, number<&C::body_bytes_max>},
-  {"--pages-per-rank-max", "N", "largest num_pages a rank may have (default {})",
-   integer<&C::pages_per_rank_max, 1, (std::int64_t{1} << 31) - 1>, number<&C::pages_per_rank_max>},
+  {"--pages-per-rank-max", "N", "largest num_pages a rank or pool may have (default and most\n"
+                               "{} = 2^48; a pool costs what it hands out)",
+   integer<&C::pages_per_rank_max, 1, std::int64_t{1} << 48>, number<&C::pages_per_rank_max>},
   {"--ranks-max", "N", "worker ranks that may exist at once; one more gets a 400\n"
                        "(default {})",
    integer<&C::ranks_max, 1, std::int64_t{1} << 24>, number<&C::ranks_max>},
   {"--key-bytes-max", "N", "longest key a request may carry, else 400 (default {})",
    integer<&C::key_bytes_max, 1, std::size_t{1} << 24>, number<&C::key_bytes_max>},
   {"--memory-max", "BYTES", "memory clients may make the server hold, e.g. 8GiB: a rank\n"
-                            "created or grown past it gets a 507, a request body that\n"
+                            "or pool created past it gets a 507, an allocation past it\n"
+                            "is answered as by a full pool, a request body that\n"
                             "does not fit a 503 before it is read (default: half of the\n"
                             "physical memory, or of the cgroup's limit when lower)",
    memory_max},

@@ -157,11 +157,11 @@ class page_owners {
  public:
   std::size_t size() const { return size_; }
   // Owner{} when the page has no owner here.
-  Owner find(std::uint32_t page) const {
+  Owner find(std::uint64_t page) const {
     const std::size_t i = index_of(page);
     return i == npos ? Owner{} : slots_[i].owner;
   }
-  void insert(std::uint32_t page, const Owner& owner) {
+  void insert(std::uint64_t page, const Owner& owner) {
     METAD_ASSERT(page != empty_page && !(owner == Owner{}));
     if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.empty() ? 16 : slots_.size() * 2);
     std::size_t i = home(page);
@@ -173,7 +173,7 @@ class page_owners {
     ++size_;
   }
   // Removes the page's owner and returns it (Owner{} if none).
-  Owner take(std::uint32_t page) {
+  Owner take(std::uint64_t page) {
     std::size_t hole = index_of(page);
     if (hole == npos) return Owner{};
     const Owner owner = slots_[hole].owner;
@@ -203,17 +203,17 @@ class page_owners {
   }
 
  private:
-  static constexpr std::uint32_t empty_page = UINT32_MAX;  // beyond any page_pool page
+  static constexpr std::uint64_t empty_page = UINT64_MAX;  // beyond any pool's page
   static constexpr std::size_t npos = ~std::size_t{0};
   struct slot {
-    std::uint32_t page = empty_page;
+    std::uint64_t page = empty_page;
     Owner owner{};
   };
-  std::size_t home(std::uint32_t page) const {
+  std::size_t home(std::uint64_t page) const {
     return static_cast<std::size_t>((page * 0x9E3779B97F4A7C15ull) >> shift_);
   }
   std::size_t mask() const { return slots_.size() - 1; }
-  std::size_t index_of(std::uint32_t page) const {
+  std::size_t index_of(std::uint64_t page) const {
     if (size_ == 0) return npos;
     for (std::size_t i = home(page);; i = (i + 1) & mask()) {
       if (slots_[i].page == empty_page) return npos;

@@ -1,8 +1,8 @@
 // lifo_pages: the free pages of one SGLang pool as the reference's LIFO stack (a list that
 // starts [0, 1, ..., n-1], pops from the end, and takes freed pages on the end), stored as
-// ascending runs: a fresh pool of 2^28 pages is one 8-byte run, and a page freed right
-// above the top run extends it. Invariant: no page appears twice (the caller pushes only
-// pages it took out of the free state). Owned by the pool's core.
+// ascending runs: a fresh pool of any size (up to 2^48 pages) is one 16-byte run, and a
+// page freed right above the top run extends it. Invariant: no page appears twice (the
+// caller pushes only pages it took out of the free state). Owned by the pool's core.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +19,7 @@ class lifo_pages {
   bool empty() const { return size_ == 0; }
 
   // Pushes lo, lo+1, ..., hi-1 (hi-1 ends on top).
-  void push_range(std::uint32_t lo, std::uint32_t hi) {
+  void push_range(std::uint64_t lo, std::uint64_t hi) {
     METAD_ASSERT(lo <= hi);
     if (lo == hi) return;
     if (!runs_.empty() && runs_.back().hi == lo) {
@@ -29,25 +29,25 @@ class lifo_pages {
     }
     size_ += hi - lo;
   }
-  void push(std::uint32_t page) { push_range(page, page + 1); }
+  void push(std::uint64_t page) { push_range(page, page + 1); }
 
   // The top page, removed. Precondition: !empty().
-  std::uint32_t pop() {
+  std::uint64_t pop() {
     METAD_ASSERT(!runs_.empty());
     run& top = runs_.back();
-    const std::uint32_t page = --top.hi;
+    const std::uint64_t page = --top.hi;
     if (top.hi == top.lo) runs_.pop_back();
     --size_;
     return page;
   }
 
-  // fn(page) from the bottom of the stack to its top (the last page is handed out first).
+  // fn(lo, hi) for each run of pages lo..hi-1, from the bottom of the stack to its top
+  // (hi-1 of the last run is handed out first).
   template <class Fn>
-  void for_each(Fn&& fn) const {
-    for (const run& r : runs_) {
-      for (std::uint32_t p = r.lo; p < r.hi; ++p) fn(p);
-    }
+  void for_each_run(Fn&& fn) const {
+    for (const run& r : runs_) fn(r.lo, r.hi);
   }
+  std::size_t run_count() const { return runs_.size(); }
 
   void clear() {
     std::deque<run>().swap(runs_);
@@ -57,7 +57,7 @@ class lifo_pages {
 
  private:
   struct run {
-    std::uint32_t lo, hi;  // pages lo..hi-1, hi-1 nearest the top
+    std::uint64_t lo, hi;  // pages lo..hi-1, hi-1 nearest the top
   };
   // A deque: growing it never copies the runs already there (no stall at millions).
   std::deque<run> runs_;

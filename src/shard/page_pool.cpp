@@ -11,10 +11,11 @@ namespace metad::shard {
 namespace {
 
 constexpr std::uint64_t bit(std::uint64_t i) { return std::uint64_t{1} << (i % 64); }
-constexpr std::size_t words_for(std::size_t bits) { return (bits + 63) / 64; }
+constexpr std::size_t words_for(std::uint64_t bits) {
+  return static_cast<std::size_t>((bits + 63) / 64);
+}
 
-// A copy of `v` resized to exactly `words` (vector::resize may double the capacity,
-// and the pool promises a fixed cost per page).
+// A copy of `v` resized to exactly `words`, new words zero.
 std::vector<std::uint64_t> resized_exact(const std::vector<std::uint64_t>& v, std::size_t words) {
   std::vector<std::uint64_t> out(words, 0);
   std::copy_n(v.begin(), std::min(v.size(), words), out.begin());
@@ -23,38 +24,50 @@ std::vector<std::uint64_t> resized_exact(const std::vector<std::uint64_t>& v, st
 
 }  // namespace
 
-void page_pool::grow(std::uint32_t new_pages) {
+void page_pool::grow(std::uint64_t new_pages) {
   METAD_ASSERT(new_pages >= num_pages_ && new_pages <= pages_max);
-  if (new_pages == num_pages_) return;
-  const std::size_t words = words_for(new_pages);
+  num_pages_ = new_pages;  // the new pages lie above the high-water mark: free, no state
+}
+
+void page_pool::shrink(std::uint64_t new_pages) {
+  METAD_ASSERT(new_pages > 0 && new_pages <= num_pages_);
+  if (new_pages < high_) {
+    const auto to = static_cast<std::uint32_t>(new_pages);
+    for (std::uint32_t p = to; p < high_; ++p) METAD_ASSERT(state(p) == page_state::free);
+    free_below_ -= high_ - to;
+    high_ = to;
+    const std::size_t words = words_for(high_);
+    levels_[0] = resized_exact(levels_[0], words);
+    bound_ = resized_exact(bound_, words);
+    if (high_ % 64 != 0) levels_[0].back() &= bit(high_) - 1;  // no bit at the mark or past
+    if (words == 0) {
+      levels_.clear();
+    } else {
+      rebuild_summaries();
+    }
+  }
+  num_pages_ = new_pages;
+}
+
+void page_pool::cover(std::uint64_t pages) {
+  const std::size_t need = words_for(pages);
+  const std::size_t have = levels_.empty() ? 0 : levels_[0].size();
+  if (need <= have) return;
+  // Doubling (amortised O(1) per page), but never past what the pool can hand out.
+  const std::size_t limit = words_for(std::min<std::uint64_t>(num_pages_, held_max));
+  const std::size_t words = std::max(need, std::min(limit, std::max<std::size_t>(have * 2, 1)));
   if (levels_.empty()) levels_.emplace_back();
   levels_[0] = resized_exact(levels_[0], words);
   bound_ = resized_exact(bound_, words);
-  auto& free_bits = levels_[0];
-  for (std::uint64_t p = num_pages_; p < new_pages;) {
-    if (p % 64 == 0 && new_pages - p >= 64) {
-      free_bits[p / 64] = ~std::uint64_t{0};
-      p += 64;
-    } else {
-      free_bits[p / 64] |= bit(p);
-      ++p;
-    }
-  }
-  free_count_ += new_pages - num_pages_;
-  num_pages_ = new_pages;
   rebuild_summaries();
 }
 
-void page_pool::shrink(std::uint32_t new_pages) {
-  METAD_ASSERT(new_pages > 0 && new_pages <= num_pages_);
-  for (std::uint32_t p = new_pages; p < num_pages_; ++p) METAD_ASSERT(state(p) == page_state::free);
-  const std::size_t words = words_for(new_pages);
-  levels_[0] = resized_exact(levels_[0], words);
-  bound_ = resized_exact(bound_, words);
-  if (new_pages % 64 != 0) levels_[0].back() &= bit(new_pages) - 1;  // no bit past the end
-  free_count_ -= num_pages_ - new_pages;
-  num_pages_ = new_pages;
-  rebuild_summaries();
+void page_pool::raise_to(std::uint32_t to) {
+  if (to <= high_) return;
+  cover(to);
+  for (std::uint32_t p = high_; p < to; ++p) set_free(p);
+  free_below_ += to - high_;
+  high_ = to;
 }
 
 void page_pool::rebuild_summaries() {
@@ -69,8 +82,16 @@ void page_pool::rebuild_summaries() {
   }
 }
 
+std::uint64_t page_pool::available() const {
+  return free_below_ + (std::min<std::uint64_t>(num_pages_, held_max) - high_);
+}
+
 std::uint32_t page_pool::take_lowest() {
-  METAD_ASSERT(free_count_ > 0);
+  if (free_below_ == 0) {  // every page below the mark is held: the mark's page is next
+    METAD_ASSERT(high_ < num_pages_ && high_ < held_max);
+    cover(std::uint64_t{high_} + 1);
+    return high_++;  // neither free nor bound: reserved
+  }
   std::size_t index = 0;  // word index in the level below, finally the page
   for (std::size_t k = levels_.size(); k-- > 0;) {
     const std::uint64_t w = levels_[k][index];
@@ -78,16 +99,17 @@ std::uint32_t page_pool::take_lowest() {
     index = index * 64 + static_cast<std::size_t>(std::countr_zero(w));
   }
   const auto page = static_cast<std::uint32_t>(index);
-  METAD_ASSERT(page < num_pages_);
+  METAD_ASSERT(page < high_);
   clear_free(page);
-  --free_count_;
+  --free_below_;
   return page;
 }
 
 void page_pool::take(std::uint32_t page) {
-  METAD_ASSERT(state(page) == page_state::free);
+  METAD_ASSERT(can_take(page));
+  raise_to(page + 1);
   clear_free(page);
-  --free_count_;
+  --free_below_;
 }
 
 void page_pool::bind(std::uint32_t page) {
@@ -99,7 +121,7 @@ void page_pool::bind(std::uint32_t page) {
 void page_pool::release(std::uint32_t page) {
   METAD_ASSERT(state(page) == page_state::reserved);
   set_free(page);
-  ++free_count_;
+  ++free_below_;
 }
 
 void page_pool::free_bound(std::uint32_t page) {
@@ -107,11 +129,11 @@ void page_pool::free_bound(std::uint32_t page) {
   bound_[page / 64] &= ~bit(page);
   --bound_count_;
   set_free(page);
-  ++free_count_;
+  ++free_below_;
 }
 
-page_state page_pool::state(std::uint32_t page) const {
-  METAD_ASSERT(page < num_pages_);
+page_state page_pool::state(std::uint64_t page) const {
+  if (page >= high_) return page_state::free;
   if (levels_[0][page / 64] & bit(page)) return page_state::free;
   if (bound_[page / 64] & bit(page)) return page_state::bound;
   return page_state::reserved;
@@ -144,35 +166,29 @@ std::size_t page_pool::memory_bytes() const {
   return bytes + levels_.capacity() * sizeof(levels_[0]);
 }
 
-std::size_t page_pool::bytes_for(std::uint32_t num_pages) {
-  if (num_pages == 0) return 0;
-  std::size_t words = words_for(num_pages);
-  std::size_t total = words;  // bound bits
-  for (;;) {                  // free bits and their summaries
-    total += words;
-    if (words <= 1) break;
-    words = words_for(words);
-  }
-  return total * sizeof(std::uint64_t);
-}
-
 std::string page_pool::check() const {
-  if (num_pages_ == 0) return levels_.empty() && free_count_ == 0 ? "" : "empty pool with state";
-  const std::size_t words = words_for(num_pages_);
-  if (levels_.empty() || levels_[0].size() != words || bound_.size() != words) {
-    return "bitmap sizes disagree with num_pages";
+  if (high_ > num_pages_ || high_ > held_max) return "high-water mark past the pool";
+  if (free_below_ + bound_count_ > high_) return "counts exceed the high-water mark";
+  if (levels_.empty()) {
+    return high_ == 0 && bound_.empty() ? "" : "no bitmaps below the high-water mark";
   }
-  const std::uint64_t tail = num_pages_ % 64 == 0 ? ~std::uint64_t{0} : bit(num_pages_) - 1;
+  const std::size_t words = levels_[0].size();
+  if (words < words_for(high_) || bound_.size() != words) {
+    return "bitmap sizes disagree with the high-water mark";
+  }
   std::uint64_t free_bits = 0, bound_bits = 0;
   for (std::size_t w = 0; w < words; ++w) {
     const std::uint64_t f = levels_[0][w], b = bound_[w];
     if (f & b) return fmt::format("word {}: a page is both free and bound", w);
-    if (w + 1 == words && ((f | b) & ~tail)) return "bits set beyond num_pages";
+    const std::uint64_t first = std::uint64_t{w} * 64;
+    const std::uint64_t valid =
+        first >= high_ ? 0 : (high_ - first >= 64 ? ~std::uint64_t{0} : bit(high_) - 1);
+    if ((f | b) & ~valid) return "bits set at or beyond the high-water mark";
     free_bits += static_cast<std::uint64_t>(std::popcount(f));
     bound_bits += static_cast<std::uint64_t>(std::popcount(b));
   }
-  if (free_bits != free_count_) {
-    return fmt::format("free count {} but {} free bits", free_count_, free_bits);
+  if (free_bits != free_below_) {
+    return fmt::format("free count {} below the mark but {} free bits", free_below_, free_bits);
   }
   if (bound_bits != bound_count_) {
     return fmt::format("bound count {} but {} bound bits", bound_count_, bound_bits);

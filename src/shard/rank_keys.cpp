@@ -31,8 +31,9 @@ std::string rank_keys::key_text(const key_owner& owner) {
 
 std::string rank_keys::check(const page_pool& pool, std::size_t quarantined) const {
   if (std::string e = pool.check(); !e.empty()) return e;
-  const std::uint32_t num_pages = pool.num_pages();
-  std::vector<std::uint64_t> held((num_pages + 63) / 64, 0);
+  // Every page a key holds lies below the high-water mark (pages above it are free).
+  const std::uint32_t num_pages = pool.high_water();
+  std::vector<std::uint64_t> held((std::uint64_t{num_pages} + 63) / 64, 0);
   std::size_t reserved = 0, confirmed = 0;
   std::string error;
   // One stored key: `reachable` says a lookup by its bytes finds this very entry.
@@ -43,8 +44,8 @@ std::string rank_keys::check(const page_pool& pool, std::size_t quarantined) con
     if (!reachable) {
       error = fmt::format("key {} is not reachable in the key map", key_text(self));
     } else if (page >= num_pages) {
-      error =
-          fmt::format("key {} holds page {} beyond num_pages {}", key_text(self), page, num_pages);
+      error = fmt::format("key {} holds page {} beyond the high-water mark {}", key_text(self),
+                          page, num_pages);
     } else if (held[page / 64] & (std::uint64_t{1} << (page % 64))) {
       error = fmt::format("page {} is held by two keys", page);
     } else if (is_confirmed && pool.state(page) != page_state::bound) {

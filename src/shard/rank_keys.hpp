@@ -16,9 +16,10 @@
 namespace metad::shard {
 
 // The word stored per key: bit 31 confirmed, bits 0..30 page + 1 (so never 0, which
-// marks an empty slot). Pages are < page_pool::pages_max = 2^31 - 1, so page + 1 fits.
+// marks an empty slot). Pages handed out are < page_pool::held_max = 2^31 - 1, so page + 1
+// fits.
 namespace entry_word {
-static_assert(page_pool::pages_max <= 0x7FFFFFFFu, "page + 1 fits 31 bits");
+static_assert(page_pool::held_max <= 0x7FFFFFFFu, "page + 1 fits 31 bits");
 inline std::uint32_t make(std::uint32_t page, bool confirmed) {
   METAD_ASSERT(page < 0x7FFFFFFFu);
   return (page + 1) | (confirmed ? 0x80000000u : 0u);

@@ -16,6 +16,10 @@
 namespace metad::shard {
 namespace {
 
+// What creating a rank costs before it holds a page (its table entry and empty maps); the
+// pages and keys it takes later are charged as it takes them.
+constexpr std::size_t kPoolBytes = 1024;
+
 struct quarantined {
   std::uint64_t until;
   std::uint32_t page;
@@ -29,21 +33,21 @@ struct rank_state {
   // and the end of quarantines both take from the front, so it stays in order.
   std::deque<quarantined> quarantine;
 
-  std::uint32_t free_count() const {
-    return pool.free_count() + static_cast<std::uint32_t>(quarantine.size());
-  }
+  // Pages an allocation can take: free ones it may hand out, then quarantined ones.
+  std::uint64_t available() const { return pool.available() + quarantine.size(); }
   // The lowest free page, else the oldest quarantined one; now reserved (for no key
-  // yet). Precondition: free_count() > 0.
+  // yet). Precondition: available() > 0.
   std::uint32_t take_page() {
-    if (pool.free_count() > 0) return pool.take_lowest();
+    if (pool.available() > 0) return pool.take_lowest();
     const std::uint32_t page = quarantine.front().page;
     quarantine.pop_front();
     return page;
   }
   rank_stats stats() const {
     const auto q = static_cast<std::int64_t>(quarantine.size());
-    return rank_stats{pool.num_pages(), pool.free_count() + q, pool.reserved_count() - q,
-                      pool.bound_count(), q};
+    return rank_stats{static_cast<std::int64_t>(pool.num_pages()),
+                      static_cast<std::int64_t>(pool.free_count()) + q,
+                      std::int64_t{pool.reserved_count()} - q, pool.bound_count(), q};
   }
 
   // Whether the queue entry's reservation still holds the page.
@@ -124,7 +128,7 @@ struct rank_table::impl {
                                std::span<const std::string_view> keys,
                                std::span<const std::int64_t> pages,
                                std::span<const std::int64_t> releases);
-  void release(rank_state& rs, std::uint32_t page, std::uint64_t quarantine_until);
+  void release(rank_state& rs, std::uint64_t page, std::uint64_t quarantine_until);
   std::uint64_t deadline(std::uint64_t now) const {
     return reservation_ttl == 0 ? rank_state::no_deadline : now + reservation_ttl;
   }
@@ -139,8 +143,8 @@ void rank_table::set_reservation_ttl(std::uint64_t ttl) { impl_->reservation_ttl
 
 init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
                                    std::vector<std::string>* unbound_out) {
-  METAD_ASSERT(num_pages > 0 && num_pages <= page_pool::pages_max);
-  const auto pages = static_cast<std::uint32_t>(num_pages);
+  METAD_ASSERT(num_pages > 0 && static_cast<std::uint64_t>(num_pages) <= page_pool::pages_max);
+  const auto pages = static_cast<std::uint64_t>(num_pages);
   auto [it, created] = impl_->ranks.try_emplace(rank);
   rank_state& rs = it->second;
   if (created) {
@@ -148,7 +152,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
     rs.pool.grow(pages);
     return {init_outcome::created, 0};
   }
-  const std::int64_t old_pages = rs.pool.num_pages();
+  const auto old_pages = static_cast<std::int64_t>(rs.pool.num_pages());
   if (num_pages == old_pages) return {init_outcome::unchanged, old_pages};
   if (num_pages > old_pages) {
     rs.pool.grow(pages);
@@ -184,15 +188,15 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
 }
 
 std::size_t rank_table::pool_bytes(std::int64_t num_pages) {
-  METAD_ASSERT(num_pages >= 0 && num_pages <= page_pool::pages_max);
-  return page_pool::bytes_for(static_cast<std::uint32_t>(num_pages));
+  METAD_ASSERT(num_pages >= 0 && static_cast<std::uint64_t>(num_pages) <= page_pool::pages_max);
+  return num_pages == 0 ? 0 : kPoolBytes;
 }
 
 bool rank_table::contains(std::int64_t rank) const { return impl_->find(rank) != nullptr; }
 
 allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::string_view> keys,
                                      std::uint64_t now, std::vector<std::uint32_t>& distinct_out,
-                                     std::vector<std::int64_t>& pages_out) {
+                                     std::vector<std::int64_t>& pages_out, std::uint64_t new_max) {
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return {};
   impl& m = *impl_;
@@ -211,7 +215,7 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
     }
   }
   // All or nothing over the keys that need a new page.
-  const std::size_t free = rs->free_count();
+  const std::uint64_t free = std::min<std::uint64_t>(rs->available(), new_max);
   if (m.misses.size() > free) {
     const auto missing = static_cast<std::uint32_t>(m.misses.size() - free);
     return {true, missing, missing <= rs->pool.bound_count()};
@@ -223,7 +227,7 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
     rs->reserve(keys[i], m.parsed[i], page, deadline);
     pages_out[pages_base + offset] = page;
   }
-  return {true, 0, false};
+  return {true, 0, false, static_cast<std::uint32_t>(m.misses.size())};
 }
 
 std::size_t rank_table::expire_impl(std::uint64_t now, void* visit,
@@ -252,9 +256,10 @@ bool rank_table::release_reserved(std::int64_t rank, std::span<const std::int64_
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
   for (const std::int64_t page : pages) {
-    if (page < 0 || page >= rs->pool.num_pages()) return false;
-    const auto p = static_cast<std::uint32_t>(page);
-    if (rs->pool.state(p) != page_state::reserved || !rs->keys.owners.find(p).set) continue;
+    if (page < 0 || static_cast<std::uint64_t>(page) >= rs->pool.num_pages()) return false;
+    if (rs->pool.state(static_cast<std::uint64_t>(page)) != page_state::reserved) continue;
+    const auto p = static_cast<std::uint32_t>(page);  // reserved: below the high-water mark
+    if (!rs->keys.owners.find(p).set) continue;
     rs->keys.release_reserved(p);
     rs->pool.release(p);
   }
@@ -297,9 +302,8 @@ bool rank_table::restore_quarantine(std::int64_t rank, std::span<const std::int6
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
   for (const std::int64_t page : pages) {
-    if (page < 0 || page >= rs->pool.num_pages()) return false;
+    if (page < 0 || !rs->pool.can_take(static_cast<std::uint64_t>(page))) return false;
     const auto p = static_cast<std::uint32_t>(page);
-    if (rs->pool.state(p) != page_state::free) return false;
     rs->pool.take(p);
     rs->quarantine.push_back({until, p});
   }
@@ -376,8 +380,11 @@ std::string rank_table::impl::validate_confirm(std::int64_t rank, rank_state& rs
   return {};
 }
 
-void rank_table::impl::release(rank_state& rs, std::uint32_t page, std::uint64_t quarantine_until) {
-  switch (rs.pool.state(page)) {
+void rank_table::impl::release(rank_state& rs, std::uint64_t any_page,
+                               std::uint64_t quarantine_until) {
+  const page_state state = rs.pool.state(any_page);
+  const auto page = static_cast<std::uint32_t>(any_page);  // if held: below the mark
+  switch (state) {
     case page_state::free:
       return;
     case page_state::bound:
@@ -420,18 +427,19 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
     newly_confirmed_out.push_back(i);
   }
   for (const std::int64_t page : releases)
-    m.release(*rs, static_cast<std::uint32_t>(page), quarantine_until);
+    m.release(*rs, static_cast<std::uint64_t>(page), quarantine_until);
   return confirm_outcome::ok;
 }
 
 bool rank_table::restore(std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed,
                          std::uint64_t now) {
   rank_state* rs = impl_->find(rank);
-  if (rs == nullptr || page < 0 || page >= rs->pool.num_pages()) return false;
+  if (rs == nullptr || page < 0 || !rs->pool.can_take(static_cast<std::uint64_t>(page)))
+    return false;
   const auto p = static_cast<std::uint32_t>(page);
   parsed_key parsed;
   parse_key(key, parsed);
-  if (rs->pool.state(p) != page_state::free || rs->keys.find(key, parsed) != nullptr) return false;
+  if (rs->keys.find(key, parsed) != nullptr) return false;
   rs->pool.take(p);
   rs->reserve(key, parsed, p, confirmed ? rank_state::no_deadline : impl_->deadline(now));
   if (confirmed) {
@@ -448,7 +456,6 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
   if (rs == nullptr) return false;
   dual_key_map<std::uint32_t>& map = rs->keys.map;
   if (map.packed_size() == 0) map.reserve(expected);
-  const std::uint32_t num_pages = rs->pool.num_pages();
   const std::uint64_t deadline = impl_->deadline(now);
   // Hashed and prefetched `ahead` entries before their turn: the cache misses overlap.
   constexpr std::size_t ahead = 16;
@@ -465,9 +472,7 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
     const packed_binding& e = entries[i];
     const parsed_key p = parsed[i % ahead];
     if (i + ahead < entries.size()) start(i + ahead);
-    if (e.page >= num_pages || rs->pool.state(e.page) != page_state::free ||
-        map.find_packed(e.key, p.hash) != nullptr)
-      return false;
+    if (!rs->pool.can_take(e.page) || map.find_packed(e.key, p.hash) != nullptr) return false;
     rs->pool.take(e.page);
     if (e.confirmed) {
       rs->pool.bind(e.page);
@@ -499,10 +504,11 @@ void rank_table::for_each_rank_packed_impl(
     void (*on_other)(void*, std::string_view, std::int64_t, bool)) const {
   for (const auto& [rank, rs] : impl_->ranks) {
     const page_pool& pool = rs.pool;
-    on_rank(
-        v, rank,
-        rank_stats{pool.num_pages(), pool.free_count(), pool.reserved_count(), pool.bound_count()},
-        rs.keys.map.packed_size());
+    on_rank(v, rank,
+            rank_stats{static_cast<std::int64_t>(pool.num_pages()),
+                       static_cast<std::int64_t>(pool.free_count()), pool.reserved_count(),
+                       pool.bound_count()},
+            rs.keys.map.packed_size());
     rs.keys.map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
       on_packed(v, packed_binding{k, entry_word::page(word), entry_word::confirmed(word)});
     });
@@ -619,9 +625,9 @@ std::string rank_table::check_invariants() const {
   for (const auto& [rank, rs] : impl_->ranks) {
     if (std::string e = rs.keys.check(rs.pool, rs.quarantine.size()); !e.empty())
       return fmt::format("rank {}: {}", rank, e);
-    std::vector<std::uint8_t> seen(rs.pool.num_pages(), 0);
+    std::vector<std::uint8_t> seen(rs.pool.high_water(), 0);  // every held page lies below
     for (const quarantined& q : rs.quarantine) {
-      if (q.page >= rs.pool.num_pages() || seen[q.page] ||
+      if (q.page >= rs.pool.high_water() || seen[q.page] ||
           rs.pool.state(q.page) != page_state::reserved || rs.keys.owners.find(q.page).set)
         return fmt::format("rank {}: quarantined page {} is out of range, listed twice, or held",
                            rank, q.page);

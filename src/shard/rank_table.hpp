@@ -33,6 +33,7 @@ struct allocate_result {
   bool found = false;          // false: the rank is not initialised (nothing appended)
   std::uint32_t short_by = 0;  // > 0: the batch got -1s; this many more free pages would serve it
   bool evictable = false;      // ... and freeing every bound page of the rank would be enough
+  std::uint32_t taken = 0;     // keys given a new page
   explicit operator bool() const { return found; }
 };
 
@@ -61,8 +62,9 @@ class rank_table {
   // their reservations and quarantines are dropped.
   init_result initialize(std::int64_t rank, std::int64_t num_pages,
                          std::vector<std::string>* unbound_out = nullptr);
-  // The heap bytes a rank's page pool of num_pages pages holds (its key table grows with
-  // its keys, on top).
+  // The heap bytes a rank of num_pages pages holds before it hands out a page: a
+  // constant (0 for none), whatever num_pages is. The pages it hands out and their keys
+  // grow it from there (what the memory budget charges per allocation).
   static std::size_t pool_bytes(std::int64_t num_pages);
   bool contains(std::int64_t rank) const;
 
@@ -70,10 +72,13 @@ class rank_table {
   // first). `keys` may repeat. For each distinct key, in
   // order of first occurrence, appends its index in `keys` to distinct_out and its page
   // to pages_out (-1: the pool cannot serve the batch). Nothing is appended when the
-  // rank is not initialised.
+  // rank is not initialised. At most new_max keys may take a new page (the memory
+  // budget's cap: past it the batch is answered as by a full pool); a batch within it
+  // gets exactly the pages it would get without a cap.
   allocate_result allocate(std::int64_t rank, std::span<const std::string_view> keys,
                            std::uint64_t now, std::vector<std::uint32_t>& distinct_out,
-                           std::vector<std::int64_t>& pages_out);
+                           std::vector<std::int64_t>& pages_out,
+                           std::uint64_t new_max = UINT64_MAX);
 
   // Returns every reservation whose deadline is <= now to the free pool (its key
   // forgotten), on every rank; calls visit(rank, std::span<const std::int64_t> pages) once

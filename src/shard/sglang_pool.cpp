@@ -10,14 +10,14 @@
 // sglang_pool: the operations of docs/sglang-api.md on one pool; see the header for the rules.
 namespace metad::shard {
 
-sglang_pool::sglang_pool(std::uint32_t num_pages, const sglang_config& config) : config_(config) {
+sglang_pool::sglang_pool(std::uint64_t num_pages, const sglang_config& config) : config_(config) {
   nodes_.emplace_back();  // the LRU sentinel
   grow(num_pages);
 }
 
 sglang_pool::~sglang_pool() {
   owners_.for_each(
-      [](std::uint32_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
+      [](std::uint64_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
 }
 
 sglang_pool::sglang_pool(sglang_pool&& other) noexcept { *this = std::move(other); }
@@ -25,7 +25,7 @@ sglang_pool::sglang_pool(sglang_pool&& other) noexcept { *this = std::move(other
 sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
   if (this == &other) return *this;
   owners_.for_each(
-      [](std::uint32_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
+      [](std::uint64_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
   config_ = other.config_;
   pages_ = std::move(other.pages_);
   free_ = std::move(other.free_);
@@ -39,7 +39,7 @@ sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
   serial_ = other.serial_;
   epoch_ = other.epoch_;
   stamp_ = other.stamp_;
-  other.pages_ = page_pool{};
+  other.pages_ = sparse_pages{};
   other.free_.clear();
   other.expiry_.clear();
   other.quarantine_.clear();
@@ -47,8 +47,8 @@ sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
   return *this;
 }
 
-void sglang_pool::grow(std::uint32_t new_pages) {
-  const std::uint32_t old = pages_.num_pages();
+void sglang_pool::grow(std::uint64_t new_pages) {
+  const std::uint64_t old = pages_.num_pages();
   METAD_ASSERT(new_pages >= old && new_pages <= pages_max);
   pages_.grow(new_pages);
   free_.push_range(old, new_pages);
@@ -94,22 +94,22 @@ std::uint32_t sglang_pool::find(std::string_view key, std::uint32_t hash) const 
   return s == nullptr ? 0 : s->value;
 }
 
-std::uint32_t sglang_pool::drop_node(std::uint32_t i) {
+std::uint64_t sglang_pool::drop_node(std::uint32_t i) {
   const std::string_view key = key_blob::view(nodes_[i].blob);
   auto* s = keys_.find(key, table_hash(key));
   METAD_ASSERT(s != nullptr && s->value == i);
-  const std::uint32_t page = nodes_[i].page;
+  const std::uint64_t page = nodes_[i].page;
   unlink(i);
   keys_.erase(*s);
   free_node(i);
   return page;
 }
 
-void sglang_pool::bind_key(std::string_view key, std::uint32_t hash, std::uint32_t page,
+void sglang_pool::bind_key(std::string_view key, std::uint32_t hash, std::uint64_t page,
                            sglang_confirm_stats& stats) {
   std::uint32_t i = find(key, hash);
   if (i != 0) {
-    const std::uint32_t old = nodes_[i].page;
+    const std::uint64_t old = nodes_[i].page;
     if (old != page) {  // re-binding: the old page would be orphaned in the reference
       pages_.free_bound(old);
       free_.push(old);
@@ -165,7 +165,7 @@ void sglang_pool::dedupe(std::span<const std::string_view> keys) {
 // ---------------------------------------------------------------------------------------
 // Reservations
 
-void sglang_pool::start_reservation(std::string_view key, std::uint32_t page, std::uint64_t now) {
+void sglang_pool::start_reservation(std::string_view key, std::uint64_t page, std::uint64_t now) {
   const std::uint64_t ttl = config_.reservation_ttl;
   const std::uint64_t deadline = ttl == 0 || now >= no_deadline - ttl ? no_deadline : now + ttl;
   const owner o{key_blob::make(key), epoch_, deadline, ++serial_};
@@ -173,7 +173,7 @@ void sglang_pool::start_reservation(std::string_view key, std::uint32_t page, st
   push_expiry(page, o);
 }
 
-void sglang_pool::push_expiry(std::uint32_t page, const owner& o) {
+void sglang_pool::push_expiry(std::uint64_t page, const owner& o) {
   if (o.deadline == no_deadline) return;
   expiry_.push_back(expiry_entry{o.deadline, o.serial, page});
   if (expiry_.size() > 2 * owners_.size() + 64) {
@@ -181,14 +181,14 @@ void sglang_pool::push_expiry(std::uint32_t page, const owner& o) {
   }
 }
 
-void sglang_pool::free_in_flight(std::uint32_t page) {
+void sglang_pool::free_in_flight(std::uint64_t page) {
   const owner o = owners_.take(page);
   if (o.blob != nullptr) key_blob::destroy(const_cast<char*>(o.blob));
   pages_.release(page);
   free_.push(page);
 }
 
-void sglang_pool::quarantine(std::uint32_t page, std::uint64_t until) {
+void sglang_pool::quarantine(std::uint64_t page, std::uint64_t until) {
   const owner o = owners_.take(page);
   if (o.blob != nullptr) key_blob::destroy(const_cast<char*>(o.blob));
   quarantine_.push_back(quarantined_page{until, page});
@@ -198,7 +198,7 @@ void sglang_pool::quarantine(std::uint32_t page, std::uint64_t until) {
 std::size_t sglang_pool::end_quarantines(std::uint64_t now, std::vector<std::int64_t>* ended_out) {
   std::size_t ended = 0;
   while (!quarantine_.empty() && quarantine_.front().until <= now) {
-    const std::uint32_t page = quarantine_.front().page;
+    const std::uint64_t page = quarantine_.front().page;
     quarantine_.pop_front();
     in_quarantine_.take(page);
     pages_.release(page);
@@ -212,10 +212,10 @@ std::size_t sglang_pool::end_quarantines(std::uint64_t now, std::vector<std::int
 bool sglang_pool::end_quarantine(std::span<const std::int64_t> pages) {
   if (pages.size() > quarantine_.size()) return false;
   for (std::size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] != quarantine_[i].page) return false;
+    if (pages[i] < 0 || static_cast<std::uint64_t>(pages[i]) != quarantine_[i].page) return false;
   }
   for (std::size_t i = 0; i < pages.size(); ++i) {
-    const std::uint32_t page = quarantine_.front().page;
+    const std::uint64_t page = quarantine_.front().page;
     quarantine_.pop_front();
     in_quarantine_.take(page);
     pages_.release(page);
@@ -229,13 +229,13 @@ bool sglang_pool::restore_quarantine(std::span<const std::int64_t> pages, std::u
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
   for (const std::int64_t p : pages) {
-    if (p < 0 || p >= num_pages()) return false;
-    const auto page = static_cast<std::uint32_t>(p);
+    if (p < 0 || static_cast<std::uint64_t>(p) >= num_pages()) return false;
+    const auto page = static_cast<std::uint64_t>(p);
     if (pages_.state(page) != page_state::reserved || owners_.find(page).blob != nullptr ||
         in_quarantine(page))
       return false;  // not unowned
   }
-  for (const std::int64_t p : pages) quarantine(static_cast<std::uint32_t>(p), until);
+  for (const std::int64_t p : pages) quarantine(static_cast<std::uint64_t>(p), until);
   return true;
 }
 
@@ -243,7 +243,7 @@ void sglang_pool::restart_quarantines(std::uint64_t until) {
   for (quarantined_page& q : quarantine_) q.until = until;
 }
 
-std::size_t sglang_pool::expire(std::uint64_t now, std::vector<std::uint32_t>* expired_out) {
+std::size_t sglang_pool::expire(std::uint64_t now, std::vector<std::uint64_t>* expired_out) {
   std::size_t expired = 0;
   while (!expiry_.empty() && expiry_.front().deadline <= now) {
     const expiry_entry e = expiry_.front();
@@ -256,8 +256,9 @@ std::size_t sglang_pool::expire(std::uint64_t now, std::vector<std::uint32_t>* e
   return expired;
 }
 
-bool sglang_pool::take_page(std::uint64_t now, std::uint32_t& page, sglang_reserve_stats& stats) {
-  if (!free_.empty()) {
+bool sglang_pool::take_page(std::uint64_t now, std::uint64_t& page, sglang_reserve_stats& stats,
+                            bool fresh) {
+  if (fresh && !free_.empty()) {
     page = free_.pop();
     pages_.take(page);
     return true;
@@ -282,7 +283,7 @@ bool sglang_pool::take_page(std::uint64_t now, std::uint32_t& page, sglang_reser
     ++stats.evicted;
     return true;
   }
-  if (quarantine_.empty()) return false;
+  if (!fresh || quarantine_.empty()) return false;
   // The last resort: the oldest quarantined page (reserved already, for no key).
   page = quarantine_.front().page;
   quarantine_.pop_front();
@@ -292,7 +293,7 @@ bool sglang_pool::take_page(std::uint64_t now, std::uint32_t& page, sglang_reser
 }
 
 sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys, std::uint64_t now,
-                                          std::vector<sglang_slot>& out) {
+                                          std::vector<sglang_slot>& out, bool fresh) {
   sglang_reserve_stats stats;
   stats.expired = static_cast<std::uint32_t>(expire(now));
   next_stamp();
@@ -310,7 +311,7 @@ sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys
     nd.stamp = stamp_;
     unlink(node_index);
     link_last(node_index);
-    out[i] = sglang_slot{true, nd.page};
+    out[i] = sglang_slot{true, static_cast<std::int64_t>(nd.page)};
     ++stats.hits;
   }
   // Pass 2: one page per distinct missing key, in input order; repeats copy (B4).
@@ -320,10 +321,10 @@ sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys
     if (f != i) {
       out[i] = out[f];
     } else {
-      std::uint32_t page = 0;
-      if (take_page(now, page, stats)) {
+      std::uint64_t page = 0;
+      if (take_page(now, page, stats, fresh)) {
         start_reservation(keys[i], page, now);
-        out[i] = sglang_slot{false, page};
+        out[i] = sglang_slot{false, static_cast<std::int64_t>(page)};
         ++stats.allocated;
       }
     }
@@ -380,7 +381,7 @@ void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::
       continue;
     }
     node& nd = nodes_[node_index];
-    out[i] = nd.page;
+    out[i] = static_cast<std::int64_t>(nd.page);
     nd.lease_until = std::max(nd.lease_until, until);
     unlink(node_index);
     link_last(node_index);

@@ -4,7 +4,9 @@
 // confirmed key, on the LRU list), quarantined (released by a confirm_write and held for
 // no key until its quarantine ends: a replay of that release must not free another
 // writer's page), or unowned (only after restore(): leaked, bindable by a confirm).
-// page_pool holds the state bits and counts; no page is ever held by two keys.
+// sparse_pages holds the state bits and counts; no page is ever held by two keys. A pool
+// costs what it holds: its free stack is runs of pages and only the chunks of pages ever
+// taken have state bits, so a pool of 2^40 pages is created in O(1).
 // Deterministic: the same calls with the same arguments (and `now`s) in the same order
 // give the same pages, so a caller may log each mutating call and replay it. Owned by one
 // core; not thread-safe.
@@ -22,6 +24,7 @@
 #include "shard/key_map.hpp"
 #include "shard/lifo_pages.hpp"
 #include "shard/page_pool.hpp"
+#include "shard/sparse_pages.hpp"
 
 namespace metad::shard {
 
@@ -69,7 +72,9 @@ struct sglang_confirm_stats {
 // Quarantined pages count as free (no key holds them; as vLLM's rank_stats), and in
 // `quarantined`.
 struct sglang_pool_stats {
-  std::uint32_t num_pages, free, in_flight, bound, unowned;
+  std::uint64_t num_pages, free;
+  std::uint32_t in_flight, bound;
+  std::uint64_t unowned;
   std::uint64_t keys;
   std::uint32_t quarantined = 0;
 };
@@ -77,17 +82,27 @@ struct sglang_pool_stats {
 // A pool's whole state, for snapshots and restore. Pages in none of the lists are unowned.
 struct sglang_image {
   struct in_flight {
-    std::uint32_t page;
+    std::uint64_t page;
     std::string key;
     std::uint32_t epoch;
     std::uint64_t deadline;  // UINT64_MAX: none
   };
-  std::uint32_t num_pages = 0;
+  std::uint64_t num_pages = 0;
   std::uint32_t epoch = 0;
-  std::vector<std::uint32_t> free;                           // bottom → top (top is next)
-  std::vector<std::pair<std::string, std::uint32_t>> bound;  // LRU first
+  // The free stack as runs [lo, hi) of ascending pages, bottom → top (the top run's hi-1
+  // is next): a fresh pool of any size is one run.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> free;
+  std::vector<std::pair<std::string, std::uint64_t>> bound;  // LRU first
   std::vector<in_flight> reserved;                           // in reservation order
-  std::vector<std::uint32_t> quarantined;                    // oldest release first
+  std::vector<std::uint64_t> quarantined;                    // oldest release first
+  // Appends page p on top of `free` (merging it into the top run when it extends it).
+  void push_free(std::uint64_t p) {
+    if (!free.empty() && free.back().second == p) {
+      ++free.back().second;
+    } else {
+      free.emplace_back(p, p + 1);
+    }
+  }
 };
 
 // What a pool knows of one key (POST /{rank}/inspect).
@@ -101,20 +116,24 @@ struct sglang_key_report {
 
 class sglang_pool {
  public:
-  // Pages are numbered below this (page_pool's own limit).
-  static constexpr std::uint32_t pages_max = page_pool::pages_max;
+  // The largest num_pages (2^48, the default of --pages-per-rank-max).
+  static constexpr std::uint64_t pages_max = page_pool::pages_max;
+  // restore() refuses an image whose unowned pages (listed nowhere) are more than this:
+  // each costs state bits, and no pool's clients could have made so many.
+  static constexpr std::uint64_t unowned_max = std::uint64_t{1} << 28;
   static constexpr std::uint64_t no_deadline = UINT64_MAX;
 
-  explicit sglang_pool(std::uint32_t num_pages, const sglang_config& config = {});
+  explicit sglang_pool(std::uint64_t num_pages, const sglang_config& config = {});
   ~sglang_pool();
   sglang_pool(sglang_pool&&) noexcept;
   sglang_pool& operator=(sglang_pool&&) noexcept;
 
-  std::uint32_t num_pages() const { return pages_.num_pages(); }
+  std::uint64_t num_pages() const { return pages_.num_pages(); }
   std::uint32_t epoch() const { return epoch_; }
   // Grows to new_pages (>= num_pages()): the new pages are pushed on the free stack in
   // ascending order (the highest is handed out next), as free_pages.extend(range(old, new)).
-  void grow(std::uint32_t new_pages);
+  // O(1) whatever the sizes.
+  void grow(std::uint64_t new_pages);
 
   // exists: out[i] = 1 iff keys[i] is bound. Touches nothing (no recency, no lease).
   void exists(std::span<const std::string_view> keys, std::span<std::uint8_t> out) const;
@@ -124,9 +143,11 @@ class sglang_pool {
   // the MRU end in input order. Pass 2: every other distinct key, in order, takes the top
   // free page, else the page of the least recently used bound key that is neither a hit
   // of this batch nor leased (evicted), else the oldest quarantined page, else -1. A
-  // repeated key copies its first answer.
+  // repeated key copies its first answer. With fresh = false (the memory budget is
+  // spent) the pool answers as a full one: neither a free nor a quarantined page is
+  // taken, only evicted ones (a replay passes the same flag: the log records it).
   sglang_reserve_stats reserve(std::span<const std::string_view> keys, std::uint64_t now,
-                               std::vector<sglang_slot>& out);
+                               std::vector<sglang_slot>& out, bool fresh = true);
 
   // confirm_write at now: binds keys[i] → pages[i] in order, then frees `releases`.
   // bad_request (detail set, nothing changed): a page outside 0..num_pages-1 in either
@@ -160,7 +181,7 @@ class sglang_pool {
 
   // Frees every reservation whose deadline is <= now, oldest first; appends their pages
   // to expired_out when given. Returns how many.
-  std::size_t expire(std::uint64_t now, std::vector<std::uint32_t>* expired_out = nullptr);
+  std::size_t expire(std::uint64_t now, std::vector<std::uint64_t>* expired_out = nullptr);
 
   // The quarantine. reserve() takes the top free page, else evicts, and only when
   // neither is possible takes the oldest quarantined page (a full pool still serves).
@@ -202,7 +223,7 @@ class sglang_pool {
  private:
   struct node {
     const char* blob = nullptr;  // the key's bytes: keys_' heap block, stable while bound
-    std::uint32_t page = 0;
+    std::uint64_t page = 0;
     std::uint32_t prev = 0, next = 0;  // LRU list; node 0 is the sentinel
     std::uint32_t stamp = 0;           // == stamp_: a hit or passed over in this batch
     std::uint64_t lease_until = 0;
@@ -220,10 +241,10 @@ class sglang_pool {
   struct expiry_entry {
     std::uint64_t deadline;
     std::uint64_t serial;
-    std::uint32_t page;
+    std::uint64_t page;
   };
   bool live(const expiry_entry& e) const { return owners_.find(e.page).serial == e.serial; }
-  void push_expiry(std::uint32_t page, const owner& o);
+  void push_expiry(std::uint64_t page, const owner& o);
 
   // The LRU list.
   void unlink(std::uint32_t i);
@@ -233,31 +254,32 @@ class sglang_pool {
   // The node of a bound key, or 0.
   std::uint32_t find(std::string_view key, std::uint32_t hash) const;
   // Binds key → page (page already in the bound state); frees the key's old page.
-  void bind_key(std::string_view key, std::uint32_t hash, std::uint32_t page,
+  void bind_key(std::string_view key, std::uint32_t hash, std::uint64_t page,
                 sglang_confirm_stats& stats);
   // Drops a bound key's node and map entry; returns its page (still bound in pages_).
-  std::uint32_t drop_node(std::uint32_t i);
+  std::uint64_t drop_node(std::uint32_t i);
   // A page for a missing key: the top free one, else an evicted one, else none (false).
-  bool take_page(std::uint64_t now, std::uint32_t& page, sglang_reserve_stats& stats);
-  void start_reservation(std::string_view key, std::uint32_t page, std::uint64_t now);
+  // Without `fresh`, only an evicted one.
+  bool take_page(std::uint64_t now, std::uint64_t& page, sglang_reserve_stats& stats, bool fresh);
+  void start_reservation(std::string_view key, std::uint64_t page, std::uint64_t now);
   // Ends the in-flight reservation of `page` (if any) and frees the page.
-  void free_in_flight(std::uint32_t page);
+  void free_in_flight(std::uint64_t page);
   void next_stamp();
   // confirm_write's 400s; sorted_ is its scratch.
   bool validate_confirm(std::span<const std::int64_t> pages, std::span<const std::int64_t> releases,
                         std::string& detail);
-  void apply_confirmation(std::string_view key, std::uint32_t page, sglang_confirm_stats& stats);
-  void apply_release(std::uint32_t page, std::uint64_t quarantine_until,
+  void apply_confirmation(std::string_view key, std::uint64_t page, sglang_confirm_stats& stats);
+  void apply_release(std::uint64_t page, std::uint64_t quarantine_until,
                      sglang_confirm_stats& stats);
-  bool in_quarantine(std::uint32_t page) const { return in_quarantine_.find(page) != 0; }
+  bool in_quarantine(std::uint64_t page) const { return in_quarantine_.find(page) != 0; }
   // Ends the in-flight reservation of `page` (if any); the page stays reserved in pages_,
   // quarantined until `until`.
-  void quarantine(std::uint32_t page, std::uint64_t until);
+  void quarantine(std::uint64_t page, std::uint64_t until);
   // first_[i]: the index of the first occurrence of keys[i]; hashes_[i] its hash.
   void dedupe(std::span<const std::string_view> keys);
 
   sglang_config config_;
-  page_pool pages_;              // free / reserved (in flight or unowned) / bound, with counts
+  sparse_pages pages_;           // free / reserved (in flight or unowned) / bound, with counts
   lifo_pages free_;              // the free pages in hand-out order
   key_map<std::uint32_t> keys_;  // bound key → node
   chunked_vector<node> nodes_;   // nodes_[0]: sentinel; free nodes chained through next
@@ -268,7 +290,7 @@ class sglang_pool {
   // allocation's fallback and the end of quarantines both take from the front.
   struct quarantined_page {
     std::uint64_t until;
-    std::uint32_t page;
+    std::uint64_t page;
   };
   std::deque<quarantined_page> quarantine_;
   page_owners<std::uint8_t> in_quarantine_;  // quarantined page → 1

@@ -17,7 +17,7 @@ sglang_pool_stats sglang_pool::stats() const {
   return sglang_pool_stats{pages_.num_pages(),
                            pages_.free_count() + quarantined,
                            in_flight,
-                           pages_.bound_count(),
+                           static_cast<std::uint32_t>(pages_.bound_count()),
                            pages_.reserved_count() - in_flight - quarantined,
                            keys_.size(),
                            quarantined};
@@ -29,22 +29,59 @@ std::size_t sglang_pool::memory_bytes() const {
          quarantine_.size() * (sizeof(quarantined_page) + 16);
 }
 
+namespace {
+
+// Pages some structure holds, sorted: the first repeated one, or UINT64_MAX.
+std::uint64_t first_repeat(std::vector<std::uint64_t>& pages) {
+  std::sort(pages.begin(), pages.end());
+  auto it = std::adjacent_find(pages.begin(), pages.end());
+  return it == pages.end() ? UINT64_MAX : *it;
+}
+
+// Whether sorted, disjoint runs cover `page`.
+bool in_runs(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& sorted,
+             std::uint64_t page) {
+  auto it = std::upper_bound(sorted.begin(), sorted.end(), std::make_pair(page, UINT64_MAX));
+  return it != sorted.begin() && page < std::prev(it)->second;
+}
+
+// Sorts the runs; false if one is empty, out of 0..n-1, or two overlap. `total` gets
+// the pages they cover.
+bool sorted_disjoint(std::vector<std::pair<std::uint64_t, std::uint64_t>>& runs, std::uint64_t n,
+                     std::uint64_t& total) {
+  std::sort(runs.begin(), runs.end());
+  total = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].first >= runs[i].second || runs[i].second > n) return false;
+    if (i > 0 && runs[i].first < runs[i - 1].second) return false;
+    total += runs[i].second - runs[i].first;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string sglang_pool::check() const {
-  if (std::string e = pages_.check(); !e.empty()) return "page_pool: " + e;
-  const std::uint32_t n = num_pages();
-  std::vector<std::uint8_t> seen(n, 0);
-  std::string problem;
+  if (std::string e = pages_.check(); !e.empty()) return "page states: " + e;
+  const std::uint64_t n = num_pages();
   if (free_.size() != pages_.free_count()) {
     return fmt::format("free stack holds {} pages, the pool {}", free_.size(), pages_.free_count());
   }
-  free_.for_each([&](std::uint32_t p) {
-    if (!problem.empty()) return;
-    if (p >= n || seen[p] != 0 || pages_.state(p) != page_state::free) {
-      problem = fmt::format("free stack page {} is out of range, repeated or not free", p);
-    }
-    if (p < n) seen[p] = 1;
+  // The free stack's runs are disjoint, in range and hold no page that is not free; with
+  // the counts equal, every free page is in it exactly once.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+  runs.reserve(free_.run_count());
+  free_.for_each_run([&](std::uint64_t lo, std::uint64_t hi) { runs.emplace_back(lo, hi); });
+  std::uint64_t covered = 0;
+  if (!sorted_disjoint(runs, n, covered) || covered != free_.size())
+    return "free stack runs overlap, are empty or out of range";
+  std::string problem;
+  pages_.for_each_held([&](std::uint64_t p, page_state) {
+    if (problem.empty() && in_runs(runs, p))
+      problem = fmt::format("free stack page {} is not free", p);
   });
   if (!problem.empty()) return problem;
+  std::vector<std::uint64_t> seen;  // pages held by a key, a reservation or the quarantine
   std::size_t listed = 0;
   for (std::uint32_t i = nodes_[0].next, prev = 0; i != 0; prev = i, i = nodes_[i].next) {
     if (++listed > keys_.size()) return "LRU list longer than the key map";
@@ -52,21 +89,21 @@ std::string sglang_pool::check() const {
     if (nd.prev != prev) return fmt::format("LRU node {}: broken prev link", i);
     const std::string_view key = key_blob::view(nd.blob);
     if (find(key, table_hash(key)) != i) return fmt::format("LRU node {}: key map disagrees", i);
-    if (nd.page >= n || seen[nd.page] != 0 || pages_.state(nd.page) != page_state::bound) {
-      return fmt::format("key '{}': page {} out of range, shared or not bound", key, nd.page);
+    if (nd.page >= n || pages_.state(nd.page) != page_state::bound) {
+      return fmt::format("key '{}': page {} out of range or not bound", key, nd.page);
     }
-    seen[nd.page] = 1;
+    seen.push_back(nd.page);
   }
   if (listed != keys_.size() || listed != pages_.bound_count()) {
     return fmt::format("{} keys listed, {} in the map, {} pages bound", listed, keys_.size(),
                        pages_.bound_count());
   }
-  owners_.for_each([&](std::uint32_t p, const owner& o) {
+  owners_.for_each([&](std::uint64_t p, const owner& o) {
     if (!problem.empty()) return;
-    if (p >= n || seen[p] != 0 || pages_.state(p) != page_state::reserved || o.blob == nullptr) {
-      problem = fmt::format("in-flight page {} out of range, shared or not reserved", p);
+    if (p >= n || pages_.state(p) != page_state::reserved || o.blob == nullptr) {
+      problem = fmt::format("in-flight page {} out of range or not reserved", p);
     }
-    if (p < n) seen[p] = 1;
+    seen.push_back(p);
   });
   if (!problem.empty()) return problem;
   if (in_quarantine_.size() != quarantine_.size()) {
@@ -74,12 +111,14 @@ std::string sglang_pool::check() const {
                        in_quarantine_.size());
   }
   for (const quarantined_page& q : quarantine_) {
-    const std::uint32_t p = q.page;
-    if (p >= n || seen[p] != 0 || pages_.state(p) != page_state::reserved || !in_quarantine(p)) {
-      return fmt::format("quarantined page {} out of range, shared, not reserved or not marked", p);
+    const std::uint64_t p = q.page;
+    if (p >= n || pages_.state(p) != page_state::reserved || !in_quarantine(p)) {
+      return fmt::format("quarantined page {} out of range, not reserved or not marked", p);
     }
-    seen[p] = 1;
+    seen.push_back(p);
   }
+  if (const std::uint64_t p = first_repeat(seen); p != UINT64_MAX)
+    return fmt::format("page {} is held twice", p);
   return problem;
 }
 
@@ -87,25 +126,25 @@ sglang_image sglang_pool::image() const {
   sglang_image img;
   img.num_pages = num_pages();
   img.epoch = epoch_;
-  img.free.reserve(free_.size());
-  free_.for_each([&](std::uint32_t p) { img.free.push_back(p); });
+  img.free.reserve(free_.run_count());
+  free_.for_each_run([&](std::uint64_t lo, std::uint64_t hi) { img.free.emplace_back(lo, hi); });
   for (std::uint32_t i = nodes_[0].next; i != 0; i = nodes_[i].next) {
     img.bound.emplace_back(std::string(key_blob::view(nodes_[i].blob)), nodes_[i].page);
   }
   // Reservations with a deadline in their expiry order (each live once: serials are
   // unique), then the others by page.
-  auto add = [&](std::uint32_t page, const owner& o) {
+  auto add = [&](std::uint64_t page, const owner& o) {
     img.reserved.push_back({page, std::string(key_blob::view(o.blob)), o.epoch, o.deadline});
   };
   for (const expiry_entry& e : expiry_) {
     if (live(e)) add(e.page, owners_.find(e.page));
   }
-  std::vector<std::uint32_t> rest;
-  owners_.for_each([&](std::uint32_t page, const owner& o) {
+  std::vector<std::uint64_t> rest;
+  owners_.for_each([&](std::uint64_t page, const owner& o) {
     if (o.deadline == no_deadline) rest.push_back(page);
   });
   std::sort(rest.begin(), rest.end());
-  for (std::uint32_t page : rest) add(page, owners_.find(page));
+  for (std::uint64_t page : rest) add(page, owners_.find(page));
   img.quarantined.reserve(quarantine_.size());
   for (const quarantined_page& q : quarantine_) img.quarantined.push_back(q.page);
   return img;
@@ -117,23 +156,27 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
     error = fmt::format("num_pages {} exceeds {}", img.num_pages, pages_max);
     return false;
   }
-  // Validate everything before building anything.
-  std::vector<std::uint8_t> seen(img.num_pages, 0);
-  auto claim = [&](std::uint32_t page, const char* list) {
+  // Validate everything before building anything: the free runs are disjoint and in
+  // range, and every listed page is in range and listed once (free runs included).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> free_runs = img.free;
+  std::uint64_t free_total = 0;
+  if (!sorted_disjoint(free_runs, img.num_pages, free_total)) {
+    error = fmt::format("free pages out of range (num_pages {}) or listed twice", img.num_pages);
+    return false;
+  }
+  std::vector<std::uint64_t> held;  // bound, in flight and quarantined pages
+  auto claim = [&](std::uint64_t page, const char* list) {
     if (page >= img.num_pages) {
       error = fmt::format("{} page {} is out of range (num_pages {})", list, page, img.num_pages);
       return false;
     }
-    if (seen[page] != 0) {
+    if (in_runs(free_runs, page)) {
       error = fmt::format("{} page {} is listed twice", list, page);
       return false;
     }
-    seen[page] = 1;
+    held.push_back(page);
     return true;
   };
-  for (std::uint32_t p : img.free) {
-    if (!claim(p, "free")) return false;
-  }
   std::unordered_set<std::string_view> keys;
   for (const auto& [key, page] : img.bound) {
     if (!claim(page, "bound")) return false;
@@ -153,14 +196,24 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
       last_deadline = r.deadline;
     }
   }
-  for (std::uint32_t p : img.quarantined) {
+  for (std::uint64_t p : img.quarantined) {
     if (!claim(p, "quarantined")) return false;
+  }
+  std::vector<std::uint64_t> sorted_held = held;
+  if (const std::uint64_t p = first_repeat(sorted_held); p != UINT64_MAX) {
+    error = fmt::format("page {} is listed twice", p);
+    return false;
+  }
+  const std::uint64_t unowned = img.num_pages - free_total - sorted_held.size();
+  if (unowned > unowned_max) {
+    error = fmt::format("{} pages are listed nowhere (more than {})", unowned, unowned_max);
+    return false;
   }
 
   sglang_pool pool(0, config);
   pool.pages_.grow(img.num_pages);
   pool.epoch_ = img.epoch;
-  // Every page starts free in page_pool; take the ones that are not.
+  // Every page starts free; take the ones that are not.
   for (const auto& [key, page] : img.bound) {
     pool.pages_.take(page);
     pool.pages_.bind(page);
@@ -173,14 +226,27 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
     pool.owners_.insert(r.page, o);
     pool.push_expiry(r.page, o);
   }
-  for (std::uint32_t p : img.quarantined) {
+  for (std::uint64_t p : img.quarantined) {
     pool.pages_.take(p);
     pool.quarantine(p, no_deadline);
   }
-  for (std::uint32_t p = 0; p < img.num_pages; ++p) {
-    if (seen[p] == 0) pool.pages_.take(p);  // unowned: neither free, bound nor in flight
+  // Unowned: neither free, bound, in flight nor quarantined; the gaps between the free
+  // runs less the pages listed.
+  std::uint64_t lo = 0;
+  std::size_t h = 0;
+  auto take_gap = [&](std::uint64_t from, std::uint64_t to) {
+    for (std::uint64_t p = from; p < to; ++p) {
+      while (h < sorted_held.size() && sorted_held[h] < p) ++h;
+      if (h < sorted_held.size() && sorted_held[h] == p) continue;
+      pool.pages_.take(p);
+    }
+  };
+  for (const auto& [a, b] : free_runs) {
+    if (a > lo) take_gap(lo, a);
+    lo = b;
   }
-  for (std::uint32_t p : img.free) pool.free_.push(p);
+  take_gap(lo, img.num_pages);  // the gaps hold at most unowned_max + held pages
+  for (const auto& [a, b] : img.free) pool.free_.push_range(a, b);
   out = std::move(pool);
   return true;
 }

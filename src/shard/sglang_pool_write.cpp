@@ -14,9 +14,9 @@ namespace {
 
 // The first page of `pages` outside 0..n-1, as an index, or npos.
 constexpr std::size_t npos = ~std::size_t{0};
-std::size_t out_of_range(std::span<const std::int64_t> pages, std::int64_t n) {
+std::size_t out_of_range(std::span<const std::int64_t> pages, std::uint64_t n) {
   for (std::size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] < 0 || pages[i] >= n) return i;
+    if (pages[i] < 0 || static_cast<std::uint64_t>(pages[i]) >= n) return i;
   }
   return npos;
 }
@@ -25,7 +25,7 @@ std::size_t out_of_range(std::span<const std::int64_t> pages, std::int64_t n) {
 
 bool sglang_pool::validate_confirm(std::span<const std::int64_t> pages,
                                    std::span<const std::int64_t> releases, std::string& detail) {
-  const std::int64_t n = num_pages();
+  const std::uint64_t n = num_pages();
   if (const std::size_t i = out_of_range(pages, n); i != npos) {
     detail = fmt::format(
         "Page {} at index {} of written_keys_to_confirm is out of range: the pool has {} pages",
@@ -50,7 +50,7 @@ bool sglang_pool::validate_confirm(std::span<const std::int64_t> pages,
   return true;
 }
 
-void sglang_pool::apply_confirmation(std::string_view key, std::uint32_t page,
+void sglang_pool::apply_confirmation(std::string_view key, std::uint64_t page,
                                      sglang_confirm_stats& stats) {
   const std::uint32_t hash = table_hash(key);
   switch (pages_.state(page)) {
@@ -91,7 +91,7 @@ void sglang_pool::apply_confirmation(std::string_view key, std::uint32_t page,
   }
 }
 
-void sglang_pool::apply_release(std::uint32_t page, std::uint64_t quarantine_until,
+void sglang_pool::apply_release(std::uint64_t page, std::uint64_t quarantine_until,
                                 sglang_confirm_stats& stats) {
   switch (pages_.state(page)) {
     case page_state::free:
@@ -127,10 +127,10 @@ sglang_confirm_outcome sglang_pool::confirm(std::span<const std::string_view> ke
   if (!validate_confirm(pages, releases, detail)) return sglang_confirm_outcome::bad_request;
   stats.expired = static_cast<std::uint32_t>(expire(now));
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    apply_confirmation(keys[i], static_cast<std::uint32_t>(pages[i]), stats);
+    apply_confirmation(keys[i], static_cast<std::uint64_t>(pages[i]), stats);
   }
   for (std::int64_t r : releases)
-    apply_release(static_cast<std::uint32_t>(r), quarantine_until, stats);
+    apply_release(static_cast<std::uint64_t>(r), quarantine_until, stats);
   return sglang_confirm_outcome::ok;
 }
 
@@ -139,7 +139,7 @@ std::size_t sglang_pool::delete_keys(std::span<const std::string_view> keys) {
   for (std::string_view key : keys) {
     const std::uint32_t i = find(key, table_hash(key));
     if (i == 0) continue;
-    const std::uint32_t page = drop_node(i);
+    const std::uint64_t page = drop_node(i);
     pages_.free_bound(page);
     free_.push(page);
     ++dropped;
@@ -153,18 +153,19 @@ void sglang_pool::clear() {
   nodes_.clear();
   nodes_.emplace_back();
   free_nodes_ = 0;
-  // The free stack becomes [0..n-1] minus the pages still in flight or quarantined,
-  // ascending.
-  const std::uint32_t n = num_pages();
-  std::vector<std::uint32_t> held;
+  // The free stack becomes [0..n-1] minus the pages still reserved (in flight,
+  // quarantined or unowned), ascending: as runs between them, whatever n is. Unowned
+  // pages (only after a restore) become free too, as in the reference.
+  const std::uint64_t n = num_pages();
+  std::vector<std::uint64_t> held;
   held.reserve(owners_.size() + quarantine_.size());
-  owners_.for_each([&](std::uint32_t page, const owner&) { held.push_back(page); });
+  owners_.for_each([&](std::uint64_t page, const owner&) { held.push_back(page); });
   for (const quarantined_page& q : quarantine_) held.push_back(q.page);
   std::sort(held.begin(), held.end());
-  pages_ = page_pool(n);
+  pages_ = sparse_pages(n);
   free_.clear();
-  std::uint32_t lo = 0;
-  for (std::uint32_t page : held) {
+  std::uint64_t lo = 0;
+  for (std::uint64_t page : held) {
     pages_.take(page);
     free_.push_range(lo, page);
     lo = page + 1;

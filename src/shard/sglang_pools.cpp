@@ -24,10 +24,10 @@ const sglang_pool* sglang_pools::find(std::int64_t rank, std::string_view ns) co
 }
 
 sglang_init_result sglang_pools::initialize(std::int64_t rank, std::string_view ns,
-                                            std::uint32_t num_pages) {
+                                            std::uint64_t num_pages) {
   METAD_ASSERT(num_pages <= sglang_pool::pages_max);
   if (sglang_pool* pool = find(rank, ns)) {
-    const std::uint32_t old = pool->num_pages();
+    const std::uint64_t old = pool->num_pages();
     if (num_pages == old) return {sglang_init::unchanged, old};
     if (num_pages > old) {
       pool->grow(num_pages);

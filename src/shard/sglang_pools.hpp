@@ -25,7 +25,7 @@ enum class sglang_init : std::uint8_t {
 
 struct sglang_init_result {
   sglang_init outcome;
-  std::uint32_t old_pages;  // the pool's size before the call (0 when created)
+  std::uint64_t old_pages;  // the pool's size before the call (0 when created)
 };
 
 class sglang_pools {
@@ -34,7 +34,7 @@ class sglang_pools {
       : config_(config), strict_reinit_(strict_reinit) {}
 
   // num_pages already validated (0 <= n <= the configured ceiling <= sglang_pool::pages_max).
-  sglang_init_result initialize(std::int64_t rank, std::string_view ns, std::uint32_t num_pages);
+  sglang_init_result initialize(std::int64_t rank, std::string_view ns, std::uint64_t num_pages);
 
   // The pool, or nullptr (the caller answers 404).
   sglang_pool* find(std::int64_t rank, std::string_view ns);

@@ -65,9 +65,13 @@ class journal {
   void sg_initialize(const sg_pool_name& pool, std::int64_t num_pages) {
     if (enabled()) append_sg_initialize(log_.pending(), pool, num_pages);
   }
+  // full: made while the memory budget was spent (replayed as by a full pool).
   void sg_reserve(const sg_pool_name& pool, std::uint64_t now,
-                  std::span<const std::string_view> keys) {
-    if (enabled()) append_sg_keys_at(log_.pending(), record_kind::sg_reserve, pool, now, keys);
+                  std::span<const std::string_view> keys, bool full = false) {
+    if (enabled())
+      append_sg_keys_at(log_.pending(),
+                        full ? record_kind::sg_reserve_full : record_kind::sg_reserve, pool, now,
+                        keys);
   }
   // quarantined: its releases went to the pool's quarantine (sg_confirm_quarantined).
   void sg_confirm(const sg_pool_name& pool, std::uint64_t now,

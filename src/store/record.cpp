@@ -333,7 +333,7 @@ void append_sg_snapshot_pool(std::string& out, const sg_pool_name& pool, std::ui
                              std::span<const std::string_view> bound_keys,
                              std::span<const std::int64_t> bound_pages,
                              std::span<const sg_flight> in_flight) {
-  const std::size_t frame = open_sg_frame(out, record_kind::sg_snapshot_pool, pool);
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_snapshot_pool_runs, pool);
   put(out, now);
   put(out, num_pages);
   put(out, epoch);
@@ -427,6 +427,7 @@ bool decode_payload(std::string_view payload, record& out) {
     case record_kind::sg_initialize:
       return in.get(out.num_pages) && in.done();
     case record_kind::sg_reserve:
+    case record_kind::sg_reserve_full:
     case record_kind::sg_get:
       return in.get(out.now) && decode_keys(in, out, false) && in.done();
     case record_kind::sg_confirm:
@@ -443,7 +444,8 @@ bool decode_payload(std::string_view payload, record& out) {
       return in.done();
     case record_kind::sg_expire:
       return in.get(out.now) && in.done();
-    case record_kind::sg_snapshot_pool: {
+    case record_kind::sg_snapshot_pool:
+    case record_kind::sg_snapshot_pool_runs: {
       out.sg_flight_keys.clear();
       out.sg_flight_pages.clear();
       out.sg_flight_epochs.clear();

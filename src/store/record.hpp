@@ -56,6 +56,13 @@ enum class record_kind : std::uint8_t {
   // releases: the quarantined pages of the pool whose sg_snapshot_pool precedes it, oldest
   // first (pages that image lists nowhere)
   sg_snapshot_quarantine = 42,
+  // Pools of any size (additive: older directories hold none of them). As
+  // sg_snapshot_pool, but `releases` holds the free stack as runs [lo, hi), two numbers
+  // each, bottom first: a pool of 2^40 free pages is one run, not 2^40 numbers.
+  sg_snapshot_pool_runs = 43,
+  // As sg_reserve, made while the memory budget was spent: replayed as by a full pool
+  // (sglang_pool::reserve with fresh = false: evictions only).
+  sg_reserve_full = 44,
 };
 
 // An item of snapshot_rank_keys / snapshot_directory_keys.
@@ -90,7 +97,8 @@ struct record {
   // sg_*: the pool (with `rank`) and the SGLang clock's time of the call. sg_initialize
   // uses num_pages; sg_confirm(_quarantined) keys, pages and releases; sg_quarantine_end
   // and sg_snapshot_quarantine releases (the latter has no time); sg_snapshot_pool num_pages,
-  // sg_epoch, releases (the free stack, bottom first), keys + pages (bound, LRU first)
+  // sg_epoch, releases (the free stack, bottom first; sg_snapshot_pool_runs: as runs lo,
+  // hi, lo, hi, ...), keys + pages (bound, LRU first)
   // and the sg_flight_* lists (in-flight pages, in reservation order).
   std::string_view tenant, ns;
   std::uint64_t now = 0;

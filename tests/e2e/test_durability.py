@@ -40,7 +40,7 @@ import unittest
 import requests
 
 from metad_harness import (START_TIMEOUT_S, Client, MetadServer, compact, key, keys,
-                           run_to_exit)
+                           rss_bytes, run_to_exit)
 from reference_model import Model
 
 STORAGE_PREFIX = "Storage unavailable"
@@ -350,6 +350,67 @@ class RestartTest(DurabilityCase):
         server = self.start(data, 2)
         m.attach(server)
         m.verify()
+        self.stop(server)
+
+    def test_pools_of_2_to_the_40_pages_survive_restarts(self):
+        """A vLLM rank and an SGLang pool of 2^40 pages: created in O(1), allocated from in
+        their order (vLLM lowest first, SGLang highest first), confirmed, and the same
+        after a restart from the log and one from a snapshot (neither materialises the
+        pages), where allocation goes on in the same order."""
+        huge = 1 << 40
+        data = self.tmpdir()
+        server = self.start(data, 2)
+        base = server.base_url
+        session = requests.Session()
+        self.addCleanup(session.close)
+
+        def post(path, obj):
+            r = session.post(base + path, data=compact(obj), timeout=30)
+            self.assertIn(r.status_code, (200, 204), r.content)
+            return r.json() if r.status_code == 200 else None
+
+        def save(tag, n):
+            ks = keys(n, tag)
+            got = post("/keys/batch_allocate", {"rank": 5, "keys": [[k, ""] for k in ks]})
+            pages = [p for _, p in got["results"]]
+            post("/keys/confirm_write", {"rank": 5, "confirmations": list(zip(ks, pages))})
+            sg = post("/3/reserve_and_allocate_page_indices", {"keys": ks})["indices"]
+            sg_pages = [p for _, p in sg]
+            post("/3/confirm_write", {"written_keys_to_confirm": list(zip(ks, sg_pages))})
+            return ks, pages, sg_pages
+
+        post("/rank/5/initialize", {"role": "worker", "num_pages": huge})
+        post("/3/initialize", {"num_pages": huge})
+        a, pages, sg_pages = save("A", 5)
+        self.assertEqual(pages, [0, 1, 2, 3, 4])
+        self.assertEqual(sg_pages, [huge - 1 - i for i in range(5)])
+        self.stop(server)
+        expected = {"num_pages": huge, "free": huge - 5, "reserved": 0, "bound": 5}
+        for extra in ((), ("--snapshot-log-bytes", "4096")):
+            server = self.start(data, 2, *extra)
+            base = server.base_url
+            r = session.get(base + "/rank/5", timeout=30)
+            self.assertEqual({k: r.json()[k] for k in expected}, expected)
+            self.assertEqual(post("/keys/get_locations", {"rank": 5, "keys": a}), {"locations": pages})
+            self.assertEqual(post("/3/get_page_indices", {"keys": a}), {"indices": sg_pages})
+            stats = session.get(base + "/stats", timeout=30).json()["sglang"]
+            self.assertEqual(stats["pages_total"], huge)
+            self.assertEqual(stats["pages_bound"], len(a))
+            # Allocation goes on in order; the next restart holds these too.
+            tag = "B" if not extra else "C"
+            b, b_pages, b_sg = save(tag, 3)
+            first = pages[-1] + 1
+            self.assertEqual(b_pages, [first, first + 1, first + 2])
+            self.assertEqual(b_sg, [sg_pages[-1] - 1 - i for i in range(3)])
+            a, pages, sg_pages = a + b, pages + b_pages, sg_pages + b_sg
+            expected = {"num_pages": huge, "free": huge - len(a), "reserved": 0, "bound": len(a)}
+            rss = rss_bytes(server.proc.pid)
+            self.assertLess(rss, 256 << 20, f"RSS {rss >> 20} MiB")
+            self.stop(server)
+        server = self.start(data, 2)
+        base = server.base_url
+        self.assertEqual(post("/keys/get_locations", {"rank": 5, "keys": a}), {"locations": pages})
+        self.assertEqual(post("/3/get_page_indices", {"keys": a}), {"indices": sg_pages})
         self.stop(server)
 
     def test_crash_after_acknowledged_requests_keeps_state(self):

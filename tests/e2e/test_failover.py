@@ -441,6 +441,53 @@ class FailoverTest(FailoverCase):
         self.assertEqual(ledger.problems, [])
         self.assert_ledger(b, ledger)
 
+    def test_n_pools_of_2_to_the_40_pages_fail_over_and_resync(self):
+        """A vLLM rank and an SGLang pool of 2^40 pages, filled a little on the leader:
+        the standby that takes over (from the shipped log) holds them, the old leader
+        rejoins as an empty standby (from a snapshot, which writes the pools' sizes, not
+        their pages) and takes over in turn; allocation goes on in order throughout."""
+        huge = 1 << 40
+        a, b = self.pair()
+        session = requests.Session()
+        self.addCleanup(session.close)
+
+        def post(node, path, obj, status=200):
+            r = session.post(node.base_url + path, json=obj, timeout=10)
+            self.assertEqual(r.status_code, status, r.content)
+            return r.json() if status == 200 else None
+
+        def save(node, tag, first_vllm, first_sg):
+            ks = keys(3, tag)
+            got = post(node, "/keys/batch_allocate", {"rank": 0, "keys": [[k, ""] for k in ks]})
+            self.assertEqual([p for _, p in got["results"]], list(range(first_vllm, first_vllm + 3)))
+            post(node, "/keys/confirm_write",
+                 {"rank": 0, "confirmations": [[k, p] for k, (_, p) in zip(ks, got["results"])]}, 204)
+            sg = post(node, "/3/reserve_and_allocate_page_indices", {"keys": ks})["indices"]
+            self.assertEqual([p for _, p in sg], [first_sg - i for i in range(3)])
+            post(node, "/3/confirm_write",
+                 {"written_keys_to_confirm": [[k, p] for k, (_, p) in zip(ks, sg)]}, 204)
+            return ks
+
+        def check(node, ks, vllm, sg):
+            self.assertEqual(post(node, "/keys/get_locations", {"rank": 0, "keys": ks}),
+                             {"locations": vllm})
+            self.assertEqual(post(node, "/3/get_page_indices", {"keys": ks}), {"indices": sg})
+
+        self.assertEqual(initialize(a.base_url, 0, huge).status_code, 200)
+        post(a, "/3/initialize", {"num_pages": huge}, 204)
+        first = save(a, "n1", 0, huge - 1)
+        a.kill()
+        self.assertTrue(wait_until(lambda: ready(b.base_url), 15), b.log())
+        check(b, first, [0, 1, 2], [huge - 1, huge - 2, huge - 3])
+        second = save(b, "n2", 3, huge - 4)
+        a.start()
+        self.wait_in_sync(a, b, allow_diverged_exits=1)
+        b.kill()
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 15), a.log())
+        check(a, first + second, list(range(6)), [huge - 1 - i for i in range(6)])
+        save(a, "n3", 6, huge - 7)
+        self.assertLess(rss_bytes(a.proc.pid), 256 << 20)
+
     def test_f_an_empty_standby_catches_up_a_million_bindings_under_a_writer(self):
         a = self.started(self.node("a"))
         self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())

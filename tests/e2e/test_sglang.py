@@ -330,7 +330,7 @@ class ErrorTest(SglangTestCase):
             ("initialize", b'{"num_pages":4.0}', "Invalid initialization parameters"),
             ("initialize", b'{"num_pages":null}', "Invalid initialization parameters"),
             ("initialize", b'{"num_pages":-1}', "Invalid initialization parameters"),
-            ("initialize", b'{"num_pages":268435457}', "Invalid initialization parameters"),
+            ("initialize", b'{"num_pages":281474976710657}', "Invalid initialization parameters"),  # 2^48 + 1: past the default ceiling
             ("initialize", b'{"num_pages":4,"namespace":null}', "Invalid namespace"),
             ("initialize", b'{"num_pages":4,"namespace":""}', "Invalid namespace"),
             ("initialize", ('{"num_pages":4,"namespace":"' + "n" * 129 + '"}').encode(),

@@ -238,8 +238,9 @@ TEST(Flags, BadValuesNameTheFlag) {
             "--threads: expected an integer in [1, 1024], got '0'");
   EXPECT_EQ(flags_error({"--header-bytes-max", "255"}),
             "--header-bytes-max: expected an integer in [256, 16777216], got '255'");
-  EXPECT_EQ(flags_error({"--pages-per-rank-max", "2147483648"}),
-            "--pages-per-rank-max: expected an integer in [1, 2147483647], got '2147483648'");
+  EXPECT_EQ(flags_error({"--pages-per-rank-max", "281474976710657"}),
+            "--pages-per-rank-max: expected an integer in [1, 281474976710656], got "
+            "'281474976710657'");
   EXPECT_EQ(flags_error({"--ha-ttl-ms", "500"}),
             "--ha-ttl-ms: expected an integer in [1000, 3600000], got '500'");
   EXPECT_EQ(flags_error({"--sync-timeout-ms", "9"}),

@@ -151,7 +151,7 @@ TEST_P(SglangPipeline, ErrorsByteForByte) {
   EXPECT_EQ(post("/7/initialize", R"({"num_pages":"4"})"),
             bad("Invalid initialization parameters"));
   EXPECT_EQ(post("/7/initialize", R"({"num_pages":-1})"), bad("Invalid initialization parameters"));
-  EXPECT_EQ(post("/7/initialize", R"({"num_pages":268435457})"),
+  EXPECT_EQ(post("/7/initialize", R"({"num_pages":281474976710657})"),  // 2^48 + 1
             bad("Invalid initialization parameters"));
   EXPECT_EQ(post("/7/initialize", R"({"num_pages":true})"),
             bad("Invalid initialization parameters"));

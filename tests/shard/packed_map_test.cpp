@@ -324,7 +324,7 @@ TEST(ChunkedVector, ElementsNeverMoveAsItGrows) {
 }
 
 TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
-  for (std::uint32_t page : {0u, 1u, 0x3FFFFFFFu, 0x40000000u, page_pool::pages_max - 1}) {
+  for (std::uint32_t page : {0u, 1u, 0x3FFFFFFFu, 0x40000000u, page_pool::held_max - 1}) {
     for (bool confirmed : {false, true}) {
       const std::uint32_t w = entry_word::make(page, confirmed);
       EXPECT_NE(w, 0u);

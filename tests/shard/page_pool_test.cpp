@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <set>
+#include <string>
 
 namespace metad::shard {
 namespace {
@@ -36,23 +38,13 @@ TEST_P(PagePoolSizes, ReleasedPagesComeBackLowestFirstAcrossWords) {
   EXPECT_EQ(pool.check(), "");
 }
 
-TEST_P(PagePoolSizes, CostsAtMostOneBytePerPage) {
+TEST_P(PagePoolSizes, CostsAtMostOneBytePerPageHandedOut) {
   const std::uint32_t n = GetParam();
   page_pool pool(n);
-  // Two bitmaps plus summaries; small pools pay a few words of fixed overhead.
-  EXPECT_LE(pool.memory_bytes(), n / 3 + 128);
-}
-
-TEST_P(PagePoolSizes, BytesForPredictsTheBitmaps) {
-  const std::uint32_t n = GetParam();
-  page_pool pool(n);
-  // What the memory budget charges before a rank is created: the bitmaps exactly (the
-  // vector of levels adds its own few words).
-  EXPECT_LE(page_pool::bytes_for(n), pool.memory_bytes());
-  EXPECT_GE(page_pool::bytes_for(n) + 8 * sizeof(std::vector<std::uint64_t>), pool.memory_bytes());
-  page_pool grown(n / 2 + 1);
-  grown.grow(n + 1);
-  EXPECT_LE(page_pool::bytes_for(n + 1), grown.memory_bytes());
+  EXPECT_EQ(pool.memory_bytes(), 0u);  // nothing handed out yet: nothing held
+  for (std::uint32_t p = 0; p < n; ++p) pool.take_lowest();
+  // Two bitmaps plus summaries, grown by doubling; small pools pay a few words.
+  EXPECT_LE(pool.memory_bytes(), n / 3 + 256);
 }
 
 INSTANTIATE_TEST_SUITE_P(WordBoundaries, PagePoolSizes,
@@ -128,13 +120,111 @@ TEST(PagePool, ShrinkKeepsThePagesBelowTheNewEnd) {
   }
 }
 
-TEST(PagePool, LargestPoolStaysUnderOneBytePerPage) {
-  const std::uint32_t n = std::uint32_t{1} << 28;
+TEST(PagePool, AHugePoolCostsOnlyWhatItHandsOut) {
+  const std::uint64_t n = std::uint64_t{1} << 40;
   page_pool pool(n);
-  EXPECT_LE(pool.memory_bytes(), n / 3);
-  EXPECT_EQ(pool.take_lowest(), 0u);
-  pool.release(0);
+  EXPECT_EQ(pool.memory_bytes(), 0u);
   EXPECT_EQ(pool.free_count(), n);
+  EXPECT_EQ(pool.state(n - 1), page_state::free);
+  for (std::uint32_t p = 0; p < 100000; ++p) ASSERT_EQ(pool.take_lowest(), p);
+  EXPECT_EQ(pool.high_water(), 100000u);
+  EXPECT_LE(pool.memory_bytes(), 100000u / 2 + 256);  // ~2 bits a page, doubled at most
+  pool.release(77);
+  pool.bind(5);
+  EXPECT_EQ(pool.take_lowest(), 77u);  // the lowest free page, below the mark
+  EXPECT_EQ(pool.take_lowest(), 100000u);
+  EXPECT_EQ(pool.free_count(), n - 100001);
+  pool.grow(page_pool::pages_max);  // O(1)
+  EXPECT_EQ(pool.free_count(), page_pool::pages_max - 100001);
+  EXPECT_EQ(pool.check(), "");
+}
+
+TEST(PagePool, AvailablePagesStopAtHeldMax) {
+  page_pool pool(std::uint64_t{1} << 40);
+  EXPECT_EQ(pool.available(), page_pool::held_max);
+  pool.take(1000);  // recovery: the pages below become free below the mark
+  EXPECT_EQ(pool.high_water(), 1001u);
+  EXPECT_EQ(pool.available(), page_pool::held_max - 1);
+  EXPECT_EQ(pool.take_lowest(), 0u);
+  EXPECT_FALSE(pool.can_take(1000));
+  EXPECT_FALSE(pool.can_take(page_pool::held_max));
+  EXPECT_TRUE(pool.can_take(page_pool::held_max - 1));
+  EXPECT_EQ(pool.check(), "");
+}
+
+// Random operations against a set-based model, on small pools and on pools of 2^40 pages:
+// the same states, counts and lowest-free-first order, and check() after every step.
+TEST(PagePoolRandom, AgreesWithASetModel) {
+  const std::uint64_t base = std::random_device{}();
+  for (int seed = 0; seed < 40; ++seed) {
+    std::mt19937_64 rng(base + static_cast<std::uint64_t>(seed));
+    SCOPED_TRACE("seed " + std::to_string(base + static_cast<std::uint64_t>(seed)));
+    auto pick = [&](std::uint64_t lo, std::uint64_t hi) {
+      return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
+    };
+    std::uint64_t n = pick(0, 1) ? pick(1, 300) : (std::uint64_t{1} << 40) + pick(0, 5);
+    page_pool pool(n);
+    std::set<std::uint64_t> reserved, bound;
+    auto held = [&](std::uint64_t p) { return reserved.count(p) + bound.count(p) > 0; };
+    auto any_of = [&](const std::set<std::uint64_t>& s) {
+      auto it = s.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(pick(0, s.size() - 1)));
+      return *it;
+    };
+    for (int op = 0; op < 3000; ++op) {
+      const auto kind = pick(0, 99);
+      if (kind < 40) {
+        if (reserved.size() + bound.size() == n) continue;
+        std::uint64_t lowest = 0;
+        while (held(lowest)) ++lowest;
+        ASSERT_EQ(pool.take_lowest(), lowest);
+        reserved.insert(lowest);
+      } else if (kind < 50) {
+        const std::uint64_t p = pick(0, std::min<std::uint64_t>(n - 1, 400));
+        ASSERT_EQ(pool.can_take(p), !held(p));
+        if (held(p)) continue;
+        pool.take(static_cast<std::uint32_t>(p));
+        reserved.insert(p);
+      } else if (kind < 65 && !reserved.empty()) {
+        const std::uint64_t p = any_of(reserved);
+        pool.bind(static_cast<std::uint32_t>(p));
+        reserved.erase(p);
+        bound.insert(p);
+      } else if (kind < 80 && !reserved.empty()) {
+        const std::uint64_t p = any_of(reserved);
+        pool.release(static_cast<std::uint32_t>(p));
+        reserved.erase(p);
+      } else if (kind < 92 && !bound.empty()) {
+        const std::uint64_t p = any_of(bound);
+        pool.free_bound(static_cast<std::uint32_t>(p));
+        bound.erase(p);
+      } else if (kind < 96) {
+        n += pick(0, 70);
+        pool.grow(n);
+      } else {
+        std::uint64_t top = 0;  // shrink to just past the highest held page, or more
+        for (const auto* s : {&reserved, &bound})
+          if (!s->empty()) top = std::max(top, *s->rbegin() + 1);
+        const std::uint64_t to = std::min(n, std::max<std::uint64_t>(1, top) + pick(0, 3));
+        pool.shrink(to);
+        n = to;
+      }
+      ASSERT_EQ(pool.check(), "");
+      ASSERT_EQ(pool.num_pages(), n);
+      ASSERT_EQ(pool.free_count(), n - reserved.size() - bound.size());
+      ASSERT_EQ(pool.bound_count(), bound.size());
+      ASSERT_EQ(pool.reserved_count(), reserved.size());
+      for (int probe = 0; probe < 4; ++probe) {
+        const std::uint64_t p = pick(0, std::min<std::uint64_t>(n - 1, 500));
+        const page_state want = bound.count(p)      ? page_state::bound
+                                : reserved.count(p) ? page_state::reserved
+                                                    : page_state::free;
+        ASSERT_EQ(pool.state(p), want);
+      }
+      // The bitmaps cover the high-water mark, no more than twice over.
+      ASSERT_LE(pool.memory_bytes(), pool.high_water() / 2 + 512);
+    }
+  }
 }
 
 }  // namespace

@@ -97,6 +97,12 @@ inline ints store(sglang_pool& pool, const strs& keys, std::uint64_t now = 0) {
   return pages;
 }
 
-inline std::vector<std::uint32_t> free_stack(const sglang_pool& pool) { return pool.image().free; }
+// The free stack, bottom first (the top is handed out next), page by page.
+inline std::vector<std::uint32_t> free_stack(const sglang_pool& pool) {
+  std::vector<std::uint32_t> pages;
+  for (const auto& [lo, hi] : pool.image().free)
+    for (std::uint64_t p = lo; p < hi; ++p) pages.push_back(static_cast<std::uint32_t>(p));
+  return pages;
+}
 
 }  // namespace metad::shard::sg_testing

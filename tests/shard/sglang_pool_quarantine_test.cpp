@@ -62,7 +62,7 @@ TEST(SglangPoolQuarantine, AQuarantinedPageCountsAsFreeButIsNotInTheStack) {
   EXPECT_EQ(st.in_flight, 1u);
   EXPECT_EQ(st.unowned, 0u);
   EXPECT_EQ(free_stack(pool), (std::vector<std::uint32_t>{0, 1}));
-  EXPECT_EQ(pool.image().quarantined, (std::vector<std::uint32_t>{3}));
+  EXPECT_EQ(pool.image().quarantined, (std::vector<std::uint64_t>{3}));
 }
 
 TEST(SglangPoolQuarantine, AQuarantinedPageCannotBeConfirmed) {
@@ -134,7 +134,7 @@ TEST(SglangPoolQuarantine, TheOldestQuarantinedPageGoesFirst) {
   EXPECT_EQ(release(pool, {1}, 100), "");
   EXPECT_EQ(release(pool, {2, 0}, 200), "");
   EXPECT_EQ(reserve(pool, {"d", "e"}), S({{false, 1}, {false, 2}}));
-  EXPECT_EQ(pool.image().quarantined, (std::vector<std::uint32_t>{0}));
+  EXPECT_EQ(pool.image().quarantined, (std::vector<std::uint64_t>{0}));
   // The pages it took are no longer quarantined: their end is not due any more.
   std::vector<std::int64_t> ended;
   EXPECT_EQ(pool.end_quarantines(1000, &ended), 1u);
@@ -200,7 +200,7 @@ TEST(SglangPoolQuarantine, AnImageKeepsTheQuarantineAndRestoresIt) {
   ASSERT_EQ(pool.confirm({}, {}, rel, 0, detail, st, 100), sglang_confirm_outcome::ok);
   // Now 3 and 4 are free, 2 quarantined.
   const sglang_image img = pool.image();
-  EXPECT_EQ(img.quarantined, (std::vector<std::uint32_t>{2}));
+  EXPECT_EQ(img.quarantined, (std::vector<std::uint64_t>{2}));
   sglang_pool copy(0);
   std::string error;
   ASSERT_TRUE(sglang_pool::restore(img, {}, copy, error)) << error;
@@ -226,7 +226,7 @@ TEST(SglangPoolQuarantine, AnImageKeepsTheQuarantineAndRestoresIt) {
   EXPECT_EQ(again.image().quarantined, img.quarantined);
   // A restored image refuses a page listed both free and quarantined.
   sglang_image both = img;
-  both.quarantined.push_back(img.free.front());
+  both.quarantined.push_back(img.free.front().first);
   EXPECT_FALSE(sglang_pool::restore(both, {}, again, error));
 }
 

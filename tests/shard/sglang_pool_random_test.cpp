@@ -22,49 +22,79 @@ namespace {
 
 using namespace shard::sg_testing;
 
+// A free stack, top at the end: pages [0, floor) ascending at the bottom (so that a pool
+// of 2^40 pages costs nothing here either), then `above`.
+struct model_stack {
+  std::uint64_t floor = 0;
+  std::vector<std::uint64_t> above;
+  bool empty() const { return floor == 0 && above.empty(); }
+  std::uint64_t size() const { return floor + above.size(); }
+  void push_back(std::uint64_t p) { above.push_back(p); }
+  std::uint64_t back() const { return above.empty() ? floor - 1 : above.back(); }
+  void pop_back() {
+    if (above.empty()) {
+      --floor;
+    } else {
+      above.pop_back();
+    }
+  }
+  void clear() {
+    floor = 0;
+    above.clear();
+  }
+  bool contains(std::uint64_t p) const {
+    return p < floor || std::find(above.begin(), above.end(), p) != above.end();
+  }
+  // As sglang_image::free: maximal runs of consecutive pages, bottom first.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs() const {
+    sglang_image img;
+    if (floor > 0) img.free.emplace_back(0, floor);
+    for (std::uint64_t p : above) img.push_free(p);
+    return img.free;
+  }
+};
+
 // The contract, written as plainly as possible.
 struct model {
   struct reservation {
     std::string key;
-    std::uint32_t epoch;
+    std::uint64_t epoch;
     std::uint64_t deadline;
     std::uint64_t serial;
   };
-  std::uint32_t n = 0;
+  std::uint64_t n = 0;
   std::uint64_t ttl = 0, lease = 0;
   std::uint64_t quarantine_for = 0;                                 // 0: releases free at once
-  std::vector<std::uint32_t> free;                                  // stack, top at the end
-  std::vector<std::pair<std::uint64_t, std::uint32_t>> quarantine;  // (until, page), oldest first
-  std::vector<std::pair<std::string, std::uint32_t>> lru;           // LRU first
+  model_stack free;                                                 // top at the end
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> quarantine;  // (until, page), oldest first
+  std::vector<std::pair<std::string, std::uint64_t>> lru;           // LRU first
   std::map<std::string, std::uint64_t> lease_until;
-  std::map<std::uint32_t, reservation> in_flight;
-  std::uint32_t epoch = 0;
+  std::map<std::uint64_t, reservation> in_flight;
+  std::uint64_t epoch = 0;
   std::uint64_t serial = 0;
 
-  model(std::uint32_t pages, std::uint64_t t, std::uint64_t l, std::uint64_t q)
+  model(std::uint64_t pages, std::uint64_t t, std::uint64_t l, std::uint64_t q)
       : n(pages), ttl(t), lease(l), quarantine_for(q) {
-    for (std::uint32_t p = 0; p < n; ++p) free.push_back(p);
+    free.floor = n;
   }
   int bound_index(const std::string& k) const {
     for (std::size_t i = 0; i < lru.size(); ++i)
       if (lru[i].first == k) return static_cast<int>(i);
     return -1;
   }
-  bool page_bound(std::uint32_t p) const {
+  bool page_bound(std::uint64_t p) const {
     for (const auto& e : lru)
       if (e.second == p) return true;
     return false;
   }
-  bool page_free(std::uint32_t p) const {
-    return std::find(free.begin(), free.end(), p) != free.end();
-  }
-  bool quarantined(std::uint32_t p) const {
+  bool page_free(std::uint64_t p) const { return free.contains(p); }
+  bool quarantined(std::uint64_t p) const {
     for (const auto& q : quarantine)
       if (q.second == p) return true;
     return false;
   }
-  std::vector<std::uint32_t> quarantined_pages() const {
-    std::vector<std::uint32_t> out;
+  std::vector<std::uint64_t> quarantined_pages() const {
+    std::vector<std::uint64_t> out;
     for (const auto& q : quarantine) out.push_back(q.second);
     return out;
   }
@@ -84,7 +114,7 @@ struct model {
     lru.push_back(e);
   }
   void expire(std::uint64_t now) {
-    std::vector<std::pair<std::uint64_t, std::uint32_t>> due;  // (serial, page)
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> due;  // (serial, page)
     for (const auto& [p, r] : in_flight)
       if (ttl != 0 && r.deadline <= now) due.push_back({r.serial, p});
     std::sort(due.begin(), due.end());
@@ -136,17 +166,17 @@ struct model {
       }
       if (page >= 0) {
         const std::uint64_t d = ttl == 0 ? UINT64_MAX : now + ttl;
-        in_flight[static_cast<std::uint32_t>(page)] = {keys[i], epoch, d, ++serial};
+        in_flight[static_cast<std::uint64_t>(page)] = {keys[i], epoch, d, ++serial};
       }
       out[i] = {false, page};
     }
     return out;
   }
-  void free_in_flight(std::uint32_t p) {
+  void free_in_flight(std::uint64_t p) {
     in_flight.erase(p);
     free.push_back(p);
   }
-  void bind(const std::string& k, std::uint32_t p) {
+  void bind(const std::string& k, std::uint64_t p) {
     const int b = bound_index(k);
     if (b >= 0) {
       if (lru[b].second != p) free.push_back(lru[b].second);
@@ -163,7 +193,7 @@ struct model {
       if (std::find(pages.begin(), pages.end(), p) != pages.end()) return "both";
     expire(now);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      const auto p = static_cast<std::uint32_t>(pages[i]);
+      const auto p = static_cast<std::uint64_t>(pages[i]);
       if (page_free(p)) continue;
       if (page_bound(p)) {
         const int b = bound_index(keys[i]);
@@ -181,7 +211,7 @@ struct model {
       bind(keys[i], p);
     }
     for (auto r : rel) {
-      const auto p = static_cast<std::uint32_t>(r);
+      const auto p = static_cast<std::uint64_t>(r);
       if (!in_flight.count(p)) continue;  // free, bound or quarantined: nothing changes
       if (quarantine_for == 0) {
         free_in_flight(p);
@@ -209,7 +239,11 @@ struct model {
     lru.clear();
     lease_until.clear();
     free.clear();
-    for (std::uint32_t p = 0; p < n; ++p)
+    std::uint64_t lowest_held = n;
+    for (const auto& [p, r] : in_flight) lowest_held = std::min(lowest_held, p);
+    for (const auto& q : quarantine) lowest_held = std::min(lowest_held, q.second);
+    free.floor = lowest_held;
+    for (std::uint64_t p = lowest_held; p < n; ++p)
       if (!in_flight.count(p) && !quarantined(p)) free.push_back(p);
   }
   ints get(const strs& keys, std::uint64_t now) {
@@ -231,18 +265,20 @@ struct model {
     for (const auto& k : keys) out.push_back(bound_index(k) >= 0);
     return out;
   }
-  void grow(std::uint32_t to) {
-    for (std::uint32_t p = n; p < to; ++p) free.push_back(p);
+  void grow(std::uint64_t to) {
+    for (std::uint64_t p = n; p < to; ++p) free.push_back(p);
     n = to;
   }
 };
 
-void run_seed(std::uint64_t seed, int ops) {
+// base > 0: the pool has base more pages at the bottom of its stack (2^40: a huge pool
+// whose pages are numbered past 32 bits), which the model holds as one virtual run.
+void run_seed(std::uint64_t seed, int ops, std::uint64_t base = 0) {
   std::mt19937_64 rng(seed);
   auto pick = [&](std::uint64_t lo, std::uint64_t hi) {
     return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
   };
-  const auto pages = static_cast<std::uint32_t>(pick(0, 12));
+  const std::uint64_t pages = base + pick(0, 12);
   const std::uint64_t ttl = pick(0, 1) ? pick(1, 40) : 0;
   const std::uint64_t lease = pick(0, 2) == 0 ? pick(1, 20) : 0;
   const std::uint64_t quarantine_for = pick(0, 2) == 0 ? 0 : pick(1, 30);
@@ -284,10 +320,10 @@ void run_seed(std::uint64_t seed, int ops) {
           conf.push_back(p);
         }
       }
-      if (pick(0, 9) == 0) rel.push_back(static_cast<std::int64_t>(pick(0, pages + 1)));
+      if (pick(0, 9) == 0) rel.push_back(static_cast<std::int64_t>(pick(base, pages + 1)));
       if (pick(0, 19) == 0 && pages > 0) {  // garbage: a random page for a random key
         keys.push_back(random_key());
-        conf.push_back(static_cast<std::int64_t>(pick(0, pages - 1)));
+        conf.push_back(static_cast<std::int64_t>(pick(pick(0, 1) ? 0 : base, pages - 1)));
       }
       if (pick(0, 29) == 0) rel.push_back(-1);
       if (!sent.empty() && pick(0, 3) == 0) {  // a replay instead
@@ -319,25 +355,31 @@ void run_seed(std::uint64_t seed, int ops) {
     } else if (kind < 99) {
       pool.clear();
       m.clear();
-    } else if (pool.num_pages() < 40) {
-      const auto to = pool.num_pages() + static_cast<std::uint32_t>(pick(0, 4));
+    } else if (pool.num_pages() < base + 40) {
+      const auto to = pool.num_pages() + pick(0, 4);
       pool.grow(to);
       m.grow(to);
     }
     ASSERT_EQ(pool.check(), "");
     const sglang_image img = pool.image();
-    ASSERT_EQ(img.free, m.free);
+    ASSERT_EQ(img.free, m.free.runs());
     ASSERT_EQ(img.bound.size(), m.lru.size());
     for (std::size_t i = 0; i < m.lru.size(); ++i) ASSERT_EQ(img.bound[i], m.lru[i]);
     ASSERT_EQ(img.reserved.size(), m.in_flight.size());
     ASSERT_EQ(img.quarantined, m.quarantined_pages());
     ASSERT_EQ(pool.stats().free, m.free.size() + m.quarantine.size());
-    // No page held twice across the four lists.
-    std::set<std::uint32_t> held(img.free.begin(), img.free.end());
+    // No page held twice across the four lists, and every page in one.
+    std::set<std::uint64_t> held;
     for (const auto& b : img.bound) ASSERT_TRUE(held.insert(b.second).second);
     for (const auto& r : img.reserved) ASSERT_TRUE(held.insert(r.page).second);
     for (const auto p : img.quarantined) ASSERT_TRUE(held.insert(p).second);
-    ASSERT_EQ(held.size(), pool.num_pages());
+    std::uint64_t free_pages = 0;
+    for (const auto& [lo, hi] : img.free) {
+      free_pages += hi - lo;
+      auto it = held.lower_bound(lo);
+      ASSERT_TRUE(it == held.end() || *it >= hi);
+    }
+    ASSERT_EQ(held.size() + free_pages, pool.num_pages());
   }
   // The image at the end restores a pool with the same future.
   std::string error;
@@ -365,6 +407,21 @@ TEST(SglangPoolRandom, AgreesWithTheModel) {
   }
   std::printf("seeds %llu..%llu passed\n", static_cast<unsigned long long>(base),
               static_cast<unsigned long long>(base + seeds - 1));
+}
+
+// The same with 2^40 pages below the model's: every page handed out is numbered past 32
+// bits, the free stack's bottom is one run of 2^40 pages, and nothing is proportional to
+// it (each seed runs in milliseconds).
+TEST(SglangPoolRandom, HugePoolsAgreeWithTheModel) {
+  const std::uint64_t base = std::random_device{}();
+  for (int i = 0; i < 12; ++i) {
+    const std::uint64_t seed = base + static_cast<std::uint64_t>(i);
+    run_seed(seed, 1500, std::uint64_t{1} << 40);
+    if (::testing::Test::HasFatalFailure()) {
+      std::printf("failing seed (huge): %llu\n", static_cast<unsigned long long>(seed));
+      return;
+    }
+  }
 }
 
 }  // namespace

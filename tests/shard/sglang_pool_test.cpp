@@ -271,10 +271,10 @@ TEST(SglangPool, ADeadWritersPagesComeBackAtTheDeadline_B10) {
   sglang_pool pool(4, sglang_config{.reservation_ttl = 100});
   reserve(pool, {"a", "b"}, 10);  // 3, 2 until 110
   reserve(pool, {"c"}, 50);       // 1 until 150
-  std::vector<std::uint32_t> expired;
+  std::vector<std::uint64_t> expired;
   EXPECT_EQ(pool.expire(109, &expired), 0u);
   EXPECT_EQ(pool.expire(110, &expired), 2u);
-  EXPECT_EQ(expired, (std::vector<std::uint32_t>{3, 2}));
+  EXPECT_EQ(expired, (std::vector<std::uint64_t>{3, 2}));
   EXPECT_EQ(pool.check(), "");
   // A late confirm of an expired reservation binds nothing (its page is free).
   sglang_confirm_stats st;
@@ -357,10 +357,10 @@ TEST(SglangPool, RestoreRefusesBadImagesAndLeavesUnownedPagesBindable) {
   sglang_pool out(0);
   sglang_image img;
   img.num_pages = 4;
-  img.free = {0, 0};
+  img.free = {{0, 1}, {0, 1}};
   EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
-  EXPECT_EQ(error, "free page 0 is listed twice");
-  img.free = {0};
+  EXPECT_EQ(error, "free pages out of range (num_pages 4) or listed twice");
+  img.free = {{0, 1}};
   img.bound = {{"a", 4}};
   EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
   EXPECT_EQ(error, "bound page 4 is out of range (num_pages 4)");

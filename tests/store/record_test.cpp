@@ -423,6 +423,7 @@ TEST(Record, SglangKindsRoundTrip) {
   store::append_sg_keys_at(log, record_kind::sg_get, pool, 13, keys);
   store::append_sg_expire(log, pool, 14);
   store::append_sg_snapshot_pool(log, pool, 15, 7, 2, free, keys, pages, flights);
+  store::append_sg_keys_at(log, record_kind::sg_reserve_full, pool, 16, keys);
   std::vector<store::record> seen;
   std::vector<std::string> names;
   const store::scan_result result = store::scan(log, [&](const store::record& r, std::size_t) {
@@ -430,7 +431,7 @@ TEST(Record, SglangKindsRoundTrip) {
     names.push_back(std::string(r.tenant) + "/" + std::to_string(r.rank) + "/" + std::string(r.ns));
   });
   ASSERT_EQ(result.status, store::scan_status::ok);
-  ASSERT_EQ(seen.size(), 8u);
+  ASSERT_EQ(seen.size(), 9u);
   EXPECT_EQ(names[0], "llama/-3/mamba");
   EXPECT_EQ(names[4], "/0/kv");
   EXPECT_EQ(seen[0].kind, record_kind::sg_initialize);
@@ -451,7 +452,7 @@ TEST(Record, SglangKindsRoundTrip) {
   EXPECT_EQ(seen[6].kind, record_kind::sg_expire);
   EXPECT_EQ(seen[6].now, 14u);
   const store::record& snap = seen[7];
-  EXPECT_EQ(snap.kind, record_kind::sg_snapshot_pool);
+  EXPECT_EQ(snap.kind, record_kind::sg_snapshot_pool_runs);  // the free stack as runs
   EXPECT_EQ(snap.now, 15u);
   EXPECT_EQ(snap.num_pages, 7);
   EXPECT_EQ(snap.sg_epoch, 2u);
@@ -462,6 +463,9 @@ TEST(Record, SglangKindsRoundTrip) {
   EXPECT_EQ(snap.sg_flight_keys, (std::vector<std::string_view>{"f", "g"}));
   EXPECT_EQ(snap.sg_flight_epochs, (std::vector<std::uint32_t>{2, 3}));
   EXPECT_EQ(snap.sg_flight_deadlines, (std::vector<std::uint64_t>{UINT64_MAX, 77}));
+  EXPECT_EQ(seen[8].kind, record_kind::sg_reserve_full);
+  EXPECT_EQ(seen[8].now, 16u);
+  EXPECT_EQ(seen[8].keys, keys);
   // Every kind's payload, cut short, does not decode.
   for (std::size_t at = 0, n = 0; at < log.size(); ++n) {
     std::string_view payload;
