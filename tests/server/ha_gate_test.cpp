@@ -110,9 +110,12 @@ TEST_F(HaGate, WithoutHaNothingIsGated) {
   EXPECT_EQ(send(get("/metrics")).find("hf3fs_metad_ha_"), std::string::npos);
 }
 
-TEST(HaGateRoutes, OnlyProbesAndMetricsAnswerOffTheLeader) {
+// The probes, /metrics and the status page (GET / and /status.json: a standby's operator
+// sees its role and HA state there too).
+TEST(HaGateRoutes, OnlyProbesMetricsAndTheStatusPageAnswerOffTheLeader) {
   for (const pipeline::endpoint_row& row : pipeline::kEndpoints) {
-    const bool probe = row.label == "health" || row.label == "ready" || row.label == "metrics";
+    const bool probe = row.label == "health" || row.label == "ready" || row.label == "metrics" ||
+                       row.label == "status_page" || row.label == "status";
     EXPECT_EQ(row.on, probe ? pipeline::serves::any_node : pipeline::serves::leader) << row.label;
   }
 }

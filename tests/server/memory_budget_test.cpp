@@ -30,8 +30,8 @@ namespace fs = std::filesystem;
 
 constexpr std::int64_t kHuge = std::int64_t{1} << 40;
 constexpr std::uint64_t kRoom = 16 << 20;  // the budget's room above the resident size
-constexpr int kBatch = 12;                 // keys per request (a body under 64 KiB)
-constexpr int kBatchesMax = 600;           // 12 x 4,000 x 600 = 27 MiB of keys: past the room
+constexpr int kBudgetBatch = 12;           // keys per request (a body under 64 KiB)
+constexpr int kBudgetBatchesMax = 600;     // 12 x 4,000 x 600 = 27 MiB of keys: past the room
 
 metad::config budget_config(std::uint64_t room = kRoom) {
   // What earlier tests freed goes back to the system first: memory the allocator still
@@ -59,7 +59,8 @@ std::uint64_t refusals(sim_node& n, const char* what) {
 // Batch b's keys: 4,000 bytes each, distinct.
 std::vector<std::string> long_keys(int b) {
   std::vector<std::string> keys;
-  for (int i = 0; i < kBatch; ++i) keys.push_back(fmt::format("{:0>4000}", b * kBatch + i));
+  for (int i = 0; i < kBudgetBatch; ++i)
+    keys.push_back(fmt::format("{:0>4000}", b * kBudgetBatch + i));
   return keys;
 }
 std::string json_keys(const std::vector<std::string>& keys, bool with_prefix) {
@@ -125,7 +126,7 @@ TEST_P(MemoryBudget, VllmAllocationsPastTheBudgetAreAnsweredAsByAFullPool) {
   EXPECT_EQ(n.post("/rank/0/initialize", fmt::format(R"({{"num_pages":{}}})", kHuge)),
             fmt::format(R"({{"message":"Rank 0 initialized with {} pages"}})", kHuge));
   int stored = 0, refused_at = -1;
-  for (int b = 0; b < kBatchesMax && refused_at < 0; ++b) {
+  for (int b = 0; b < kBudgetBatchesMax && refused_at < 0; ++b) {
     const std::string answer =
         n.post("/keys/batch_allocate",
                fmt::format(R"({{"rank":0,"keys":[{}]}})", json_keys(long_keys(b), true)));
@@ -133,7 +134,7 @@ TEST_P(MemoryBudget, VllmAllocationsPastTheBudgetAreAnsweredAsByAFullPool) {
       EXPECT_EQ(answer.find(fmt::format(",{}]", stored)), std::string::npos) << "all or nothing";
       refused_at = b;
     } else {
-      stored += kBatch;
+      stored += kBudgetBatch;
     }
   }
   ASSERT_GE(refused_at, 0) << "never refused: the keys are not charged";
@@ -166,7 +167,7 @@ TEST_P(MemoryBudget, SglangReservesPastTheBudgetOnlyEvict) {
     EXPECT_EQ(n.post("/0/initialize", fmt::format(R"({{"num_pages":{}}})", kHuge)), "");
     std::int64_t lowest = kHuge;  // the lowest page handed out
     int refused_at = -1, evicting = 0;
-    for (int b = 0; b < kBatchesMax && evicting < 3; ++b) {
+    for (int b = 0; b < kBudgetBatchesMax && evicting < 3; ++b) {
       const std::vector<std::string> keys = long_keys(b);
       const std::string answer = n.post("/0/reserve_and_allocate_page_indices",
                                         fmt::format(R"({{"keys":[{}]}})", json_keys(keys, false)));
