@@ -6,8 +6,9 @@ limited to /hf3fs-metad/ by its role; certificates made by openssl in the test
 (test_ha.make_certificates). etcd's --auth-token-ttl is 2 s, so tokens expire mid-run.
 
 Checks:
-  a. two replicated nodes (--ha-etcd https://..., --ha-etcd-ca, a client certificate
-     without a Common Name, --ha-etcd-user, --ha-etcd-password-file) form a cluster: a
+  a. two replicated nodes as deploy/ ships them (--ha-etcd https://..., --ha-etcd-ca, a
+     client certificate without a Common Name, --ha-etcd-user, --ha-etcd-password-file,
+     and replication over mutual TLS: --repl-tls-cert/-key/-ca) form a cluster: a
      leads, b is listed in /sync, writes are acknowledged; mid-run the nodes' tokens stop
      working (their user's password set again: etcd drops the user's tokens, as after a
      restart or for a token unused past --auth-token-ttl): both nodes authenticate again,
@@ -36,8 +37,9 @@ import unittest
 import requests
 
 from failover_harness import (NUM_PAGES, REPL, WHY, FailoverCase, Ledger, Writer, initialize,
-                              wait_until)
+                              ready, wait_until)
 from metad_harness import run_to_exit
+import test_repl_tls as repl_tls  # its certificates (scripts/repl-certs.sh) and flags
 
 TOKEN_TTL_S = 2
 
@@ -49,7 +51,14 @@ class EtcdTlsTest(FailoverCase):
     etcd_options = {"secure": True, "token_ttl_s": TOKEN_TTL_S}
 
     def test_a_cluster_over_tls_with_auth_fails_over_losing_nothing(self):
-        a, b = self.pair()
+        if not repl_tls.TLS:
+            self.skipTest(repl_tls.TLS_WHY)
+        pki = os.path.join(self.dir, "repl-pki")
+        repl_tls.make_certs(pki, "a", "b")
+        a = self.started(self.node("a", flags=repl_tls.tls_flags(pki, "a")))
+        self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
+        b = self.started(self.node("b", flags=repl_tls.tls_flags(pki, "b")))
+        self.wait_in_sync(b, a)
         self.assertIn("ha: etcd over TLS, authenticated as hf3fs-metad", a.log())
         leader, _ = self.cluster_keys.leader()
         self.assertEqual(leader["node"], "a")
