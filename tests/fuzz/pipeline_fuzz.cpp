@@ -183,11 +183,14 @@ bool check_answers(std::string_view out, const std::vector<bool>& heads) {
     }
     fuzz::require(has_length, "answers carry content-length", head);
     if (answers_head) continue;  // headers only
-    // Every answer is JSON except a successful GET /metrics (Prometheus text).
-    const bool json_body =
-        head.find("\r\ncontent-type: application/json\r\n") != std::string_view::npos;
-    fuzz::require(json_body || (status == 200 && head.find("\r\ncontent-type: text/plain") !=
-                                                     std::string_view::npos),
+    // Every answer is JSON except a successful GET /metrics (Prometheus text) and the
+    // status page GET / (HTML).
+    const auto has = [&](std::string_view header) {
+      return head.find(header) != std::string_view::npos;
+    };
+    const bool json_body = has("\r\ncontent-type: application/json\r\n");
+    fuzz::require(json_body || (status == 200 && (has("\r\ncontent-type: text/plain") ||
+                                                  has("\r\ncontent-type: text/html"))),
                   "answers are application/json", head);
     std::size_t length = 0;
     for (char c : length_text) {
