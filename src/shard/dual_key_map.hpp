@@ -4,6 +4,14 @@
 // to store so (a value that does not fit a word), lives in a key_map<Other> with its
 // bytes on the heap. A key is in one of the two at most. Single-threaded: only the
 // owning core touches it (a rank's keys, a directory slice, its recency lists).
+//
+// Invariants (verify()):
+// - every key of the packed form has a nonzero word and a lookup of it finds that word;
+// - every key of the key_map form has heap bytes, its slot's hash is table_hash of them,
+//   and a lookup of them finds that slot;
+// - a hex key of the key_map form is not also in the packed form (one form at most);
+// - each form holds as many keys as it counts, and hex_others() counts exactly the hex
+//   keys of the key_map form.
 #pragma once
 
 #include <concepts>
@@ -182,6 +190,51 @@ class dual_key_map {
     hex_others_ = 0;
   }
 
+  // The invariants above, O(size()): "" when they hold, else the first broken one.
+  std::string verify() const {
+    std::size_t packed = 0, others = 0, hex = 0;
+    std::string e;
+    packed_.for_each([&](const packed_key& k, const std::uint32_t& word) {
+      ++packed;
+      if (!e.empty()) return;
+      if (word == 0) {
+        e = "a packed key has the empty word 0";
+      } else if (packed_.find(k, packed_hash(k)) != &word) {
+        e = "a packed key is not found where it is stored";
+      }
+    });
+    if (!e.empty()) return "dual_key_map: " + e;
+    others_.for_each([&](const other_slot& s) {
+      ++others;
+      if (!e.empty()) return;
+      if (s.key == nullptr) {
+        e = "a key_map slot counted as used has no key";
+        return;
+      }
+      const std::string_view key = key_blob::view(s.key);
+      if (s.hash != table_hash(key)) {
+        e = "key '" + std::string(key) + "' has a slot hash that is not its table_hash";
+      } else if (others_.find(key, s.hash) != &s) {
+        e = "key '" + std::string(key) + "' is not found where it is stored";
+      } else if (packed_key k; pack_hex_key(key, k)) {
+        ++hex;
+        if (packed_.find(k, packed_hash(k)) != nullptr)
+          e = "hex key '" + std::string(key) + "' is in both forms";
+      }
+    });
+    if (!e.empty()) return "dual_key_map: " + e;
+    if (packed != packed_.size() || others != others_.size()) {
+      return "dual_key_map: " + std::to_string(packed) + " packed and " + std::to_string(others) +
+             " other keys stored, " + std::to_string(packed_.size()) + " and " +
+             std::to_string(others_.size()) + " counted";
+    }
+    if (hex != hex_others_) {
+      return "dual_key_map: " + std::to_string(hex) + " hex keys in the key_map form, " +
+             std::to_string(hex_others_) + " counted";
+    }
+    return {};
+  }
+
  private:
   static bool is_hex(std::string_view key) {
     packed_key unused;
@@ -195,6 +248,9 @@ class dual_key_map {
   [[gnu::noinline]] other_slot* find_other(std::string_view key, const parsed_key& p) {
     return others_.find(key, other_hash(key, p));
   }
+
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
 
   packed_map packed_;           // the hex form
   other_map others_;            // every other key, and hex keys put there
