@@ -18,12 +18,16 @@ std::string check_consistency(const node& nd) {
         ++sg_pools;
         if (e.empty() && shard::owner_of_rank(rank, nd.cores) != core->index)
           e = fmt::format("SGLang rank {} is on core {}, not its owner", rank, core->index);
-        if (std::string p = pool.check(); e.empty() && !p.empty())
+        if (std::string p = pool.verify(); e.empty() && !p.empty())
           e = fmt::format("SGLang pool '{}' {} '{}': {}", tenant, rank, ns, p);
       });
       if (!e.empty()) return e;
+      if (std::string p = pools.verify(); !p.empty())
+        return fmt::format("SGLang tenant '{}': {}", tenant, p);
     }
-    if (std::string e = core->ranks.check_invariants(); !e.empty()) return e;
+    if (std::string e = core->ranks.verify(); !e.empty()) return e;
+    if (std::string e = core->directory.verify(); !e.empty())
+      return fmt::format("core {}: {}", core->index, e);
     core->ranks.for_each_entry(
         [&bound](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
           if (confirmed) ++bound[std::string(key)];

@@ -8,10 +8,10 @@
 
 namespace metad::pipeline {
 
-// Each rank's pages agree with its keys (rank_table::check_invariants), and each
-// directory count is the number of ranks holding the key bound; each SGLang pool is on
-// its rank's owner core, sound, and counted. "" when consistent, else the first
-// violation.
+// Every shard structure's own invariants hold (rank_table, directory, sglang_pools and
+// their pools' verify()), each directory count is the number of ranks holding the key
+// bound; each SGLang pool is on its rank's owner core and counted. "" when consistent,
+// else the first violation.
 std::string check_consistency(const node& nd);
 
 }  // namespace metad::pipeline

@@ -1,11 +1,14 @@
 #include "shard/directory.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 
 #include "shard/dual_key_map.hpp"
 #include "shard/key_life.hpp"
 #include "shard/key_map.hpp"
+#include "shard/verify.hpp"
 
 // directory: this core's slice of key completeness (keys whose key_hash maps here).
 // A 32-lowercase-hex key whose tp_world_size fits 16 bits (all of them in practice) is
@@ -51,6 +54,11 @@ struct directory::impl {
   key_map<std::int32_t> owed;
 
   impl() { incomplete.set_lru(true); }
+
+  // What verify() walks (METAD_VERIFY_AFTER's n).
+  std::size_t verify_size() const {
+    return keys.size() + life.size() + incomplete.size() + removing.size() + owed.size();
+  }
 
   // The key's entry in whichever map holds it.
   struct entry : dual_key_map<completion>::entry {
@@ -164,6 +172,15 @@ struct directory::impl {
   }
 };
 
+namespace {
+// With METAD_VERIFY: verifies the directory when an operation with several ways out ends.
+struct verify_on_exit {
+  const directory& d;
+  const char* what;
+  ~verify_on_exit() { METAD_VERIFY_AFTER(what, d.size() + d.incomplete_count(), d.verify()); }
+};
+}  // namespace
+
 directory::directory() : impl_(std::make_unique<impl>()) {}
 directory::~directory() = default;
 directory::directory(directory&&) noexcept = default;
@@ -175,7 +192,9 @@ bool directory::add_confirmation(std::string_view key, std::int32_t tp_world_siz
                                  std::uint64_t now) {
   parsed_key p;
   parse_key(key, p);
-  return impl_->add_confirmation(key, p, tp_world_size, now);
+  const bool entered = impl_->add_confirmation(key, p, tp_world_size, now);
+  METAD_VERIFY_AFTER("directory::add_confirmation", impl_->verify_size(), verify());
+  return entered;
 }
 
 void directory::add_confirmations(std::span<const std::string_view> keys,
@@ -185,6 +204,7 @@ void directory::add_confirmations(std::span<const std::string_view> keys,
   m.grouped(keys, at, m.life.lru(), [&](std::uint32_t i, const parsed_key& p) {
     entered[i] = m.add_confirmation(keys[i], p, tp_world_size, now) ? 1 : 0;
   });
+  METAD_VERIFY_AFTER("directory::add_confirmations", m.verify_size(), verify());
 }
 
 bool directory::complete(std::string_view key) const {
@@ -215,7 +235,9 @@ key_report directory::inspect(std::string_view key) const {
 bool directory::use(std::string_view key, std::uint64_t now, std::uint64_t lease_until) {
   parsed_key p;
   parse_key(key, p);
-  return impl_->use(key, p, now, lease_until);
+  const bool used = impl_->use(key, p, now, lease_until);
+  METAD_VERIFY_AFTER("directory::use", impl_->verify_size(), verify());
+  return used;
 }
 
 void directory::use_each(std::span<const std::string_view> keys, std::span<const std::uint32_t> at,
@@ -225,6 +247,7 @@ void directory::use_each(std::span<const std::string_view> keys, std::span<const
   m.grouped(keys, at, lease_until != 0 || m.life.lru(), [&](std::uint32_t i, const parsed_key& p) {
     used[i] = m.use(keys[i], p, now, lease_until) ? 1 : 0;
   });
+  METAD_VERIFY_AFTER("directory::use_each", m.verify_size(), verify());
 }
 
 directory::removal directory::begin_removal(std::string_view key, std::uint64_t now) {
@@ -238,10 +261,12 @@ directory::removal directory::begin_removal(std::string_view key, std::uint64_t 
   if (const completion c = m.find(key, p).get(); !impl::is_complete(c))
     m.untrack(key, p, c.confirmed_count);
   m.removing.insert_new(key, table_hash(key), 1);
+  METAD_VERIFY_AFTER("directory::begin_removal", m.verify_size(), verify());
   return removal::started;
 }
 
 bool directory::finish_removal(std::string_view key, std::int32_t bindings, std::uint64_t now) {
+  const verify_on_exit verify_after{*this, "directory::finish_removal"};
   impl& m = *impl_;
   if (!m.end_removal(key)) return false;  // the directory was cleared meanwhile
   parsed_key p;
@@ -271,6 +296,7 @@ bool directory::finish_removal(std::string_view key, std::int32_t bindings, std:
 }
 
 bool directory::lose_binding(std::string_view key, std::uint64_t now) {
+  const verify_on_exit verify_after{*this, "directory::lose_binding"};
   impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
@@ -310,6 +336,7 @@ bool directory::lose_binding(std::string_view key, std::uint64_t now) {
 std::size_t directory::take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
                                               void (*call)(void*, std::string_view,
                                                            std::uint64_t)) {
+  const verify_on_exit verify_after{*this, "directory::take_least_recent"};
   impl& m = *impl_;
   return m.life.take_oldest(now, n, [&](std::string_view key, std::uint64_t used) {
     parsed_key p;
@@ -322,6 +349,7 @@ std::size_t directory::take_least_recent_impl(std::uint64_t now, std::size_t n, 
 }
 
 void directory::abort_removal(std::string_view key, std::uint64_t used, bool in_front) {
+  const verify_on_exit verify_after{*this, "directory::abort_removal"};
   impl& m = *impl_;
   if (!m.end_removal(key)) return;  // cleared meanwhile
   parsed_key p;
@@ -331,6 +359,7 @@ void directory::abort_removal(std::string_view key, std::uint64_t used, bool in_
 
 std::size_t directory::take_stale_impl(std::uint64_t cutoff, std::size_t n, void* take,
                                        void (*call)(void*, std::string_view, std::uint64_t)) {
+  const verify_on_exit verify_after{*this, "directory::take_stale"};
   impl& m = *impl_;
   std::size_t taken = 0;
   // Without leases the list is in order of last confirmation: its front is the stalest.
@@ -353,6 +382,7 @@ std::size_t directory::take_stale_impl(std::uint64_t cutoff, std::size_t n, void
 
 void directory::abort_stale(std::string_view key, std::uint64_t confirmed, bool in_place,
                             std::uint64_t now) {
+  const verify_on_exit verify_after{*this, "directory::abort_stale"};
   impl& m = *impl_;
   if (!m.end_removal(key)) return;  // cleared meanwhile
   parsed_key p;
@@ -386,7 +416,10 @@ std::size_t directory::leased_count(std::uint64_t now) const {
   return impl_->life.leased_count(now);
 }
 
-void directory::sweep(std::uint64_t now) { impl_->life.sweep(now); }
+void directory::sweep(std::uint64_t now) {
+  impl_->life.sweep(now);
+  METAD_VERIFY_AFTER("directory::sweep", impl_->verify_size(), verify());
+}
 
 void directory::advance_growth() {
   impl_->keys.advance_growth();
@@ -395,6 +428,7 @@ void directory::advance_growth() {
 
 void directory::restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
                         std::uint64_t now) {
+  const verify_on_exit verify_after{*this, "directory::restore"};
   impl& m = *impl_;
   parsed_key p;
   parse_key(key, p);
@@ -566,6 +600,7 @@ void directory::restore_finish(std::uint64_t now) {
   for (const packed_key& k : unbound) m.keys.erase(m.keys.find(key_handle{k, nullptr}));
   for (const std::string& key : unbound_others) restore_forget(key);
   m.keys.shrink_to_fit();
+  METAD_VERIFY_AFTER("directory::restore_finish", m.verify_size(), verify());
 }
 
 void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,
@@ -596,6 +631,103 @@ void directory::clear() {
   m.incomplete_bindings = 0;
   m.removing.clear();
   m.owed.clear();
+}
+
+std::string directory::verify() const {
+  const impl& m = *impl_;
+  const auto fail = [](std::string what) { return "directory: " + what; };
+  if (std::string e = m.keys.verify(); !e.empty()) return fail(e);
+  if (std::string e = m.life.verify(); !e.empty()) return fail("recency: " + e);
+  if (std::string e = m.incomplete.verify(); !e.empty()) return fail("incomplete keys: " + e);
+  if (!m.incomplete.lru()) return fail("the incomplete keys are not tracked by recency");
+  std::size_t incomplete = 0, in_life = 0;
+  std::uint64_t bindings = 0;
+  std::string e;
+  const auto visit = [&](std::string_view key, const parsed_key& p, completion c) {
+    if (!e.empty()) return;
+    const bool removing = m.is_removing(key);
+    const bool complete = impl::is_complete(c);
+    std::uint64_t used = 0, until = 0;
+    const bool tracked = m.incomplete.times(key, p, used, until);
+    const bool recent = m.life.times(key, p, used, until);
+    in_life += recent ? 1 : 0;
+    if (removing) {
+      if (tracked || recent) e = fmt::format("key {} is being removed but still tracked", key);
+    } else if (complete) {
+      if (tracked) {
+        e = fmt::format("complete key {} is tracked as incomplete", key);
+      } else if (m.life.lru() && !recent) {
+        e = fmt::format("complete key {} has no recency (LRU on)", key);
+      }
+    } else {
+      ++incomplete;
+      bindings += static_cast<std::uint64_t>(std::max(c.confirmed_count, 0));
+      if (!tracked) {
+        e = fmt::format("incomplete key {} is not tracked", key);
+      } else if (recent) {
+        e = fmt::format("incomplete key {} has a recency entry", key);
+      }
+    }
+  };
+  char text[packed_key_chars];
+  m.keys.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
+    const completion c{static_cast<std::int32_t>(word >> 16),
+                       static_cast<std::int32_t>(word & packed_count_max)};
+    unpack_hex_key(k, text);
+    const std::string_view key(text, sizeof text);
+    if (e.empty() && c.confirmed_count < 1)
+      e = fmt::format("packed key {} has no confirmation", key);
+    visit(key, parsed_key{k, packed_hash(k), true}, c);
+  });
+  std::string wide_text;
+  m.keys.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+    dual_key_map<completion>::key_text(h, wide_text);
+    const completion c{static_cast<std::int32_t>(word >> 16),
+                       static_cast<std::int32_t>(word & packed_count_max)};
+    if (e.empty() && c.confirmed_count < 1)
+      e = fmt::format("wide key {} has no confirmation", wide_text);
+    parsed_key p;
+    parse_key(wide_text, p);
+    visit(wide_text, p, c);
+  });
+  m.keys.for_each_other([&](const key_map<completion>::slot& s) {
+    const std::string_view key = key_blob::view(s.key);
+    parsed_key p;
+    parse_key(key, p);
+    visit(key, p, s.value);
+  });
+  if (!e.empty()) return fail(e);
+  if (incomplete != m.incomplete.size())
+    return fail(fmt::format("{} incomplete keys, {} tracked", incomplete, m.incomplete.size()));
+  if (bindings != m.incomplete_bindings)
+    return fail(fmt::format("incomplete keys hold {} confirmations, {} counted", bindings,
+                            m.incomplete_bindings));
+  if (in_life != m.life.size())
+    return fail(fmt::format("{} keys have recency, {} recency entries", in_life, m.life.size()));
+  m.removing.for_each([&](const key_map<std::uint32_t>::slot& s) {
+    const std::string_view key = key_blob::view(s.key);
+    parsed_key p;
+    parse_key(key, p);
+    if (e.empty() && !m.keys.find(key, p))
+      e = fmt::format("key {} is being removed but absent", key);
+  });
+  m.owed.for_each([&](const key_map<std::int32_t>::slot& s) {
+    if (e.empty() && s.value <= 0)
+      e = fmt::format("key {} is owed {} confirmations", key_blob::view(s.key), s.value);
+  });
+  return e.empty() ? e : fail(e);
+}
+
+void directory::break_invariant_for_test(int which) {
+  impl& m = *impl_;
+  switch (which) {
+    case 0:  // the incomplete keys' confirmations miscounted
+      ++m.incomplete_bindings;
+      break;
+    case 1:  // a key being removed that is not in the directory
+      m.removing.insert_new("absent-key", table_hash("absent-key"), 1);
+      break;
+  }
 }
 
 }  // namespace metad::shard

@@ -2,6 +2,17 @@
 // whose hash maps to this core, its recency and leases, removals in progress.
 // Single-threaded by design: only the owning core calls it; other cores reach it
 // through the mailbox.
+//
+// Invariants (verify()):
+// - its key table's own (dual_key_map), and those of its two key_life lists (recency
+//   and leases; the incomplete keys, tracked with recency on);
+// - a key of the packed form has at least one confirmation;
+// - a key being removed is in neither list; every key being removed is in the table;
+// - every other incomplete key is tracked as incomplete and has no recency entry, and
+//   the tracked keys are exactly those; their confirmations sum to incomplete_bindings();
+// - every other complete key is not tracked as incomplete, and with LRU on has a recency
+//   entry; recency entries name only such keys;
+// - confirmations owed to keys (absorbed when they arrive) are positive.
 #pragma once
 
 #include <cstdint>
@@ -156,6 +167,13 @@ class directory {
   std::size_t restore_count(std::string_view key, std::int32_t fallback_tp);
   void restore_finish(std::uint64_t now);
   void clear();
+
+  // The invariants above, O(keys): "" when they hold, else the first broken one.
+  std::string verify() const;
+  // Tests only: breaks invariant `which` (0: the incomplete keys' confirmations are
+  // miscounted; 1: an absent key is being removed), so that a test can see verify()
+  // report it.
+  void break_invariant_for_test(int which);
 
  private:
   void for_each_key_impl(void* visit,

@@ -10,6 +10,16 @@
 // key_map<Other> with its bytes on the heap. A key is in one form at most. Single-
 // threaded: only the owning core touches it (a rank's keys, a directory slice, its
 // recency lists).
+//
+// Invariants (verify()):
+// - every key of the packed form has a nonzero word and a lookup of it finds that word;
+// - every key of the wide form has a record in range with a nonzero word, and a lookup
+//   of its index key finds it; records in use and free records add up to all records;
+// - every key of the key_map form has heap bytes, its slot's hash is table_hash of them,
+//   and a lookup of them finds that slot; a 32-lowercase-hex key there is not also in
+//   the packed form;
+// - each form holds as many keys as it counts; hex_others() and wide_others() count
+//   exactly the hex and wide keys of the key_map form.
 #pragma once
 
 #include <concepts>
@@ -321,6 +331,79 @@ class dual_key_map {
     wide_others_ = 0;
   }
 
+  // The invariants above, O(size()): "" when they hold, else the first broken one.
+  std::string verify() const {
+    std::size_t packed = 0, wide = 0, others = 0, hex = 0, wide_other = 0;
+    std::string e;
+    packed_.for_each([&](const packed_key& k, const std::uint32_t& word) {
+      ++packed;
+      if (!e.empty()) return;
+      if (word == 0) {
+        e = "a packed key has the empty word 0";
+      } else if (packed_.find(k, packed_hash(k)) != &word) {
+        e = "a packed key is not found where it is stored";
+      }
+    });
+    if (!e.empty()) return "dual_key_map: " + e;
+    wide_index_.for_each([&](const packed_key& k, const std::uint32_t& index) {
+      ++wide;
+      if (!e.empty()) return;
+      if (index == 0 || index > wide_.size()) {
+        e = "a wide key's record index is out of range";
+      } else if (wide_[index - 1].value == 0) {
+        e = "a wide key's record is free (word 0)";
+      } else if (wide_index_.find(k, packed_hash(k)) != &index) {
+        e = "a wide key is not found where it is stored";
+      }
+    });
+    if (!e.empty()) return "dual_key_map: " + e;
+    std::size_t free_records = 0;
+    for (std::uint32_t i = wide_free_; i != 0;
+         i = static_cast<std::uint32_t>(wide_[i - 1].rest.lo)) {
+      if (i > wide_.size() || ++free_records > wide_.size() || wide_[i - 1].value != 0)
+        return "dual_key_map: the free wide records' chain is broken";
+    }
+    if (wide + free_records != wide_.size()) {
+      return "dual_key_map: " + std::to_string(wide) + " wide keys and " +
+             std::to_string(free_records) + " free records, " + std::to_string(wide_.size()) +
+             " records";
+    }
+    others_.for_each([&](const other_slot& s) {
+      ++others;
+      if (!e.empty()) return;
+      if (s.key == nullptr) {
+        e = "a key_map slot counted as used has no key";
+        return;
+      }
+      const std::string_view key = key_blob::view(s.key);
+      parsed_key p;
+      parse_key(key, p);
+      if (s.hash != table_hash(key)) {
+        e = "key '" + std::string(key) + "' has a slot hash that is not its table_hash";
+      } else if (others_.find(key, s.hash) != &s) {
+        e = "key '" + std::string(key) + "' is not found where it is stored";
+      } else if (p.hex) {
+        ++hex;
+        if (packed_.find(p.packed, p.hash) != nullptr)
+          e = "hex key '" + std::string(key) + "' is in both forms";
+      } else if (p.wide) {
+        ++wide_other;
+      }
+    });
+    if (!e.empty()) return "dual_key_map: " + e;
+    if (packed != packed_.size() || others != others_.size()) {
+      return "dual_key_map: " + std::to_string(packed) + " packed and " + std::to_string(others) +
+             " other keys stored, " + std::to_string(packed_.size()) + " and " +
+             std::to_string(others_.size()) + " counted";
+    }
+    if (hex != hex_others_ || wide_other != wide_others_) {
+      return "dual_key_map: " + std::to_string(hex) + " hex keys in the key_map form, " +
+             std::to_string(hex_others_) + " counted; " + std::to_string(wide_other) +
+             " wide ones, " + std::to_string(wide_others_) + " counted";
+    }
+    return {};
+  }
+
  private:
   // The key_map form hashes every key with table_hash, a hex or wide one too.
   static std::uint32_t other_hash(std::string_view key, const parsed_key& p) {
@@ -348,6 +431,9 @@ class dual_key_map {
   [[gnu::noinline]] other_slot* find_other(std::string_view key, const parsed_key& p) {
     return others_.find(key, other_hash(key, p));
   }
+
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
 
   packed_map packed_;                 // the hex form
   packed_map wide_index_;             // the wide form: index key → record index + 1

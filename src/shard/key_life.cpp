@@ -1,5 +1,7 @@
 #include "shard/key_life.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "metad/assert.hpp"
@@ -238,6 +240,90 @@ void key_life::clear() {
   leases_.clear();
   extended_.clear();
   leased_ = 0;
+}
+
+std::string key_life::verify() const {
+  const auto fail = [](std::string what) { return "key_life: " + what; };
+  if (std::string e = keys_.verify(); !e.empty()) return fail(e);
+  const std::size_t n = nodes_.size();
+  if (n == 0) return fail("no sentinel node");
+  // 0: not seen; 1: listed; 2: dead; 3: free.
+  std::vector<std::uint8_t> state(n, 0);
+  state[0] = 1;
+  std::size_t listed = 0, leased = 0;
+  std::uint32_t last = 0;
+  for (std::uint32_t i = nodes_[0].next; i != 0; last = i, i = nodes_[i].next) {
+    if (i >= n) return fail(fmt::format("list link to node {} of {}", i, n));
+    if (state[i] != 0) return fail(fmt::format("node {} is listed twice (a cycle)", i));
+    state[i] = 1;
+    const node& nd = nodes_[i];
+    if (nd.prev != last)
+      return fail(fmt::format("node {}: prev {} but follows {}", i, nd.prev, last));
+    if (++listed > keys_.size()) return fail("the list is longer than the key map");
+    if (const auto e = keys_.find(nd.key); !e || *e.value() != i)
+      return fail(fmt::format("node {}: its key does not name it in the key map", i));
+    if (nd.lease_until != 0) {
+      ++leased;
+    } else if (!lru_) {
+      return fail(fmt::format("node {}: listed without LRU tracking and without a lease", i));
+    }
+  }
+  if (nodes_[0].prev != last) return fail("the sentinel's prev is not the last listed node");
+  if (listed != keys_.size())
+    return fail(fmt::format("{} nodes listed, {} keys mapped", listed, keys_.size()));
+  if (leased != leased_)
+    return fail(fmt::format("{} listed nodes leased, {} counted", leased, leased_));
+  std::size_t dead_nodes = 0;
+  for (std::size_t i = 1; i < n; ++i) {
+    if (state[i] == 0 && nodes_[i].prev == dead) {
+      if (nodes_[i].lease_until == 0)
+        return fail(fmt::format("dead node {} has no lease entry", i));
+      state[i] = 2;
+      ++dead_nodes;
+    }
+  }
+  std::size_t free_nodes = 0;
+  for (std::uint32_t i = free_; i != 0; i = nodes_[i].next) {
+    if (i >= n) return fail(fmt::format("free chain link to node {} of {}", i, n));
+    if (state[i] != 0)
+      return fail(fmt::format("free node {} is also listed, dead or free twice", i));
+    if (nodes_[i].lease_until != 0) return fail(fmt::format("free node {} has a lease", i));
+    state[i] = 3;
+    ++free_nodes;
+  }
+  if (listed + dead_nodes + free_nodes + 1 != n)
+    return fail(fmt::format("{} nodes: {} listed, {} dead, {} free (a node is lost)", n, listed,
+                            dead_nodes, free_nodes));
+  // Lease entries: exactly one per node with a lease, due no later than its end.
+  std::vector<std::uint8_t> entries(n, 0);
+  std::string e;
+  const auto check_entry = [&](const lease_entry& le) {
+    if (!e.empty()) return;
+    if (le.node == 0 || le.node >= n) {
+      e = fmt::format("a lease entry names node {} of {}", le.node, n);
+    } else if (nodes_[le.node].lease_until == 0) {
+      e = fmt::format("a lease entry names node {}, which has no lease", le.node);
+    } else if (entries[le.node]++ != 0) {
+      e = fmt::format("node {} has two lease entries", le.node);
+    } else if (le.until > nodes_[le.node].lease_until) {
+      e = fmt::format("node {}'s lease entry is due at {}, after its lease ends at {}", le.node,
+                      le.until, nodes_[le.node].lease_until);
+    }
+  };
+  for (std::size_t k = 0; k < leases_.size(); ++k) {
+    if (k > 0 && leases_[k - 1].until > leases_[k].until)
+      return fail(fmt::format("lease queue out of order at entry {}", k));
+    check_entry(leases_[k]);
+  }
+  if (!std::is_heap(extended_.begin(), extended_.end(), later{}))
+    return fail("the extended leases are not a min-heap by their ends");
+  for (const lease_entry& le : extended_) check_entry(le);
+  if (!e.empty()) return fail(e);
+  for (std::size_t i = 1; i < n; ++i) {
+    if (nodes_[i].lease_until != 0 && entries[i] == 0)
+      return fail(fmt::format("node {} has a lease but no lease entry", i));
+  }
+  return {};
 }
 
 }  // namespace metad::shard

@@ -8,6 +8,18 @@
 // due in a min-heap by their new end. Ended leases are thus found without a scan, and
 // counted exactly. With LRU tracking off only leased keys are kept. Times are in the
 // caller's unit. Only the owning core calls it.
+//
+// Invariants (verify()):
+// - the list is a well-linked cycle through the sentinel (each node's prev names the
+//   node before it), of size() nodes, none of them dead;
+// - the key map holds exactly the listed keys, each naming its own node;
+// - without LRU tracking every listed key has a lease (found ended or not, not yet swept);
+// - every node is listed, dead (prev == dead: left while its lease entry was queued), or
+//   on the free chain (exactly once), and nothing else;
+// - lease entries name nodes with a lease (lease_until != 0), each such node exactly one
+//   entry, due no later than its lease ends; leases_ is in order of its entries' ends,
+//   extended_ is a min-heap by them;
+// - leased_ counts the listed nodes with a lease.
 #pragma once
 
 #include <cstddef>
@@ -104,7 +116,13 @@ class key_life {
   void advance_growth() { keys_.advance_growth(); }
   void clear();
 
+  // The invariants above, O(nodes): "" when they hold, else the first broken one.
+  std::string verify() const;
+
  private:
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
+
   struct node {
     key_handle key;  // how keys_ names it
     // List links; prev == dead: the key left while its entry was queued (the node is

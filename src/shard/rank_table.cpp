@@ -10,6 +10,7 @@
 #include "shard/rank_keys.hpp"
 #include "shard/rank_table.hpp"
 #include "shard/reservation_queue.hpp"
+#include "shard/verify.hpp"
 
 // rank_table: per rank, a page pool and a key → {page, reserved|confirmed} map, plus the
 // reverse map of reserved pages. Only the rank's owning core calls it.
@@ -39,8 +40,11 @@ struct rank_state {
   // yet). Precondition: available() > 0.
   std::uint32_t take_page() {
     if (pool.available() > 0) return pool.take_lowest();
+    METAD_ASSERT(!quarantine.empty());
     const std::uint32_t page = quarantine.front().page;
     quarantine.pop_front();
+    // A quarantined page is reserved in the pool and owned by no key.
+    METAD_ASSERT(pool.state(page) == page_state::reserved && !keys.owners.find(page).set);
     return page;
   }
   rank_stats stats() const {
@@ -63,6 +67,13 @@ struct rank_state {
                 [this](const reservation_queue::entry& e) { return live(e); });
   }
   static constexpr std::uint64_t no_deadline = UINT64_MAX;
+
+  // What verify() walks for this rank (METAD_VERIFY_AFTER's n).
+  std::size_t verify_size() const {
+    return keys.size() + quarantine.size() + pool.high_water() / 16;
+  }
+  // The rank's invariants (rank_table.hpp); "" when they hold.
+  std::string verify() const;
 };
 
 }  // namespace
@@ -184,6 +195,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
     return true;
   });
   rs.pool.shrink(pages);
+  METAD_VERIFY_AFTER("rank_table::initialize", rs.verify_size(), rs.verify());
   return {init_outcome::shrunk, old_pages};
 }
 
@@ -224,9 +236,11 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
   for (const std::uint32_t offset : m.misses) {
     const std::uint32_t i = distinct_out[distinct_base + offset];
     const std::uint32_t page = rs->take_page();
+    METAD_ASSERT(page < rs->pool.num_pages() && rs->pool.state(page) == page_state::reserved);
     rs->reserve(keys[i], m.parsed[i], page, deadline);
     pages_out[pages_base + offset] = page;
   }
+  METAD_VERIFY_AFTER("rank_table::allocate", rs->verify_size(), rs->verify());
   return {true, 0, false, static_cast<std::uint32_t>(m.misses.size())};
 }
 
@@ -242,11 +256,14 @@ std::size_t rank_table::expire_impl(std::uint64_t now, void* visit,
     total += rs.expiry.pop_due(
         now, [&rs](const reservation_queue::entry& e) { return rs.live(e); },
         [&](std::uint32_t page) {
+          METAD_ASSERT(rs.pool.state(page) == page_state::reserved);
           rs.keys.release_reserved(page);
           rs.pool.release(page);
           m.expired_pages.push_back(page);
         });
     if (!m.expired_pages.empty()) call(visit, entry.first, m.expired_pages);
+    if (!m.expired_pages.empty())
+      METAD_VERIFY_AFTER("rank_table::expire", rs.verify_size(), rs.verify());
   }
   m.expired += total;
   return total;
@@ -277,11 +294,14 @@ std::size_t rank_table::end_quarantines_impl(std::uint64_t now, void* visit,
     while (!rs.quarantine.empty() && rs.quarantine.front().until <= now) {
       const std::uint32_t page = rs.quarantine.front().page;
       rs.quarantine.pop_front();
+      // Quarantined: reserved in the pool, owned by no key.
+      METAD_ASSERT(rs.pool.state(page) == page_state::reserved && !rs.keys.owners.find(page).set);
       rs.pool.release(page);
       m.expired_pages.push_back(page);
     }
     total += m.expired_pages.size();
     call(visit, rank, m.expired_pages);
+    METAD_VERIFY_AFTER("rank_table::end_quarantines", rs.verify_size(), rs.verify());
   }
   return total;
 }
@@ -346,6 +366,7 @@ bool rank_table::remove_confirmed(std::int64_t rank, std::span<const std::string
     rs->pool.free_bound(static_cast<std::uint32_t>(page));
     removed_out.push_back(i);
   }
+  METAD_VERIFY_AFTER("rank_table::remove_confirmed", rs->verify_size(), rs->verify());
   return true;
 }
 
@@ -396,6 +417,7 @@ void rank_table::impl::release(rank_state& rs, std::uint64_t any_page,
       if (quarantine_until == 0) {
         rs.pool.release(page);
       } else {
+        METAD_ASSERT(!rs.keys.owners.find(page).set);  // a quarantined page has no owner
         rs.quarantine.push_back({quarantine_until, page});
       }
       return;
@@ -428,6 +450,7 @@ confirm_outcome rank_table::confirm(std::int64_t rank, std::span<const std::stri
   }
   for (const std::int64_t page : releases)
     m.release(*rs, static_cast<std::uint64_t>(page), quarantine_until);
+  METAD_VERIFY_AFTER("rank_table::confirm", rs->verify_size(), rs->verify());
   return confirm_outcome::ok;
 }
 
@@ -631,20 +654,59 @@ void rank_table::advance_growth() {
 
 void rank_table::clear() { impl_->ranks.clear(); }
 
-std::string rank_table::check_invariants() const {
+std::string rank_state::verify() const {
+  if (std::string e = keys.map.verify(); !e.empty()) return e;
+  if (std::string e = keys.check(pool, quarantine.size()); !e.empty()) return e;
+  std::vector<std::uint8_t> seen(pool.high_water(), 0);  // every held page lies below
+  for (const quarantined& q : quarantine) {
+    if (q.page >= pool.high_water() || seen[q.page] || pool.state(q.page) != page_state::reserved ||
+        keys.owners.find(q.page).set)
+      return fmt::format("quarantined page {} is out of range, listed twice, or held", q.page);
+    seen[q.page] = 1;
+  }
+  if (std::string e = expiry.verify(); !e.empty()) return e;
+  // Every reservation with a deadline has its entry in the expiry queue.
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> pending;
+  pending.reserve(expiry.size());
+  expiry.for_each_pending(
+      [&](const reservation_queue::entry& e) { pending.emplace_back(e.page, e.deadline); });
+  std::sort(pending.begin(), pending.end());
+  std::string error;
+  keys.owners.for_each([&](std::uint64_t page, const key_owner& o) {
+    if (!error.empty() || o.deadline == no_deadline) return;
+    const auto want = std::make_pair(static_cast<std::uint32_t>(page), o.deadline);
+    if (!std::binary_search(pending.begin(), pending.end(), want))
+      error = fmt::format("the reservation of page {} (deadline {}) is not in the expiry queue",
+                          page, o.deadline);
+  });
+  return error;
+}
+
+std::string rank_table::verify() const {
   for (const auto& [rank, rs] : impl_->ranks) {
-    if (std::string e = rs.keys.check(rs.pool, rs.quarantine.size()); !e.empty())
-      return fmt::format("rank {}: {}", rank, e);
-    std::vector<std::uint8_t> seen(rs.pool.high_water(), 0);  // every held page lies below
-    for (const quarantined& q : rs.quarantine) {
-      if (q.page >= rs.pool.high_water() || seen[q.page] ||
-          rs.pool.state(q.page) != page_state::reserved || rs.keys.owners.find(q.page).set)
-        return fmt::format("rank {}: quarantined page {} is out of range, listed twice, or held",
-                           rank, q.page);
-      seen[q.page] = 1;
-    }
+    if (std::string e = rs.verify(); !e.empty()) return fmt::format("rank {}: {}", rank, e);
   }
   return {};
+}
+
+std::string rank_table::check_invariants() const { return verify(); }
+
+void rank_table::break_invariant_for_test(std::int64_t rank, int which) {
+  rank_state& rs = impl_->ranks.at(rank);
+  switch (which) {
+    case 0: {  // a reserved page loses its owner record, its key still naming it
+      std::uint64_t page = UINT64_MAX;
+      rs.keys.owners.for_each([&](std::uint64_t p, const key_owner&) { page = std::min(page, p); });
+      if (page != UINT64_MAX) rs.keys.owners.take(page);
+      break;
+    }
+    case 1:  // a reservation with a deadline drops out of the expiry queue
+      rs.expiry.clear();
+      break;
+    case 2:  // a free page is quarantined
+      rs.quarantine.push_back({0, static_cast<std::uint32_t>(rs.pool.high_water())});
+      break;
+  }
 }
 
 }  // namespace metad::shard

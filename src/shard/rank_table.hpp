@@ -1,6 +1,19 @@
 // The ranks one core owns: each rank's page pool and its keys (rank_table).
 // Single-threaded by design: only the owning core calls it; other cores reach it
 // through the mailbox.
+//
+// Invariants (verify(), per rank):
+// - the key map's own (dual_key_map) and the page pool's own (page_pool::check: summary
+//   levels, counts equal popcounts, no page both free and bound, nothing at or past the
+//   high-water mark);
+// - every key is reachable, holds one page below the high-water mark, no page is held
+//   by two keys; a confirmed key's page is bound, a reserving key's page reserved and
+//   its owner record names the key back;
+// - bound pages = confirmed keys; reserved pages = reserving keys + quarantined pages;
+//   owner records = reserving keys;
+// - quarantined pages are in range, listed once, reserved, and owned by no key;
+// - the expiry queue is in deadline order and holds an entry for every reservation with
+//   a deadline (reservation_queue).
 #pragma once
 
 #include <cstdint>
@@ -236,7 +249,15 @@ class rank_table {
   // Full consistency check (tests, fuzzers): every page of every rank is exactly one of
   // free, reserved or bound, agreeing with the key map; no page belongs to two keys.
   // Returns an empty string when consistent, else a description of the first violation.
+  // The same as verify().
   std::string check_invariants() const;
+  // The invariants above, O(keys + pages held) per rank: "" when they hold, else the
+  // first broken one, naming its rank.
+  std::string verify() const;
+  // Tests only: breaks invariant `which` of an initialised rank (0: a reserved page loses
+  // its owner record; 1: the expiry queue loses its entries; 2: a free page is
+  // quarantined), so that a test can see verify() report it.
+  void break_invariant_for_test(std::int64_t rank, int which);
 
  private:
   void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;

@@ -4,11 +4,18 @@
 // released) stays until it reaches the front or a compaction drops it; compaction runs
 // when stale entries outnumber live ones, so the queue stays within a constant factor of
 // the reserved pages and every entry is touched O(1) times. Owned by the rank's core.
+//
+// Invariants (verify(); the owner checks the last one with for_each_pending):
+// - the popped prefix ends within the entries (head <= entries);
+// - the pending entries are in order of their deadlines (so the due ones are in front);
+// - every reservation that holds a page and has a deadline has a pending entry with
+//   that page and deadline (else it would never expire).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace metad::shard {
@@ -55,6 +62,24 @@ class reservation_queue {
     head_ = 0;
   }
 
+  // Calls fn(const entry&) for each entry not yet popped (live or not), in queue order.
+  template <typename Fn>
+  void for_each_pending(Fn&& fn) const {
+    for (std::size_t i = head_; i < entries_.size(); ++i) fn(entries_[i]);
+  }
+
+  // The queue's own invariants above, O(size()): "" when they hold, else the first broken.
+  std::string verify() const {
+    if (head_ > entries_.size()) return "reservation_queue: the popped prefix is past the end";
+    for (std::size_t i = head_ + 1; i < entries_.size(); ++i) {
+      if (entries_[i - 1].deadline > entries_[i].deadline) {
+        return "reservation_queue: entry " + std::to_string(i - head_) +
+               " is due before the one ahead of it";
+      }
+    }
+    return {};
+  }
+
  private:
   template <typename Live>
   void compact(Live&& live) {
@@ -64,6 +89,9 @@ class reservation_queue {
         std::remove_if(entries_.begin(), entries_.end(), [&](const entry& e) { return !live(e); }),
         entries_.end());
   }
+
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
 
   std::vector<entry> entries_;
   std::size_t head_ = 0;  // entries before it were popped

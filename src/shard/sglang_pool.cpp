@@ -6,6 +6,7 @@
 #include <bit>
 
 #include "metad/assert.hpp"
+#include "shard/verify.hpp"
 
 // sglang_pool: the operations of docs/sglang-api.md on one pool; see the header for the rules.
 namespace metad::shard {
@@ -189,6 +190,7 @@ void sglang_pool::free_in_flight(std::uint64_t page) {
 }
 
 void sglang_pool::quarantine(std::uint64_t page, std::uint64_t until) {
+  METAD_ASSERT(pages_.state(page) == page_state::reserved && !in_quarantine(page));
   const owner o = owners_.take(page);
   if (o.blob != nullptr) key_blob::destroy(const_cast<char*>(o.blob));
   quarantine_.push_back(quarantined_page{until, page});
@@ -206,6 +208,7 @@ std::size_t sglang_pool::end_quarantines(std::uint64_t now, std::vector<std::int
     if (ended_out != nullptr) ended_out->push_back(page);
     ++ended;
   }
+  if (ended != 0) METAD_VERIFY_AFTER("sglang_pool::end_quarantines", verify_size(), verify());
   return ended;
 }
 
@@ -249,6 +252,7 @@ std::size_t sglang_pool::expire(std::uint64_t now, std::vector<std::uint64_t>* e
     const expiry_entry e = expiry_.front();
     expiry_.pop_front();
     if (!live(e)) continue;
+    METAD_ASSERT(e.deadline <= now && pages_.state(e.page) == page_state::reserved);
     free_in_flight(e.page);
     if (expired_out != nullptr) expired_out->push_back(e.page);
     ++expired;
@@ -287,6 +291,7 @@ bool sglang_pool::take_page(std::uint64_t now, std::uint64_t& page, sglang_reser
   // The last resort: the oldest quarantined page (reserved already, for no key).
   page = quarantine_.front().page;
   quarantine_.pop_front();
+  METAD_ASSERT(pages_.state(page) == page_state::reserved && owners_.find(page).blob == nullptr);
   in_quarantine_.take(page);
   ++stats.unquarantined;
   return true;
@@ -330,6 +335,7 @@ sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys
     }
     if (out[i].page < 0) ++stats.no_page;
   }
+  METAD_VERIFY_AFTER("sglang_pool::reserve", verify_size(), verify());
   return stats;
 }
 
@@ -386,6 +392,7 @@ void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::
     unlink(node_index);
     link_last(node_index);
   }
+  METAD_VERIFY_AFTER("sglang_pool::get_page_indices", verify_size(), verify());
 }
 
 }  // namespace metad::shard

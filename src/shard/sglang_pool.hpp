@@ -10,6 +10,19 @@
 // Deterministic: the same calls with the same arguments (and `now`s) in the same order
 // give the same pages, so a caller may log each mutating call and replay it. Owned by one
 // core; not thread-safe.
+//
+// Invariants (verify(): check()'s, then the expiry queue's and the node pool's):
+// - page states: sparse_pages' own (counts agree with the state bits);
+// - the free stack holds exactly the free pages: disjoint runs, in range, each page once;
+// - the LRU list is well linked, names exactly the key map's keys (each naming its node
+//   back), one per bound page, each page in range and bound;
+// - each in-flight page is in range, reserved and owned (a key copy);
+// - quarantined pages are in range, reserved and marked, as many marks as pages;
+// - no page is held twice (by a key, a reservation or the quarantine);
+// - the expiry queue is in deadline order, each entry's serial at most the last one
+//   given, and every reservation with a deadline has exactly one live entry;
+// - each reservation's clear-epoch is at most the pool's;
+// - every node is the sentinel, listed, or on the free chain exactly once.
 #pragma once
 
 #include <cstddef>
@@ -212,6 +225,9 @@ class sglang_pool {
   std::size_t memory_bytes() const;
   // Every structure agrees with every other; "" when consistent, else the first problem.
   std::string check() const;
+  // check() and the invariants it leaves out (see the top of this file), O(pages held +
+  // keys): "" when they all hold, else the first broken one.
+  std::string verify() const;
 
   sglang_image image() const;
   // The pool an image describes (validated: pages in range, each in one list at most, no
@@ -277,6 +293,13 @@ class sglang_pool {
   void quarantine(std::uint64_t page, std::uint64_t until);
   // first_[i]: the index of the first occurrence of keys[i]; hashes_[i] its hash.
   void dedupe(std::span<const std::string_view> keys);
+
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
+  // What verify() walks (METAD_VERIFY_AFTER's n).
+  std::size_t verify_size() const {
+    return keys_.size() + owners_.size() + quarantine_.size() + free_.run_count();
+  }
 
   sglang_config config_;
   sparse_pages pages_;           // free / reserved (in flight or unowned) / bound, with counts

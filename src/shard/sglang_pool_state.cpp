@@ -122,6 +122,53 @@ std::string sglang_pool::check() const {
   return problem;
 }
 
+std::string sglang_pool::verify() const {
+  if (std::string e = check(); !e.empty()) return "sglang_pool: " + e;
+  const auto fail = [](std::string what) { return "sglang_pool: " + what; };
+  // The expiry queue: in deadline order, and exactly one live entry per reservation
+  // with a deadline.
+  std::size_t live_entries = 0;
+  for (std::size_t k = 0; k < expiry_.size(); ++k) {
+    const expiry_entry& e = expiry_[k];
+    if (k > 0 && expiry_[k - 1].deadline > e.deadline)
+      return fail(fmt::format("expiry entry {} is due before the one ahead of it", k));
+    if (e.serial == 0 || e.serial > serial_)
+      return fail(
+          fmt::format("expiry entry {} has serial {}, past the last {}", k, e.serial, serial_));
+    if (!live(e)) continue;
+    ++live_entries;
+    if (owners_.find(e.page).deadline != e.deadline)
+      return fail(fmt::format("page {}'s expiry entry disagrees with its deadline", e.page));
+  }
+  std::size_t with_deadline = 0;
+  std::string problem;
+  owners_.for_each([&](std::uint64_t page, const owner& o) {
+    if (!problem.empty()) return;
+    if (o.epoch > epoch_) {
+      problem =
+          fmt::format("in-flight page {} has epoch {}, past the pool's {}", page, o.epoch, epoch_);
+    } else if (o.serial > serial_) {
+      problem =
+          fmt::format("in-flight page {} has serial {}, past the last {}", page, o.serial, serial_);
+    }
+    with_deadline += o.deadline != no_deadline ? 1 : 0;
+  });
+  if (!problem.empty()) return fail(problem);
+  if (live_entries != with_deadline)
+    return fail(fmt::format("{} reservations with a deadline, {} live expiry entries",
+                            with_deadline, live_entries));
+  // The node pool: the sentinel, the listed nodes (check() counted them) and the free chain.
+  std::size_t free_nodes = 0;
+  for (std::uint32_t i = free_nodes_; i != 0; i = nodes_[i].next) {
+    if (i >= nodes_.size() || ++free_nodes > nodes_.size())
+      return fail("the free node chain leaves the nodes or loops");
+  }
+  if (1 + keys_.size() + free_nodes != nodes_.size())
+    return fail(fmt::format("{} nodes: 1 sentinel, {} listed, {} free (a node is lost)",
+                            nodes_.size(), keys_.size(), free_nodes));
+  return {};
+}
+
 sglang_image sglang_pool::image() const {
   sglang_image img;
   img.num_pages = num_pages();

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "metad/assert.hpp"
+#include "shard/verify.hpp"
 
 // sglang_pool's writes besides reserve: confirm_write (validated whole, then applied in
 // order), delete_keys and clear. See the header for the rules.
@@ -131,6 +132,7 @@ sglang_confirm_outcome sglang_pool::confirm(std::span<const std::string_view> ke
   }
   for (std::int64_t r : releases)
     apply_release(static_cast<std::uint64_t>(r), quarantine_until, stats);
+  METAD_VERIFY_AFTER("sglang_pool::confirm", verify_size(), verify());
   return sglang_confirm_outcome::ok;
 }
 
@@ -144,6 +146,7 @@ std::size_t sglang_pool::delete_keys(std::span<const std::string_view> keys) {
     free_.push(page);
     ++dropped;
   }
+  METAD_VERIFY_AFTER("sglang_pool::delete_keys", verify_size(), verify());
   return dropped;
 }
 
@@ -171,6 +174,7 @@ void sglang_pool::clear() {
     lo = page + 1;
   }
   free_.push_range(lo, n);
+  METAD_VERIFY_AFTER("sglang_pool::clear", verify_size(), verify());
 }
 
 }  // namespace metad::shard

@@ -1,8 +1,11 @@
 #include "shard/sglang_pools.hpp"
 
+#include <fmt/format.h>
+
 #include <cstring>
 
 #include "metad/assert.hpp"
+#include "shard/verify.hpp"
 
 namespace metad::shard {
 
@@ -50,7 +53,25 @@ bool sglang_pools::adopt(std::int64_t rank, std::string_view ns, sglang_pool&& p
 std::size_t sglang_pools::expire(std::uint64_t now) {
   std::size_t expired = 0;
   for (auto& e : pools_) expired += e->pool.expire(now);
+  if (expired != 0) METAD_VERIFY_AFTER("sglang_pools::expire", pools_.size(), verify());
   return expired;
+}
+
+std::string sglang_pools::verify() const {
+  if (index_.size() != pools_.size())
+    return fmt::format("sglang_pools: {} pools, {} index entries", pools_.size(), index_.size());
+  for (const auto& [key, at] : index_) {
+    if (at >= pools_.size()) return fmt::format("sglang_pools: an index entry names pool {}", at);
+    const entry& e = *pools_[at];
+    if (key != key_of(e.rank, e.ns))
+      return fmt::format("sglang_pools: pool {} ({} '{}') is indexed by another name", at, e.rank,
+                         e.ns);
+  }
+  for (const auto& e : pools_) {
+    if (std::string p = e->pool.verify(); !p.empty())
+      return fmt::format("sglang_pools: pool {} '{}': {}", e->rank, e->ns, p);
+  }
+  return {};
 }
 
 }  // namespace metad::shard

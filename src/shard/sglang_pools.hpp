@@ -2,6 +2,9 @@
 // in creation order (the order the reference's persistence file lists them). Pools are
 // never removed: clear keeps a pool registered. Separate from the vLLM ranks
 // (rank_table): the two families share nothing. Owned by one core.
+//
+// Invariants (verify()): the index names each pool exactly once, by its own (rank,
+// namespace), and nothing else; every pool's own (sglang_pool::verify).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,9 @@ class sglang_pools {
   // Adds a restored pool (recovery); false if (rank, ns) already exists.
   bool adopt(std::int64_t rank, std::string_view ns, sglang_pool&& pool);
 
+  // The invariants above, O(pools' sizes): "" when they hold, else the first broken one.
+  std::string verify() const;
+
  private:
   struct entry {
     std::int64_t rank;
@@ -60,6 +66,9 @@ class sglang_pools {
   };
   // The map's key: the rank's 8 bytes, then the namespace.
   const std::string& key_of(std::int64_t rank, std::string_view ns) const;
+
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
 
   sglang_config config_;
   bool strict_reinit_;

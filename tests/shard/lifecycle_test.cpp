@@ -373,6 +373,7 @@ TEST(KeyLife, LeasesCountedExactlyAgainstAModel) {
       for (const auto& [key, end] : until) expected += end > at ? 1 : 0;
       ASSERT_EQ(life.leased_count(at), expected) << "step " << step;
       ASSERT_EQ(life.leased(k, now), until.count(k) != 0 && until[k] > now);
+      ASSERT_EQ(life.verify(), "") << "step " << step;
     }
   }
 }

@@ -35,7 +35,7 @@ inline slots reserve(sglang_pool& pool, const strs& keys, std::uint64_t now = 0,
   const auto v = views(keys);
   const sglang_reserve_stats s = pool.reserve(v, now, out);
   if (stats != nullptr) *stats = s;
-  EXPECT_EQ(pool.check(), "");
+  EXPECT_EQ(pool.verify(), "");
   return out;
 }
 
@@ -50,7 +50,7 @@ inline std::string confirm(sglang_pool& pool, const strs& keys, const ints& page
   const auto v = views(keys);
   const auto outcome = pool.confirm(v, pages, releases, now, detail, s, quarantine_until);
   if (stats != nullptr) *stats = s;
-  EXPECT_EQ(pool.check(), "");
+  EXPECT_EQ(pool.verify(), "");
   if (outcome == sglang_confirm_outcome::ok) {
     EXPECT_EQ(detail, "");
     return "";
@@ -70,14 +70,14 @@ inline ints get(sglang_pool& pool, const strs& keys, std::uint64_t now = 0) {
   ints out(keys.size());
   const auto v = views(keys);
   pool.get_page_indices(v, now, out);
-  EXPECT_EQ(pool.check(), "");
+  EXPECT_EQ(pool.verify(), "");
   return out;
 }
 
 inline std::size_t del(sglang_pool& pool, const strs& keys) {
   const auto v = views(keys);
   const std::size_t n = pool.delete_keys(v);
-  EXPECT_EQ(pool.check(), "");
+  EXPECT_EQ(pool.verify(), "");
   return n;
 }
 

@@ -360,7 +360,7 @@ void run_seed(std::uint64_t seed, int ops, std::uint64_t base = 0) {
       pool.grow(to);
       m.grow(to);
     }
-    ASSERT_EQ(pool.check(), "");
+    ASSERT_EQ(pool.verify(), "");
     const sglang_image img = pool.image();
     ASSERT_EQ(img.free, m.free.runs());
     ASSERT_EQ(img.bound.size(), m.lru.size());
@@ -385,7 +385,7 @@ void run_seed(std::uint64_t seed, int ops, std::uint64_t base = 0) {
   std::string error;
   sglang_pool copy(0);
   ASSERT_TRUE(sglang_pool::restore(pool.image(), sglang_config{ttl, lease}, copy, error)) << error;
-  ASSERT_EQ(copy.check(), "");
+  ASSERT_EQ(copy.verify(), "");
   ASSERT_EQ(copy.image().free, pool.image().free);
   ASSERT_EQ(copy.image().quarantined, pool.image().quarantined);
 }

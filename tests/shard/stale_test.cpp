@@ -255,6 +255,7 @@ TEST(DirectoryStale, AgreesWithAModelUnderRandomOperations) {
       ASSERT_EQ(d.incomplete_bindings(), pages) << "step " << step;
       ASSERT_EQ(d.oldest_incomplete(), oldest) << "step " << step;
       ASSERT_EQ(d.size(), model.size());
+      ASSERT_EQ(d.verify(), "") << "step " << step;
     }
   }
 }
