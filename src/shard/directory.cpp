@@ -424,6 +424,11 @@ void directory::sweep(std::uint64_t now) {
 void directory::advance_growth() {
   impl_->keys.advance_growth();
   impl_->life.advance_growth();
+  impl_->incomplete.advance_growth();
+  // What a peak of keys left behind (e.g. every key incomplete at once while a rank-by-
+  // rank fill ran) goes back once the keys have left.
+  impl_->incomplete.shrink_if_sparse();
+  impl_->life.shrink_if_sparse();
 }
 
 void directory::restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,

@@ -232,6 +232,28 @@ void key_life::sweep(std::uint64_t now, std::size_t max) {
   }
 }
 
+bool key_life::shrink_if_sparse() {
+  const std::size_t n = size();
+  if (nodes_.size() < shrink_nodes_min || n * 8 > nodes_.size() || n > shrink_keys_max)
+    return false;
+  // No lease entry queued: no node is leased (lease_until is 0 everywhere) or dead.
+  if (!leases_.empty() || !extended_.empty()) return false;
+  METAD_ASSERT(leased_ == 0);
+  key_life fresh;
+  fresh.lru_ = lru_;
+  std::string text;
+  parsed_key p;
+  for (std::uint32_t i = nodes_[0].next; i != 0; i = nodes_[i].next) {
+    key_text(i, text);
+    parse_key(text, p);
+    const std::uint32_t j = fresh.insert(text, p);  // appended: the order is kept
+    fresh.nodes_[j].used = nodes_[i].used;
+  }
+  METAD_ASSERT(fresh.size() == n);
+  *this = std::move(fresh);
+  return true;
+}
+
 void key_life::clear() {
   keys_.clear();
   nodes_.clear();

@@ -114,6 +114,17 @@ class key_life {
   void sweep(std::uint64_t now, std::size_t max = sweep_batch);
   // Periodic: see packed_map::advance_growth.
   void advance_growth() { keys_.advance_growth(); }
+  // Periodic: gives back what a past peak left (nodes and the key map are sized for the
+  // most keys ever held). When at most an eighth of the nodes are in use, at least
+  // shrink_nodes_min were made, no lease entry is queued and the keys are few enough to
+  // move in one call (shrink_keys_max: well under a millisecond), the keys move, in
+  // order and with their last use, into storage of their own size. Returns whether it
+  // did.
+  static constexpr std::size_t shrink_nodes_min = 4096;
+  static constexpr std::size_t shrink_keys_max = 16384;
+  bool shrink_if_sparse();
+  // The nodes held, in use or free (what a peak left; tests and memory accounting).
+  std::size_t nodes_held() const { return nodes_.size(); }
   void clear();
 
   // The invariants above, O(nodes): "" when they hold, else the first broken one.

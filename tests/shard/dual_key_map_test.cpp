@@ -306,7 +306,9 @@ TEST(DualKeyMap, AgreesWithAModel) {
     ASSERT_EQ(m.size(), model.size());
     // verify() walks every key: after every step while the map is small, then every
     // 64th (the map holds a few thousand keys for most of the run).
-    if (model.size() < 512 || step % 64 == 0) ASSERT_EQ(m.verify(), "") << "step " << step;
+    if (model.size() < 512 || step % 64 == 0) {
+      ASSERT_EQ(m.verify(), "") << "step " << step;
+    }
   }
   std::size_t packed = 0;
   for (const auto& [k, v] : model) {

@@ -1,6 +1,7 @@
 // Reservation expiry, removal of confirmed keys, and the directory's side of delete and
 // eviction (recency, leases, removals racing confirmations), on a fake clock: the time
 // is an argument, so nothing here sleeps.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -297,6 +298,40 @@ parsed_key parsed(std::string_view key) {
   parsed_key p;
   parse_key(key, p);
   return p;
+}
+
+// After a peak, the few keys left move into storage of their size, in order and with
+// their last use; while leases are queued, or too many keys are left, nothing moves.
+TEST(KeyLife, ShrinksWhatAPeakLeftKeepingOrderAndTimes) {
+  key_life life;
+  life.set_lru(true);
+  const std::size_t peak = 4 * key_life::shrink_nodes_min;
+  auto name = [](std::size_t i) { return fmt::format("peak-key-{}", i); };
+  for (std::size_t i = 0; i < peak; ++i) life.touch(name(i), parsed(name(i)), 1000 + i);
+  EXPECT_FALSE(life.shrink_if_sparse());  // all in use
+  for (std::size_t i = 0; i < peak; ++i)
+    if (i % 64 != 0) life.forget(name(i));
+  life.lease(name(0), parsed(name(0)), 5000, 6000);
+  EXPECT_FALSE(life.shrink_if_sparse());  // a lease entry is queued
+  life.sweep(6000);
+  ASSERT_EQ(life.size(), peak / 64);
+  EXPECT_GT(life.nodes_held(), peak);
+  ASSERT_TRUE(life.shrink_if_sparse());
+  EXPECT_LE(life.nodes_held(), peak / 64 + 1);
+  EXPECT_EQ(life.verify(), "");
+  std::vector<std::string> order;
+  life.for_each_key([&](std::string_view k) {
+    order.emplace_back(k);
+    return true;
+  });
+  std::vector<std::string> expected;
+  for (std::size_t i = 64; i < peak; i += 64) expected.push_back(name(i));
+  expected.push_back(name(0));  // used last (its lease)
+  EXPECT_EQ(order, expected);
+  std::uint64_t used = 0, until = 0;
+  ASSERT_TRUE(life.times(name(128), parsed(name(128)), used, until));
+  EXPECT_EQ(used, 1128u);
+  EXPECT_FALSE(life.shrink_if_sparse());  // nothing left to give back
 }
 
 TEST(KeyLife, AnExtendedLeaseRequeuedBehindLaterOnesIsCountedWhenItEnds) {

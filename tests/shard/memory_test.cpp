@@ -174,5 +174,35 @@ TEST(ShardMemory, RecencyTrackingCostsAtMost80BytesPerKey) {
   EXPECT_LE(recency, 80.0);
 }
 
+// A peak of incomplete keys (every key confirmed on one rank of two, as a rank-by-rank
+// fill makes) leaves nothing behind once the keys are complete: the periodic tick gives
+// the incomplete list's nodes and map back (issue 31 item 5).
+TEST(ShardMemory, APeakOfIncompleteKeysIsGivenBackOnceTheyComplete) {
+  const std::uint64_t keys = sanitized ? 50'000 : 500'000;
+  std::string text(32, '\0');
+  directory d;
+  auto confirm_all = [&](std::uint64_t at) {
+    for (std::uint64_t i = 0; i < keys; ++i) {
+      write_key(text.data(), i);
+      d.add_confirmation(std::string_view(text.data(), 32), 2, at + i);
+    }
+  };
+  confirm_all(0);
+  ASSERT_EQ(d.incomplete_count(), keys);
+  const std::size_t at_peak = resident_bytes();
+  confirm_all(keys);
+  ASSERT_EQ(d.incomplete_count(), 0u);
+  d.advance_growth();
+  const std::size_t after = resident_bytes();
+  ASSERT_EQ(d.verify(), "");
+  const double freed =
+      (static_cast<double>(at_peak) - static_cast<double>(after)) / static_cast<double>(keys);
+  std::printf("  %llu keys: %.1f bytes/key given back after the peak\n",
+              static_cast<unsigned long long>(keys), freed);
+  if (sanitized) return;
+  // The list held a 48-byte node and a map slot per key; at least the nodes go back.
+  EXPECT_GE(freed, 40.0);
+}
+
 }  // namespace
 }  // namespace metad::shard
