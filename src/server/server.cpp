@@ -15,6 +15,7 @@
 #include <system_error>
 #include <thread>
 
+#include "ha/probe.hpp"
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
@@ -263,8 +264,10 @@ void server::run() {
   auto start_as = replication::start_as::primary;
   if (!cfg.repl_listen.empty()) {
     std::string error;
-    nd.data = std::make_unique<store::data_dir>(cfg.data_dir);  // locked first (probe_role)
-    start_as = probe_role(ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error), 30'000);
+    nd.data = std::make_unique<store::data_dir>(cfg.data_dir);  // locked first (the probe)
+    const auto role =
+        ha::probe_start_role(ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error), 30'000);
+    if (role == ha::start_role::standby) start_as = replication::start_as::standby;
     if (start_as == replication::start_as::standby && !cfg.sglang_import_path.empty())
       throw std::runtime_error("--import-sglang-state: this node starts as a standby");
   }
