@@ -1,6 +1,6 @@
 // The pieces of a leader core's end of its stream that know nothing of the node (its
 // state, its log writer, its lease): each belongs to the core thread that owns the stream
-// (src/server/leader_end.cpp is their glue).
+// (src/replica/leader_end.cpp is their glue).
 // - retained_log: the bytes the core shipped lately, so that a standby whose stream broke
 //   resumes from its position instead of copying the whole state again;
 // - ack_clock: when each write was sent and the standby's ack latency on this stream;

@@ -21,9 +21,9 @@
 #include "pipeline/endpoints.hpp"
 #include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
+#include "replica/replication.hpp"
 #include "server/flags.hpp"
 #include "server/ha_setup.hpp"
-#include "server/replication.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
 #include "smp/cpus.hpp"
@@ -34,6 +34,7 @@ namespace metad {
 
 using pipeline::core_state;
 using pipeline::node;
+using replica::replication;
 
 static_assert(http::body_padding_bytes >= api::body_padding_bytes,
               "request bodies must be readable by simdjson without a copy");

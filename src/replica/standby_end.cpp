@@ -6,9 +6,9 @@
 #include <exception>
 
 #include "metad/log.hpp"
-#include "server/replication_impl.hpp"
+#include "replica/replication_impl.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 namespace {
 
@@ -149,4 +149,4 @@ void replication::impl::ack_durable(int c, core_end& e) {
   send(c, e);
 }
 
-}  // namespace metad
+}  // namespace metad::replica

@@ -23,9 +23,9 @@
 #include "repl/protocol.hpp"
 #include "repl/session.hpp"
 #include "repl/sync_set.hpp"
-#include "server/replication.hpp"
+#include "replica/replication.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 [[noreturn]] void exit_to_resync(std::string_view why);
 
@@ -152,4 +152,4 @@ struct replication::impl {
   bool promote();
 };
 
-}  // namespace metad
+}  // namespace metad::replica

@@ -53,7 +53,7 @@
 #include "pipeline/node.hpp"
 #include "store/log.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 inline constexpr int kExitResync = 75;  // EX_TEMPFAIL: restart me
 
@@ -86,4 +86,4 @@ class replication {
   std::unique_ptr<impl> impl_;
 };
 
-}  // namespace metad
+}  // namespace metad::replica

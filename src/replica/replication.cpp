@@ -2,7 +2,7 @@
 // messages to the leader's or the standby's end, the ack set's requirement, parking), and
 // the sync set on the link thread. The ends are leader_end.cpp and standby_end.cpp; roles
 // and promotion, promotion.cpp.
-#include "server/replication.hpp"
+#include "replica/replication.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,10 +10,10 @@
 
 #include "metad/log.hpp"
 #include "repl/tls.hpp"
-#include "server/replication_impl.hpp"
+#include "replica/replication_impl.hpp"
 #include "smp/clock.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 namespace {
 
@@ -297,4 +297,4 @@ void replication::flushed(int c) {
   impl_->ack_durable(c, impl_->ends[static_cast<std::size_t>(c)]);
 }
 
-}  // namespace metad
+}  // namespace metad::replica

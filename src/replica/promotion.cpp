@@ -6,9 +6,9 @@
 #include "metad/assert.hpp"
 #include "metad/log.hpp"
 #include "persist/durability.hpp"
-#include "server/replication_impl.hpp"
+#include "replica/replication_impl.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 // A core in poll() while promotion asked: it waits there until promotion is done.
 void replication::impl::park() {
@@ -102,4 +102,4 @@ bool replication::may_campaign(const std::optional<std::string>& sync) const {
   return !standby() || impl_->all(impl::progress::caught_up);
 }
 
-}  // namespace metad
+}  // namespace metad::replica

@@ -6,10 +6,10 @@
 #include "metad/assert.hpp"
 #include "metad/log.hpp"
 #include "persist/durability.hpp"
-#include "server/replication_impl.hpp"
+#include "replica/replication_impl.hpp"
 #include "smp/clock.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 namespace {
 
@@ -214,4 +214,4 @@ void replication::impl::shipped(int c, const store::log_writer::flush_job& job) 
   }
 }
 
-}  // namespace metad
+}  // namespace metad::replica
