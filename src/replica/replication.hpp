@@ -81,8 +81,10 @@ class replication {
   void on_role(ha::role from, ha::role to, std::int64_t epoch);
   bool may_campaign(const std::optional<std::string>& sync) const;
 
- private:
+  // Its state (replication_impl.hpp), which tests drive in-process.
   struct impl;
+
+ private:
   std::unique_ptr<impl> impl_;
 };
 
