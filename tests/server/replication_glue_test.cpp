@@ -15,6 +15,14 @@ namespace {
 
 using server_test::sim_node;
 
+// A replicated node's settings: its link bound, never started (no link thread).
+metad::config glue_config(const std::string& dir) {
+  metad::config cfg;
+  cfg.data_dir = dir;
+  cfg.repl_listen = "127.0.0.1:0";
+  return cfg;
+}
+
 // A leader node, its replication state, and the end of each group commit it shipped.
 class ReplicaLeaderEnd : public ::testing::Test {
  protected:
@@ -23,13 +31,6 @@ class ReplicaLeaderEnd : public ::testing::Test {
       glue_.shipped(core.index, job);
       ends_.push_back(job.lsn + job.bytes);
     };
-  }
-
-  static metad::config leader_config(const std::string& dir) {
-    metad::config cfg;
-    cfg.data_dir = dir;
-    cfg.repl_listen = "127.0.0.1:0";  // bound, never started: no link thread
-    return cfg;
   }
 
   // As on_hello leaves core 0's end once a standby said hello at position 0 (a hello
@@ -50,7 +51,7 @@ class ReplicaLeaderEnd : public ::testing::Test {
   }
 
   sim::temp_dir dir_{"metad-replica-glue"};
-  sim_node n_{leader_config(dir_.path()), 1};
+  sim_node n_{glue_config(dir_.path()), 1};
   replica::replication::impl glue_{n_.state(), replica::replication::start_as::primary};
   std::vector<std::uint64_t> ends_;
 };
@@ -97,4 +98,83 @@ TEST_F(ReplicaLeaderEnd, AStreamThatEndsLeavesNoProgressBehind) {
   EXPECT_EQ(glue_.share(0).lag_bytes.load(), 0u);
   EXPECT_TRUE(l.retained.retaining());  // kept for a stream that resumes
   EXPECT_EQ(l.retained.end(), log().end());
+}
+
+namespace {
+
+// A leader's and a standby's replication state in one process, their bytes carried by
+// hand (no link): the standby's hello answered with a snapshot of the leader's state,
+// then the leader's group commits as batches, the standby's acks back to the leader.
+class ReplicaPair : public ::testing::Test {
+ protected:
+  ReplicaPair() {
+    leader_.on_flush = [this](pipeline::core_state& core, const store::log_writer::flush_job& job) {
+      to_standby_.send(wire_, std::string_view(job.data, job.bytes));
+      leader_glue_.shipped(core.index, job);
+    };
+  }
+
+  // What the standby core decodes from `bytes`, through its end (impl::handle).
+  void to_standby(const std::string& bytes) {
+    auto& e = standby_glue_.ends[0];
+    e.decoder.feed(bytes);
+    standby_glue_.handle(0, e);
+  }
+
+  std::uint64_t generation() { return leader_.state().data->generation(); }
+
+  sim::temp_dir dir_{"metad-replica-pair"};
+  sim_node leader_{glue_config(dir_.path() + "/a"), 1};
+  sim_node standby_{glue_config(dir_.path() + "/b"), 1};
+  replica::replication::impl leader_glue_{leader_.state(), replica::replication::start_as::primary};
+  replica::replication::impl standby_glue_{standby_.state(),
+                                           replica::replication::start_as::standby};
+  repl::leader_stream to_standby_{0, 0, 0, 0};  // reset once the snapshot's position is known
+  std::string wire_;                            // batches not yet carried
+};
+
+}  // namespace
+
+TEST_F(ReplicaPair, AStandbyCopiesTheLeaderAndItsAcksMoveTheLeadersWatermark) {
+  leader_.post("/rank/0/initialize", R"({"num_pages":64})");
+  leader_.post("/keys/batch_allocate", R"({"rank":0,"keys":["k1","k2"]})");
+  auto& se = standby_glue_.ends[0];
+  ASSERT_NE(se.standby(), nullptr);
+  ASSERT_EQ(leader_glue_.ends[0].standby(), nullptr);
+  se.stream = 1;  // as poll() does for a new stream
+  standby_glue_.say_hello(0, se, *se.standby());
+  // The leader's answer and snapshot, as on_hello makes them for a new standby.
+  store::log_writer& log = leader_.state().core[0]->log;
+  repl::snapshot head;
+  head.generation = generation();
+  head.lsn = log.end();
+  std::string bytes;
+  repl::encode(bytes,
+               repl::answer{repl::answer_status::need_snapshot, 0, generation(), 0, head.lsn});
+  leader_glue_.encode_snapshot(0, head, [&](std::string& out) {
+    bytes += out;
+    out.clear();
+  });
+  to_standby(bytes);
+  wire_.clear();  // what the leader wrote before its snapshot is in it
+  EXPECT_EQ(standby_glue_.share(0).state.load(), repl::progress::caught_up);
+  // The leader's stream from there on.
+  auto& l = *leader_glue_.ends[0].leader();
+  l.stream.emplace(0, generation(), 0, head.lsn);
+  l.retained.begin(head.lsn);
+  l.acks.start(head.lsn, smp::monotonic_ns(), std::uint64_t{500} * smp::kNsPerMs);
+  to_standby_ = repl::leader_stream(0, generation(), 0, head.lsn);
+  leader_.post("/keys/confirm_write", R"({"rank":0,"confirmations":[["k1",0],["k2",1]]})");
+  ASSERT_FALSE(wire_.empty());
+  to_standby(std::exchange(wire_, {}));
+  EXPECT_FALSE(se.closing);
+  // The standby's group commit, then its ack of what became durable.
+  standby_.tick();
+  const repl::follower& f = *se.standby()->follower;
+  standby_glue_.ack_durable(0, se);
+  EXPECT_EQ(f.acked(), log.end());
+  leader_glue_.on_ack(0, leader_glue_.ends[0], l, f.current_ack());
+  EXPECT_EQ(log.replicated(), log.end());
+  // The rank as the leader has it (its keys' directory is built at promotion).
+  EXPECT_EQ(standby_.get("/rank/0"), leader_.get("/rank/0"));
 }
