@@ -305,8 +305,23 @@ run_wrk_suite() {
 run_memory() {
   start_server uring "$server_cpus"
   taskset -c "$load_cpus" "$build/bench/metad-memory" --pid "$server_pid" --port "$server_port" \
-    --ranks 8 --pages 2097152 --keys 1000000
+    --ranks 8 --pages 2097152 --keys 1000000 --order batch
   stop_server
+  # Bytes per (key, rank) binding by key shape (each shape has its own stored form: see
+  # docs/api.md), 8 ranks, each batch of 128 keys allocated and confirmed on every rank
+  # before the next, a fresh server per shape. MEMORY_SHAPE_KEYS sets the keys (200000).
+  local shape out
+  echo
+  echo "| key shape | vLLM API bytes/binding |"
+  echo "|---|---:|"
+  for shape in hex32 hex64 HEX64 HEX32 other other65; do
+    start_server uring "$server_cpus"
+    out=$(taskset -c "$load_cpus" "$build/bench/metad-memory" --pid "$server_pid" \
+      --port "$server_port" --ranks 8 --pages 262144 --keys "${MEMORY_SHAPE_KEYS:-200000}" \
+      --order batch --shape "$shape") || { echo "$out" >&2; stop_server; return 1; }
+    stop_server
+    echo "| $shape | $(awk -F'|' '/bytes\/binding/ {gsub(/ bytes\/binding| /, "", $5); print $5}' <<<"$out") |"
+  done
 }
 
 run_micro() {

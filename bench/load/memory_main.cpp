@@ -1,8 +1,11 @@
 // metad-memory: measures the server's resident memory per page and per (key, rank)
 // binding. Initialises R ranks of P pages, then allocates and confirms K keys on every
 // rank (all keys end complete: R bindings each, plus one directory entry), reading the
-// server's VmRSS from /proc/PID/status before and after each phase.
+// server's VmRSS from /proc/PID/status before and after each phase. --shape picks the
+// keys' shape (each shape is stored in its own form: see src/shard/dual_key_map.hpp), and
+// --order batch saves each batch on every rank before the next (as TP engines do).
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +26,11 @@ constexpr std::string_view kUsage = R"(Usage: metad-memory --pid PID [flags]
   --pages P        pages per rank (default 2097152)
   --keys K         keys, each confirmed on every rank (default 1000000)
   --batch N        keys per batch_allocate / confirm_write (default 128)
+  --shape S        hex32 (32 lowercase hex, default), HEX32 (uppercase), hex64 (64
+                   lowercase hex: SHA-256), HEX64 (uppercase), other (33 characters:
+                   'k' and 32 hex) or other65 ('k' and 64 hex: a 64-hex key's bytes)
+  --order O        rank: all keys on rank 0, then rank 1, ... (default); batch: each
+                   batch on every rank before the next
 The server should be fresh (the run starts with POST /clear).
 )";
 
@@ -39,13 +47,34 @@ long flag_value(int argc, char** argv, std::string_view name, long fallback) {
   return fallback;
 }
 
+std::string_view flag_text(int argc, char** argv, std::string_view name,
+                           std::string_view fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (argv[i] == name) return argv[i + 1];
+  return fallback;
+}
+
+std::string_view shape = "hex32";
+
+// Key `id` in the chosen shape.
+void append_shaped_key(std::string& out, std::uint64_t id) {
+  const std::size_t at = out.size();
+  if (shape == "other" || shape == "other65") out.push_back('k');
+  bench::append_key(out, id);
+  if (shape == "hex64" || shape == "HEX64" || shape == "other65")
+    bench::append_key(out, id ^ 0x2545F4914F6CDD1Dull);
+  if (shape == "HEX32" || shape == "HEX64")
+    for (std::size_t i = at; i < out.size(); ++i)
+      out[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[i])));
+}
+
 // Allocates then confirms keys [first, first + count) on `rank`. False on any error.
 bool save_batch(bench::http_client& c, long rank, long first, long count, std::string& body,
                 std::vector<long>& pages) {
   body.assign("{\"rank\":").append(std::to_string(rank)).append(",\"keys\":[");
   for (long k = first; k < first + count; ++k) {
     body.append(k == first ? "[\"" : ",[\"");
-    bench::append_key(body, static_cast<std::uint64_t>(k));
+    append_shaped_key(body, static_cast<std::uint64_t>(k));
     body.append("\",\"\"]");
   }
   body.append("]}");
@@ -63,7 +92,7 @@ bool save_batch(bench::http_client& c, long rank, long first, long count, std::s
   body.assign("{\"rank\":").append(std::to_string(rank)).append(",\"confirmations\":[");
   for (long i = 0; i < count; ++i) {
     body.append(i == 0 ? "[\"" : ",[\"");
-    bench::append_key(body, static_cast<std::uint64_t>(first + i));
+    append_shaped_key(body, static_cast<std::uint64_t>(first + i));
     body.append("\",").append(std::to_string(pages[static_cast<std::size_t>(i)])).append("]");
   }
   body.append("],\"pages_to_release\":[]}");
@@ -84,7 +113,12 @@ int main(int argc, char** argv) {
   const long pages = flag_value(argc, argv, "--pages", 2097152);
   const long keys = flag_value(argc, argv, "--keys", 1000000);
   const long batch = flag_value(argc, argv, "--batch", 128);
-  if (pid <= 0 || rss_kib(pid) < 0 || ranks < 1 || pages < keys || keys < 1 || batch < 1) {
+  shape = flag_text(argc, argv, "--shape", "hex32");
+  const std::string_view order = flag_text(argc, argv, "--order", "rank");
+  const bool shape_ok = shape == "hex32" || shape == "HEX32" || shape == "hex64" ||
+                        shape == "HEX64" || shape == "other" || shape == "other65";
+  if (pid <= 0 || rss_kib(pid) < 0 || ranks < 1 || pages < keys || keys < 1 || batch < 1 ||
+      !shape_ok || (order != "rank" && order != "batch")) {
     std::fprintf(stderr,
                  "metad-memory: bad flags (need --pid of a running server, pages >= keys)\n");
     return 2;
@@ -104,22 +138,30 @@ int main(int argc, char** argv) {
   const long rss_pools = rss_kib(pid);
   std::string body;
   std::vector<long> got;
-  for (long r = 0; r < ranks; ++r)
-    for (long k = 0; k < keys; k += batch)
+  const bool by_batch = order == "batch";
+  for (long outer = 0; outer < (by_batch ? keys : ranks); outer += by_batch ? batch : 1)
+    for (long inner = 0; inner < (by_batch ? ranks : keys); inner += by_batch ? 1 : batch) {
+      const long r = by_batch ? inner : outer, k = by_batch ? outer : inner;
       if (!save_batch(c, r, k, std::min(batch, keys - k), body, got)) {
         std::fprintf(stderr, "metad-memory: save failed on rank %ld at key %ld\n", r, k);
         return 1;
       }
+    }
   const long rss_keys = rss_kib(pid);
   // Spot check: every key is complete and bound on every rank.
-  body.assign("{\"keys\":[\"").append(bench::make_key(0)).append("\",\"");
-  body.append(bench::make_key(static_cast<std::uint64_t>(keys - 1))).append("\"]}");
+  body.assign("{\"keys\":[\"");
+  append_shaped_key(body, 0);
+  body.append("\",\"");
+  append_shaped_key(body, static_cast<std::uint64_t>(keys - 1));
+  body.append("\"]}");
   const bool complete = c.post("/keys/batch_exists", body) == 200 &&
                         c.body() == std::string_view(R"({"exists":[true,true]})");
   const double bindings = static_cast<double>(ranks) * static_cast<double>(keys);
   const double all_pages = static_cast<double>(ranks) * static_cast<double>(pages);
-  std::printf("memory: %ld ranks x %ld pages, %ld keys confirmed on every rank (%s)\n\n", ranks,
-              pages, keys, complete ? "all complete" : "NOT COMPLETE: check the server");
+  std::printf(
+      "memory: %ld ranks x %ld pages, %ld %s keys confirmed on every rank, order %s (%s)\n\n",
+      ranks, pages, keys, std::string(shape).c_str(), std::string(order).c_str(),
+      complete ? "all complete" : "NOT COMPLETE: check the server");
   std::printf("| phase | VmRSS MiB | delta MiB | per unit |\n|---|---:|---:|---:|\n");
   std::printf("| empty server | %.1f | | |\n", rss_empty / 1024.0);
   std::printf("| + %ld ranks x %ld pages | %.1f | %.1f | %.3f bytes/page |\n", ranks, pages,

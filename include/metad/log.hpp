@@ -59,6 +59,23 @@ class recent_lines {
 };
 inline recent_lines recent_warnings;
 
+// At most `max` bytes of text someone else chose (a peer's node name, a certificate's
+// name, an etcd value), printable in a log line: anything but printable ASCII, and '\\'
+// and ',' (names are listed comma-separated), as \xNN; longer text ends "... (N bytes)".
+inline std::string printable(std::string_view text, std::size_t max = 96) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= ' ' && c <= '~' && c != '\\' && c != ',') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  if (text.size() > max) out += fmt::format("... ({} bytes)", text.size());
+  return out;
+}
+
 inline void write(log_level level, std::string_view message) {
   static constexpr std::string_view names[] = {"error", "warn", "info", "debug"};
   timespec now{};

@@ -19,7 +19,6 @@ namespace {
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
-constexpr int kBadRequest = 400;
 constexpr int kTooLarge = 413;
 // Bodies up to this size (a prompt of ~30k blocks) parse without reallocating.
 constexpr std::size_t kRetainedCapacity = std::size_t{1} << 20;
@@ -31,8 +30,6 @@ constexpr std::string_view kNeedRankConfirmations =
 constexpr std::string_view kReleasesNotList =
     "Invalid request format: 'pages_to_release' must be a list of page numbers";
 constexpr std::string_view kInvalidKeysFormat = "Invalid keys format";
-
-error bad_request(std::string_view detail) { return {kBadRequest, std::string(detail)}; }
 
 // Short, stable reasons: simdjson's own messages are long and may change between versions.
 std::string_view parse_failure_reason(simdjson::error_code code) {

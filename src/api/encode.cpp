@@ -11,22 +11,15 @@
 
 #include <fmt/format.h>
 
+#include "api/text_detail.hpp"
 #include "metad/assert.hpp"
 
 namespace metad::api {
 
 namespace {
 
-void append_int(std::string& out, std::int64_t value) {
-  const fmt::format_int text(value);
-  out.append(text.data(), text.size());
-}
-
-// Counters are unsigned: through append_int one above INT64_MAX would print negative.
-void append_uint(std::string& out, std::uint64_t value) {
-  const fmt::format_int text(value);
-  out.append(text.data(), text.size());
-}
+using detail::append_int;
+using detail::append_uint;
 
 // The body of a rank-info object, shared by GET /rank/{rank} and each row of /stats so the
 // two cannot drift apart.

@@ -2,14 +2,12 @@
 
 #include "api/encode.hpp"
 #include "api/inspect.hpp"
+#include "api/text_detail.hpp"
 
 namespace metad::api {
 namespace {
 
-void append_int(std::string& out, std::int64_t value) {
-  const fmt::format_int text(value);
-  out.append(text.data(), text.size());
-}
+using detail::append_int;
 
 // -1 → null
 void append_opt(std::string& out, std::int64_t value) {

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include <simdjson.h>
@@ -12,6 +13,11 @@
 #include "api/decode.hpp"
 
 namespace metad::api::detail {
+
+inline constexpr int kBadRequest = 400;
+
+// A 400 whose detail is `detail`.
+inline error bad_request(std::string_view detail) { return {kBadRequest, std::string(detail)}; }
 
 // Parses `body` (padded by the caller; a UTF-8 BOM is skipped) and requires an object at
 // the top level: 400 "Invalid JSON body: <reason>", or 413 when it cannot be parsed for size.

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "api/json_detail.hpp"
+#include "api/text_detail.hpp"
 
 namespace metad::api {
 
@@ -14,17 +15,6 @@ using namespace detail;
 namespace {
 
 using simdjson::dom::element;
-
-constexpr int kBadRequest = 400;
-
-error bad_request(std::string_view detail) { return {kBadRequest, std::string(detail)}; }
-
-// Unicode code points in valid UTF-8 (simdjson validated it): bytes that do not continue one.
-std::size_t code_points(std::string_view s) {
-  std::size_t n = 0;
-  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
-  return n;
-}
 
 // The namespace field: absent → "kv"; else a string of 1..128 code points.
 error read_namespace(const field& f, std::string& ns, bool& valid) {

@@ -2,6 +2,7 @@
 // FastAPI's {"detail": ...} errors). Pure functions appending to a caller's buffer: any
 // core may call them.
 #include "api/sglang_codec.hpp"
+#include "api/text_detail.hpp"
 
 #include <cstdlib>
 
@@ -11,10 +12,7 @@ namespace metad::api {
 
 namespace {
 
-void append_int(std::string& out, std::int64_t value) {
-  const fmt::format_int text(value);
-  out.append(text.data(), text.size());
-}
+using detail::append_int;
 
 }  // namespace
 

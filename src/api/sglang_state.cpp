@@ -12,6 +12,7 @@
 #include "api/encode.hpp"
 #include "api/json_detail.hpp"
 #include "api/sglang_codec.hpp"
+#include "api/text_detail.hpp"
 
 namespace metad::api {
 
@@ -28,12 +29,7 @@ std::string shown(std::string_view s) {
   return fmt::format("\"{}...\" ({} bytes)", s.substr(0, kShown), s.size());
 }
 
-// Unicode code points in valid UTF-8 (simdjson validated it).
-std::size_t code_points(std::string_view s) {
-  std::size_t n = 0;
-  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
-  return n;
-}
+using detail::code_points;
 
 // "<rank>:<namespace>" or "<rank>" (files from before namespaces: "kv"). The rank has
 // no ':', so the first one ends it; the namespace may hold more.

@@ -23,21 +23,7 @@ std::optional<holder> to_holder(const std::optional<key_value>& kv) {
   return holder{kv->create_revision, kv->lease, kv->value, kv->mod_revision};
 }
 
-// At most `max` bytes of an etcd value for a log line, anything but printable ASCII as
-// \xNN (the value is whatever someone wrote into etcd).
-std::string printable(std::string_view value, std::size_t max = 96) {
-  std::string out;
-  for (std::size_t i = 0; i < value.size() && i < max; ++i) {
-    const auto c = static_cast<unsigned char>(value[i]);
-    if (c >= ' ' && c <= '~' && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("\\x{:02x}", c);
-    }
-  }
-  if (value.size() > max) out += fmt::format("... ({} bytes)", value.size());
-  return out;
-}
+using log::printable;  // an etcd value is whatever someone wrote into etcd
 
 }  // namespace
 

@@ -6,21 +6,21 @@ namespace {
 using part = path_pattern::part;
 using segments = std::array<std::string_view, path_pattern::kSegmentsMax>;
 
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_decimal(char c) { return c >= '0' && c <= '9'; }
 bool is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 
 bool is_int(std::string_view segment) {
   if (!segment.empty() && (segment[0] == '+' || segment[0] == '-')) segment.remove_prefix(1);
   if (segment.empty()) return false;
   for (char c : segment)
-    if (!is_digit(c)) return false;
+    if (!is_decimal(c)) return false;
   return true;
 }
 
 bool is_tenant(std::string_view segment, std::span<const path_pattern> rows) {
   if (segment.size() > 64 || !is_letter(segment[0])) return false;
   for (char c : segment)
-    if (!is_letter(c) && !is_digit(c) && c != '.' && c != '-') return false;
+    if (!is_letter(c) && !is_decimal(c) && c != '.' && c != '-') return false;
   for (const path_pattern& row : rows) {  // a tenant may not look like another route
     if (row.parts[0] == part::literal && row.segments[0] == segment) return false;
   }

@@ -93,6 +93,13 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
   core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
     shard::packed_key packed;
     if (tp < 1 || !shard::pack_hex_key(key, packed)) {
+      // Not inside a chunk: the directory visits its forms one after another (32-hex
+      // keys, then 64-hex and other keys), so one may follow an unfinished chunk.
+      if (open) {
+        store::end_packed(out, frame);
+        open = false;
+        in_chunk = 0;
+      }
       store::append_directory_key(out, tp, key);
       return;
     }

@@ -113,18 +113,7 @@ constexpr auto kComplaintInterval = std::chrono::seconds(10);
 
 using tls_status = tls_stream::status;
 
-// A name or address a peer chose, printable in a log line.
-std::string printable(std::string_view text) {
-  std::string out;
-  for (const char c : text.substr(0, 80)) {
-    if (c >= ' ' && c <= '~' && c != '\\')
-      out.push_back(c);
-    else
-      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-  }
-  if (text.size() > 80) out += "...";
-  return out;
-}
+using log::printable;  // a name or address a peer chose
 
 // "HOST:PORT" of an accepted connection's peer.
 std::string peer_address(int fd) {
@@ -256,8 +245,8 @@ struct link::impl {
   impl(link_config c, std::vector<std::unique_ptr<channel>>& ch)
       : cfg(std::move(c)),
         channels(ch),
-        streams(static_cast<std::size_t>(cfg.cores)),
-        handshake_tokens(cfg.handshakes_per_second) {}
+        handshake_tokens(cfg.handshakes_per_second),
+        streams(static_cast<std::size_t>(cfg.cores)) {}
 
   void wake() {
     const std::uint64_t one = 1;

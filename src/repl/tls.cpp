@@ -13,6 +13,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "metad/log.hpp"
+
 namespace metad::repl {
 
 namespace {
@@ -32,17 +34,7 @@ std::string openssl_reason(std::string_view fallback) {
   return text;
 }
 
-// A name from a certificate, printable for a log line (a hostile peer chooses it).
-std::string printable(std::string_view name) {
-  std::string out;
-  for (const char c : name) {
-    if (c >= ' ' && c <= '~' && c != '\\' && c != ',')
-      out.push_back(c);
-    else
-      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-  }
-  return out;
-}
+using log::printable;  // a name from a certificate: a hostile peer chooses it
 
 // The names, each once (a SAN entry usually repeats the CN).
 std::string joined(const std::vector<std::string>& names) {

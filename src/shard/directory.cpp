@@ -64,9 +64,8 @@ struct directory::impl {
   void erase(const entry& e) { keys.erase(e); }
   // Stores a new entry in the form its tp calls for.
   void insert(std::string_view key, const parsed_key& p, std::int32_t tp, std::int32_t count) {
-    if (p.hex && tp <= packed_tp_max && count >= 1) {
-      keys.insert_packed(p, packed_word(tp, count));
-    } else {
+    if (!((p.hex || p.wide) && tp <= packed_tp_max && count >= 1 &&
+          keys.insert_packed(p, packed_word(tp, count)))) {
       keys.insert_other(key, p, completion{tp, count});
     }
   }
@@ -156,7 +155,7 @@ struct directory::impl {
       const std::size_t n = std::min(group, at.size() - first);
       for (std::size_t g = 0; g < n; ++g) {
         parse_key(asked[at[first + g]], parsed[g]);
-        if (!parsed[g].hex) continue;
+        if (!parsed[g].hex && !parsed[g].wide) continue;
         keys.prefetch(parsed[g]);
         if (life_too) life.prefetch(parsed[g]);
       }
@@ -433,9 +432,8 @@ void directory::restore_key(std::string_view key, std::int32_t tp_world_size) {
     tp_world_size = std::min(tp_world_size, e.get().tp_world_size);
     m.erase(e);
   }
-  if (p.hex && stageable_packed(tp_world_size)) {
-    m.keys.insert_packed(p, static_cast<std::uint32_t>(tp_world_size) << 16);
-  } else {
+  if (!((p.hex || p.wide) && stageable_packed(tp_world_size) &&
+        m.keys.insert_packed(p, static_cast<std::uint32_t>(tp_world_size) << 16))) {
     m.keys.insert_other(key, p, completion{tp_world_size, 0});
   }
 }
@@ -534,6 +532,23 @@ void directory::restore_finish(std::uint64_t now) {
       m.life.touch(key, p, now);
     }
   });
+  std::string wide_text;
+  m.keys.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+    dual_key_map<completion>::key_text(h, wide_text);
+    const completion c{static_cast<std::int32_t>(word >> 16),
+                       static_cast<std::int32_t>(word & packed_count_max)};
+    if (c.confirmed_count == 0) {
+      unbound_others.push_back(wide_text);
+      return;
+    }
+    parsed_key p;
+    parse_key(wide_text, p);
+    if (!impl::is_complete(c)) {
+      m.track(wide_text, p, c.confirmed_count, now);
+    } else if (m.life.lru()) {
+      m.life.touch(wide_text, p, now);
+    }
+  });
   m.keys.for_each_other([&](const key_map<completion>::slot& s) {
     const std::string_view key = key_blob::view(s.key);
     if (s.value.confirmed_count == 0) {
@@ -559,6 +574,12 @@ void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_v
   impl_->keys.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
     unpack_hex_key(k, text);
     call(visit, std::string_view(text, sizeof text), static_cast<std::int32_t>(word >> 16),
+         static_cast<std::int32_t>(word & packed_count_max));
+  });
+  std::string wide_text;
+  impl_->keys.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+    dual_key_map<completion>::key_text(h, wide_text);
+    call(visit, wide_text, static_cast<std::int32_t>(word >> 16),
          static_cast<std::int32_t>(word & packed_count_max));
   });
   impl_->keys.for_each_other([&](const key_map<completion>::slot& s) {

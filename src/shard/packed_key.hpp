@@ -1,6 +1,9 @@
 // Keys of exactly 32 lowercase hex characters (the MD5 / xxh3-128 block hashes vLLM
 // sends) packed into 16 binary bytes, the form the shard's maps store inline, and the
-// hash those maps index with. Pure functions: any core may call them.
+// hash those maps index with. Also the other hex shapes clients send (32 uppercase, 64
+// lowercase or uppercase: SHA-256 hashes), packed into two halves and a shape tag (the
+// case is part of a key's identity: "AB.." and "ab.." are different keys; a key of mixed
+// case is not packed). Pure functions: any core may call them.
 #pragma once
 
 #include <cstddef>
@@ -24,24 +27,28 @@ static_assert(sizeof(packed_key) == 16);
 inline constexpr std::size_t packed_key_chars = 32;
 
 namespace packed_detail {
-// Nibble value of a lowercase hex digit, or 0xFF. Uppercase is not hex here: "AB" and
-// "ab" are different keys, so only one of them may take the packed form.
-inline constexpr auto nibble_table = [] {
+// Nibble value of a hex digit of one case, or 0xFF. The other case is not hex there: "AB"
+// and "ab" are different keys, so each packed form holds one case only.
+inline constexpr auto make_nibble_table(char ten) {
   struct table {
     unsigned char v[256];
   } t{};
   for (int c = 0; c < 256; ++c) t.v[c] = 0xFF;
   for (int c = '0'; c <= '9'; ++c) t.v[c] = static_cast<unsigned char>(c - '0');
-  for (int c = 'a'; c <= 'f'; ++c) t.v[c] = static_cast<unsigned char>(c - 'a' + 10);
+  for (int c = ten; c < ten + 6; ++c) t.v[c] = static_cast<unsigned char>(c - ten + 10);
   return t;
-}();
+}
+inline constexpr auto nibble_table = make_nibble_table('a');
+inline constexpr auto upper_nibble_table = make_nibble_table('A');
 
-inline bool pack_scalar(const char* s, packed_key& out) noexcept {
+// 32 hex characters of one case (upper: 'A'..'F', else 'a'..'f') into 16 bytes.
+inline bool pack_scalar(const char* s, packed_key& out, bool upper = false) noexcept {
+  const auto& table = upper ? upper_nibble_table : nibble_table;
   unsigned char bytes[16];
   unsigned bad = 0;
   for (int i = 0; i < 16; ++i) {
-    const unsigned h = nibble_table.v[static_cast<unsigned char>(s[2 * i])];
-    const unsigned l = nibble_table.v[static_cast<unsigned char>(s[2 * i + 1])];
+    const unsigned h = table.v[static_cast<unsigned char>(s[2 * i])];
+    const unsigned l = table.v[static_cast<unsigned char>(s[2 * i + 1])];
     bad |= (h | l) & 0xF0;
     bytes[i] = static_cast<unsigned char>((h << 4) | (l & 0xF));
   }
@@ -52,10 +59,10 @@ inline bool pack_scalar(const char* s, packed_key& out) noexcept {
 }
 
 #if defined(__AVX2__)
-inline bool pack_avx2(const char* s, packed_key& out) noexcept {
+inline bool pack_avx2(const char* s, packed_key& out, bool upper = false) noexcept {
   const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
   const __m256i d = _mm256_sub_epi8(c, _mm256_set1_epi8('0'));
-  const __m256i l = _mm256_sub_epi8(c, _mm256_set1_epi8('a'));
+  const __m256i l = _mm256_sub_epi8(c, _mm256_set1_epi8(upper ? 'A' : 'a'));
   const __m256i is_digit = _mm256_cmpeq_epi8(_mm256_min_epu8(d, _mm256_set1_epi8(9)), d);
   const __m256i is_lower = _mm256_cmpeq_epi8(_mm256_min_epu8(l, _mm256_set1_epi8(5)), l);
   if (_mm256_movemask_epi8(_mm256_or_si256(is_digit, is_lower)) != -1) return false;
@@ -68,6 +75,14 @@ inline bool pack_avx2(const char* s, packed_key& out) noexcept {
   return true;
 }
 #endif
+
+inline bool pack32(const char* s, packed_key& out, bool upper) noexcept {
+#if defined(__AVX2__)
+  return pack_avx2(s, out, upper);
+#else
+  return pack_scalar(s, out, upper);
+#endif
+}
 }  // namespace packed_detail
 
 // True (and `out` set) when `key` is exactly 32 characters of [0-9a-f].
@@ -80,9 +95,10 @@ inline bool pack_hex_key(std::string_view key, packed_key& out) noexcept {
 #endif
 }
 
-// Writes the 32 characters `k` was packed from (the exact original key).
-inline void unpack_hex_key(const packed_key& k, char* out) noexcept {
-  static constexpr char digits[] = "0123456789abcdef";
+// Writes the 32 characters `k` was packed from (the exact original key; upper: the
+// uppercase form's).
+inline void unpack_hex_key(const packed_key& k, char* out, bool upper = false) noexcept {
+  const char* digits = upper ? "0123456789ABCDEF" : "0123456789abcdef";
   unsigned char bytes[16];
   std::memcpy(bytes, &k.lo, 8);
   std::memcpy(bytes + 8, &k.hi, 8);
@@ -90,6 +106,51 @@ inline void unpack_hex_key(const packed_key& k, char* out) noexcept {
     out[2 * i] = digits[bytes[i] >> 4];
     out[2 * i + 1] = digits[bytes[i] & 0xF];
   }
+}
+
+// The hex shapes packed besides 32 lowercase characters (hex32, kept by packed_key alone).
+enum class key_shape : std::uint8_t {
+  other = 0,        // not packed: stored as its bytes
+  hex32 = 1,        // 32 lowercase: packed_key
+  hex32_upper = 2,  // 32 uppercase: first half only
+  hex64 = 3,        // 64 lowercase: both halves
+  hex64_upper = 4,  // 64 uppercase: both halves
+};
+
+inline constexpr std::size_t shape_chars(key_shape s) {
+  return s == key_shape::hex64 || s == key_shape::hex64_upper ? 64 : s == key_shape::other ? 0 : 32;
+}
+inline constexpr bool shape_upper(key_shape s) {
+  return s == key_shape::hex32_upper || s == key_shape::hex64_upper;
+}
+
+// The shape of `key` and its packed halves: first = characters 0..31, rest = 32..63
+// (zero for 32 characters). A key of mixed case, of another length or with a non-hex
+// character is key_shape::other (first and rest then unspecified).
+inline key_shape pack_any_hex_key(std::string_view key, packed_key& first,
+                                  packed_key& rest) noexcept {
+  using packed_detail::pack32;
+  if (key.size() == 32) {
+    rest = {};
+    if (pack32(key.data(), first, false)) return key_shape::hex32;
+    if (pack32(key.data(), first, true)) return key_shape::hex32_upper;
+    return key_shape::other;
+  }
+  if (key.size() == 64) {
+    if (pack32(key.data(), first, false) && pack32(key.data() + 32, rest, false))
+      return key_shape::hex64;
+    if (pack32(key.data(), first, true) && pack32(key.data() + 32, rest, true))
+      return key_shape::hex64_upper;
+  }
+  return key_shape::other;
+}
+
+// Writes the shape_chars(shape) characters a key of `shape` was packed from.
+inline void unpack_any_hex_key(key_shape shape, const packed_key& first, const packed_key& rest,
+                               char* out) noexcept {
+  const bool upper = shape_upper(shape);
+  unpack_hex_key(first, out, upper);
+  if (shape_chars(shape) == 64) unpack_hex_key(rest, out + 32, upper);
 }
 
 // The hash packed maps index with: wyhash's multiply-fold, once per word, each time by

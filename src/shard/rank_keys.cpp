@@ -64,11 +64,18 @@ std::string rank_keys::check(const page_pool& pool, std::size_t quarantined) con
   map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
     visit(key_owner{{k, nullptr}, true}, word, map.find(key_handle{k, nullptr}).word == &word);
   });
+  std::string text;
+  map.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+    dual_key_map<std::uint32_t>::key_text(h, text);
+    parsed_key p;
+    parse_key(text, p);
+    visit(key_owner{h, true}, word, p.wide && h.names(text, p) && map.find(h).word == &word);
+  });
   map.for_each_other([&](const key_map<std::uint32_t>::slot& s) {
     const std::string_view key = key_blob::view(s.key);
     parsed_key p;
     parse_key(key, p);
-    // A hex key is stored packed here, never in the other form.
+    // A hex key is stored packed here, never in the other form (a wide one may be).
     const bool reachable = !p.hex && s.hash == table_hash(key) && map.find(key, p).slot == &s;
     visit(key_owner{{{}, s.key}, true}, s.value, reachable);
   });

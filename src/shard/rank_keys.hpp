@@ -1,6 +1,7 @@
 // The key side of one rank: key → {page, reserved|confirmed} and reserved page → key.
 // Keys are stored in their own form (dual_key_map): 32 lowercase hex characters packed,
-// any other key with its bytes on the heap; a hex key is never stored in the other form.
+// the other hex shapes in the wide form, any other key with its bytes on the heap; a
+// hex key is never stored in the other form (a wide one only on an index collision).
 // Only the rank's owning core touches it.
 #pragma once
 
@@ -68,9 +69,7 @@ struct rank_keys {
 
   // Whether `owner` names this key.
   static bool names(const key_owner& owner, std::string_view key, const parsed_key& p) {
-    if (!owner.set) return false;
-    return p.hex ? owner.key.blob == nullptr && owner.key.packed == p.packed
-                 : owner.key.blob != nullptr && key_blob::view(owner.key.blob) == key;
+    return owner.set && owner.key.names(key, p);
   }
 
   // Frees the reserved page's key: the page's owner record and the key's entry. The

@@ -512,6 +512,11 @@ void rank_table::for_each_rank_packed_impl(
     rs.keys.map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
       on_packed(v, packed_binding{k, entry_word::page(word), entry_word::confirmed(word)});
     });
+    std::string text;
+    rs.keys.map.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+      dual_key_map<std::uint32_t>::key_text(h, text);
+      on_other(v, text, entry_word::page(word), entry_word::confirmed(word));
+    });
     rs.keys.map.for_each_other([&](const key_map<std::uint32_t>::slot& s) {
       on_other(v, key_blob::view(s.key), entry_word::page(s.value), entry_word::confirmed(s.value));
     });
@@ -587,6 +592,7 @@ void rank_table::for_each_entry_impl(void* visit,
                                      void (*call)(void*, std::int64_t, std::string_view,
                                                   std::int64_t, bool)) const {
   char text[packed_key_chars];
+  std::string wide_text;
   for (const auto& entry : impl_->ranks) {
     const std::int64_t rank = entry.first;  // lambdas cannot capture bindings in C++20
     const rank_keys& keys = entry.second.keys;
@@ -594,6 +600,10 @@ void rank_table::for_each_entry_impl(void* visit,
       unpack_hex_key(k, text);
       call(visit, rank, std::string_view(text, sizeof text), entry_word::page(word),
            entry_word::confirmed(word));
+    });
+    keys.map.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+      dual_key_map<std::uint32_t>::key_text(h, wide_text);
+      call(visit, rank, wide_text, entry_word::page(word), entry_word::confirmed(word));
     });
     keys.map.for_each_other([&](const key_map<std::uint32_t>::slot& s) {
       call(visit, rank, key_blob::view(s.key), entry_word::page(s.value),

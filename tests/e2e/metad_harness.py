@@ -109,6 +109,15 @@ def server_args(extra_args=()):
             "--log-level", "info", "--release-quarantine-ms", "0", *extra_args]
 
 
+def transport_independent(cls):
+    """Marks a test class of a wire suite (run once per transport) whose outcome does not
+    depend on the transport (state, limits, timers, scrapes): it runs on io_uring only,
+    and the epoll run reports it skipped. Its time is then paid once per build."""
+    if os.environ.get("METAD_IO", "uring") != "uring":
+        return unittest.skip("transport-independent: runs on io_uring only")(cls)
+    return cls
+
+
 def run_to_exit(extra_args=(), timeout=START_TIMEOUT_S):
     """Runs the server expecting it to fail at start-up.
 

@@ -28,7 +28,8 @@ import unittest
 
 import requests
 
-from metad_harness import SOCKET_TIMEOUT_S, Client, compact, key, keys
+from metad_harness import (SOCKET_TIMEOUT_S, Client, compact, key, keys,
+                           transport_independent)
 from reference_model import INVALID_KEYS_FORMAT, Answer, Model, _error, is_int64, parse_body
 from test_durability import DurabilityCase, Mirror
 from test_operations import Metrics
@@ -879,6 +880,7 @@ class VllmFlowTest(LifecycleCase):
         self.assertEqual((st["keys"], st["evicted_keys"]), (self.PAGES, 0))
 
 
+@transport_independent
 class StaleKeyTest(LifecycleCase):
     """Keys confirmed on some ranks but never on all (a save whose write failed on one
     rank: vLLM releases that rank's pages, the others stay confirmed) are removed on every
@@ -1149,6 +1151,7 @@ class AdminTokenTest(LifecycleCase):
 
 # --- 7. reservation expiry -------------------------------------------------------------
 
+@transport_independent
 class ReservationTtlTest(LifecycleCase):
 
     def test_reservations_expire_after_the_ttl_recovered_ones_too(self):

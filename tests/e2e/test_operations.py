@@ -28,7 +28,7 @@ import requests
 
 from metad_harness import (SOCKET_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Client,
                            MetadServer, RawConnection, compact, key, keys, raw_request,
-                           rss_bytes)
+                           rss_bytes, transport_independent)
 
 PROMTOOL = "/usr/bin/promtool"
 NGINX = "/usr/sbin/nginx"
@@ -466,6 +466,7 @@ def initialize_ranks(port, ranks, connections=32, batch=500):
     return failures
 
 
+@transport_independent
 class ManyRanksTest(OpsTestCase):
     """With tens of thousands of ranks, /stats lists the RANK_ROWS_MAX lowest ranks and
     /metrics gives only those per-rank series, both with totals over every rank; the
@@ -1159,6 +1160,7 @@ class HostileClientMemoryTest(OpsTestCase):
                         f"six idle connections hold {held >> 20} MiB after 21 MB requests")
 
 
+@transport_independent
 class MemoryBudgetTest(OpsTestCase):
     """--memory-max bounds what clients can make the server hold: pools cost what they
     hold, an allocation past it is answered as by a full pool, a request body that does

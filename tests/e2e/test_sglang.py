@@ -19,7 +19,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from metad_harness import Client, MetadTestCase, compact, keys, raw_request
+from metad_harness import (Client, MetadTestCase, compact, keys, raw_request,
+                           transport_independent)
 
 NOT_FOUND = b'{"detail":"Not Found"}'
 
@@ -462,6 +463,7 @@ class MixedTest(SglangTestCase):
         self.assertEqual(self.sg.exists(0, page_hashes(1, "s1.3")), [False])
 
 
+@transport_independent
 class ReleaseQuarantineTest(SglangTestCase):
     """--release-quarantine-ms (docs/sglang-api.md, confirm_write): a page released by
     pages_to_release is held for no key while the quarantine runs, so that a client's or

@@ -11,7 +11,7 @@ import time
 import unittest
 
 from metad_harness import (INT64_MAX, INT64_MIN, Client, MetadServer, MetadTestCase,
-                           RawConnection, compact, key, keys, raw_request)
+                           RawConnection, compact, key, keys, raw_request, transport_independent)
 
 SCHEDULER_OK = {"message": "Scheduler role does not require initialization"}
 
@@ -340,6 +340,7 @@ class WriteFailureTest(MetadTestCase):
         self.assert_rank(0, 4, 3, 1, 0)
 
 
+@transport_independent
 class QuarantineTest(MetadTestCase):
     """A replayed release (vLLM's client retries a POST after a 5xx or a lost connection)
     must not free a page another writer was given meanwhile: released pages sit out

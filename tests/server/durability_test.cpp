@@ -2,6 +2,7 @@
 // group commit driven by hand, then recovery into clusters of other core counts.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <cctype>
 
 #include <algorithm>
 #include <cstdio>
@@ -288,11 +289,24 @@ TEST_F(Durability, CorruptRecordInTheMiddleStopsStartUp) {
 
 // Keys of 32 lowercase hex characters take the compact path (packed snapshot chunks,
 // bulk-built tables); the same history must read the same after every kind of restart.
+// wide_hex_keys: keys of the wide form's shapes too, mixed with 32-hex ones.
+bool wide_hex_keys = false;
+
 std::string hex_key(int i) {
   char text[33];
   std::snprintf(text, sizeof text, "%016x%016x", 0xabcdefu + static_cast<unsigned>(i),
                 static_cast<unsigned>(i) * 2654435761u);
-  return text;
+  if (!wide_hex_keys || i % 3 == 0) return text;
+  // i % 3 == 1: 64 lowercase hex; 2: the previous key's text in uppercase (another key).
+  if (i % 3 == 2) {
+    std::string key = hex_key(i - 1);
+    for (char& c : key) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return key;
+  }
+  char first[33];
+  std::snprintf(first, sizeof first, "%016x%016x", static_cast<unsigned>(i) * 40503u,
+                0x5eedu + static_cast<unsigned>(i));
+  return std::string(first) + text;
 }
 
 // Requests of at most kBatch keys (the test node's request buffer is bounded).
@@ -374,6 +388,45 @@ TEST_F(Durability, HexKeysSurviveLogSnapshotAndCoreCountRestarts) {
   }
   sim_node n(dir_, 1);
   EXPECT_EQ(hex_state(n, kKeys), expected);
+}
+
+// The same with 64-hex keys in both cases (the wide form; logged and snapshotted as
+// strings) mixed with 32-hex ones: the uppercase key of a lowercase one's text is
+// another key, after every kind of restart too.
+TEST_F(Durability, WideHexKeysSurviveLogSnapshotAndCoreCountRestarts) {
+  wide_hex_keys = true;
+  ASSERT_EQ(hex_key(1).size(), 64u);
+  ASSERT_NE(hex_key(1), hex_key(2));
+  ASSERT_EQ(hex_key(2).size(), 64u);
+  constexpr int kKeys = 900;
+  std::string expected;
+  {
+    sim_node reference(dir_ + "-reference", 1);
+    hex_populate(reference, kKeys);
+    expected = hex_state(reference, kKeys);
+  }
+  fs::remove_all(dir_ + "-reference");
+  {
+    sim_node n(dir_, 2);
+    hex_populate(n, kKeys);
+    EXPECT_EQ(hex_state(n, kKeys), expected);
+    // Case matters: key 5 is key 4's text in uppercase; rank 2 confirmed only key 4.
+    std::string upper4 = hex_key(4);
+    for (char& c : upper4) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    EXPECT_EQ(upper4, hex_key(5));
+    EXPECT_EQ(
+        n.post("/keys/batch_exists", "{\"keys\":[\"" + hex_key(4) + "\",\"" + hex_key(5) + "\"]}"),
+        R"({"exists":[true,false]})");
+  }
+  {
+    sim_node n(dir_, 2);  // from the log
+    EXPECT_EQ(hex_state(n, kKeys), expected);
+  }
+  {
+    sim_node n(dir_, 3);  // from the snapshots, by three cores
+    EXPECT_EQ(hex_state(n, kKeys), expected);
+  }
+  wide_hex_keys = false;
 }
 
 // A data directory whose snapshot predates the compact records (one snapshot_entry per

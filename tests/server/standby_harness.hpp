@@ -28,8 +28,17 @@ using server_test::sim_node;
 inline constexpr std::uint64_t kEpoch = 42;
 inline constexpr int kCores = 2;
 
+// 32 lowercase hex, 64 lowercase or 64 uppercase hex (each stored in its own form).
 inline std::string key(int i) {
-  return fmt::format("{:032x}", 0xabc0000u + static_cast<unsigned>(i));
+  const auto n = 0xabc0000u + static_cast<unsigned>(i);
+  switch (i % 3) {
+    case 1:
+      return fmt::format("{:032x}{:032x}", n * 2654435761u, n);
+    case 2:
+      return fmt::format("{:032X}{:032X}", n * 2654435761u, n);
+    default:
+      return fmt::format("{:032x}", n);
+  }
 }
 
 inline std::string list(int from, int to) {

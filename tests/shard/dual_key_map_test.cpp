@@ -25,7 +25,8 @@ parsed_key as_parsed(std::string_view key) {
 
 const std::string hex32 = "0123456789abcdef0123456789abcdef";
 
-// Keys that look like the packed form but are not exactly 32 lowercase hex characters.
+// Keys that look like the packed form but are not of a packed shape (32 lowercase hex
+// characters; 32 uppercase or 64 of one case take the wide form: wide_keys_test.cpp).
 std::vector<std::string> near_hex_keys() {
   std::string upper = hex32;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -40,8 +41,8 @@ std::vector<std::string> near_hex_keys() {
   return {
       hex32.substr(0, 31),         // 31 hex digits
       hex32 + "0",                 // 33 hex digits
-      hex32 + hex32,               // 64 (a SHA-256 in hex)
-      upper,                       // upper-case hex is a different key
+      hex32 + hex32 + "0",         // 65 hex digits
+      upper.substr(1),             // 31 upper-case hex digits
       mixed,                       // one upper-case digit
       "0x" + hex32.substr(0, 30),  // 32 characters, prefixed
       with_g,                      // one non-hex letter

@@ -135,6 +135,12 @@ TEST(KeyForms, PackedKeysBehaveExactlyLikeOtherKeys) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   std::vector<std::string> universe{zeros, lower, upper, sha, "k", ""};
   for (int i = 0; i < 60; ++i) universe.push_back(fmt::format("{:032x}", i * 2654435761u));
+  // The wide form's shapes: 64 lowercase, 64 uppercase, 32 uppercase hex.
+  for (int i = 0; i < 20; ++i) {
+    universe.push_back(fmt::format("{:064x}", i * 2654435761u));
+    universe.push_back(fmt::format("{:064X}", i * 2654435761u + 10));
+    universe.push_back(fmt::format("{:032X}", i * 2654435761u + 10));
+  }
   std::vector<std::string> other;
   for (const auto& k : universe) other.push_back(k + "!");
   rank_table packed, plain;
