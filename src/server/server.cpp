@@ -2,19 +2,16 @@
 // (SO_REUSEPORT), event loop and state; stop() drains them all.
 #include "metad/server.hpp"
 
-#include <pthread.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <charconv>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
 
+#include "ha/probe.hpp"
 #include "http/parser.hpp"
 #include "metad/log.hpp"
 #include "net/transport.hpp"
@@ -24,11 +21,12 @@
 #include "pipeline/endpoints.hpp"
 #include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
+#include "replica/replication.hpp"
 #include "server/flags.hpp"
 #include "server/ha_setup.hpp"
-#include "server/replication.hpp"
 #include "smp/clock.hpp"
 #include "smp/core.hpp"
+#include "smp/cpus.hpp"
 #include "smp/for_each_core.hpp"
 #include "smp/request_task.hpp"
 
@@ -36,6 +34,7 @@ namespace metad {
 
 using pipeline::core_state;
 using pipeline::node;
+using replica::replication;
 
 static_assert(http::body_padding_bytes >= api::body_padding_bytes,
               "request bodies must be readable by simdjson without a copy");
@@ -170,57 +169,6 @@ void core_runner::tick() {
   log_summary(*this);
 }
 
-// The CPUs of the mask that share the NUMA node of its first one (the whole mask where
-// sysfs does not say): default threads stay on one node, beside their memory.
-std::vector<int> same_node(const std::vector<int>& mask) {
-  for (int node = 0; node < 1024; ++node) {
-    std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
-    if (!in) {
-      if (node == 0) continue;  // node 0 may be offline (or memory-only)
-      break;
-    }
-    std::string text;
-    std::getline(in, text);
-    std::vector<int> cpus;
-    if (!metad::parse_cpu_list(text, CPU_SETSIZE - 1, cpus) ||
-        std::find(cpus.begin(), cpus.end(), mask.front()) == cpus.end())
-      continue;
-    std::vector<int> mine;
-    for (int cpu : mask)
-      if (std::find(cpus.begin(), cpus.end(), cpu) != cpus.end()) mine.push_back(cpu);
-    return mine;
-  }
-  return mask;
-}
-
-// `threads` CPUs of the affinity mask, in order, wrapping around; threads <= 0: up to
-// config::default_threads CPUs of the mask's first NUMA node.
-std::vector<int> affinity_cpus(int threads) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> mask;
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &set)) mask.push_back(cpu);
-  if (mask.empty()) mask.push_back(0);
-  if (threads <= 0) {
-    std::vector<int> cpus = same_node(mask);
-    cpus.resize(std::min<std::size_t>(cpus.size(), metad::config::default_threads));
-    return cpus;
-  }
-  std::vector<int> cpus;
-  for (int i = 0; i < threads; ++i) cpus.push_back(mask[static_cast<std::size_t>(i) % mask.size()]);
-  return cpus;
-}
-
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
-    log::warn("cannot pin to CPU {}", cpu);
-}
-
 }  // namespace
 
 struct server::impl {
@@ -234,7 +182,7 @@ struct server::impl {
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (const std::string error = flags::validate(cfg); !error.empty())
     throw std::runtime_error(error);
-  if (cfg.cpus.empty()) cfg.cpus = affinity_cpus(cfg.threads);
+  if (cfg.cpus.empty()) cfg.cpus = smp::affinity_cpus(cfg.threads);
   if (cfg.cpus.size() > 1024) throw std::runtime_error("at most 1024 cores");
   impl_->cfg = std::move(cfg);
   impl_->node =
@@ -263,8 +211,10 @@ void server::run() {
   auto start_as = replication::start_as::primary;
   if (!cfg.repl_listen.empty()) {
     std::string error;
-    nd.data = std::make_unique<store::data_dir>(cfg.data_dir);  // locked first (probe_role)
-    start_as = probe_role(ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error), 30'000);
+    nd.data = std::make_unique<store::data_dir>(cfg.data_dir);  // locked first (the probe)
+    const auto role =
+        ha::probe_start_role(ha_settings(cfg, cfg.port == 0 ? 1 : cfg.port, error), 30'000);
+    if (role == ha::start_role::standby) start_as = replication::start_as::standby;
     if (start_as == replication::start_as::standby && !cfg.sglang_import_path.empty())
       throw std::runtime_error("--import-sglang-state: this node starts as a standby");
   }
@@ -310,7 +260,7 @@ void server::run() {
   for (int i = 0; i < nd.cores; ++i) {
     threads.emplace_back([&, i] {
       const smp::core_scope as_core(i);  // this thread is core i for its whole life
-      pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
+      smp::pin_to(cfg.cpus[static_cast<std::size_t>(i)]);
       net::loop_options options;
       options.listen_fds = listen_fds[static_cast<std::size_t>(i)];
       options.idle_timeout_ms = cfg.idle_timeout_ms;
@@ -390,29 +340,6 @@ void server::start_ha(std::uint16_t port) {
   impl_->node->ha = impl_->ha.get();
   if (repl != nullptr) repl->start(*impl_->ha);
   impl_->ha->start();
-}
-
-bool parse_cpu_list(std::string_view text, int cpu_max, std::vector<int>& cpus) {
-  const std::size_t before = cpus.size();
-  auto number = [](std::string_view digits, int& value) {
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-    return ec == std::errc{} && end == digits.data() + digits.size();
-  };
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    const std::string_view item = text.substr(0, comma);
-    const std::size_t dash = item.find('-');
-    int first = 0, last = 0;
-    if (!number(item.substr(0, dash), first)) return false;
-    if (dash == std::string_view::npos)
-      last = first;
-    else if (!number(item.substr(dash + 1), last))
-      return false;
-    if (first < 0 || last < first || last > cpu_max) return false;
-    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
-    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
-  }
-  return cpus.size() > before;
 }
 
 int verify_data_dir(const std::string& path) { return persist::verify_data_dir(path); }

@@ -14,23 +14,34 @@
 // stream cannot resume) exits with status 75 (kExitResync) so that its supervisor
 // starts it again: empty, as a standby.
 //
+// The files, by role (their state is replication_impl.hpp's replication::impl):
+// - replication.cpp: construction (the link and its callbacks), each core's turn (the
+//   stream's messages to its end, the ack set's requirement, parking), the sync set;
+// - leader_end.cpp: a leader core's end (hello, snapshot, shipping, acks), over
+//   repl/leader_end.hpp (retained bytes, the ack clock, the forked snapshot cut);
+// - standby_end.cpp: a standby core's end (hello, answer, snapshot, batches, acks);
+// - promotion.cpp: on_role, may_campaign, and promotion.
+// The role etcd gives at start-up is ha::probe_start_role (ha/probe.hpp).
+//
 // Five actors meet here (docs/replication.md lists every thread of the process): the core
 // threads (the hooks below, on their own core), the repl link thread (its each_turn
 // runs the sync set), the ha thread (on_role, may_campaign), the promotion thread (a
-// standby that won the lease) and a forked child per snapshot cut. Who owns what in
-// replication.cpp (written by → read by: guarded by):
-// - ends[c] (core_end): core c, and promotion while c is parked → core c: the parking
-//   handshake (park_mutex, park_cv);
-// - shared[c] (progress, oldest unacked write, lag, require_applied, late acks): core c
-//   (progress also promotion) → the link thread (sync set), the ha thread (may_campaign):
-//   atomics;
+// standby that won the lease) and a forked child per snapshot cut. Who owns what
+// (written by → read by: guarded by):
+// - ends[c] (core_end: a leading_end or a following_end, std::variant; a standby's
+//   become a leader's at promotion, never back): core c, and promotion while c is
+//   parked → core c: the parking handshake (park_mutex, park_cv);
+// - shared[c] (progress, oldest unacked write, lag, require_applied, late acks, cutting):
+//   core c (progress also promotion) → the link thread (sync set), the ha thread
+//   (may_campaign): atomics;
 // - mode: the promotion thread → cores, link and ha threads: atomic;
 // - require: the link thread → cores: atomic;
 // - sync, sync_ticket: the link thread alone;
 // - standby_node: a core (on_hello) → the link thread: standby_mutex;
 // - promotion (the std::thread): the ha thread (on_role) → the main thread (stop):
 //   server::run's shutdown order;
-// - a snapshot cut's image: the forked child → core c, through a pipe: the process boundary.
+// - a snapshot cut's image (repl::snapshot_cut): the forked child → core c, through a
+//   pipe: the process boundary.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +53,7 @@
 #include "pipeline/node.hpp"
 #include "store/log.hpp"
 
-namespace metad {
+namespace metad::replica {
 
 inline constexpr int kExitResync = 75;  // EX_TEMPFAIL: restart me
 
@@ -70,17 +81,11 @@ class replication {
   void on_role(ha::role from, ha::role to, std::int64_t epoch);
   bool may_campaign(const std::optional<std::string>& sync) const;
 
- private:
+  // Its state (replication_impl.hpp), which tests drive in-process.
   struct impl;
+
+ private:
   std::unique_ptr<impl> impl_;
 };
 
-// Start-up, before recovery, with the data directory locked: whether this node joins
-// as an empty standby (another node leads, or /sync exists and does not list it) or
-// recovers its own state. A leader key holding this node's own value is its previous
-// run's (that process is gone: the lock says so): its lease is revoked, so that a
-// restart does not wait out the TTL. Asks etcd, retrying for up to `patience_ms`
-// while it does not answer; throws std::runtime_error if it never does.
-replication::start_as probe_role(const ha::config& settings, std::uint32_t patience_ms);
-
-}  // namespace metad
+}  // namespace metad::replica

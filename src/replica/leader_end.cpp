@@ -1,0 +1,217 @@
+// The leader's end of each core's stream, on that core: a standby's hello answered (a
+// resume from the retained bytes, or a snapshot cut by a child), what the core's group
+// commit writes shipped, and the replicated watermark moved as acks come back.
+#include <algorithm>
+
+#include "metad/assert.hpp"
+#include "metad/log.hpp"
+#include "persist/durability.hpp"
+#include "replica/replication_impl.hpp"
+#include "smp/clock.hpp"
+
+namespace metad::replica {
+
+namespace {
+
+// A core starts at most one snapshot cut (a fork) per this interval; a hello that needs
+// one sooner is answered busy (the standby connects again after its pause). A cut runs
+// alone: the stream it is for ends before another hello reaches the core.
+constexpr std::uint64_t kCutIntervalMs = 2'000;
+
+}  // namespace
+
+// What the sync set reads of this core's stream.
+void replication::impl::publish(int c, const leading_end& l) {
+  shared_core& s = share(c);
+  s.oldest_unacked_ns.store(l.acks.oldest_unacked_ns(), std::memory_order_relaxed);
+  s.lag_bytes.store(l.stream ? l.stream->sent() - l.stream->acked() : 0, std::memory_order_relaxed);
+  s.slow_since_ns.store(l.acks.slow_since_ns());
+  s.slow_acks.store(l.acks.slow_acks());
+}
+
+void replication::impl::end_leading(int c, leading_end& l) {
+  abort_cut(c, l);
+  l.stream.reset();
+  l.acks.stop();
+  publish(c, l);
+  share(c).state.store(progress::none);
+}
+
+void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl::hello& h) {
+  if (l.stream || l.cut.running()) {  // one hello per stream
+    log::warn("replication: core {}: a second hello on node {}'s stream; closing it", c, h.node);
+    return close(c, e);
+  }
+  const bool leading = nd.ha != nullptr && nd.ha->serving();
+  store::log_writer& log = core(c).log;
+  repl::leader_view view;
+  view.cluster = nd.cfg.ha_cluster;
+  view.epoch = leading ? static_cast<std::uint64_t>(nd.ha->epoch()) : 0;
+  view.generation = nd.data ? nd.data->generation() : 0;
+  view.cores = static_cast<std::uint32_t>(nd.cores);
+  view.retained_from = l.retained.retaining() ? l.retained.from() : log.end();
+  view.end = l.retained.retaining() ? l.retained.end() : log.end();
+  repl::answer a = repl::answer_hello(h, view);
+  if (!leading) a.status = repl::answer_status::refused;
+  const std::uint64_t now = smp::monotonic_ns();
+  if (a.status == repl::answer_status::need_snapshot && l.last_cut_ns != 0 &&
+      now - l.last_cut_ns < kCutIntervalMs * smp::kNsPerMs) {
+    log::info(
+        "replication: core {}: node {} needs a snapshot, but this core began one {:.0f} ms ago "
+        "(at most one per {} ms): answered busy",
+        c, h.node, static_cast<double>(now - l.last_cut_ns) / smp::kNsPerMs, kCutIntervalMs);
+    a.status = repl::answer_status::busy;
+    a.lsn = 0;
+  }
+  if (a.status == repl::answer_status::need_snapshot) {
+    l.last_cut_ns = now;
+    a.lsn = log.end();  // the state now is the log up to its end, pending records included
+    repl::encode(e.out, a);
+    send(c, e);
+    repl::snapshot head;
+    head.epoch = view.epoch;
+    head.generation = view.generation;
+    head.core = static_cast<std::uint32_t>(c);
+    head.lsn = a.lsn;
+    const auto encode = [this, c, &head](const std::function<void(std::string&)>& write) {
+      encode_snapshot(c, head, write);
+    };
+    if (l.cut.start(encode, have_process_cpus ? &process_cpus : nullptr, c, h.node, head.lsn))
+      share(c).cutting.store(true);
+    else
+      cut_here(c, e, head, h.node);
+  } else {
+    repl::encode(e.out, a);
+    send(c, e);
+    if (a.status != repl::answer_status::stream) {
+      // While not serving (starting, promoting) a refusal is expected: the standby
+      // comes back. While serving it is a mismatch an operator must see.
+      if (leading && a.status != repl::answer_status::busy)
+        log::warn(
+            "replication: refused node {}'s stream for core {}: cluster {}, {} cores, protocol "
+            "{} (this node: {}, {} cores, protocol {})",
+            h.node, c, h.cluster, h.cores, h.version, view.cluster, view.cores,
+            repl::kProtocolVersion);
+      return close(c, e);
+    }
+  }
+  l.stream.emplace(view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn);
+  if (!l.retained.retaining()) {
+    l.retained.begin(a.lsn);
+  } else if (a.status == repl::answer_status::stream) {
+    resend(c, e, l, a.lsn);
+    log::info("replication: core {} resumes node {}'s stream at {} ({} bytes resent)", c, h.node,
+              a.lsn, l.stream->sent() - a.lsn);
+  }
+  l.acks.start(l.stream->sent(), smp::monotonic_ns(),
+               std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs);
+  publish(c, l);
+  share(c).state.store(progress::catching_up);
+  std::lock_guard lock(standby_mutex);
+  standby_node = h.node;
+}
+
+// Encodes core c's state as the snapshot messages of `head` (the pieces, then the last
+// one) and hands them to `out` as they fill; returns the state's bytes.
+std::uint64_t replication::impl::encode_snapshot(int c, const repl::snapshot& head,
+                                                 const std::function<void(std::string&)>& out) {
+  std::string bytes;
+  std::uint64_t state = 0;
+  persist::serialize_state(core(c), [&](std::string_view piece) {
+    repl::snapshot s = head;
+    s.bytes = piece;
+    state += piece.size();
+    repl::encode(bytes, s);
+    out(bytes);
+  });
+  repl::snapshot last = head;
+  last.last = true;
+  repl::encode(bytes, last);
+  out(bytes);
+  return state;
+}
+
+// The snapshot cut on the core itself (no child could be started), which serves nothing
+// meanwhile.
+void replication::impl::cut_here(int c, core_end& e, const repl::snapshot& head,
+                                 const std::string& node) {
+  const std::uint64_t started = smp::monotonic_ns();
+  const std::uint64_t bytes = encode_snapshot(c, head, [&](std::string& out) {
+    link->at(c).send(e.stream, out);
+    out.clear();
+  });
+  log::info("replication: core {} sends node {} its state at {}: {} bytes, cut in {:.1f} ms", c,
+            node, head.lsn, bytes,
+            static_cast<double>(smp::monotonic_ns() - started) / smp::kNsPerMs);
+  nd.repl.snapshots_sent.fetch_add(1);
+}
+
+// Moves what the child wrote to the stream while less than half the queue bound is
+// queued on it, then what this core shipped meanwhile.
+void replication::impl::pump_cut(int c, core_end& e, leading_end& l) {
+  using outcome = repl::snapshot_cut::outcome;
+  const outcome o = l.cut.pump(link->at(c), e.stream, queued_max / 2);
+  if (o == outcome::pending) return;
+  share(c).cutting.store(false);
+  if (o == outcome::done) return static_cast<void>(nd.repl.snapshots_sent.fetch_add(1));
+  close(c, e);
+}
+
+void replication::impl::abort_cut(int c, leading_end& l) {
+  l.cut.abort();
+  share(c).cutting.store(false);
+}
+
+void replication::impl::on_ack(int c, core_end& e, leading_end& l, const repl::ack& a) {
+  if (!l.stream || !l.stream->on_ack(a)) {
+    log::warn("replication: core {}: an ack out of order; closing the stream", c);
+    return close(c, e);
+  }
+  store::log_writer& log = core(c).log;
+  log.replicated_until(std::min(a.lsn, log.end()));
+  const bool caught_up = l.acks.acked(a.lsn, smp::monotonic_ns());
+  publish(c, l);
+  if (caught_up) share(c).state.store(progress::caught_up);
+}
+
+// Sends the retained bytes from `lsn` (at least retained.from()) on a resumed stream.
+void replication::impl::resend(int c, core_end& e, leading_end& l, std::uint64_t lsn) {
+  l.retained.each_from(lsn, [&](std::string_view chunk) {
+    l.stream->send(e.out, chunk);
+    if (e.out.size() >= (std::size_t{4} << 20)) send(c, e);
+  });
+  send(c, e);
+}
+
+void replication::impl::shipped(int c, const store::log_writer::flush_job& job) {
+  core_end& e = ends[static_cast<std::size_t>(c)];
+  leading_end* l = e.leader();
+  if (l == nullptr) return;                                 // a standby's own group commit
+  METAD_ASSERT(l->cut.held().empty() || l->cut.running());  // held only while a child cuts
+  if (l->retained.retaining()) l->retained.keep(job.lsn, job.data, job.bytes);
+  if (!l->stream) return;
+  const std::uint64_t end = job.lsn + job.bytes;
+  const std::uint64_t from = std::max(job.lsn, l->stream->sent());
+  if (end <= from) return;
+  METAD_ASSERT(job.lsn <= l->stream->sent());  // every byte since the snapshot passes here
+  l->stream->send(e.out, std::string_view(job.data + (from - job.lsn), end - from));
+  if (l->cut.running()) {  // after the snapshot a child is cutting
+    l->cut.held() += e.out;
+    e.out.clear();
+  } else {
+    send(c, e);
+  }
+  l->acks.sent(end, smp::monotonic_ns());
+  publish(c, *l);
+  const std::size_t queued = link->at(c).queued() + l->cut.held().size();
+  if (queued > queued_max) {
+    log::warn(
+        "replication: core {}: {} bytes queued for the standby (at most {}): it does not read "
+        "fast enough; closing its stream",
+        c, queued, queued_max);
+    abort_cut(c, *l);  // frees what was held for it
+    close(c, e);
+  }
+}
+
+}  // namespace metad::replica

@@ -1,0 +1,180 @@
+// replica::replication's leader end driven in-process (src/replica/replication_impl.hpp):
+// a node's group commits shipped through the glue, and acks moving the log's replicated
+// watermark (store::log_writer::replicated), no further than each ack says.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "replica/replication_impl.hpp"
+#include "sim_node.hpp"
+#include "temp_dir.hpp"
+
+using namespace metad;
+
+namespace {
+
+using server_test::sim_node;
+
+// A replicated node's settings: its link bound, never started (no link thread).
+metad::config glue_config(const std::string& dir) {
+  metad::config cfg;
+  cfg.data_dir = dir;
+  cfg.repl_listen = "127.0.0.1:0";
+  return cfg;
+}
+
+// A leader node, its replication state, and the end of each group commit it shipped.
+class ReplicaLeaderEnd : public ::testing::Test {
+ protected:
+  ReplicaLeaderEnd() {
+    n_.on_flush = [this](pipeline::core_state& core, const store::log_writer::flush_job& job) {
+      glue_.shipped(core.index, job);
+      ends_.push_back(job.lsn + job.bytes);
+    };
+  }
+
+  // As on_hello leaves core 0's end once a standby said hello at position 0 (a hello
+  // needs a serving lease; the epoch of a leader that does not serve is 0).
+  replica::replication::impl::leading_end& stream_from_start() {
+    auto* l = glue_.ends[0].leader();
+    l->stream.emplace(0, generation(), 0, 0);
+    l->retained.begin(0);
+    l->acks.start(0, smp::monotonic_ns(), std::uint64_t{500} * smp::kNsPerMs);
+    return *l;
+  }
+  std::uint64_t generation() { return n_.state().data->generation(); }
+  repl::ack ack(std::uint64_t lsn) { return {0, generation(), 0, lsn}; }
+  store::log_writer& log() { return n_.state().core[0]->log; }
+  void write() {
+    n_.post("/rank/0/initialize", R"({"num_pages":64})");
+    n_.post("/keys/batch_allocate", R"({"rank":0,"keys":["k1","k2"]})");
+  }
+
+  sim::temp_dir dir_{"metad-replica-glue"};
+  sim_node n_{glue_config(dir_.path()), 1};
+  replica::replication::impl glue_{n_.state(), replica::replication::start_as::primary};
+  std::vector<std::uint64_t> ends_;
+};
+
+}  // namespace
+
+TEST_F(ReplicaLeaderEnd, AnAckMarksReplicatedOnlyWhatItCovers) {
+  auto& l = stream_from_start();
+  write();
+  ASSERT_GE(ends_.size(), 2u);
+  ASSERT_EQ(l.stream->sent(), log().end());
+  const std::uint64_t first = ends_.front();
+  ASSERT_LT(first, log().end());
+  glue_.on_ack(0, glue_.ends[0], l, ack(first));
+  EXPECT_FALSE(glue_.ends[0].closing);
+  EXPECT_EQ(log().replicated(), first);  // not what was shipped since
+  EXPECT_EQ(glue_.share(0).state.load(), repl::progress::caught_up);
+  EXPECT_NE(glue_.share(0).oldest_unacked_ns.load(), 0u);  // the later writes
+  EXPECT_EQ(glue_.share(0).lag_bytes.load(), log().end() - first);
+  glue_.on_ack(0, glue_.ends[0], l, ack(log().end()));
+  EXPECT_EQ(log().replicated(), log().end());
+  EXPECT_EQ(glue_.share(0).oldest_unacked_ns.load(), 0u);
+  EXPECT_EQ(glue_.share(0).lag_bytes.load(), 0u);
+}
+
+TEST_F(ReplicaLeaderEnd, AnAckOfWhatWasNeverSentClosesTheStreamAndMovesNothing) {
+  auto& l = stream_from_start();
+  write();
+  const std::uint64_t first = ends_.front();
+  glue_.on_ack(0, glue_.ends[0], l, ack(first));
+  glue_.on_ack(0, glue_.ends[0], l, ack(log().end() + 1));
+  EXPECT_TRUE(glue_.ends[0].closing);
+  EXPECT_EQ(log().replicated(), first);
+}
+
+TEST_F(ReplicaLeaderEnd, AStreamThatEndsLeavesNoProgressBehind) {
+  auto& l = stream_from_start();
+  write();
+  glue_.on_ack(0, glue_.ends[0], l, ack(ends_.front()));
+  glue_.end_leading(0, l);
+  EXPECT_FALSE(l.stream);
+  EXPECT_EQ(glue_.share(0).state.load(), repl::progress::none);
+  EXPECT_EQ(glue_.share(0).oldest_unacked_ns.load(), 0u);
+  EXPECT_EQ(glue_.share(0).lag_bytes.load(), 0u);
+  EXPECT_TRUE(l.retained.retaining());  // kept for a stream that resumes
+  EXPECT_EQ(l.retained.end(), log().end());
+}
+
+namespace {
+
+// A leader's and a standby's replication state in one process, their bytes carried by
+// hand (no link): the standby's hello answered with a snapshot of the leader's state,
+// then the leader's group commits as batches, the standby's acks back to the leader.
+class ReplicaPair : public ::testing::Test {
+ protected:
+  ReplicaPair() {
+    leader_.on_flush = [this](pipeline::core_state& core, const store::log_writer::flush_job& job) {
+      to_standby_.send(wire_, std::string_view(job.data, job.bytes));
+      leader_glue_.shipped(core.index, job);
+    };
+  }
+
+  // What the standby core decodes from `bytes`, through its end (impl::handle).
+  void to_standby(const std::string& bytes) {
+    auto& e = standby_glue_.ends[0];
+    e.decoder.feed(bytes);
+    standby_glue_.handle(0, e);
+  }
+
+  std::uint64_t generation() { return leader_.state().data->generation(); }
+
+  sim::temp_dir dir_{"metad-replica-pair"};
+  sim_node leader_{glue_config(dir_.path() + "/a"), 1};
+  sim_node standby_{glue_config(dir_.path() + "/b"), 1};
+  replica::replication::impl leader_glue_{leader_.state(), replica::replication::start_as::primary};
+  replica::replication::impl standby_glue_{standby_.state(),
+                                           replica::replication::start_as::standby};
+  repl::leader_stream to_standby_{0, 0, 0, 0};  // reset once the snapshot's position is known
+  std::string wire_;                            // batches not yet carried
+};
+
+}  // namespace
+
+TEST_F(ReplicaPair, AStandbyCopiesTheLeaderAndItsAcksMoveTheLeadersWatermark) {
+  leader_.post("/rank/0/initialize", R"({"num_pages":64})");
+  leader_.post("/keys/batch_allocate", R"({"rank":0,"keys":["k1","k2"]})");
+  auto& se = standby_glue_.ends[0];
+  ASSERT_NE(se.standby(), nullptr);
+  ASSERT_EQ(leader_glue_.ends[0].standby(), nullptr);
+  se.stream = 1;  // as poll() does for a new stream
+  standby_glue_.say_hello(0, se, *se.standby());
+  // The leader's answer and snapshot, as on_hello makes them for a new standby.
+  store::log_writer& log = leader_.state().core[0]->log;
+  repl::snapshot head;
+  head.generation = generation();
+  head.lsn = log.end();
+  std::string bytes;
+  repl::encode(bytes,
+               repl::answer{repl::answer_status::need_snapshot, 0, generation(), 0, head.lsn});
+  leader_glue_.encode_snapshot(0, head, [&](std::string& out) {
+    bytes += out;
+    out.clear();
+  });
+  to_standby(bytes);
+  wire_.clear();  // what the leader wrote before its snapshot is in it
+  EXPECT_EQ(standby_glue_.share(0).state.load(), repl::progress::caught_up);
+  // The leader's stream from there on.
+  auto& l = *leader_glue_.ends[0].leader();
+  l.stream.emplace(0, generation(), 0, head.lsn);
+  l.retained.begin(head.lsn);
+  l.acks.start(head.lsn, smp::monotonic_ns(), std::uint64_t{500} * smp::kNsPerMs);
+  to_standby_ = repl::leader_stream(0, generation(), 0, head.lsn);
+  leader_.post("/keys/confirm_write", R"({"rank":0,"confirmations":[["k1",0],["k2",1]]})");
+  ASSERT_FALSE(wire_.empty());
+  to_standby(std::exchange(wire_, {}));
+  EXPECT_FALSE(se.closing);
+  // The standby's group commit, then its ack of what became durable.
+  standby_.tick();
+  const repl::follower& f = *se.standby()->follower;
+  standby_glue_.ack_durable(0, se);
+  EXPECT_EQ(f.acked(), log.end());
+  leader_glue_.on_ack(0, leader_glue_.ends[0], l, f.current_ack());
+  EXPECT_EQ(log.replicated(), log.end());
+  // The rank as the leader has it (its keys' directory is built at promotion).
+  EXPECT_EQ(standby_.get("/rank/0"), leader_.get("/rank/0"));
+}
