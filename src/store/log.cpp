@@ -63,7 +63,6 @@ log_writer::flush_job log_writer::begin_flush() {
 
 void log_writer::end_flush(long written, int synced) {
   METAD_ASSERT(!in_flight_.empty());  // a flush was begun
-  ++flushes_;
   const bool ok = written == static_cast<long>(in_flight_.size()) && synced == 0;
   if (ok) {
     // Positions only grow, and never past what was appended.
@@ -75,7 +74,6 @@ void log_writer::end_flush(long written, int synced) {
   } else {
     // Nothing of this batch counts as durable: put it back in front of what came since,
     // to be rewritten at the same offset when the disk recovers.
-    ++failures_;
     failing_ = true;
     in_flight_ += pending_;
     pending_.swap(in_flight_);

@@ -88,8 +88,6 @@ class log_writer {
   // in flight; what is pending goes to the new segment.
   void switch_segment(int fd);
   bool idle() const { return in_flight_.empty() && pending_.empty(); }
-  std::uint64_t flushes() const { return flushes_; }
-  std::uint64_t failures() const { return failures_; }
 
  private:
   struct waiter {
@@ -114,7 +112,6 @@ class log_writer {
   bool failing_ = false;
   std::uint64_t allocated_ = 0;  // bytes of the current segment file reserved on disk
   std::deque<waiter> waiters_;   // in lsn order
-  std::uint64_t flushes_ = 0, failures_ = 0;
 
   // Resumes the waiters up to committed(); all of them after a failed flush (false
   // for those not committed).
