@@ -10,28 +10,28 @@ namespace metad::persist {
 using pipeline::node;
 
 replayer::replayer(node& nd, int core, replay_output& out, const store::file_sizes& sizes)
-    : cl_(nd), core_(core), out_(out) {
+    : node_(nd), core_(core), out_(out) {
   out_.packed_by_owner.resize(static_cast<std::size_t>(nd.cores));
   out_.others_by_owner.resize(static_cast<std::size_t>(nd.cores));
   for (const auto& [rank, keys] : sizes.rank_keys)
     if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
-  cl_.core[core_]->ranks.set_bulk(true);
-  cl_.core[core_]->directory.restore_reserve(sizes.directory_keys /
-                                             static_cast<std::size_t>(nd.cores));
+  node_.core[core_]->ranks.set_bulk(true);
+  node_.core[core_]->directory.restore_reserve(sizes.directory_keys /
+                                               static_cast<std::size_t>(nd.cores));
 }
 
 void replayer::apply(const store::record& r) {
-  shard::rank_table& ranks = cl_.core[core_]->ranks;
-  shard::directory& directory = cl_.core[core_]->directory;
+  shard::rank_table& ranks = node_.core[core_]->ranks;
+  shard::directory& directory = node_.core[core_]->directory;
   switch (r.kind) {
     case store::record_kind::directory_key:
-      if (cl_.key_owner(r.keys[0]) == core_) {
+      if (node_.key_owner(r.keys[0]) == core_) {
         ++out_.records;
         directory.restore_key(r.keys[0], r.tp_world_size);
       }
       return;
     case store::record_kind::directory_remove:
-      if (cl_.key_owner(r.keys[0]) == core_) {
+      if (node_.key_owner(r.keys[0]) == core_) {
         ++out_.records;
         directory.restore_forget(r.keys[0]);
       }
@@ -44,7 +44,7 @@ void replayer::apply(const store::record& r) {
     default:
       break;
   }
-  if (shard::owner_of_rank(r.rank, cl_.cores) != core_) return;
+  if (shard::owner_of_rank(r.rank, node_.cores) != core_) return;
   ++out_.records;
   switch (r.kind) {
     case store::record_kind::initialize:
@@ -110,7 +110,7 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::sg_confirm_quarantined:
     case store::record_kind::sg_quarantine_end:
     case store::record_kind::sg_snapshot_quarantine:
-      if (std::string e = apply_sg_record(cl_, *cl_.core[core_], r); !e.empty())
+      if (std::string e = apply_sg_record(node_, *node_.core[core_], r); !e.empty())
         throw std::runtime_error("log replay: " + e);
       break;
     default:
@@ -119,9 +119,9 @@ void replayer::apply(const store::record& r) {
 }
 
 void replayer::collect_confirmed() {
-  shard::rank_table& ranks = cl_.core[core_]->ranks;
+  shard::rank_table& ranks = node_.core[core_]->ranks;
   ranks.set_bulk(false);
-  const auto cores = static_cast<std::size_t>(cl_.cores);
+  const auto cores = static_cast<std::size_t>(node_.cores);
   std::size_t bound = 0;
   ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
     bound += static_cast<std::size_t>(st.bound);
@@ -135,13 +135,13 @@ void replayer::collect_confirmed() {
         std::size_t owner = 0;
         if (cores > 1) {
           shard::unpack_hex_key(b.key, text);
-          owner = static_cast<std::size_t>(cl_.key_owner(std::string_view(text, sizeof text)));
+          owner = static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
         }
         out_.packed_by_owner[owner].push_back(b.key);
       },
       [&](std::string_view key, std::int64_t, bool confirmed) {
         if (!confirmed) return;
-        out_.others_by_owner[static_cast<std::size_t>(cl_.key_owner(key))].emplace_back(key);
+        out_.others_by_owner[static_cast<std::size_t>(node_.key_owner(key))].emplace_back(key);
       });
 }
 
@@ -165,9 +165,9 @@ void replayer::restore_directory_keys(const store::record& r, shard::directory& 
   for (std::size_t i = 0; i < count; ++i) {
     const store::packed_item item = store::packed_item_at(r.items, i);
     const shard::packed_key key{item.lo, item.hi};
-    if (cl_.cores > 1) {
+    if (node_.cores > 1) {
       shard::unpack_hex_key(key, text);
-      if (cl_.key_owner(std::string_view(text, sizeof text)) != core_) continue;
+      if (node_.key_owner(std::string_view(text, sizeof text)) != core_) continue;
     }
     ++out_.records;
     directory.restore_key(key, static_cast<std::int32_t>(item.value));

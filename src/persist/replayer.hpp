@@ -54,11 +54,11 @@ class replayer {
   void restore_rank_keys(const store::record& r, shard::rank_table& ranks);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
 
-  pipeline::node& cl_;
+  pipeline::node& node_;
   int core_;
   replay_output& out_;
   std::unordered_map<std::int64_t, std::size_t> expected_;
-  std::uint64_t now_ = cl_.clock();
+  std::uint64_t now_ = node_.clock();
   std::vector<std::uint32_t> indices_;
   std::vector<shard::rank_table::packed_binding> bindings_;
   std::vector<std::int64_t> pages_;

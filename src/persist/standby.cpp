@@ -9,7 +9,7 @@
 namespace metad::persist {
 
 standby_core::standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn)
-    : cl_(nd),
+    : node_(nd),
       core_(core),
       log_(nd.core[core]->log),
       leader_base_(leader_lsn),
@@ -22,8 +22,8 @@ void standby_core::receive(std::string_view frames) {
   // The log first: what is applied is also on its way to the disk, exactly as on the
   // leader (its state changes before its records are durable, never after).
   log_.pending().append(frames);
-  pipeline::core_state& core = *cl_.core[core_];
-  replayer_.set_now(cl_.clock());  // a reservation's TTL runs from about the leader's time
+  pipeline::core_state& core = *node_.core[core_];
+  replayer_.set_now(node_.clock());  // a reservation's TTL runs from about the leader's time
   const bool whole = store::scan_checked(frames, [&](const store::record& r, std::size_t) {
     if (r.kind == store::record_kind::clear) {
       // Recovery starts after a core's last clear; a live replay drops what came before

@@ -2,7 +2,7 @@
 // log frames for core c are appended to this node's own log of core c, made durable by
 // the core's usual group commit, and applied to core c's state with recovery's replayer
 // as they arrive. promote_standby ends the replay as recovery does. A standby_core is
-// used on its core's thread only; the cluster it fills serves no request meanwhile.
+// used on its core's thread only; the node it fills serves no request meanwhile.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace metad::persist {
 
 class standby_core {
  public:
-  // Core c of `cl`, a cluster recovered from the standby's own data directory (its log
+  // Core c of `nd`, a node recovered from the standby's own data directory (its log
   // open and idle), whose state is the leader's core c at leader_lsn.
   standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn);
 
@@ -46,7 +46,7 @@ class standby_core {
   replayer& replay() { return replayer_; }
 
  private:
-  pipeline::node& cl_;
+  pipeline::node& node_;
   int core_;
   store::log_writer& log_;
   std::uint64_t leader_base_, local_base_;
@@ -57,7 +57,7 @@ class standby_core {
 // Promotion's replay half, once the streams are closed and every received frame is
 // applied: the directory is rebuilt from the bindings, quarantines restart, worker
 // ranks are counted, and recovered keys are leased for --read-lease-ms (as after a
-// restart). The cluster can serve afterwards; the standby_cores are spent (their
+// restart). The node can serve afterwards; the standby_cores are spent (their
 // replay output moved out). Called on one thread while the cores are idle; the
 // directory phase runs on one thread per core. A reservation keeps the
 // TTL it got when its batch arrived (close to the leader's deadline).
