@@ -13,6 +13,8 @@
 // - every other complete key is not tracked as incomplete, and with LRU on has a recency
 //   entry; recency entries name only such keys;
 // - confirmations owed to keys (absorbed when they arrive) are positive.
+// While keys are staged for a restore (restore_key ... restore_finish: a standby's
+// directory until promotion) only the first line holds.
 #pragma once
 
 #include <cstdint>

@@ -361,15 +361,22 @@ void hex_populate(sim_node& n, int keys) {
          "{\"rank\":3,\"keys\":[\"" + hex_key(keys) + "\",\"" + hex_key(keys + 1) + "\"]}");
 }
 
+// hex_state of a one-core node that never restarted, filled by hex_populate (in `dir`,
+// removed after).
+std::string reference_hex_state(const std::string& dir, int keys) {
+  std::string state;
+  {
+    sim_node reference(dir, 1);
+    hex_populate(reference, keys);
+    state = hex_state(reference, keys);
+  }
+  fs::remove_all(dir);
+  return state;
+}
+
 TEST_F(Durability, HexKeysSurviveLogSnapshotAndCoreCountRestarts) {
   constexpr int kKeys = 3000;  // several growths of each table when replayed from the log
-  std::string expected;
-  {
-    sim_node reference(dir_ + "-reference", 1);
-    hex_populate(reference, kKeys);
-    expected = hex_state(reference, kKeys);
-  }
-  fs::remove_all(dir_ + "-reference");
+  const std::string expected = reference_hex_state(dir_ + "-reference", kKeys);
   {
     sim_node n(dir_, 2);
     hex_populate(n, kKeys);
@@ -399,13 +406,7 @@ TEST_F(Durability, WideHexKeysSurviveLogSnapshotAndCoreCountRestarts) {
   ASSERT_NE(hex_key(1), hex_key(2));
   ASSERT_EQ(hex_key(2).size(), 64u);
   constexpr int kKeys = 900;
-  std::string expected;
-  {
-    sim_node reference(dir_ + "-reference", 1);
-    hex_populate(reference, kKeys);
-    expected = hex_state(reference, kKeys);
-  }
-  fs::remove_all(dir_ + "-reference");
+  const std::string expected = reference_hex_state(dir_ + "-reference", kKeys);
   {
     sim_node n(dir_, 2);
     hex_populate(n, kKeys);
