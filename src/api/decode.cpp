@@ -388,13 +388,7 @@ error decoder::decode_delete(std::string_view body, delete_cmd& out) {
 
 error decoder::decode_inspect(std::string_view body, inspect_cmd& out) {
   if (error e = decode_key_strings(body, out.keys)) return e;
-  if (out.keys.size() > kInspectKeysMax) {
-    const std::size_t n = out.keys.size();
-    out.keys.clear();
-    return {400,
-            fmt::format("Too many keys: {}; an inspection takes at most {}", n, kInspectKeysMax)};
-  }
-  return {};
+  return bound_inspection(out.keys);
 }
 
 error decoder::decode_locations(std::string_view body, locations_cmd& out) {

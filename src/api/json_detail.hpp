@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
 #include <simdjson.h>
 
 #include "api/decode.hpp"
@@ -18,6 +19,17 @@ inline constexpr int kBadRequest = 400;
 
 // A 400 whose detail is `detail`.
 inline error bad_request(std::string_view detail) { return {kBadRequest, std::string(detail)}; }
+
+// An inspection (POST /keys/inspect, SGLang's /{rank}/inspect) names at most
+// kInspectKeysMax keys: past it, 400 and no keys.
+template <class Keys>
+error bound_inspection(Keys& keys) {
+  if (keys.size() <= kInspectKeysMax) return {};
+  const std::size_t n = keys.size();
+  keys.clear();
+  return {kBadRequest,
+          fmt::format("Too many keys: {}; an inspection takes at most {}", n, kInspectKeysMax)};
+}
 
 // Parses `body` (padded by the caller; a UTF-8 BOM is skipped) and requires an object at
 // the top level: 400 "Invalid JSON body: <reason>", or 413 when it cannot be parsed for size.

@@ -118,13 +118,7 @@ error sglang_decoder::decode_get_page_indices(std::string_view body, sg_keys_cmd
 
 error sglang_decoder::decode_inspect(std::string_view body, sg_keys_cmd& out) {
   if (error e = decode_keys(body, /*keys_first=*/false, /*prefixed=*/false, out)) return e;
-  if (out.keys.size() > kInspectKeysMax) {
-    const std::size_t n = out.keys.size();
-    out.keys.clear();
-    return {400,
-            fmt::format("Too many keys: {}; an inspection takes at most {}", n, kInspectKeysMax)};
-  }
-  return {};
+  return bound_inspection(out.keys);
 }
 
 error sglang_decoder::decode_reserve(std::string_view body, sg_keys_cmd& out) {
