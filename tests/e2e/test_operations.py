@@ -1279,8 +1279,9 @@ class MemoryBudgetTest(OpsTestCase):
                                          ('{"written_keys_to_confirm":[' + pairs + "]}").encode()))
                     if any(status != 204 for status, _, _ in round_trip(conn, confirms)):
                         return failures.append(("sglang", "a confirm failed"))
-                    if any(not f and any(fresh[i:]) for i, f in enumerate(fresh)):
-                        return failures.append(("sglang", "a fresh page after the budget was spent"))
+                    # No check that pages stay evicted-only once they were: the evictions
+                    # free the evicted keys' bytes, and once the sampled resident size
+                    # shows it a fresh page fits the budget again (seen once under ASan).
                     if not fresh[0]:
                         return  # evictions only: no page below those handed out
                 failures.append(("sglang", "never refused"))
