@@ -36,7 +36,7 @@ metad::config config(const std::string& dir, std::uint64_t snapshot_bytes) {
 // A history on every kind of record: pools of two tenants and namespaces, a grown pool,
 // saves with failed writes, reads, evictions (with leases), a delete, a clear with a
 // write in flight across it, and vLLM traffic between them.
-void history(sim_node& n) {
+void sglang_history(sim_node& n) {
   auto post = [&n](std::string_view path, std::string_view body) {
     n.post(std::string(path), std::string(body));
   };
@@ -70,7 +70,7 @@ void history(sim_node& n) {
 
 // What the pools answer from here: their rows, then calls that depend on every part of
 // their state (free order, bindings, LRU order, leases, reservations).
-std::string probe(sim_node& n) {
+std::string sglang_probe(sim_node& n) {
   std::string out;
   const std::string stats = n.get("/stats");
   const std::size_t begin = stats.find(R"("sglang":{"pools":)");
@@ -107,11 +107,11 @@ class SglangDurability : public ::testing::TestWithParam<int> {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // The probe's answers on a server that never stopped, after `history`.
+  // The probe's answers on a server that never stopped, after `sglang_history`.
   std::string expected(int cores) {
     sim_node reference(config(dir_ + "-ref", 1u << 30), cores);
-    history(reference);
-    std::string want = probe(reference);
+    sglang_history(reference);
+    std::string want = sglang_probe(reference);
     fs::remove_all(dir_ + "-ref");
     return want;
   }
@@ -125,7 +125,7 @@ TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
   const std::string want = expected(GetParam());
   {
     sim_node n(config(dir_, 1u << 30), GetParam());
-    history(n);
+    sglang_history(n);
   }
   for (int cores : {GetParam(), 4 - GetParam()}) {  // the same core count, then another
     SCOPED_TRACE(cores);
@@ -133,7 +133,7 @@ TEST_P(SglangDurability, ARestartGivesBackEveryPoolExactly) {
     fs::remove_all(dir_copy);
     fs::copy(dir_, dir_copy, fs::copy_options::recursive);
     sim_node n(config(dir_copy, 1u << 30), cores);
-    EXPECT_EQ(probe(n), want);
+    EXPECT_EQ(sglang_probe(n), want);
     EXPECT_EQ(pipeline::check_consistency(n.state()), "");
     fs::remove_all(dir_copy);
   }
@@ -143,11 +143,11 @@ TEST_P(SglangDurability, SnapshotCutsKeepThePools) {
   const std::string want = expected(GetParam());
   {
     sim_node n(config(dir_, 4096), GetParam());  // a cut every few requests
-    history(n);
+    sglang_history(n);
     n.post("/0/exists", "{}");
   }
   sim_node n(config(dir_, 4096), GetParam());
-  EXPECT_EQ(probe(n), want);
+  EXPECT_EQ(sglang_probe(n), want);
   EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
@@ -155,18 +155,18 @@ TEST_P(SglangDurability, AVllmClearKeepsThePoolsAcrossARestart) {
   std::string want;
   {
     sim_node reference(config(dir_ + "-ref", 1u << 30), GetParam());
-    history(reference);
+    sglang_history(reference);
     reference.post("/clear", "");
-    want = probe(reference);
+    want = sglang_probe(reference);
   }
   fs::remove_all(dir_ + "-ref");
   {
     sim_node n(config(dir_, 1u << 30), GetParam());
-    history(n);
+    sglang_history(n);
     n.post("/clear", "");
   }
   sim_node n(config(dir_, 1u << 30), GetParam());
-  EXPECT_EQ(probe(n), want);
+  EXPECT_EQ(sglang_probe(n), want);
   EXPECT_NE(want.find(R"({"exists":[false,false]})"), std::string::npos);  // vLLM's are gone
 }
 
