@@ -1,6 +1,7 @@
-// A scripted etcd JSON gateway for the ha tests: a one-thread-per-connection HTTP/1.1
-// server on loopback that answers each request with what the test's handler returns
-// (etcd_auth_test.cpp, control_lease_test.cpp).
+// A scripted etcd JSON gateway for the tests that run an ha::control: a
+// one-thread-per-connection HTTP/1.1 server on loopback that answers each request with
+// what the test's handler returns (tests/ha: etcd_auth_test.cpp, control_lease_test.cpp;
+// tests/server/fencing_test.cpp).
 #pragma once
 
 #include <arpa/inet.h>
