@@ -1,8 +1,13 @@
 // replica::replication's leader end driven in-process (src/replica/replication_impl.hpp):
 // a node's group commits shipped through the glue, and acks moving the log's replicated
-// watermark (store::log_writer::replicated), no further than each ack says.
+// watermark (store::log_writer::replicated), no further than each ack says. With a
+// standby's end too (ReplicaPair): the standby copies the leader, and a batch that leaves
+// a gap makes it exit 75 before it applies or acks anything of it.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "replica/replication_impl.hpp"
@@ -123,6 +128,37 @@ class ReplicaPair : public ::testing::Test {
 
   std::uint64_t generation() { return leader_.state().data->generation(); }
 
+  // The standby says hello and gets the leader's state as a snapshot (as on_hello makes
+  // them for a new standby), then the leader streams its group commits from there on.
+  // The leader's end.
+  replica::replication::impl::leading_end& copy_then_stream() {
+    auto& se = standby_glue_.ends[0];
+    EXPECT_NE(se.standby(), nullptr);
+    EXPECT_EQ(leader_glue_.ends[0].standby(), nullptr);
+    se.stream = 1;  // as poll() does for a new stream
+    standby_glue_.say_hello(0, se, *se.standby());
+    repl::snapshot head;
+    head.generation = generation();
+    head.lsn = leader_log().end();
+    std::string bytes;
+    repl::encode(bytes,
+                 repl::answer{repl::answer_status::need_snapshot, 0, generation(), 0, head.lsn});
+    leader_glue_.encode_snapshot(0, head, [&](std::string& out) {
+      bytes += out;
+      out.clear();
+    });
+    to_standby(bytes);
+    wire_.clear();  // what the leader wrote before its snapshot is in it
+    EXPECT_EQ(standby_glue_.share(0).state.load(), repl::progress::caught_up);
+    auto& l = *leader_glue_.ends[0].leader();
+    l.stream.emplace(0, generation(), 0, head.lsn);
+    l.retained.begin(head.lsn);
+    l.acks.start(head.lsn, smp::monotonic_ns(), std::uint64_t{500} * smp::kNsPerMs);
+    to_standby_ = repl::leader_stream(0, generation(), 0, head.lsn);
+    return l;
+  }
+  store::log_writer& leader_log() { return leader_.state().core[0]->log; }
+
   sim::temp_dir dir_{"metad-replica-pair"};
   sim_node leader_{glue_config(dir_.path() + "/a"), 1};
   sim_node standby_{glue_config(dir_.path() + "/b"), 1};
@@ -138,32 +174,9 @@ class ReplicaPair : public ::testing::Test {
 TEST_F(ReplicaPair, AStandbyCopiesTheLeaderAndItsAcksMoveTheLeadersWatermark) {
   leader_.post("/rank/0/initialize", R"({"num_pages":64})");
   leader_.post("/keys/batch_allocate", R"({"rank":0,"keys":["k1","k2"]})");
+  auto& l = copy_then_stream();
   auto& se = standby_glue_.ends[0];
-  ASSERT_NE(se.standby(), nullptr);
-  ASSERT_EQ(leader_glue_.ends[0].standby(), nullptr);
-  se.stream = 1;  // as poll() does for a new stream
-  standby_glue_.say_hello(0, se, *se.standby());
-  // The leader's answer and snapshot, as on_hello makes them for a new standby.
-  store::log_writer& log = leader_.state().core[0]->log;
-  repl::snapshot head;
-  head.generation = generation();
-  head.lsn = log.end();
-  std::string bytes;
-  repl::encode(bytes,
-               repl::answer{repl::answer_status::need_snapshot, 0, generation(), 0, head.lsn});
-  leader_glue_.encode_snapshot(0, head, [&](std::string& out) {
-    bytes += out;
-    out.clear();
-  });
-  to_standby(bytes);
-  wire_.clear();  // what the leader wrote before its snapshot is in it
-  EXPECT_EQ(standby_glue_.share(0).state.load(), repl::progress::caught_up);
-  // The leader's stream from there on.
-  auto& l = *leader_glue_.ends[0].leader();
-  l.stream.emplace(0, generation(), 0, head.lsn);
-  l.retained.begin(head.lsn);
-  l.acks.start(head.lsn, smp::monotonic_ns(), std::uint64_t{500} * smp::kNsPerMs);
-  to_standby_ = repl::leader_stream(0, generation(), 0, head.lsn);
+  store::log_writer& log = leader_log();
   leader_.post("/keys/confirm_write", R"({"rank":0,"confirmations":[["k1",0],["k2",1]]})");
   ASSERT_FALSE(wire_.empty());
   to_standby(std::exchange(wire_, {}));
@@ -177,4 +190,36 @@ TEST_F(ReplicaPair, AStandbyCopiesTheLeaderAndItsAcksMoveTheLeadersWatermark) {
   EXPECT_EQ(log.replicated(), log.end());
   // The rank as the leader has it (its keys' directory is built at promotion).
   EXPECT_EQ(standby_.get("/rank/0"), leader_.get("/rank/0"));
+}
+
+// A batch lost between the two (the carrier drops it) leaves a gap before the next:
+// the standby applies nothing of it and acks nothing beyond what it has; it cannot
+// follow, and exits with status 75 (docs/replication.md, "Exit status 75") to start
+// again as an empty standby.
+TEST_F(ReplicaPair, ABatchAfterALostOneIsAGapTheStandbyExits75WithoutApplyingOrAckingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  leader_.post("/rank/0/initialize", R"({"num_pages":64})");
+  copy_then_stream();
+  auto& se = standby_glue_.ends[0];
+  const repl::follower& f = *se.standby()->follower;
+  const std::uint64_t held = leader_log().end();
+  ASSERT_EQ(f.received(), held);
+  leader_.post("/keys/batch_allocate", R"({"rank":0,"keys":["k1","k2"]})");
+  ASSERT_FALSE(wire_.empty());
+  wire_.clear();  // lost
+  // A change that does not depend on the lost one: it would apply; only the gap stops it.
+  leader_.post("/rank/1/initialize", R"({"num_pages":64})");
+  ASSERT_FALSE(wire_.empty());
+  EXPECT_EXIT(
+      {
+        to_standby(std::exchange(wire_, {}));
+        // Reached only if the standby took the batch: its group commit and its ack.
+        standby_.tick();
+        standby_glue_.ack_durable(0, se);
+        std::fprintf(stderr, "the standby held %llu, now has %llu and acked %llu\n",
+                     static_cast<unsigned long long>(held),
+                     static_cast<unsigned long long>(f.received()),
+                     static_cast<unsigned long long>(f.acked()));
+      },
+      ::testing::ExitedWithCode(75), "a batch that does not continue this standby's log");
 }
