@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keys.hpp"
 #include "shard/directory.hpp"
 #include "shard/dual_key_map.hpp"
 #include "shard/key_life.hpp"
@@ -46,6 +47,8 @@ struct verify_access<sglang_pools> {
 
 namespace {
 
+using testing_helpers::as_parsed;
+
 // Whether `problem` reports a broken invariant whose description contains `what`.
 ::testing::AssertionResult verify_reports(const std::string& problem, std::string_view what) {
   if (problem.find(what) != std::string::npos) return ::testing::AssertionSuccess();
@@ -53,24 +56,18 @@ namespace {
          << "verify() gave '" << problem << "', wanted '" << what << "'";
 }
 
-parsed_key verify_test_parsed(std::string_view key) {
-  parsed_key p;
-  parse_key(key, p);
-  return p;
-}
-
 const std::string kVerifyHexA(32, 'a'), kVerifyHexB(32, 'b');
 
 TEST(Verify, DualKeyMapReportsAMiscountedForm) {
   dual_key_map<std::uint32_t> m;
-  m.insert(kVerifyHexA, verify_test_parsed(kVerifyHexA), 1);
-  m.insert("other key", verify_test_parsed("other key"), 2);
+  m.insert(kVerifyHexA, as_parsed(kVerifyHexA), 1);
+  m.insert("other key", as_parsed("other key"), 2);
   ASSERT_EQ(m.verify(), "");
   ++verify_access<dual_key_map<std::uint32_t>>::hex_others(m);
   EXPECT_TRUE(verify_reports(m.verify(), "hex keys in the key_map form, 1 counted"));
   --verify_access<dual_key_map<std::uint32_t>>::hex_others(m);
   // A packed word of 0 reads as an empty slot: the stored keys no longer match the count.
-  *m.find_value(kVerifyHexA, verify_test_parsed(kVerifyHexA)) = 0;
+  *m.find_value(kVerifyHexA, as_parsed(kVerifyHexA)) = 0;
   EXPECT_NE(m.verify(), "");
 }
 
@@ -78,9 +75,9 @@ TEST(Verify, KeyLifeReportsLeaseCountsLinksAndEntries) {
   const auto fresh = [] {
     key_life l;
     l.set_lru(true);
-    l.touch(kVerifyHexA, verify_test_parsed(kVerifyHexA), 1);
-    l.lease("other", verify_test_parsed("other"), 2, 100);
-    l.touch(kVerifyHexB, verify_test_parsed(kVerifyHexB), 3);
+    l.touch(kVerifyHexA, as_parsed(kVerifyHexA), 1);
+    l.lease("other", as_parsed("other"), 2, 100);
+    l.touch(kVerifyHexB, as_parsed(kVerifyHexB), 3);
     return l;
   };
   key_life a = fresh();
