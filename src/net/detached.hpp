@@ -3,20 +3,13 @@
 #pragma once
 
 #include <coroutine>
-#include <exception>
+
+#include "smp/request_task.hpp"
 
 namespace metad::net {
 
-// Starts eagerly, destroys itself at the end; exceptions are fatal.
-struct detached {
-  struct promise_type {
-    detached get_return_object() noexcept { return {}; }
-    std::suspend_never initial_suspend() noexcept { return {}; }
-    std::suspend_never final_suspend() noexcept { return {}; }
-    void return_void() noexcept {}
-    void unhandled_exception() noexcept { std::terminate(); }
-  };
-};
+// Each connection's serve loop: lives as long as its connection, its frame on the heap.
+using detached = smp::detached_task<smp::heap_frames>;
 
 // co_await parked_awaiter{slot}: suspends and leaves the handle in `slot`.
 struct parked_awaiter {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "smp/flush_job.hpp"
+
 namespace metad::net {
 
 // What the loop does next with a connection.
@@ -55,15 +57,8 @@ class connection_handler {
   virtual bool mid_request() const = 0;
 };
 
-// A durable write the loop performs for the server (its log's group commit): write
-// `bytes` at `offset` of `fd`, then fdatasync it if `sync`.
-struct flush_job {
-  int fd = -1;
-  const char* data = nullptr;
-  std::size_t bytes = 0;
-  std::uint64_t offset = 0;
-  bool sync = true;
-};
+// A durable write the loop performs for the server (its log's group commit).
+using flush_job = smp::flush_job;
 
 // The server side of one core's loop.
 class core_hooks {

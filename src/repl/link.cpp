@@ -187,6 +187,15 @@ struct link::impl {
   std::string asked_leader;
   std::uint64_t asked = 0, applied = 0;
 
+  // Core c's channel has news: its loop wakes (an eventfd counter already non-zero,
+  // EAGAIN, wakes it all the same).
+  void wake_core(int c) const {
+    if (static_cast<std::size_t>(c) >= cfg.wake_fds.size()) return;
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n =
+        ::write(cfg.wake_fds[static_cast<std::size_t>(c)], &one, sizeof one);
+  }
+
   // Link thread only from here on.
   struct stream {
     socket_fd fd;
@@ -276,7 +285,7 @@ struct link::impl {
       release(ch.outbox_);
       ch.close_asked_ = false;
     }
-    cfg.wake_core(c);
+    wake_core(c);
   }
 
   // Ends core c's stream and gives its buffers' memory back. A stream the core closed
@@ -315,7 +324,7 @@ struct link::impl {
     s.peer.clear();
     release(s.out);
     s.written = 0;
-    cfg.wake_core(c);
+    wake_core(c);
   }
 
   // One turn of a lingering connection (`revents` from poll); false once it is done.
@@ -629,7 +638,7 @@ struct link::impl {
           std::lock_guard lock(ch.mutex_);
           ch.inbox_.append(got);
         }
-        cfg.wake_core(c);
+        wake_core(c);
       }
       if (!open) fail_stream(c);
     }

@@ -88,9 +88,10 @@ struct link_config {
   // accept mode: where standbys connect; empty host: no listener.
   std::string listen_host;
   std::uint16_t listen_port = 0;
-  // Called (from the link thread) when core c's channel has news: bytes, or a stream
-  // that began or ended.
-  std::function<void(int core)> wake_core;
+  // Core c's wake eventfd (the one its event loop watches: smp::mailbox::wake_fd), which
+  // the link thread writes when core c's channel has news: bytes, or a stream that began
+  // or ended. Empty (tests): the cores are not woken, they poll.
+  std::vector<int> wake_fds;
   // Called on the link thread every loop turn (at most ~20 ms apart).
   std::function<void()> each_turn;
   // accept mode: a hello the link refuses (refusal::taken or no_such_core) reaches no

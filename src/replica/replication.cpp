@@ -55,7 +55,7 @@ replication::impl::impl(pipeline::node& n, start_as as)
   lc.cores = nd.cores;
   lc.listen_host = host;
   lc.listen_port = port;
-  lc.wake_core = [this](int c) { nd.mailbox.wake(c); };
+  for (int c = 0; c < nd.cores; ++c) lc.wake_fds.push_back(nd.mailbox.wake_fd(c));
   if (!nd.cfg.repl_tls_cert.empty())
     lc.tls = std::make_shared<repl::tls_context>(
         repl::tls_files{nd.cfg.repl_tls_cert, nd.cfg.repl_tls_key, nd.cfg.repl_tls_ca});

@@ -17,7 +17,7 @@
 #include <variant>
 #include <vector>
 
-#include "persist/standby.hpp"
+#include "persist/replayer.hpp"
 #include "repl/leader_end.hpp"
 #include "repl/link.hpp"
 #include "repl/protocol.hpp"

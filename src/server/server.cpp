@@ -59,11 +59,10 @@ class core_runner final : public net::core_hooks {
   bool stopping() override { return node_.stopping.load(std::memory_order_relaxed); }
   void tick() override;
   bool take_flush(net::flush_job& job, bool retry_failed) override {
-    store::log_writer::flush_job j;
-    if (!persist::take_flush(node_, *node_.core[index_], retry_failed, j)) return false;
+    if (!persist::take_flush(node_, *node_.core[index_], retry_failed, job)) return false;
+    job.sync = node_.cfg.durable == durability::sync;
     flush_started_ns_ = smp::monotonic_ns();
-    if (repl_ != nullptr) repl_->shipped(index_, j);  // the standby gets the same bytes
-    job = {j.fd, j.data, j.bytes, j.offset, node_.cfg.durable == durability::sync};
+    if (repl_ != nullptr) repl_->shipped(index_, job);  // the standby gets the same bytes
     return true;
   }
   void flush_done(long written, int synced) override {

@@ -1,7 +1,9 @@
-// The coroutine type of one request's execution. It starts on the connection's core,
-// may hop to the cores that own its rank and keys (smp::mailbox::hop_to) and always ends
-// back home, where its frame is freed into that core's free list: frames are reused,
-// and memory is freed on the core that allocated it.
+// The coroutine types of the cores' work: fire-and-forget tasks (detached_task, with the
+// frame allocator as a parameter) and awaited steps (subtask). One request's execution
+// (request_task) starts on the connection's core, may hop to the cores that own its rank
+// and keys (smp::mailbox::hop_to) and always ends back home, where its frame is freed
+// into that core's free list: frames are reused, and memory is freed on the core that
+// allocated it.
 #pragma once
 
 #include <coroutine>
@@ -18,19 +20,31 @@ class frame_pool {
   static void release(void* frame, std::size_t bytes) noexcept;
 };
 
-struct request_task {
+// Frames from the global heap: a coroutine that lives long or may end on another thread.
+struct heap_frames {
+  static void* allocate(std::size_t bytes) { return ::operator new(bytes); }
+  static void release(void* frame, std::size_t bytes) noexcept { ::operator delete(frame, bytes); }
+};
+
+// A fire-and-forget coroutine: starts eagerly, destroys itself at its end; exceptions are
+// fatal. Frames come from `Frames` (allocate/release).
+template <typename Frames>
+struct detached_task {
   struct promise_type {
-    request_task get_return_object() noexcept { return {}; }
+    detached_task get_return_object() noexcept { return {}; }
     std::suspend_never initial_suspend() noexcept { return {}; }
     std::suspend_never final_suspend() noexcept { return {}; }
     void return_void() noexcept {}
     void unhandled_exception() noexcept { std::terminate(); }
-    static void* operator new(std::size_t bytes) { return frame_pool::allocate(bytes); }
+    static void* operator new(std::size_t bytes) { return Frames::allocate(bytes); }
     static void operator delete(void* frame, std::size_t bytes) noexcept {
-      frame_pool::release(frame, bytes);
+      Frames::release(frame, bytes);
     }
   };
 };
+
+// One request's execution: its frame is reused from its home core's free list.
+using request_task = detached_task<frame_pool>;
 
 }  // namespace metad::smp
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "metad/assert.hpp"
+#include "smp/flush_job.hpp"
 
 namespace metad::store {
 
@@ -40,13 +41,7 @@ class log_writer {
   std::uint64_t size() const { return durable_ - segment_start_; }
 
   // A write + fdatasync the loop should issue now, if any.
-  struct flush_job {
-    int fd = -1;
-    const char* data = nullptr;
-    std::size_t bytes = 0;
-    std::uint64_t offset = 0;  // in the segment file
-    std::uint64_t lsn = 0;     // the log position of data[0] (what a standby is sent)
-  };
+  using flush_job = smp::flush_job;
   bool flush_due(bool retry_failed) const;
   flush_job begin_flush();
   // written: bytes written or -errno; synced: fdatasync's result (0 or -errno).

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "persist/standby.hpp"
+#include "persist/replayer.hpp"
 #include "repl/protocol.hpp"
 #include "repl/session.hpp"
 #include "sim_node.hpp"

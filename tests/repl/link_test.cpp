@@ -40,7 +40,6 @@ repl::link_config config(int cores, bool listen) {
   repl::link_config c;
   c.cores = cores;
   if (listen) c.listen_host = "127.0.0.1";
-  c.wake_core = [](int) {};
   c.reconnect_pause_ms = 20;
   return c;
 }

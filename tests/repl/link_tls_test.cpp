@@ -75,7 +75,6 @@ repl::link_config tls_config(int cores, bool listen, const repl::tls_files* file
   repl::link_config c;
   c.cores = cores;
   if (listen) c.listen_host = "127.0.0.1";
-  c.wake_core = [](int) {};
   c.reconnect_pause_ms = 20;
   if (files != nullptr) c.tls = std::make_shared<repl::tls_context>(*files);
   if (refused != nullptr)
