@@ -172,12 +172,11 @@ class directory {
 
   // The invariants above, O(keys): "" when they hold, else the first broken one.
   std::string verify() const;
-  // Tests only: breaks invariant `which` (0: the incomplete keys' confirmations are
-  // miscounted; 1: an absent key is being removed), so that a test can see verify()
-  // report it.
-  void break_invariant_for_test(int which);
 
  private:
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
+
   void for_each_key_impl(void* visit,
                          void (*call)(void*, std::string_view, std::int32_t, std::int32_t)) const;
   std::size_t take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,

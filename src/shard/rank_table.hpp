@@ -254,12 +254,11 @@ class rank_table {
   // The invariants above, O(keys + pages held) per rank: "" when they hold, else the
   // first broken one, naming its rank.
   std::string verify() const;
-  // Tests only: breaks invariant `which` of an initialised rank (0: a reserved page loses
-  // its owner record; 1: the expiry queue loses its entries; 2: a free page is
-  // quarantined), so that a test can see verify() report it.
-  void break_invariant_for_test(std::int64_t rank, int which);
 
  private:
+  template <class>
+  friend struct verify_access;  // tests: breaks an invariant to see verify() report it
+
   void for_each_rank_impl(void* visit, void (*call)(void*, std::int64_t, const rank_stats&)) const;
   void inspect_key_impl(std::string_view key, void* visit,
                         void (*call)(void*, std::int64_t, std::int64_t, bool, std::uint64_t)) const;

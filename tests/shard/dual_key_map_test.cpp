@@ -10,18 +10,16 @@
 #include <string_view>
 #include <vector>
 
+#include "keys.hpp"
+
 // The two-form key store on its own: which keys take the packed form, lookups, erasure,
 // handles and iteration of both forms, hex keys put in the other form, bulk loading.
 namespace metad::shard {
 namespace {
 
-using map32 = dual_key_map<std::uint32_t>;
+using testing_helpers::as_parsed;
 
-parsed_key as_parsed(std::string_view key) {
-  parsed_key p;
-  parse_key(key, p);
-  return p;
-}
+using map32 = dual_key_map<std::uint32_t>;
 
 const std::string hex32 = "0123456789abcdef0123456789abcdef";
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "keys.hpp"
 #include "rank_table_helpers.hpp"
 #include "shard/directory.hpp"
 #include "shard/key_life.hpp"
@@ -277,9 +278,7 @@ TEST(KeyLife, SweepsEndBoundedNumbersOfLeases) {
   auto key_of = [&](std::size_t i) {
     for (int c = 0; c < 8; ++c)
       key[static_cast<std::size_t>(c)] = "0123456789abcdef"[(i >> (4 * c)) & 15];
-    parsed_key p;
-    parse_key(key, p);
-    return p;
+    return as_parsed(key);
   };
   for (std::size_t i = 0; i < many; ++i) life.lease(key, key_of(i), 0, 100);
   EXPECT_EQ(life.size(), many);
@@ -294,12 +293,6 @@ TEST(KeyLife, SweepsEndBoundedNumbersOfLeases) {
   EXPECT_EQ(life.leased_count(100), 1u);
 }
 
-parsed_key parsed(std::string_view key) {
-  parsed_key p;
-  parse_key(key, p);
-  return p;
-}
-
 // After a peak, the few keys left move into storage of their size, in order and with
 // their last use; while leases are queued, or too many keys are left, nothing moves.
 TEST(KeyLife, ShrinksWhatAPeakLeftKeepingOrderAndTimes) {
@@ -307,11 +300,11 @@ TEST(KeyLife, ShrinksWhatAPeakLeftKeepingOrderAndTimes) {
   life.set_lru(true);
   const std::size_t peak = 4 * key_life::shrink_nodes_min;
   auto name = [](std::size_t i) { return fmt::format("peak-key-{}", i); };
-  for (std::size_t i = 0; i < peak; ++i) life.touch(name(i), parsed(name(i)), 1000 + i);
+  for (std::size_t i = 0; i < peak; ++i) life.touch(name(i), as_parsed(name(i)), 1000 + i);
   EXPECT_FALSE(life.shrink_if_sparse());  // all in use
   for (std::size_t i = 0; i < peak; ++i)
     if (i % 64 != 0) life.forget(name(i));
-  life.lease(name(0), parsed(name(0)), 5000, 6000);
+  life.lease(name(0), as_parsed(name(0)), 5000, 6000);
   EXPECT_FALSE(life.shrink_if_sparse());  // a lease entry is queued
   life.sweep(6000);
   ASSERT_EQ(life.size(), peak / 64);
@@ -329,16 +322,16 @@ TEST(KeyLife, ShrinksWhatAPeakLeftKeepingOrderAndTimes) {
   expected.push_back(name(0));  // used last (its lease)
   EXPECT_EQ(order, expected);
   std::uint64_t used = 0, until = 0;
-  ASSERT_TRUE(life.times(name(128), parsed(name(128)), used, until));
+  ASSERT_TRUE(life.times(name(128), as_parsed(name(128)), used, until));
   EXPECT_EQ(used, 1128u);
   EXPECT_FALSE(life.shrink_if_sparse());  // nothing left to give back
 }
 
 TEST(KeyLife, AnExtendedLeaseRequeuedBehindLaterOnesIsCountedWhenItEnds) {
   key_life life;
-  life.lease(kA, parsed(kA), 0, 100);
-  life.lease(kA, parsed(kA), 50, 150);  // extended
-  life.lease(kB, parsed(kB), 60, 160);
+  life.lease(kA, as_parsed(kA), 0, 100);
+  life.lease(kA, as_parsed(kA), 50, 150);  // extended
+  life.lease(kB, as_parsed(kB), 60, 160);
   life.sweep(100);  // a's entry came due: a is queued again by its new end, 150
   EXPECT_EQ(life.leased_count(149), 2u);
   EXPECT_EQ(life.leased_count(155), 1u);  // a ended, though b's later entry is queued first
@@ -353,11 +346,11 @@ TEST(KeyLife, AKeyThatLeavesBeforeItsLeaseIsSweptLeavesNothingCounted) {
   life.set_lru(true);
   const std::string others[] = {std::string(32, '1'), std::string(32, '2'), std::string(32, '3'),
                                 std::string(32, '4')};
-  for (const std::string& k : others) life.lease(k, parsed(k), 0, 100);
-  life.lease(kA, parsed(kA), 0, 100);
+  for (const std::string& k : others) life.lease(k, as_parsed(k), 0, 100);
+  life.lease(kA, as_parsed(kA), 0, 100);
   life.forget(kA);  // its lease ended at 100, not swept yet (behind four others)
   EXPECT_EQ(life.leased_count(105), 0u);
-  life.lease(kB, parsed(kB), 105, 205);  // ends two; must not take a's node yet
+  life.lease(kB, as_parsed(kB), 105, 205);  // ends two; must not take a's node yet
   EXPECT_EQ(life.leased_count(105), 1u);
   life.sweep(106);
   EXPECT_EQ(life.leased_count(106), 1u);
@@ -399,7 +392,7 @@ TEST(KeyLife, LeasesCountedExactlyAgainstAModel) {
           break;
         default: {
           const std::uint64_t end = now + (rng() % 10 == 0 ? rng() % kLength : kLength);
-          life.lease(k, parsed(k), now, end);
+          life.lease(k, as_parsed(k), now, end);
           until[k] = std::max(until[k], end);
         }
       }
@@ -562,15 +555,10 @@ TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
   key_life life;
   life.set_lru(true);
   const std::string sha(64, 'f');
-  auto parsed = [](std::string_view k) {
-    parsed_key p;
-    parse_key(k, p);
-    return p;
-  };
-  life.touch("plain key", parsed("plain key"), 1);
-  life.touch(sha, parsed(sha), 2);
-  life.touch(kA, parsed(kA), 3);
-  life.lease("plain key", parsed("plain key"), 4, 9);
+  life.touch("plain key", as_parsed("plain key"), 1);
+  life.touch(sha, as_parsed(sha), 2);
+  life.touch(kA, as_parsed(kA), 3);
+  life.lease("plain key", as_parsed("plain key"), 4, 9);
   EXPECT_TRUE(life.leased("plain key", 8));
   EXPECT_FALSE(life.leased(sha, 0));
   std::vector<std::string> got;
@@ -580,7 +568,7 @@ TEST(KeyLife, NonHexKeysLiveBesideHexOnes) {
   });
   EXPECT_EQ(got, (std::vector<std::string>{sha, kA, "plain key"}));
   EXPECT_EQ(life.size(), 0u);
-  life.touch("again", parsed("again"), 11);  // nodes are reused
+  life.touch("again", as_parsed("again"), 11);  // nodes are reused
   EXPECT_EQ(life.size(), 1u);
 }
 

@@ -1,5 +1,5 @@
 // Each shard structure's verify() reports a broken invariant: a test breaks one (through
-// verify_access, or the structure's break_invariant_for_test) and checks the message
+// verify_access, which the structures befriend) and checks the message
 // names it. With METAD_VERIFY (the sanitizer builds), the next mutating operation aborts.
 #include <gtest/gtest.h>
 
@@ -7,10 +7,13 @@
 #include <string_view>
 #include <vector>
 
+#include "keys.hpp"
 #include "shard/directory.hpp"
+#include "shard/directory_impl.hpp"
 #include "shard/dual_key_map.hpp"
 #include "shard/key_life.hpp"
 #include "shard/rank_table.hpp"
+#include "shard/rank_table_impl.hpp"
 #include "shard/reservation_queue.hpp"
 #include "shard/sglang_pool.hpp"
 #include "shard/sglang_pools.hpp"
@@ -43,8 +46,43 @@ template <>
 struct verify_access<sglang_pools> {
   static void drop_index(sglang_pools& p) { p.index_.clear(); }
 };
+template <>
+struct verify_access<rank_table> {
+  // Breaks invariant `which` of initialised rank `rank`: 0, a reserved page loses its owner
+  // record (its key still naming it); 1, the expiry queue loses its entries; 2, a free
+  // page is quarantined.
+  static void break_invariant(rank_table& t, std::int64_t rank, int which) {
+    rank_table_detail::rank_state& rs = t.impl_->ranks.at(rank);
+    switch (which) {
+      case 0: {
+        std::uint64_t page = UINT64_MAX;
+        rs.keys.owners.for_each(
+            [&](std::uint64_t p, const key_owner&) { page = std::min(page, p); });
+        if (page != UINT64_MAX) rs.keys.owners.take(page);
+        break;
+      }
+      case 1:
+        rs.expiry.clear();
+        break;
+      case 2:
+        rs.quarantine.push_back({0, static_cast<std::uint32_t>(rs.pool.high_water())});
+        break;
+    }
+  }
+};
+template <>
+struct verify_access<directory> {
+  // The incomplete keys' confirmations miscounted.
+  static void miscount_incomplete(directory& d) { ++d.impl_->incomplete_bindings; }
+  // A key being removed that is not in the directory.
+  static void remove_absent_key(directory& d) {
+    d.impl_->removing.insert_new("absent-key", table_hash("absent-key"), 1);
+  }
+};
 
 namespace {
+
+using testing_helpers::as_parsed;
 
 // Whether `problem` reports a broken invariant whose description contains `what`.
 ::testing::AssertionResult verify_reports(const std::string& problem, std::string_view what) {
@@ -53,24 +91,18 @@ namespace {
          << "verify() gave '" << problem << "', wanted '" << what << "'";
 }
 
-parsed_key verify_test_parsed(std::string_view key) {
-  parsed_key p;
-  parse_key(key, p);
-  return p;
-}
-
 const std::string kVerifyHexA(32, 'a'), kVerifyHexB(32, 'b');
 
 TEST(Verify, DualKeyMapReportsAMiscountedForm) {
   dual_key_map<std::uint32_t> m;
-  m.insert(kVerifyHexA, verify_test_parsed(kVerifyHexA), 1);
-  m.insert("other key", verify_test_parsed("other key"), 2);
+  m.insert(kVerifyHexA, as_parsed(kVerifyHexA), 1);
+  m.insert("other key", as_parsed("other key"), 2);
   ASSERT_EQ(m.verify(), "");
   ++verify_access<dual_key_map<std::uint32_t>>::hex_others(m);
   EXPECT_TRUE(verify_reports(m.verify(), "hex keys in the key_map form, 1 counted"));
   --verify_access<dual_key_map<std::uint32_t>>::hex_others(m);
   // A packed word of 0 reads as an empty slot: the stored keys no longer match the count.
-  *m.find_value(kVerifyHexA, verify_test_parsed(kVerifyHexA)) = 0;
+  *m.find_value(kVerifyHexA, as_parsed(kVerifyHexA)) = 0;
   EXPECT_NE(m.verify(), "");
 }
 
@@ -78,9 +110,9 @@ TEST(Verify, KeyLifeReportsLeaseCountsLinksAndEntries) {
   const auto fresh = [] {
     key_life l;
     l.set_lru(true);
-    l.touch(kVerifyHexA, verify_test_parsed(kVerifyHexA), 1);
-    l.lease("other", verify_test_parsed("other"), 2, 100);
-    l.touch(kVerifyHexB, verify_test_parsed(kVerifyHexB), 3);
+    l.touch(kVerifyHexA, as_parsed(kVerifyHexA), 1);
+    l.lease("other", as_parsed("other"), 2, 100);
+    l.touch(kVerifyHexB, as_parsed(kVerifyHexB), 3);
     return l;
   };
   key_life a = fresh();
@@ -125,14 +157,14 @@ rank_table verify_test_table() {
 TEST(Verify, RankTableReportsOwnersExpiryAndQuarantine) {
   rank_table a = verify_test_table();
   ASSERT_EQ(a.verify(), "");
-  a.break_invariant_for_test(3, 0);
+  verify_access<rank_table>::break_invariant(a, 3, 0);
   EXPECT_TRUE(verify_reports(a.verify(), "rank 3: "));
   EXPECT_TRUE(verify_reports(a.verify(), "reserved page 0 does not point back to key"));
   rank_table b = verify_test_table();
-  b.break_invariant_for_test(3, 1);
+  verify_access<rank_table>::break_invariant(b, 3, 1);
   EXPECT_TRUE(verify_reports(b.verify(), "is not in the expiry queue"));
   rank_table c = verify_test_table();
-  c.break_invariant_for_test(3, 2);
+  verify_access<rank_table>::break_invariant(c, 3, 2);
   EXPECT_TRUE(verify_reports(c.verify(), "1 quarantined pages, 2 reserved pages"));
   EXPECT_EQ(c.check_invariants(), c.verify());
 }
@@ -147,10 +179,10 @@ TEST(Verify, DirectoryReportsBindingsAndRemovals) {
   };
   directory a = fresh();
   ASSERT_EQ(a.verify(), "");
-  a.break_invariant_for_test(0);
+  verify_access<directory>::miscount_incomplete(a);
   EXPECT_TRUE(verify_reports(a.verify(), "incomplete keys hold 1 confirmations, 2 counted"));
   directory b = fresh();
-  b.break_invariant_for_test(1);
+  verify_access<directory>::remove_absent_key(b);
   EXPECT_TRUE(verify_reports(b.verify(), "key absent-key is being removed but absent"));
 }
 
@@ -192,7 +224,7 @@ TEST(VerifyDeathTest, UnderMetadVerifyTheNextOperationAborts) {
   EXPECT_DEATH(
       {
         rank_table t = verify_test_table();
-        t.break_invariant_for_test(3, 1);
+        verify_access<rank_table>::break_invariant(t, 3, 1);
         const std::vector<std::string_view> keys{"key-d"};
         std::vector<std::uint32_t> distinct;
         std::vector<std::int64_t> pages;
@@ -203,7 +235,7 @@ TEST(VerifyDeathTest, UnderMetadVerifyTheNextOperationAborts) {
       {
         directory d;
         d.add_confirmation(kVerifyHexA, 2, 1);
-        d.break_invariant_for_test(0);
+        verify_access<directory>::miscount_incomplete(d);
         d.add_confirmation(kVerifyHexB, 2, 2);
       },
       "directory::add_confirmation: directory: incomplete keys hold");

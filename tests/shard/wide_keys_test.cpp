@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "keys.hpp"
 #include "rank_table_helpers.hpp"
 #include "shard/directory.hpp"
 #include "shard/dual_key_map.hpp"
@@ -21,13 +22,9 @@
 namespace metad::shard {
 namespace {
 
-using wide_map = dual_key_map<std::uint32_t>;
+using testing_helpers::as_parsed;
 
-parsed_key wide_parsed(std::string_view key) {
-  parsed_key p;
-  parse_key(key, p);
-  return p;
-}
+using wide_map = dual_key_map<std::uint32_t>;
 
 std::string wide_upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -120,25 +117,25 @@ TEST(WideKeys, ParseGivesTheWideFormToTheOtherHexShapesOnly) {
   const std::string upper64 = wide_upper(sha_lower);
   const std::string upper32 = upper64.substr(0, 32);
   for (const std::string& k : {sha_lower, upper64, upper32}) {
-    const parsed_key p = wide_parsed(k);
+    const parsed_key p = as_parsed(k);
     EXPECT_FALSE(p.hex) << k;
     EXPECT_TRUE(p.wide) << k;
     EXPECT_EQ(p.hash, packed_hash(p.packed));
   }
-  EXPECT_EQ(wide_parsed(sha_lower).shape, key_shape::hex64);
-  EXPECT_EQ(wide_parsed(upper64).shape, key_shape::hex64_upper);
-  EXPECT_EQ(wide_parsed(upper32).shape, key_shape::hex32_upper);
+  EXPECT_EQ(as_parsed(sha_lower).shape, key_shape::hex64);
+  EXPECT_EQ(as_parsed(upper64).shape, key_shape::hex64_upper);
+  EXPECT_EQ(as_parsed(upper32).shape, key_shape::hex32_upper);
   // Keys differing only in case, or sharing a first half, have different index keys.
-  EXPECT_NE(wide_parsed(sha_lower).packed, wide_parsed(upper64).packed);
-  EXPECT_NE(wide_parsed(sha_lower).packed,
-            wide_parsed(sha_lower.substr(0, 32) + std::string(32, '0')).packed);
-  const parsed_key lower32 = wide_parsed(sha_lower.substr(0, 32));
+  EXPECT_NE(as_parsed(sha_lower).packed, as_parsed(upper64).packed);
+  EXPECT_NE(as_parsed(sha_lower).packed,
+            as_parsed(sha_lower.substr(0, 32) + std::string(32, '0')).packed);
+  const parsed_key lower32 = as_parsed(sha_lower.substr(0, 32));
   EXPECT_TRUE(lower32.hex);
   EXPECT_FALSE(lower32.wide);
   std::string mixed = sha_lower;
   mixed[1] = 'A';
-  EXPECT_FALSE(wide_parsed(mixed).wide);
-  EXPECT_EQ(wide_parsed(mixed).hash, table_hash(mixed));
+  EXPECT_FALSE(as_parsed(mixed).wide);
+  EXPECT_EQ(as_parsed(mixed).hash, table_hash(mixed));
 }
 
 TEST(WideKeys, CasesAreDifferentKeysAndRoundTripThroughHandles) {
@@ -150,8 +147,8 @@ TEST(WideKeys, CasesAreDifferentKeysAndRoundTripThroughHandles) {
   const std::vector<std::string> keys{sha_lower, upper64, upper32, lower32, mixed64};
   std::vector<key_handle> handles;
   for (std::uint32_t i = 0; i < keys.size(); ++i) {
-    EXPECT_FALSE(m.find(keys[i], wide_parsed(keys[i]))) << keys[i];
-    handles.push_back(m.insert(keys[i], wide_parsed(keys[i]), i + 1));
+    EXPECT_FALSE(m.find(keys[i], as_parsed(keys[i]))) << keys[i];
+    handles.push_back(m.insert(keys[i], as_parsed(keys[i]), i + 1));
   }
   EXPECT_EQ(m.size(), 5u);
   EXPECT_EQ(m.wide_size(), 3u);
@@ -161,13 +158,13 @@ TEST(WideKeys, CasesAreDifferentKeysAndRoundTripThroughHandles) {
   std::string text;
   for (std::uint32_t i = 0; i < keys.size(); ++i) {
     SCOPED_TRACE(keys[i]);
-    EXPECT_EQ(*m.find_value(keys[i], wide_parsed(keys[i])), i + 1);
+    EXPECT_EQ(*m.find_value(keys[i], as_parsed(keys[i])), i + 1);
     EXPECT_EQ(*m.find(handles[i]).value(), i + 1);
-    EXPECT_EQ(m.find(keys[i], wide_parsed(keys[i])).word, m.find(handles[i]).word);
+    EXPECT_EQ(m.find(keys[i], as_parsed(keys[i])).word, m.find(handles[i]).word);
     wide_map::key_text(handles[i], text);
     EXPECT_EQ(text, keys[i]);
     for (std::uint32_t j = 0; j < keys.size(); ++j)
-      EXPECT_EQ(handles[i].names(keys[j], wide_parsed(keys[j])), i == j) << keys[j];
+      EXPECT_EQ(handles[i].names(keys[j], as_parsed(keys[j])), i == j) << keys[j];
   }
   EXPECT_TRUE(handles[0].wide());
   EXPECT_FALSE(handles[3].wide());
@@ -182,23 +179,23 @@ TEST(WideKeys, CasesAreDifferentKeysAndRoundTripThroughHandles) {
 
   // Erasing one case leaves the other; the freed record is reused.
   const wide_record* freed = handles[0].record();
-  m.erase(m.find(sha_lower, wide_parsed(sha_lower)));
-  EXPECT_FALSE(m.find(sha_lower, wide_parsed(sha_lower)));
-  EXPECT_EQ(*m.find_value(upper64, wide_parsed(upper64)), 2u);
+  m.erase(m.find(sha_lower, as_parsed(sha_lower)));
+  EXPECT_FALSE(m.find(sha_lower, as_parsed(sha_lower)));
+  EXPECT_EQ(*m.find_value(upper64, as_parsed(upper64)), 2u);
   const std::string other64(64, 'e');
-  const key_handle again = m.insert(other64, wide_parsed(other64), 9);
+  const key_handle again = m.insert(other64, as_parsed(other64), 9);
   EXPECT_EQ(again.record(), freed);
   wide_map::key_text(again, text);
   EXPECT_EQ(text, other64);
   EXPECT_EQ(m.size(), 5u);
   m.clear();
   EXPECT_EQ(m.size(), 0u);
-  EXPECT_FALSE(m.find(upper64, wide_parsed(upper64)));
+  EXPECT_FALSE(m.find(upper64, as_parsed(upper64)));
 }
 
 // Another key with the same index key as `key`: its first half is chosen to make it so.
 std::string colliding_key(const std::string& key, const packed_key& rest, key_shape shape) {
-  const parsed_key p = wide_parsed(key);
+  const parsed_key p = as_parsed(key);
   const packed_key m = wide_mask(rest, shape);
   const packed_key first{p.packed.lo ^ m.lo, p.packed.hi ^ m.hi};
   std::string out(shape_chars(shape), '\0');
@@ -210,34 +207,34 @@ TEST(WideKeys, AWideKeyWhoseIndexKeyIsTakenGoesToTheOtherForm) {
   wide_map m;
   const std::string b = colliding_key(sha_lower, packed_key{1, 2}, key_shape::hex64);
   const std::string c = colliding_key(sha_lower, packed_key{}, key_shape::hex32_upper);
-  ASSERT_EQ(wide_parsed(b).packed, wide_parsed(sha_lower).packed);
-  ASSERT_EQ(wide_parsed(c).packed, wide_parsed(sha_lower).packed);
+  ASSERT_EQ(as_parsed(b).packed, as_parsed(sha_lower).packed);
+  ASSERT_EQ(as_parsed(c).packed, as_parsed(sha_lower).packed);
   ASSERT_EQ(c.size(), 32u);
-  const key_handle ha = m.insert(sha_lower, wide_parsed(sha_lower), 1);
-  EXPECT_FALSE(m.find(b, wide_parsed(b)));
-  const key_handle hb = m.insert(b, wide_parsed(b), 2);
-  const key_handle hc = m.insert(c, wide_parsed(c), 3);
+  const key_handle ha = m.insert(sha_lower, as_parsed(sha_lower), 1);
+  EXPECT_FALSE(m.find(b, as_parsed(b)));
+  const key_handle hb = m.insert(b, as_parsed(b), 2);
+  const key_handle hc = m.insert(c, as_parsed(c), 3);
   EXPECT_TRUE(ha.wide());
   EXPECT_FALSE(hb.wide());
   EXPECT_EQ(key_blob::view(hb.blob), b);
   EXPECT_EQ(key_blob::view(hc.blob), c);
   EXPECT_EQ(m.wide_others(), 2u);
-  EXPECT_EQ(*m.find_value(sha_lower, wide_parsed(sha_lower)), 1u);
-  EXPECT_EQ(*m.find_value(b, wide_parsed(b)), 2u);
-  EXPECT_EQ(*m.find_value(c, wide_parsed(c)), 3u);
-  EXPECT_FALSE(ha.names(b, wide_parsed(b)));
-  EXPECT_TRUE(hb.names(b, wide_parsed(b)));
+  EXPECT_EQ(*m.find_value(sha_lower, as_parsed(sha_lower)), 1u);
+  EXPECT_EQ(*m.find_value(b, as_parsed(b)), 2u);
+  EXPECT_EQ(*m.find_value(c, as_parsed(c)), 3u);
+  EXPECT_FALSE(ha.names(b, as_parsed(b)));
+  EXPECT_TRUE(hb.names(b, as_parsed(b)));
   // The wide one leaves; the others stay found in the other form.
-  m.erase(m.find(sha_lower, wide_parsed(sha_lower)));
-  EXPECT_EQ(*m.find_value(b, wide_parsed(b)), 2u);
-  m.erase(m.find(b, wide_parsed(b)));
+  m.erase(m.find(sha_lower, as_parsed(sha_lower)));
+  EXPECT_EQ(*m.find_value(b, as_parsed(b)), 2u);
+  m.erase(m.find(b, as_parsed(b)));
   EXPECT_EQ(m.wide_others(), 1u);
-  EXPECT_FALSE(m.find(b, wide_parsed(b)));
-  EXPECT_EQ(*m.find_value(c, wide_parsed(c)), 3u);
+  EXPECT_FALSE(m.find(b, as_parsed(b)));
+  EXPECT_EQ(*m.find_value(c, as_parsed(c)), 3u);
   // The index key is free: b now takes the wide form.
-  EXPECT_TRUE(m.insert(b, wide_parsed(b), 4).wide());
-  EXPECT_EQ(*m.find_value(b, wide_parsed(b)), 4u);
-  EXPECT_EQ(*m.find_value(c, wide_parsed(c)), 3u);
+  EXPECT_TRUE(m.insert(b, as_parsed(b), 4).wide());
+  EXPECT_EQ(*m.find_value(b, as_parsed(b)), 4u);
+  EXPECT_EQ(*m.find_value(c, as_parsed(c)), 3u);
 }
 
 TEST(WideKeys, AgreesWithAModelThroughGrowth) {
@@ -252,7 +249,7 @@ TEST(WideKeys, AgreesWithAModelThroughGrowth) {
   std::map<std::string, std::uint32_t> model;
   for (int step = 0; step < 30000; ++step) {
     const std::string& k = universe[rng() % universe.size()];
-    const parsed_key p = wide_parsed(k);
+    const parsed_key p = as_parsed(k);
     const auto e = m.find(k, p);
     const auto it = model.find(k);
     ASSERT_EQ(static_cast<bool>(e), it != model.end()) << k;

@@ -1,6 +1,6 @@
 // The in-memory harness: drives pipeline::connections and a node's cores by hand, on one
 // thread, as the transports and the core loops would, without sockets or threads. Used by
-// the pipeline tests (tests/pipeline), the whole-node tests (tests/server/sim_node.hpp)
+// the pipeline tests (tests/pipeline), the whole-node tests (basic_sim_node.hpp)
 // and the pipeline fuzzer (tests/fuzz/pipeline_fuzz.cpp).
 #pragma once
 

@@ -5,11 +5,11 @@
 
 #include <string>
 
-#include "sim_node.hpp"
+#include "basic_sim_node.hpp"
 
 namespace {
 
-using server_test::sim_node;
+using sim_node = server_test::memory_node;  // in memory (tests/pipeline links no persist)
 
 const std::string wire_lower = "8d969eef6ecad3c29a3a629280e686cf0c3f5d5a86aff3ca12020c923adc6c92";
 const std::string wire_upper = "8D969EEF6ECAD3C29A3A629280E686CF0C3F5D5A86AFF3CA12020C923ADC6C92";

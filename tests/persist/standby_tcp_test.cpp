@@ -1,9 +1,9 @@
 // Replication of one core pair over loopback TCP (repl/socket.hpp): the standby runs on
 // a thread of its own (connect, hello, then read → apply → its group commit → ack); the
 // leader, an in-process node, ships each group commit before its own write and, once its
-// fdatasync returns, blocks on its core until the standby's ack covers it (blocking on
-// the core: the simplest first transport, see the report; the next step puts the socket
-// on the core's loop). The disabled test measures the allocate → release pair with and
+// fdatasync returns, blocks on its core until the standby's ack covers it (the test's
+// transport: the server's replication, src/replica, keeps each stream on its core's
+// loop). The disabled test measures the allocate → release pair with and
 // without the standby (scripts: --gtest_also_run_disabled_tests); it asserts no timing.
 #include <gtest/gtest.h>
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <string_view>
 
-#include "sim_node.hpp"
+#include "basic_sim_node.hpp"
 
 namespace {
 
-using server_test::sim_node;
+using sim_node = server_test::memory_node;  // in memory (tests/pipeline links no persist)
 
 constexpr std::string_view kNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
 

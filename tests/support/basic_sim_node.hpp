@@ -1,5 +1,8 @@
-// A whole server without sockets or threads: one connection fed requests, every core's
-// mailbox drained and log group-committed by hand (sim.hpp), on a fake clock.
+// A whole node without sockets or threads: one connection fed requests, every core's
+// mailbox drained and log group-committed by hand (sim.hpp), on a fake clock. The node's
+// durability (recovery, the group commit, snapshot cuts) is a parameter: memory_node runs
+// without it, state in memory (the pipeline tests, tests/pipeline: they link no persist);
+// sim_node.hpp plugs in persist's (tests/persist, tests/server).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "persist/durability.hpp"
 #include "pipeline/connection.hpp"
 #include "pipeline/consistency.hpp"
 #include "pipeline/node.hpp"
@@ -24,22 +26,36 @@ using namespace metad;
 
 namespace server_test {
 
+// A node's durability as the server's loops drive it (persist/durability.hpp's calls):
+// none, state in memory only.
+struct in_memory {
+  static void recover(pipeline::node&) {}
+  static void finish_snapshot(pipeline::core_state&) {}
+  static void snapshot_tick(pipeline::node&, pipeline::core_state&) {}
+  static bool take_flush(pipeline::node&, pipeline::core_state&, bool,
+                         store::log_writer::flush_job&) {
+    return false;
+  }
+  static void flush_done(pipeline::node&, pipeline::core_state&, long, int) {}
+};
+
 // One simulated node (a pipeline::node) over a data directory, driven by hand: mailbox
-// drains and log flushes.
-class sim_node {
+// drains and log flushes, through `Durability` (in_memory, or sim_node.hpp's persist).
+template <class Durability>
+class basic_sim_node {
  public:
-  sim_node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30)
-      : sim_node(with_dir(dir, snapshot_bytes), cores) {}
+  basic_sim_node(const std::string& dir, int cores, std::uint64_t snapshot_bytes = 1u << 30)
+      : basic_sim_node(with_dir(dir, snapshot_bytes), cores) {}
   // Any configuration; state in memory unless cfg.data_dir is set.
-  sim_node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
+  basic_sim_node(metad::config cfg, int cores) : cfg_(std::move(cfg)) {
     cfg_.log = metad::log_level::error;
     node_ = std::make_unique<pipeline::node>(cfg_, cores);
     node_->clock = [this] { return now * smp::kNsPerMs; };
-    persist::recover(*node_);
+    Durability::recover(*node_);
     x_ = std::make_unique<pipeline::connection>(*node_, *node_->core[0], waker_);
   }
-  ~sim_node() {
-    for (auto& core : node_->core) persist::finish_snapshot(*core);
+  ~basic_sim_node() {
+    for (auto& core : node_->core) Durability::finish_snapshot(*core);
   }
 
   // Bytes larger than the connection's read space go in as several reads.
@@ -56,9 +72,11 @@ class sim_node {
           *node_, *x_, 0, waker_, sim::as_core(0, [&] { return x_->on_bytes(n); }),
           [&](std::string& output) { drained += std::exchange(output, {}); }, woken, 1000,
           flush_step());
-      if (at == bytes.size()) EXPECT_TRUE(woken);
+      if (at == bytes.size()) {
+        EXPECT_TRUE(woken);
+      }
     } while (at < bytes.size());
-    for (auto& core : node_->core) persist::snapshot_tick(*node_, *core);
+    for (auto& core : node_->core) Durability::snapshot_tick(*node_, *core);
     return drained + std::exchange(x_->output(), {});
   }
 
@@ -102,12 +120,12 @@ class sim_node {
   void flush(pipeline::core_state& core) {
     const smp::core_scope as_core(core.index);  // resumes the requests that waited for it
     store::log_writer::flush_job job;
-    if (!persist::take_flush(*node_, core, true, job)) return;
+    if (!Durability::take_flush(*node_, core, true, job)) return;
     if (on_flush) on_flush(core, job);
     const long written = ::pwrite(job.fd, job.data, job.bytes, static_cast<off_t>(job.offset));
     const int synced = fail_sync ? -EIO : ::fdatasync(job.fd);
     if (after_sync) after_sync(core, job);
-    persist::flush_done(*node_, core, written, synced);
+    Durability::flush_done(*node_, core, written, synced);
   }
 
   sim::core_step flush_step() {
@@ -120,6 +138,9 @@ class sim_node {
   sim::counting_waker waker_;
   std::unique_ptr<pipeline::connection> x_;
 };
+
+// The in-memory node (no --data-dir, no durability): the pipeline tests.
+using memory_node = basic_sim_node<in_memory>;
 
 // A node's settings with the release quarantine at `quarantine_ms` (the replay tests).
 inline metad::config quarantine_config(std::uint32_t quarantine_ms) {
