@@ -2,6 +2,7 @@
 // get_locations and the 1,250-key (~44 KB) batch_exists. Bodies sit in buffers with
 // simdjson::SIMDJSON_PADDING spare bytes, as the HTTP parser leaves them.
 #include <benchmark/benchmark.h>
+#include <simdjson.h>
 
 #include <cstring>
 #include <memory>
