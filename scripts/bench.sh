@@ -307,20 +307,25 @@ run_memory() {
   taskset -c "$load_cpus" "$build/bench/metad-memory" --pid "$server_pid" --port "$server_port" \
     --ranks 8 --pages 2097152 --keys 1000000 --order batch
   stop_server
-  # Bytes per (key, rank) binding by key shape (each shape has its own stored form: see
-  # docs/api.md), 8 ranks, each batch of 128 keys allocated and confirmed on every rank
-  # before the next, a fresh server per shape. MEMORY_SHAPE_KEYS sets the keys (200000).
-  local shape out
+  # Bytes per (key, rank) binding by key shape and API (each shape has its own stored form:
+  # see docs/api.md and docs/sglang-api.md), 8 ranks (SGLang: 8 pools), each batch of 128
+  # keys allocated (reserved) and confirmed on every rank before the next, a fresh server
+  # per cell. MEMORY_SHAPE_KEYS sets the keys (200000).
+  local shape api out cells
   echo
-  echo "| key shape | vLLM API bytes/binding |"
-  echo "|---|---:|"
+  echo "| key shape | vLLM API bytes/binding | SGLang API bytes/binding |"
+  echo "|---|---:|---:|"
   for shape in hex32 hex64 HEX64 HEX32 other other65; do
-    start_server uring "$server_cpus"
-    out=$(taskset -c "$load_cpus" "$build/bench/metad-memory" --pid "$server_pid" \
-      --port "$server_port" --ranks 8 --pages 262144 --keys "${MEMORY_SHAPE_KEYS:-200000}" \
-      --order batch --shape "$shape") || { echo "$out" >&2; stop_server; return 1; }
-    stop_server
-    echo "| $shape | $(awk -F'|' '/bytes\/binding/ {gsub(/ bytes\/binding| /, "", $5); print $5}' <<<"$out") |"
+    cells=""
+    for api in vllm sglang; do
+      start_server uring "$server_cpus"
+      out=$(taskset -c "$load_cpus" "$build/bench/metad-memory" --pid "$server_pid" \
+        --port "$server_port" --ranks 8 --pages 262144 --keys "${MEMORY_SHAPE_KEYS:-200000}" \
+        --order batch --shape "$shape" --api "$api") || { echo "$out" >&2; stop_server; return 1; }
+      stop_server
+      cells+=" $(awk -F'|' '/bytes\/binding/ {gsub(/ bytes\/binding| /, "", $5); print $5}' <<<"$out") |"
+    done
+    echo "| $shape |$cells"
   done
 }
 

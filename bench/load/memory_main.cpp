@@ -4,6 +4,8 @@
 // server's VmRSS from /proc/PID/status before and after each phase. --shape picks the
 // keys' shape (each shape is stored in its own form: see src/shard/dual_key_map.hpp), and
 // --order batch saves each batch on every rank before the next (as TP engines do).
+// --api sglang drives SGLang's API instead (docs/sglang-api.md): R pools (one per rank,
+// namespace "kv"), each key reserved and confirmed on every one.
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -31,7 +33,11 @@ constexpr std::string_view kUsage = R"(Usage: metad-memory --pid PID [flags]
                    'k' and 32 hex) or other65 ('k' and 64 hex: a 64-hex key's bytes)
   --order O        rank: all keys on rank 0, then rank 1, ... (default); batch: each
                    batch on every rank before the next
-The server should be fresh (the run starts with POST /clear).
+  --api A          vllm (default): /rank/{r}/initialize, /keys/batch_allocate,
+                   /keys/confirm_write; sglang: /{r}/initialize,
+                   /{r}/reserve_and_allocate_page_indices, /{r}/confirm_write
+The server should be fresh (a vLLM run starts with POST /clear; an SGLang run needs
+pools not yet initialised).
 )";
 
 long rss_kib(long pid) {
@@ -55,6 +61,7 @@ std::string_view flag_text(int argc, char** argv, std::string_view name,
 }
 
 std::string_view shape = "hex32";
+bool sglang = false;
 
 // Key `id` in the chosen shape.
 void append_shaped_key(std::string& out, std::uint64_t id) {
@@ -68,9 +75,42 @@ void append_shaped_key(std::string& out, std::uint64_t id) {
       out[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[i])));
 }
 
+// SGLang's API: reserves then confirms keys [first, first + count) in pool `rank`.
+bool save_sglang_batch(bench::http_client& c, long rank, long first, long count, std::string& body,
+                       std::vector<long>& pages) {
+  body.assign("{\"keys\":[");
+  for (long k = first; k < first + count; ++k) {
+    body.append(k == first ? "[\"" : ",[\"");
+    append_shaped_key(body, static_cast<std::uint64_t>(k));
+    body.append("\",\"\"]");
+  }
+  body.append("]}");
+  const std::string prefix = "/" + std::to_string(rank);
+  if (c.post(prefix + "/reserve_and_allocate_page_indices", body) != 200) return false;
+  pages.clear();
+  const std::string_view reply = c.body();
+  for (std::size_t at = reply.find("[false,"); at != std::string_view::npos;
+       at = reply.find("[false,", at + 7)) {
+    long page = -1;
+    std::from_chars(reply.data() + at + 7, reply.data() + reply.size(), page);
+    if (page < 0) return false;
+    pages.push_back(page);
+  }
+  if (static_cast<long>(pages.size()) != count) return false;
+  body.assign("{\"written_keys_to_confirm\":[");
+  for (long i = 0; i < count; ++i) {
+    body.append(i == 0 ? "[\"" : ",[\"");
+    append_shaped_key(body, static_cast<std::uint64_t>(first + i));
+    body.append("\",").append(std::to_string(pages[static_cast<std::size_t>(i)])).append("]");
+  }
+  body.append("],\"pages_to_release\":[]}");
+  return c.post(prefix + "/confirm_write", body) == 204;
+}
+
 // Allocates then confirms keys [first, first + count) on `rank`. False on any error.
 bool save_batch(bench::http_client& c, long rank, long first, long count, std::string& body,
                 std::vector<long>& pages) {
+  if (sglang) return save_sglang_batch(c, rank, first, count, body, pages);
   body.assign("{\"rank\":").append(std::to_string(rank)).append(",\"keys\":[");
   for (long k = first; k < first + count; ++k) {
     body.append(k == first ? "[\"" : ",[\"");
@@ -115,23 +155,27 @@ int main(int argc, char** argv) {
   const long batch = flag_value(argc, argv, "--batch", 128);
   shape = flag_text(argc, argv, "--shape", "hex32");
   const std::string_view order = flag_text(argc, argv, "--order", "rank");
+  const std::string_view api = flag_text(argc, argv, "--api", "vllm");
+  sglang = api == "sglang";
   const bool shape_ok = shape == "hex32" || shape == "HEX32" || shape == "hex64" ||
                         shape == "HEX64" || shape == "other" || shape == "other65";
   if (pid <= 0 || rss_kib(pid) < 0 || ranks < 1 || pages < keys || keys < 1 || batch < 1 ||
-      !shape_ok || (order != "rank" && order != "batch")) {
+      !shape_ok || (order != "rank" && order != "batch") || (api != "vllm" && !sglang)) {
     std::fprintf(stderr,
                  "metad-memory: bad flags (need --pid of a running server, pages >= keys)\n");
     return 2;
   }
   bench::http_client c("127.0.0.1", static_cast<std::uint16_t>(port), 60'000);
-  if (c.post("/clear", "{}") != 204) {
+  if (!sglang && c.post("/clear", "{}") != 204) {
     std::fprintf(stderr, "metad-memory: POST /clear failed\n");
     return 1;
   }
   const long rss_empty = rss_kib(pid);
-  const std::string init = "{\"num_pages\":" + std::to_string(pages) + ",\"role\":\"worker\"}";
+  const std::string init =
+      "{\"num_pages\":" + std::to_string(pages) + (sglang ? "}" : ",\"role\":\"worker\"}");
   for (long r = 0; r < ranks; ++r)
-    if (c.post("/rank/" + std::to_string(r) + "/initialize", init) != 200) {
+    if (sglang ? c.post("/" + std::to_string(r) + "/initialize", init) != 204
+               : c.post("/rank/" + std::to_string(r) + "/initialize", init) != 200) {
       std::fprintf(stderr, "metad-memory: initialize failed\n");
       return 1;
     }
@@ -148,20 +192,26 @@ int main(int argc, char** argv) {
       }
     }
   const long rss_keys = rss_kib(pid);
-  // Spot check: every key is complete and bound on every rank.
+  // Spot check: every key is complete and bound on every rank (SGLang: the first and the
+  // last key bound in the first and the last pool).
   body.assign("{\"keys\":[\"");
   append_shaped_key(body, 0);
   body.append("\",\"");
   append_shaped_key(body, static_cast<std::uint64_t>(keys - 1));
   body.append("\"]}");
-  const bool complete = c.post("/keys/batch_exists", body) == 200 &&
-                        c.body() == std::string_view(R"({"exists":[true,true]})");
+  auto both_exist = [&](const std::string& path) {
+    return c.post(path, body) == 200 && c.body() == std::string_view(R"({"exists":[true,true]})");
+  };
+  const bool complete =
+      sglang ? both_exist("/0/exists") && both_exist("/" + std::to_string(ranks - 1) + "/exists")
+             : both_exist("/keys/batch_exists");
   const double bindings = static_cast<double>(ranks) * static_cast<double>(keys);
   const double all_pages = static_cast<double>(ranks) * static_cast<double>(pages);
   std::printf(
-      "memory: %ld ranks x %ld pages, %ld %s keys confirmed on every rank, order %s (%s)\n\n",
-      ranks, pages, keys, std::string(shape).c_str(), std::string(order).c_str(),
-      complete ? "all complete" : "NOT COMPLETE: check the server");
+      "memory: %s API, %ld ranks x %ld pages, %ld %s keys confirmed on every rank, order %s "
+      "(%s)\n\n",
+      sglang ? "SGLang" : "vLLM", ranks, pages, keys, std::string(shape).c_str(),
+      std::string(order).c_str(), complete ? "all complete" : "NOT COMPLETE: check the server");
   std::printf("| phase | VmRSS MiB | delta MiB | per unit |\n|---|---:|---:|---:|\n");
   std::printf("| empty server | %.1f | | |\n", rss_empty / 1024.0);
   std::printf("| + %ld ranks x %ld pages | %.1f | %.1f | %.3f bytes/page |\n", ranks, pages,

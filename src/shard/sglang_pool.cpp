@@ -17,6 +17,7 @@ sglang_pool::sglang_pool(std::uint64_t num_pages, const sglang_config& config) :
 }
 
 sglang_pool::~sglang_pool() {
+  release_keys();
   owners_.for_each(
       [](std::uint64_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
 }
@@ -25,12 +26,14 @@ sglang_pool::sglang_pool(sglang_pool&& other) noexcept { *this = std::move(other
 
 sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
   if (this == &other) return *this;
+  release_keys();
   owners_.for_each(
       [](std::uint64_t, const owner& o) { key_blob::destroy(const_cast<char*>(o.blob)); });
   config_ = other.config_;
   pages_ = std::move(other.pages_);
   free_ = std::move(other.free_);
-  keys_ = std::move(other.keys_);
+  buckets_ = std::move(other.buckets_);
+  key_count_ = std::exchange(other.key_count_, 0);
   nodes_ = std::move(other.nodes_);
   free_nodes_ = std::exchange(other.free_nodes_, 0);
   owners_ = std::exchange(other.owners_, page_owners<owner>{});
@@ -44,6 +47,8 @@ sglang_pool& sglang_pool::operator=(sglang_pool&& other) noexcept {
   other.free_.clear();
   other.expiry_.clear();
   other.quarantine_.clear();
+  other.buckets_.clear();
+  other.nodes_.clear();
   other.nodes_.emplace_back();
   return *this;
 }
@@ -85,44 +90,145 @@ std::uint32_t sglang_pool::new_node() {
 }
 
 void sglang_pool::free_node(std::uint32_t i) {
+  if (nodes_[i].shape == static_cast<std::uint8_t>(key_shape::other)) {
+    key_blob::destroy(reinterpret_cast<char*>(nodes_[i].key[0]));
+  }
   nodes_[i] = node{};
   nodes_[i].next = free_nodes_;
   free_nodes_ = i;
 }
 
-std::uint32_t sglang_pool::find(std::string_view key, std::uint32_t hash) const {
-  const auto* s = keys_.find(key, hash);
-  return s == nullptr ? 0 : s->value;
+// ---------------------------------------------------------------------------------------
+// Keys: packed inline when they are 32 or 64 hex characters of one case
+
+namespace {
+std::uint32_t packed_bucket_hash(key_shape shape, const packed_key& first, const packed_key& rest) {
+  const std::uint64_t h1 = packed_hash(first);
+  const std::uint64_t h2 =
+      packed_hash(packed_key{rest.lo ^ h1, rest.hi ^ static_cast<std::uint64_t>(shape)});
+  return static_cast<std::uint32_t>(h2 ^ (h2 >> 32));
+}
+}  // namespace
+
+sglang_pool::probe sglang_pool::make_probe(std::string_view key) {
+  probe k;
+  k.text = key;
+  k.shape = pack_any_hex_key(key, k.first, k.rest);
+  k.hash =
+      k.shape == key_shape::other ? table_hash(key) : packed_bucket_hash(k.shape, k.first, k.rest);
+  return k;
+}
+
+bool sglang_pool::matches(const node& n, const probe& k) {
+  if (n.shape != static_cast<std::uint8_t>(k.shape)) return false;
+  if (k.shape == key_shape::other) {
+    return key_blob::view(reinterpret_cast<const char*>(n.key[0])) == k.text;
+  }
+  return n.key[0] == k.first.lo && n.key[1] == k.first.hi && n.key[2] == k.rest.lo &&
+         n.key[3] == k.rest.hi;
+}
+
+std::string sglang_pool::key_of(const node& n) {
+  const auto shape = static_cast<key_shape>(n.shape);
+  if (shape == key_shape::other) {
+    return std::string(key_blob::view(reinterpret_cast<const char*>(n.key[0])));
+  }
+  std::string out(shape_chars(shape), '\0');
+  unpack_any_hex_key(shape, packed_key{n.key[0], n.key[1]}, packed_key{n.key[2], n.key[3]},
+                     out.data());
+  return out;
+}
+
+std::uint32_t sglang_pool::hash_of(const node& n) const {
+  const auto shape = static_cast<key_shape>(n.shape);
+  if (shape == key_shape::other) {
+    return table_hash(key_blob::view(reinterpret_cast<const char*>(n.key[0])));
+  }
+  return packed_bucket_hash(shape, packed_key{n.key[0], n.key[1]}, packed_key{n.key[2], n.key[3]});
+}
+
+void sglang_pool::release_keys() noexcept {
+  for (std::size_t i = 1; i < nodes_.size(); ++i) {
+    node& n = nodes_[i];
+    if (n.shape == static_cast<std::uint8_t>(key_shape::other)) {
+      key_blob::destroy(reinterpret_cast<char*>(n.key[0]));
+      n.key[0] = 0;
+      n.shape = free_shape;
+    }
+  }
+}
+
+std::uint32_t sglang_pool::find(const probe& k) const {
+  if (key_count_ == 0) return 0;
+  for (std::uint32_t i = buckets_[k.hash & (buckets_.size() - 1)]; i != 0; i = nodes_[i].chain) {
+    if (matches(nodes_[i], k)) return i;
+  }
+  return 0;
+}
+
+void sglang_pool::index_node(std::uint32_t i, std::uint32_t hash) {
+  if (key_count_ + 1 > buckets_.size()) {
+    // Rehash into twice the buckets: every node holding a key but i (not yet indexed).
+    std::vector<std::uint32_t>(buckets_.empty() ? 16 : buckets_.size() * 2, 0).swap(buckets_);
+    const std::size_t mask = buckets_.size() - 1;
+    for (std::size_t j = 1; j < nodes_.size(); ++j) {
+      node& n = nodes_[j];
+      if (n.shape == free_shape || j == i) continue;
+      std::uint32_t& head = buckets_[hash_of(n) & mask];
+      n.chain = head;
+      head = static_cast<std::uint32_t>(j);
+    }
+  }
+  std::uint32_t& head = buckets_[hash & (buckets_.size() - 1)];
+  nodes_[i].chain = head;
+  head = i;
+  ++key_count_;
+}
+
+void sglang_pool::unindex_node(std::uint32_t i) {
+  std::uint32_t* link = &buckets_[hash_of(nodes_[i]) & (buckets_.size() - 1)];
+  while (*link != i) {
+    METAD_ASSERT(*link != 0);
+    link = &nodes_[*link].chain;
+  }
+  *link = nodes_[i].chain;
+  nodes_[i].chain = 0;
+  --key_count_;
 }
 
 std::uint64_t sglang_pool::drop_node(std::uint32_t i) {
-  const std::string_view key = key_blob::view(nodes_[i].blob);
-  auto* s = keys_.find(key, table_hash(key));
-  METAD_ASSERT(s != nullptr && s->value == i);
-  const std::uint64_t page = nodes_[i].page;
+  const std::uint64_t page = nodes_[i].page();
   unlink(i);
-  keys_.erase(*s);
+  unindex_node(i);
   free_node(i);
   return page;
 }
 
-void sglang_pool::bind_key(std::string_view key, std::uint32_t hash, std::uint64_t page,
-                           sglang_confirm_stats& stats) {
-  std::uint32_t i = find(key, hash);
+void sglang_pool::bind_key(const probe& k, std::uint64_t page, sglang_confirm_stats& stats) {
+  std::uint32_t i = find(k);
   if (i != 0) {
-    const std::uint64_t old = nodes_[i].page;
+    const std::uint64_t old = nodes_[i].page();
     if (old != page) {  // re-binding: the old page would be orphaned in the reference
       pages_.free_bound(old);
       free_.push(old);
       ++stats.rebound_freed;
-      nodes_[i].page = page;
+      nodes_[i].set_page(page);
     }
     unlink(i);
   } else {
     i = new_node();
-    auto& s = keys_.insert_new(key, hash, i);
-    nodes_[i].blob = s.key;
-    nodes_[i].page = page;
+    node& n = nodes_[i];
+    if (k.shape == key_shape::other) {
+      n.key[0] = reinterpret_cast<std::uint64_t>(key_blob::make(k.text));
+    } else {
+      n.key[0] = k.first.lo;
+      n.key[1] = k.first.hi;
+      n.key[2] = k.rest.lo;
+      n.key[3] = k.rest.hi;
+    }
+    n.shape = static_cast<std::uint8_t>(k.shape);
+    n.set_page(page);
+    index_node(i, k.hash);
   }
   link_last(i);
 }
@@ -137,9 +243,9 @@ void sglang_pool::next_stamp() {
 void sglang_pool::dedupe(std::span<const std::string_view> keys) {
   const std::size_t n = keys.size();
   METAD_ASSERT(n < UINT32_MAX);
-  hashes_.resize(n);
+  probes_.resize(n);
   first_.resize(n);
-  for (std::size_t i = 0; i < n; ++i) hashes_[i] = table_hash(keys[i]);
+  for (std::size_t i = 0; i < n; ++i) probes_[i] = make_probe(keys[i]);
   if (n <= 1) {
     if (n == 1) first_[0] = 0;
     return;
@@ -148,14 +254,14 @@ void sglang_pool::dedupe(std::span<const std::string_view> keys) {
   const std::size_t mask = capacity - 1;
   seen_.assign(capacity, 0);  // request index + 1; 0 = empty
   for (std::uint32_t i = 0; i < n; ++i) {
-    for (std::size_t s = hashes_[i] & mask;; s = (s + 1) & mask) {
+    for (std::size_t s = probes_[i].hash & mask;; s = (s + 1) & mask) {
       if (seen_[s] == 0) {
         seen_[s] = i + 1;
         first_[i] = i;
         break;
       }
       const std::uint32_t j = seen_[s] - 1;
-      if (hashes_[j] == hashes_[i] && keys[j] == keys[i]) {
+      if (probes_[j].hash == probes_[i].hash && keys[j] == keys[i]) {
         first_[i] = j;
         break;
       }
@@ -309,14 +415,14 @@ sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys
   // Pass 1: hits, every occurrence moved to the MRU end in input order (as the reference).
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t f = first_[i];
-    const std::uint32_t node_index = f == i ? find(keys[i], hashes_[i]) : found_[f];
+    const std::uint32_t node_index = f == i ? find(probes_[i]) : found_[f];
     if (node_index == 0) continue;
     found_[i] = node_index;
     node& nd = nodes_[node_index];
     nd.stamp = stamp_;
     unlink(node_index);
     link_last(node_index);
-    out[i] = sglang_slot{true, static_cast<std::int64_t>(nd.page)};
+    out[i] = sglang_slot{true, static_cast<std::int64_t>(nd.page())};
     ++stats.hits;
   }
   // Pass 2: one page per distinct missing key, in input order; repeats copy (B4).
@@ -346,7 +452,7 @@ void sglang_pool::exists(std::span<const std::string_view> keys,
                          std::span<std::uint8_t> out) const {
   METAD_ASSERT(out.size() == keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    out[i] = find(keys[i], table_hash(keys[i])) != 0 ? 1 : 0;
+    out[i] = find(make_probe(keys[i])) != 0 ? 1 : 0;
   }
 }
 
@@ -355,8 +461,8 @@ void sglang_pool::inspect(std::span<const std::string_view> keys,
   METAD_ASSERT(out.size() == keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     out[i] = sglang_key_report{};
-    if (const std::uint32_t n = find(keys[i], table_hash(keys[i])); n != 0) {
-      out[i].page = nodes_[n].page;
+    if (const std::uint32_t n = find(make_probe(keys[i])); n != 0) {
+      out[i].page = static_cast<std::int64_t>(nodes_[n].page());
       out[i].lease_until = nodes_[n].lease_until;
     }
   }
@@ -381,13 +487,13 @@ void sglang_pool::get_page_indices(std::span<const std::string_view> keys, std::
           ? 0
           : (now > UINT64_MAX - config_.read_lease ? UINT64_MAX : now + config_.read_lease);
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    const std::uint32_t node_index = find(keys[i], table_hash(keys[i]));
+    const std::uint32_t node_index = find(make_probe(keys[i]));
     if (node_index == 0) {
       out[i] = -1;
       continue;
     }
     node& nd = nodes_[node_index];
-    out[i] = static_cast<std::int64_t>(nd.page);
+    out[i] = static_cast<std::int64_t>(nd.page());
     nd.lease_until = std::max(nd.lease_until, until);
     unlink(node_index);
     link_last(node_index);

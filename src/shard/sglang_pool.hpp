@@ -4,6 +4,8 @@
 // confirmed key, on the LRU list), quarantined (released by a confirm_write and held for
 // no key until its quarantine ends: a replay of that release must not free another
 // writer's page), or unowned (only after restore(): leaked, bindable by a confirm).
+// Bound keys of 32 or 64 hex digits of one case are packed inline in their LRU node (64
+// bytes; packed_key.hpp), other keys are heap copies; either comes back byte for byte.
 // sparse_pages holds the state bits and counts; no page is ever held by two keys. A pool
 // costs what it holds: its free stack is runs of pages and only the chunks of pages ever
 // taken have state bits, so a pool of 2^40 pages is created in O(1).
@@ -36,6 +38,7 @@
 #include "shard/chunked_vector.hpp"
 #include "shard/key_map.hpp"
 #include "shard/lifo_pages.hpp"
+#include "shard/packed_key.hpp"
 #include "shard/page_pool.hpp"
 #include "shard/sparse_pages.hpp"
 
@@ -237,13 +240,40 @@ class sglang_pool {
                       std::string& error);
 
  private:
+  // A key as the pool looks it up and stores it: 32- and 64-hex keys (either case)
+  // packed (packed_key.hpp), other keys by their bytes; `hash` picks the bucket.
+  struct probe {
+    std::string_view text;
+    packed_key first, rest;  // shape != other: the packed halves (rest zero for 32)
+    std::uint32_t hash = 0;
+    key_shape shape = key_shape::other;
+  };
+  static probe make_probe(std::string_view key);
+  // A bound key's node: 64 bytes, the key inline when packed (no heap block), else a
+  // heap copy (key_blob). The key index is a table of bucket heads chained through
+  // `chain`; a free node has shape free_shape.
+  static constexpr std::uint8_t free_shape = 0xFF;
   struct node {
-    const char* blob = nullptr;  // the key's bytes: keys_' heap block, stable while bound
-    std::uint64_t page = 0;
+    std::uint64_t key[4] = {};  // packed: first.lo, first.hi, rest.lo, rest.hi; other: key[0]
+                                // the address of the key's key_blob
+    std::uint64_t lease_until = 0;
+    std::uint32_t page_lo = 0;         // page bits 0..31
     std::uint32_t prev = 0, next = 0;  // LRU list; node 0 is the sentinel
     std::uint32_t stamp = 0;           // == stamp_: a hit or passed over in this batch
-    std::uint64_t lease_until = 0;
+    std::uint32_t chain = 0;           // the next node of its bucket (0: none)
+    std::uint16_t page_hi = 0;         // page bits 32..47 (pages < pages_max = 2^48)
+    std::uint8_t shape = free_shape;   // key_shape, or free_shape
+    std::uint64_t page() const { return page_lo | std::uint64_t{page_hi} << 32; }
+    void set_page(std::uint64_t p) {
+      page_lo = static_cast<std::uint32_t>(p);
+      page_hi = static_cast<std::uint16_t>(p >> 32);
+    }
   };
+  static_assert(sizeof(node) == 64);
+  static_assert(page_pool::pages_max <= std::uint64_t{1} << 48);
+  static bool matches(const node& n, const probe& k);
+  // The key a node holds, exactly as the client sent it.
+  static std::string key_of(const node& n);
   struct owner {
     const char* blob = nullptr;  // a heap copy of the key (key_blob); nullptr: none
     std::uint32_t epoch = 0;
@@ -268,10 +298,15 @@ class sglang_pool {
   std::uint32_t new_node();
   void free_node(std::uint32_t i);
   // The node of a bound key, or 0.
-  std::uint32_t find(std::string_view key, std::uint32_t hash) const;
+  std::uint32_t find(const probe& k) const;
+  // The key index: adds node i (its key stored) to its bucket, or takes it out.
+  void index_node(std::uint32_t i, std::uint32_t hash);
+  void unindex_node(std::uint32_t i);
+  std::uint32_t hash_of(const node& n) const;
+  // Frees the heap copies of every node's key (keys of shape other).
+  void release_keys() noexcept;
   // Binds key → page (page already in the bound state); frees the key's old page.
-  void bind_key(std::string_view key, std::uint32_t hash, std::uint64_t page,
-                sglang_confirm_stats& stats);
+  void bind_key(const probe& k, std::uint64_t page, sglang_confirm_stats& stats);
   // Drops a bound key's node and map entry; returns its page (still bound in pages_).
   std::uint64_t drop_node(std::uint32_t i);
   // A page for a missing key: the top free one, else an evicted one, else none (false).
@@ -291,21 +326,24 @@ class sglang_pool {
   // Ends the in-flight reservation of `page` (if any); the page stays reserved in pages_,
   // quarantined until `until`.
   void quarantine(std::uint64_t page, std::uint64_t until);
-  // first_[i]: the index of the first occurrence of keys[i]; hashes_[i] its hash.
+  // first_[i]: the index of the first occurrence of keys[i]; probes_[i] its probe.
   void dedupe(std::span<const std::string_view> keys);
 
   template <class>
   friend struct verify_access;  // tests: breaks an invariant to see verify() report it
   // What verify() walks (METAD_VERIFY_AFTER's n).
   std::size_t verify_size() const {
-    return keys_.size() + owners_.size() + quarantine_.size() + free_.run_count();
+    return key_count_ + owners_.size() + quarantine_.size() + free_.run_count();
   }
 
   sglang_config config_;
-  sparse_pages pages_;           // free / reserved (in flight or unowned) / bound, with counts
-  lifo_pages free_;              // the free pages in hand-out order
-  key_map<std::uint32_t> keys_;  // bound key → node
-  chunked_vector<node> nodes_;   // nodes_[0]: sentinel; free nodes chained through next
+  sparse_pages pages_;  // free / reserved (in flight or unowned) / bound, with counts
+  lifo_pages free_;     // the free pages in hand-out order
+  // Bound key → node: bucket heads (node indices, 0: empty; a power of two, at most one
+  // key per bucket on average), chained through node::chain.
+  std::vector<std::uint32_t> buckets_;
+  std::size_t key_count_ = 0;
+  chunked_vector<node> nodes_;  // nodes_[0]: sentinel; free nodes chained through next
   std::uint32_t free_nodes_ = 0;
   page_owners<owner> owners_;  // in-flight page → its reservation
   std::deque<expiry_entry> expiry_;
@@ -321,7 +359,8 @@ class sglang_pool {
   std::uint32_t epoch_ = 0;
   std::uint32_t stamp_ = 0;
   // Scratch reused across calls.
-  std::vector<std::uint32_t> hashes_, first_, seen_, found_;
+  std::vector<probe> probes_;
+  std::vector<std::uint32_t> first_, seen_, found_;
   std::vector<std::int64_t> sorted_;
 };
 

@@ -19,12 +19,19 @@ sglang_pool_stats sglang_pool::stats() const {
                            in_flight,
                            static_cast<std::uint32_t>(pages_.bound_count()),
                            pages_.reserved_count() - in_flight - quarantined,
-                           keys_.size(),
+                           key_count_,
                            quarantined};
 }
 
 std::size_t sglang_pool::memory_bytes() const {
-  return pages_.memory_bytes() + free_.memory_bytes() + keys_.memory_bytes() +
+  std::size_t key_bytes = 0;  // heap copies of keys not packed
+  for (std::size_t i = 1; i < nodes_.size(); ++i) {
+    if (nodes_[i].shape == static_cast<std::uint8_t>(key_shape::other)) {
+      key_bytes += sizeof(std::uint32_t) +
+                   key_blob::view(reinterpret_cast<const char*>(nodes_[i].key[0])).size();
+    }
+  }
+  return pages_.memory_bytes() + free_.memory_bytes() + buckets_.capacity() * 4 + key_bytes +
          nodes_.size() * sizeof(node) + owners_.size() * 2 * (sizeof(owner) + 8) +
          quarantine_.size() * (sizeof(quarantined_page) + 16);
 }
@@ -84,18 +91,20 @@ std::string sglang_pool::check() const {
   std::vector<std::uint64_t> seen;  // pages held by a key, a reservation or the quarantine
   std::size_t listed = 0;
   for (std::uint32_t i = nodes_[0].next, prev = 0; i != 0; prev = i, i = nodes_[i].next) {
-    if (++listed > keys_.size()) return "LRU list longer than the key map";
+    if (++listed > key_count_) return "LRU list longer than the key map";
     const node& nd = nodes_[i];
     if (nd.prev != prev) return fmt::format("LRU node {}: broken prev link", i);
-    const std::string_view key = key_blob::view(nd.blob);
-    if (find(key, table_hash(key)) != i) return fmt::format("LRU node {}: key map disagrees", i);
-    if (nd.page >= n || pages_.state(nd.page) != page_state::bound) {
-      return fmt::format("key '{}': page {} out of range or not bound", key, nd.page);
+    if (nd.shape == free_shape) return fmt::format("LRU node {}: holds no key", i);
+    // The key as a client would send it finds this node: packing round-trips.
+    const std::string key = key_of(nd);
+    if (find(make_probe(key)) != i) return fmt::format("LRU node {}: key map disagrees", i);
+    if (nd.page() >= n || pages_.state(nd.page()) != page_state::bound) {
+      return fmt::format("key '{}': page {} out of range or not bound", key, nd.page());
     }
-    seen.push_back(nd.page);
+    seen.push_back(nd.page());
   }
-  if (listed != keys_.size() || listed != pages_.bound_count()) {
-    return fmt::format("{} keys listed, {} in the map, {} pages bound", listed, keys_.size(),
+  if (listed != key_count_ || listed != pages_.bound_count()) {
+    return fmt::format("{} keys listed, {} in the map, {} pages bound", listed, key_count_,
                        pages_.bound_count());
   }
   owners_.for_each([&](std::uint64_t p, const owner& o) {
@@ -163,9 +172,9 @@ std::string sglang_pool::verify() const {
     if (i >= nodes_.size() || ++free_nodes > nodes_.size())
       return fail("the free node chain leaves the nodes or loops");
   }
-  if (1 + keys_.size() + free_nodes != nodes_.size())
+  if (1 + key_count_ + free_nodes != nodes_.size())
     return fail(fmt::format("{} nodes: 1 sentinel, {} listed, {} free (a node is lost)",
-                            nodes_.size(), keys_.size(), free_nodes));
+                            nodes_.size(), key_count_, free_nodes));
   return {};
 }
 
@@ -176,7 +185,7 @@ sglang_image sglang_pool::image() const {
   img.free.reserve(free_.run_count());
   free_.for_each_run([&](std::uint64_t lo, std::uint64_t hi) { img.free.emplace_back(lo, hi); });
   for (std::uint32_t i = nodes_[0].next; i != 0; i = nodes_[i].next) {
-    img.bound.emplace_back(std::string(key_blob::view(nodes_[i].blob)), nodes_[i].page);
+    img.bound.emplace_back(key_of(nodes_[i]), nodes_[i].page());
   }
   // Reservations with a deadline in their expiry order (each live once: serials are
   // unique), then the others by page.
@@ -265,7 +274,7 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
     pool.pages_.take(page);
     pool.pages_.bind(page);
     sglang_confirm_stats unused;
-    pool.bind_key(key, table_hash(key), page, unused);
+    pool.bind_key(make_probe(key), page, unused);
   }
   for (const auto& r : img.reserved) {
     pool.pages_.take(r.page);

@@ -53,18 +53,18 @@ bool sglang_pool::validate_confirm(std::span<const std::int64_t> pages,
 
 void sglang_pool::apply_confirmation(std::string_view key, std::uint64_t page,
                                      sglang_confirm_stats& stats) {
-  const std::uint32_t hash = table_hash(key);
+  const probe k = make_probe(key);
   switch (pages_.state(page)) {
     case page_state::free:
       ++stats.skipped;
       return;
     case page_state::bound: {
-      const std::uint32_t node_index = find(key, hash);
-      if (node_index == 0 || nodes_[node_index].page != page) {
+      const std::uint32_t node_index = find(k);
+      if (node_index == 0 || nodes_[node_index].page() != page) {
         ++stats.skipped;  // another key's page
         return;
       }
-      bind_key(key, hash, page, stats);  // the same binding: moves to the MRU end
+      bind_key(k, page, stats);  // the same binding: moves to the MRU end
       ++stats.bound;
       return;
     }
@@ -85,7 +85,7 @@ void sglang_pool::apply_confirmation(std::string_view key, std::uint64_t page,
       }
       if (o.blob != nullptr) key_blob::destroy(const_cast<char*>(owners_.take(page).blob));
       pages_.bind(page);  // in flight for this key, or unowned
-      bind_key(key, hash, page, stats);
+      bind_key(k, page, stats);
       ++stats.bound;
       return;
     }
@@ -139,7 +139,7 @@ sglang_confirm_outcome sglang_pool::confirm(std::span<const std::string_view> ke
 std::size_t sglang_pool::delete_keys(std::span<const std::string_view> keys) {
   std::size_t dropped = 0;
   for (std::string_view key : keys) {
-    const std::uint32_t i = find(key, table_hash(key));
+    const std::uint32_t i = find(make_probe(key));
     if (i == 0) continue;
     const std::uint64_t page = drop_node(i);
     pages_.free_bound(page);
@@ -152,7 +152,9 @@ std::size_t sglang_pool::delete_keys(std::span<const std::string_view> keys) {
 
 void sglang_pool::clear() {
   ++epoch_;
-  keys_.clear();
+  release_keys();
+  buckets_.clear();
+  key_count_ = 0;
   nodes_.clear();
   nodes_.emplace_back();
   free_nodes_ = 0;

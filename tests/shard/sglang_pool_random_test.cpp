@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -285,7 +286,46 @@ void run_seed(std::uint64_t seed, int ops, std::uint64_t base = 0) {
   sglang_pool pool(pages, sglang_config{ttl, lease});
   model m(pages, ttl, lease, quarantine_for);
   const auto key_count = pick(3, 24);
-  auto random_key = [&] { return "k" + std::to_string(pick(0, key_count)); };
+  // Keys of every shape the pool stores its own way: 32 or 64 hex digits, lower or upper
+  // case (packed), mixed case and anything else (their bytes); some the same digits in
+  // the other case, or a 64-hex key whose first half is another key (different keys).
+  std::vector<std::string> names;
+  auto hex = [&](std::size_t n) {
+    std::string h;
+    for (std::size_t i = 0; i < n; ++i) h.push_back("0123456789abcdef"[pick(0, 15)]);
+    return h;
+  };
+  auto upper = [](std::string h) {
+    for (char& c : h) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return h;
+  };
+  for (std::uint64_t i = 0; i <= key_count; ++i) {
+    const auto shape = pick(0, 9);
+    if (shape == 0) {
+      names.push_back("k" + std::to_string(i));
+    } else if (shape == 1) {
+      names.push_back(hex(32));
+    } else if (shape == 2) {
+      names.push_back(upper(hex(32)));
+    } else if (shape <= 4) {
+      names.push_back(hex(64));
+    } else if (shape == 5) {
+      names.push_back(upper(hex(64)));
+    } else if (shape == 6) {  // mixed case: not packed
+      std::string h = hex(64);
+      h[pick(0, 63)] = 'A';
+      h[pick(0, 63)] = 'b';
+      names.push_back(h);
+    } else if (shape == 7 && !names.empty()) {  // an earlier key in the other case
+      const std::string& e = names[pick(0, names.size() - 1)];
+      names.push_back(upper(e) == e ? e + "x" : upper(e));
+    } else if (shape == 8 && !names.empty()) {  // an earlier key's digits, extended
+      names.push_back(names[pick(0, names.size() - 1)] + hex(32));
+    } else {
+      names.push_back(hex(pick(0, 1) ? 31 : 65));
+    }
+  }
+  auto random_key = [&] { return names[pick(0, key_count)]; };
   auto random_keys = [&](std::size_t most) {
     strs keys(pick(0, most));
     for (auto& k : keys) k = random_key();

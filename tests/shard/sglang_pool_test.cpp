@@ -377,6 +377,102 @@ TEST(SglangPool, RestoreRefusesBadImagesAndLeavesUnownedPagesBindable) {
   EXPECT_EQ(free_stack(out), (std::vector<std::uint32_t>{0, 1}));  // a's old page
 }
 
+// ---------------------------------------------------------------------------------------
+// Keys: 32- and 64-hex keys are stored packed, every key comes back as it was sent
+
+namespace {
+const std::string hex64_lower = "0123456789abcdef0123456789abcdef00112233445566778899aabbccddeeff";
+const std::string hex64_upper = "0123456789ABCDEF0123456789ABCDEF00112233445566778899AABBCCDDEEFF";
+const std::string hex64_mixed = "0123456789ABCDEF0123456789abcdef00112233445566778899aabbccddeeff";
+const std::string hex32_lower = "0123456789abcdef0123456789abcdef";
+const std::string hex32_upper = "0123456789ABCDEF0123456789ABCDEF";
+}  // namespace
+
+TEST(SglangPoolKeys, EveryShapeIsItsOwnKeyAndComesBackAsSent) {
+  sglang_pool pool(16);
+  const strs keys{hex64_upper, hex64_lower,       hex64_mixed, hex32_lower,
+                  hex32_upper, hex32_lower + "x", "k1"};
+  const ints pages = store(pool, keys);
+  EXPECT_EQ(pages, (ints{15, 14, 13, 12, 11, 10, 9}));  // seven keys, seven pages
+  EXPECT_EQ(get(pool, keys), pages);
+  const sglang_image img = pool.image();
+  ASSERT_EQ(img.bound.size(), keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(img.bound[i].first, keys[i]);  // case included
+    EXPECT_EQ(img.bound[i].second, static_cast<std::uint64_t>(pages[i]));
+  }
+  // Case is identity: the other case of a stored key is another key.
+  EXPECT_EQ(exists(pool, {"0123456789abcdef0123456789abcdef00112233445566778899AABBCCDDEEFF",
+                          hex32_lower.substr(0, 31) + "F", hex64_upper}),
+            (std::vector<bool>{false, false, true}));
+  std::vector<std::string_view> v{hex64_upper};
+  std::vector<sglang_key_report> report(1);
+  pool.inspect(v, report);
+  EXPECT_EQ(report[0].page, 15);
+  EXPECT_EQ(pool.verify(), "");
+}
+
+TEST(SglangPoolKeys, PackedKeysSurviveEvictionDeleteRestoreAndClear) {
+  sglang_pool pool(3, sglang_config{.reservation_ttl = 100, .read_lease = 0});
+  EXPECT_EQ(store(pool, {hex64_upper, hex32_upper, hex64_lower}), (ints{2, 1, 0}));
+  // A fourth key evicts the least recently used: the upper-case 64-hex key.
+  EXPECT_EQ(reserve(pool, {hex64_mixed}, 1), S({{false, 2}}));
+  EXPECT_EQ(exists(pool, {hex64_upper, hex64_lower}), (std::vector<bool>{false, true}));
+  // In flight, the key comes back as sent from inspect's scan and the image.
+  std::vector<std::string_view> v{hex64_mixed};
+  std::vector<sglang_key_report> report(1);
+  pool.inspect(v, report);
+  EXPECT_EQ(report[0].reserved_page, 2);
+  EXPECT_EQ(pool.image().reserved.at(0).key, hex64_mixed);
+  EXPECT_EQ(del(pool, {hex32_upper, hex32_lower}), 1u);
+  EXPECT_EQ(confirm(pool, {hex64_mixed}, {2}, {}, 2), "");
+  const sglang_image img = pool.image();
+  ASSERT_EQ(img.bound.size(), 2u);
+  EXPECT_EQ(img.bound[0], (std::pair<std::string, std::uint64_t>{hex64_lower, 0}));
+  EXPECT_EQ(img.bound[1], (std::pair<std::string, std::uint64_t>{hex64_mixed, 2}));
+  sglang_pool copy(0);
+  std::string error;
+  ASSERT_TRUE(sglang_pool::restore(img, {}, copy, error)) << error;
+  EXPECT_EQ(copy.verify(), "");
+  EXPECT_EQ(copy.image().bound, img.bound);
+  EXPECT_EQ(get(copy, {hex64_mixed, hex64_lower, hex64_upper}), (ints{2, 0, -1}));
+  copy.clear();
+  EXPECT_EQ(exists(copy, {hex64_lower}), (std::vector<bool>{false}));
+  EXPECT_EQ(store(copy, {hex64_lower, hex64_upper}), (ints{2, 1}));
+  EXPECT_EQ(copy.verify(), "");
+}
+
+TEST(SglangPoolKeys, PagesPast32BitsAreKeptWhole) {
+  sglang_pool pool(std::uint64_t{1} << 47);
+  const std::int64_t top = (std::int64_t{1} << 47) - 1;
+  EXPECT_EQ(store(pool, {hex64_upper, "k"}), (ints{top, top - 1}));
+  EXPECT_EQ(get(pool, {hex64_upper, "k"}), (ints{top, top - 1}));
+  EXPECT_EQ(pool.image().bound.at(0).second, static_cast<std::uint64_t>(top));
+  EXPECT_EQ(pool.verify(), "");
+}
+
+// The target (<= 72 bytes per binding with 64-hex keys), as the pool counts its
+// own memory: a 64-byte node and a share of the bucket table, no key on the heap.
+TEST(SglangPoolKeys, A64HexKeyCostsItsNodeAndABucket) {
+  constexpr std::size_t n = 4096;
+  sglang_pool pool(n);
+  strs keys;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string k = hex64_lower;
+    for (int d = 0; d < 4; ++d)
+      k[static_cast<std::size_t>(d)] = "0123456789abcdef"[(i >> (4 * d)) & 15];
+    keys.push_back(k);
+  }
+  const std::size_t before = pool.memory_bytes();
+  for (std::size_t i = 0; i < n; i += 128) {
+    store(pool, strs(keys.begin() + static_cast<std::ptrdiff_t>(i),
+                     keys.begin() + static_cast<std::ptrdiff_t>(i + 128)));
+  }
+  EXPECT_EQ(pool.stats().keys, n);
+  EXPECT_LE((pool.memory_bytes() - before) / n, 72u);
+  EXPECT_EQ(pool.verify(), "");
+}
+
 TEST(SglangPools, PoolsAreIndependentPerRankAndNamespace) {
   sglang_pools pools;
   EXPECT_EQ(pools.initialize(0, "kv", 4).outcome, sglang_init::created);
