@@ -120,7 +120,9 @@ sglang_pool::probe sglang_pool::make_probe(std::string_view key) {
 }
 
 bool sglang_pool::matches(const node& n, const probe& k) {
-  if (n.shape != static_cast<std::uint8_t>(k.shape)) return false;
+  if (n.tag != static_cast<std::uint8_t>(k.hash >> 24) ||
+      n.shape != static_cast<std::uint8_t>(k.shape))
+    return false;
   if (k.shape == key_shape::other) {
     return key_blob::view(reinterpret_cast<const char*>(n.key[0])) == k.text;
   }
@@ -227,6 +229,7 @@ void sglang_pool::bind_key(const probe& k, std::uint64_t page, sglang_confirm_st
       n.key[3] = k.rest.hi;
     }
     n.shape = static_cast<std::uint8_t>(k.shape);
+    n.tag = static_cast<std::uint8_t>(k.hash >> 24);
     n.set_page(page);
     index_node(i, k.hash);
   }

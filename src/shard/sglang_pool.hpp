@@ -263,6 +263,7 @@ class sglang_pool {
     std::uint32_t chain = 0;           // the next node of its bucket (0: none)
     std::uint16_t page_hi = 0;         // page bits 32..47 (pages < pages_max = 2^48)
     std::uint8_t shape = free_shape;   // key_shape, or free_shape
+    std::uint8_t tag = 0;              // the key's hash bits 24..31: most mismatches end here
     std::uint64_t page() const { return page_lo | std::uint64_t{page_hi} << 32; }
     void set_page(std::uint64_t p) {
       page_lo = static_cast<std::uint32_t>(p);
