@@ -23,7 +23,8 @@ class frame_pool {
 // Frames from the global heap: a coroutine that lives long or may end on another thread.
 struct heap_frames {
   static void* allocate(std::size_t bytes) { return ::operator new(bytes); }
-  static void release(void* frame, std::size_t bytes) noexcept { ::operator delete(frame, bytes); }
+  // Unsized: clang (the fuzz build) has no sized deallocation unless asked for it.
+  static void release(void* frame, std::size_t) noexcept { ::operator delete(frame); }
 };
 
 // A fire-and-forget coroutine: starts eagerly, destroys itself at its end; exceptions are
