@@ -35,7 +35,8 @@ constexpr const char* kSlowHeader =
 class slow_etcd {
  public:
   explicit slow_etcd(lease_ms delay, std::string leader)
-      : delay_(delay), leader_(std::move(leader)) {}
+      : delay_(delay),
+        election_(std::move(leader), R"({"node":"n1"})", kSlowHeader, kSlowEpoch, kSlowLease) {}
 
   gateway_answer answer(const gateway_request& request) {
     if (request.path == "/v3/lease/grant") {
@@ -50,22 +51,7 @@ class slow_etcd {
     if (request.path == "/v3/watch") {
       return {200, fmt::format(R"({{"result":{{{},"created":true}}}})", kSlowHeader), true};
     }
-    if (request.path == "/v3/kv/txn") {
-      std::lock_guard lock(mutex_);
-      if (request.body.find("request_put") != std::string::npos) {  // the campaign
-        key_written_ = true;
-        return {200,
-                fmt::format(R"({{{0},"succeeded":true,"responses":[{{"response_put":{{{0}}}}},)"
-                            R"({{"response_range":{{{0},"kvs":[{1}],"count":"1"}}}}]}})",
-                            kSlowHeader, leader_kv())};
-      }
-      const std::string first = key_written_ ? fmt::format(R"("kvs":[{}],"count":"1")", leader_kv())
-                                             : std::string(R"("count":"0")");
-      return {200,
-              fmt::format(R"({{{0},"succeeded":true,"responses":[)"
-                          R"({{"response_range":{{{0},{1}}}}},{{"response_range":{{{0}}}}}]}})",
-                          kSlowHeader, first)};
-    }
+    if (request.path == "/v3/kv/txn") return election_.txn(request);
     return {404, R"({"error":"not scripted","code":5})"};
   }
 
@@ -87,12 +73,6 @@ class slow_etcd {
     bool open = false;
   };
 
-  std::string leader_kv() const {
-    return fmt::format(
-        R"({{"key":"{}","value":"{}","create_revision":"{}","mod_revision":"{}","version":"1","lease":"{}"}})",
-        ha::base64_encode(leader_), ha::base64_encode(R"({"node":"n1"})"), kSlowEpoch, kSlowEpoch,
-        kSlowLease);
-  }
   // The request arrived: wait for the gate (10 s at most), then until `delay` after it
   // arrived, the slow etcd's answer time.
   void hold(gate& g) {
@@ -116,12 +96,11 @@ class slow_etcd {
   }
 
   const lease_ms delay_;
-  const std::string leader_;
+  scripted_election election_;
   std::mutex mutex_;
   std::condition_variable changed_;
   gate grant_, first_keepalive_, later_keepalives_;
   std::atomic<int> keepalives_{0};
-  bool key_written_ = false;  // under mutex_
 };
 
 // A time point readable in a failure message (steady clock nanoseconds).

@@ -37,7 +37,8 @@ constexpr const char* kFencingHeader =
 class electing_etcd {
  public:
   electing_etcd(std::string cluster, std::string node)
-      : key_(ha::leader_key(cluster)), value_(fmt::format(R"({{"node":"{}"}})", node)) {}
+      : election_(ha::leader_key(cluster), fmt::format(R"({{"node":"{}"}})", node), kFencingHeader,
+                  kFencingEpoch, kFencingLease) {}
 
   gateway_answer answer(const gateway_request& request) {
     if (request.path == "/v3/lease/grant" || request.path == "/v3/lease/keepalive") {
@@ -49,36 +50,12 @@ class electing_etcd {
     if (request.path == "/v3/lease/revoke") return {200, fmt::format("{{{}}}", kFencingHeader)};
     if (request.path == "/v3/watch")
       return {200, fmt::format(R"({{"result":{{{},"created":true}}}})", kFencingHeader), true};
-    if (request.path == "/v3/kv/txn") {
-      std::lock_guard lock(mutex_);
-      if (request.body.find("request_put") != std::string::npos) {  // the campaign
-        key_written_ = true;
-        return {200,
-                fmt::format(R"({{{0},"succeeded":true,"responses":[{{"response_put":{{{0}}}}},)"
-                            R"({{"response_range":{{{0},"kvs":[{1}],"count":"1"}}}}]}})",
-                            kFencingHeader, leader_kv())};
-      }
-      const std::string first = key_written_ ? fmt::format(R"("kvs":[{}],"count":"1")", leader_kv())
-                                             : std::string(R"("count":"0")");
-      return {200,
-              fmt::format(R"({{{0},"succeeded":true,"responses":[)"
-                          R"({{"response_range":{{{0},{1}}}}},{{"response_range":{{{0}}}}}]}})",
-                          kFencingHeader, first)};
-    }
+    if (request.path == "/v3/kv/txn") return election_.txn(request);
     return {404, R"({"error":"not scripted","code":5})"};
   }
 
  private:
-  std::string leader_kv() const {
-    return fmt::format(
-        R"({{"key":"{}","value":"{}","create_revision":"{}","mod_revision":"{}","version":"1","lease":"{}"}})",
-        ha::base64_encode(key_), ha::base64_encode(value_), kFencingEpoch, kFencingEpoch,
-        kFencingLease);
-  }
-
-  const std::string key_, value_;
-  std::mutex mutex_;
-  bool key_written_ = false;  // under mutex_
+  scripted_election election_;
 };
 
 // A sim_node whose ha control leads (a 60 s lease, renewed every second).

@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "ha/base64.hpp"
+
 namespace {
 
 struct gateway_request {
@@ -145,6 +147,49 @@ class fake_gateway {
   std::vector<gateway_request> seen_;       // under mutex_
   std::vector<int> open_;                   // under mutex_
   std::vector<std::thread> conversations_;  // under mutex_ until the acceptor ends
+};
+
+// The etcd side of one node's election, as scripted gateways answer it: the node's
+// campaign txn writes the leader key (`key` = `value`, created at revision `epoch` under
+// lease `lease`) and wins; every other txn reads the leader key, absent until then.
+// `header` is the response header every answer carries. Any thread.
+class scripted_election {
+ public:
+  scripted_election(std::string key, std::string value, std::string header, std::int64_t epoch,
+                    std::int64_t lease)
+      : key_(std::move(key)),
+        value_(std::move(value)),
+        header_(std::move(header)),
+        epoch_(epoch),
+        lease_(lease) {}
+
+  // The answer to a POST /v3/kv/txn.
+  gateway_answer txn(const gateway_request& request) {
+    std::lock_guard lock(mutex_);
+    if (request.body.find("request_put") != std::string::npos) {  // the campaign
+      key_written_ = true;
+      return {200, fmt::format(R"({{{0},"succeeded":true,"responses":[{{"response_put":{{{0}}}}},)"
+                               R"({{"response_range":{{{0},"kvs":[{1}],"count":"1"}}}}]}})",
+                               header_, leader_kv())};
+    }
+    const std::string first = key_written_ ? fmt::format(R"("kvs":[{}],"count":"1")", leader_kv())
+                                           : std::string(R"("count":"0")");
+    return {200, fmt::format(R"({{{0},"succeeded":true,"responses":[)"
+                             R"({{"response_range":{{{0},{1}}}}},{{"response_range":{{{0}}}}}]}})",
+                             header_, first)};
+  }
+
+ private:
+  std::string leader_kv() const {
+    return fmt::format(
+        R"({{"key":"{}","value":"{}","create_revision":"{}","mod_revision":"{}","version":"1","lease":"{}"}})",
+        metad::ha::base64_encode(key_), metad::ha::base64_encode(value_), epoch_, epoch_, lease_);
+  }
+
+  const std::string key_, value_, header_;
+  const std::int64_t epoch_, lease_;
+  std::mutex mutex_;
+  bool key_written_ = false;  // under mutex_
 };
 
 }  // namespace
