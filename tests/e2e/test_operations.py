@@ -1297,7 +1297,11 @@ class MemoryBudgetTest(OpsTestCase):
             w.join()
         peak = max(peak, rss_bytes(server.proc.pid))
         self.assertEqual(failures, [])
-        self.assertLessEqual(peak, budget, f"RSS {peak >> 20} MiB")
+        # The resident size is the server's own only without a sanitizer: ASan's shadow
+        # memory (an eighth of what the heap touches) and its quarantine of freed blocks
+        # count in it too (1,119 MiB once under ASan). The release stage checks the peak.
+        if not sanitized(server.proc.pid):
+            self.assertLessEqual(peak, budget, f"RSS {peak >> 20} MiB")
         m = self.scrape(server)
         self.assertGreaterEqual(m.get("hf3fs_metad_memory_refusals_total", what="allocation"), 2)
 
