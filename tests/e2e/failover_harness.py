@@ -1143,7 +1143,12 @@ class FailoverCase(HaCase):
         unlisted: bindings of rank 0 acknowledged but not in the ledger (a bulk fill whose
         sample the ledger holds), counted in the rank's total."""
         bound, reserved = ledger.snapshot()
+        # What is checked is the node's state, not its availability: the check starts once
+        # the node serves (right after etcd's quorum returns it may step down and back).
+        self.assertTrue(wait_until(lambda: ready(node.base_url), 10),
+                        f"{node.id} does not serve for the ledger check:\n{node.log(20)}")
         result = check_ledger(node.base_url, bound)
+        self.assertEqual(result["errors"], 0, result["details"])
         self.assertEqual(result["checked"], ledger.bound_count())
         self.assertEqual((result["lost"], result["moved"], result["duplicate_pages"],
                           result["ledger_duplicates"], result["errors"]), (0, 0, 0, 0, 0),
