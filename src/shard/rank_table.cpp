@@ -41,6 +41,7 @@ init_result rank_table::initialize(std::int64_t rank, std::int64_t num_pages,
   auto [it, created] = impl_->ranks.try_emplace(rank);
   rank_state& rs = it->second;
   if (created) {
+    rs.keys.map.share(impl_->wide_keys);
     if (impl_->bulk) rs.keys.map.set_bulk(true);
     rs.pool.grow(pages);
     return {init_outcome::created, 0};
@@ -396,6 +397,8 @@ void rank_table::set_bulk(bool on) {
     map.set_bulk(on);
     if (!on) map.shrink_to_fit();
   }
+  impl_->wide_keys.set_bulk(on);
+  if (!on) impl_->wide_keys.shrink_to_fit();
 }
 
 void rank_table::reserve_keys(std::int64_t rank, std::size_t n) {
@@ -532,6 +535,7 @@ std::uint64_t rank_table::refused_releases() const { return impl_->refused_relea
 std::uint64_t rank_table::expired_reservations() const { return impl_->expired; }
 void rank_table::advance_growth() {
   for (auto& entry : impl_->ranks) entry.second.keys.map.advance_growth();
+  impl_->wide_keys.advance_growth();
 }
 
 void rank_table::clear() { impl_->ranks.clear(); }
@@ -565,8 +569,15 @@ std::string rank_table_detail::rank_state::verify() const {
 }
 
 std::string rank_table::verify() const {
+  std::size_t held = 0;
   for (const auto& [rank, rs] : impl_->ranks) {
     if (std::string e = rs.verify(); !e.empty()) return fmt::format("rank {}: {}", rank, e);
+    if (rs.keys.map.shares_store()) held += rs.keys.map.wide_size();
+  }
+  std::size_t refs = 0;
+  if (std::string e = impl_->wide_keys.verify(refs); !e.empty()) return e;
+  if (refs != held) {
+    return fmt::format("the ranks hold {} wide keys, their records count {} holders", held, refs);
   }
   return {};
 }

@@ -17,6 +17,7 @@
 #include "shard/rank_keys.hpp"
 #include "shard/rank_table.hpp"
 #include "shard/reservation_queue.hpp"
+#include "shard/wide_store.hpp"
 
 namespace metad::shard {
 namespace rank_table_detail {
@@ -70,7 +71,7 @@ struct rank_state {
 
   // What verify() walks for this rank (METAD_VERIFY_AFTER's n).
   std::size_t verify_size() const {
-    return keys.size() + quarantine.size() + pool.high_water() / 16;
+    return keys.size() + keys.map.store_size() + quarantine.size() + pool.high_water() / 16;
   }
   // The rank's invariants (rank_table.hpp); "" when they hold.
   std::string verify() const;
@@ -81,6 +82,9 @@ struct rank_state {
 struct rank_table::impl {
   using rank_state = rank_table_detail::rank_state;
 
+  // The records of the ranks' wide keys (SHA-256 hashes: see wide_store), one per key
+  // whichever of this core's ranks hold it. Declared first: the ranks release theirs.
+  wide_store wide_keys;
   std::unordered_map<std::int64_t, rank_state> ranks;
   std::uint64_t reservation_ttl = 0;  // 0: reservations never expire
   bool bulk = false;                  // recovery: key tables grow at once

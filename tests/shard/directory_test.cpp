@@ -60,7 +60,7 @@ TEST(Directory, KeysAreIndependent) {
 // incomplete (leases end), the last binding takes the key out, a binding whose
 // confirmation has not arrived yet absorbs it, and a removal in progress counts one less.
 TEST(Directory, LostBindingsCountOneLess) {
-  for (const std::string key : {std::string(32, 'a'), std::string("odd key")}) {
+  for (const std::string& key : {std::string(32, 'a'), std::string("odd key")}) {
     SCOPED_TRACE(key);
     directory d;
     d.add_confirmation(key, 2, 1);

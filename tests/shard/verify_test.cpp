@@ -50,7 +50,7 @@ template <>
 struct verify_access<rank_table> {
   // Breaks invariant `which` of initialised rank `rank`: 0, a reserved page loses its owner
   // record (its key still naming it); 1, the expiry queue loses its entries; 2, a free
-  // page is quarantined.
+  // page is quarantined; 3, a wide key's record counts a holder no rank is.
   static void break_invariant(rank_table& t, std::int64_t rank, int which) {
     rank_table_detail::rank_state& rs = t.impl_->ranks.at(rank);
     switch (which) {
@@ -66,6 +66,9 @@ struct verify_access<rank_table> {
         break;
       case 2:
         rs.quarantine.push_back({0, static_cast<std::uint32_t>(rs.pool.high_water())});
+        break;
+      case 3:
+        t.impl_->wide_keys.for_each([](const packed_key&, wide_record& r) { ++r.refs; });
         break;
     }
   }
@@ -167,6 +170,19 @@ TEST(Verify, RankTableReportsOwnersExpiryAndQuarantine) {
   verify_access<rank_table>::break_invariant(c, 3, 2);
   EXPECT_TRUE(verify_reports(c.verify(), "1 quarantined pages, 2 reserved pages"));
   EXPECT_EQ(c.check_invariants(), c.verify());
+  // Two ranks hold one SHA-256 key: one record, two holders; a third is a miscount.
+  rank_table d;
+  const std::string sha(64, 'c');
+  for (std::int64_t rank : {1, 2}) {
+    d.initialize(rank, 4);
+    const std::vector<std::string_view> keys{sha};
+    std::vector<std::uint32_t> distinct;
+    std::vector<std::int64_t> pages;
+    d.allocate(rank, keys, 1, distinct, pages);
+  }
+  ASSERT_EQ(d.verify(), "");
+  verify_access<rank_table>::break_invariant(d, 1, 3);
+  EXPECT_TRUE(verify_reports(d.verify(), "the ranks hold 2 wide keys, their records count 3"));
 }
 
 TEST(Verify, DirectoryReportsBindingsAndRemovals) {

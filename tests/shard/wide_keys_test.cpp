@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "shard/dual_key_map.hpp"
 #include "shard/packed_key.hpp"
 #include "shard/rank_table.hpp"
+#include "shard/wide_store.hpp"
 
 // The hex shapes besides 32 lowercase characters (32 uppercase, 64 of one case): their
 // packing, and the wide form of dual_key_map that stores them.
@@ -274,6 +276,90 @@ TEST(WideKeys, AgreesWithAModelThroughGrowth) {
     seen[text] = word;
   });
   EXPECT_EQ(seen, model);
+}
+
+// Maps sharing one store (a core's ranks): each sees only its own keys and words, a key
+// that several hold has one record (the first holder's word inline, the others' in
+// their index), and a map that goes away releases what it held.
+TEST(WideKeys, MapsSharingAStoreKeepOneRecordPerKeyAndTheirOwnWords) {
+  std::mt19937_64 rng(41);
+  std::vector<std::string> universe;
+  for (int i = 0; i < 400; ++i) {
+    universe.push_back(wide_random_hex(rng, 64, i % 2 == 1));
+    if (i % 5 == 0) universe.push_back(wide_random_hex(rng, 32, true));
+  }
+  // A colliding pair: whichever comes second to the store takes the key_map form.
+  universe.push_back(colliding_key(universe[0], packed_key{7, 9}, key_shape::hex64));
+  wide_store store;
+  constexpr int kMaps = 4;
+  std::vector<std::unique_ptr<wide_map>> maps(kMaps);
+  std::vector<std::map<std::string, std::uint32_t>> models(kMaps);
+  const auto fresh = [&](int i) {
+    maps[i] = std::make_unique<wide_map>();
+    maps[i]->share(store);
+    models[i].clear();
+  };
+  for (int i = 0; i < kMaps; ++i) fresh(i);
+  const auto check = [&] {
+    std::size_t held = 0;
+    std::set<std::string> distinct;
+    for (int i = 0; i < kMaps; ++i) {
+      ASSERT_EQ(maps[i]->verify(), "") << i;
+      ASSERT_EQ(maps[i]->size(), models[i].size()) << i;
+      held += maps[i]->wide_size();
+      std::map<std::string, std::uint32_t> seen;
+      std::string text;
+      maps[i]->for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+        wide_map::key_text(h, text);
+        seen[text] = word;
+        distinct.insert(text);
+      });
+      maps[i]->for_each_other([&](const wide_map::other_slot& slot) {
+        seen[std::string(key_blob::view(slot.key))] = slot.value;
+      });
+      ASSERT_EQ(seen, models[i]) << i;
+    }
+    std::size_t refs = 0;
+    ASSERT_EQ(store.verify(refs), "");
+    EXPECT_EQ(refs, held);
+    EXPECT_EQ(store.size(), distinct.size());
+  };
+  for (int step = 0; step < 20000; ++step) {
+    const int i = static_cast<int>(rng() % kMaps);
+    const std::string& k = universe[rng() % universe.size()];
+    const parsed_key p = as_parsed(k);
+    const auto e = maps[i]->find(k, p);
+    const auto it = models[i].find(k);
+    ASSERT_EQ(static_cast<bool>(e), it != models[i].end()) << k;
+    if (e) {
+      ASSERT_EQ(*e.value(), it->second);
+      if (rng() % 3 == 0) {
+        maps[i]->erase(e);
+        models[i].erase(it);
+      }
+    } else {
+      const auto v = static_cast<std::uint32_t>(step + 1);
+      const key_handle h = maps[i]->insert(k, p, v);
+      models[i][k] = v;
+      // Another map holding the key names the same record.
+      for (int j = 0; j < kMaps && h.wide(); ++j) {
+        const auto other = maps[j]->find(k, p);
+        if (j != i && other) {
+          EXPECT_EQ(other.record, h.record());
+        }
+      }
+    }
+    if (step % 997 == 0) {
+      check();
+      store.advance_growth();
+    }
+    if (step % 5003 == 5002) fresh(static_cast<int>(rng() % kMaps));  // one goes away
+  }
+  check();
+  for (int i = 0; i < kMaps; ++i) maps[i]->clear();
+  EXPECT_EQ(store.size(), 0u);
+  maps.clear();
+  EXPECT_EQ(store.maps(), 0u);
 }
 
 // The vLLM key store and the directory, with 64-hex keys of both cases.
