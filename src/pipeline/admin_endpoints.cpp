@@ -155,6 +155,8 @@ void end_metrics(node& nd, scratch& s) {
   snap.refused_ranks = nd.memory.refused_ranks.load(std::memory_order_relaxed);
   snap.refused_bodies = nd.memory.refused_bodies.load(std::memory_order_relaxed);
   snap.refused_allocations = nd.memory.refused_allocations.load(std::memory_order_relaxed);
+  snap.refused_cuts = nd.memory.refused_cuts.load(std::memory_order_relaxed);
+  snap.cut_charge = nd.memory.cut_charge();
   const api::rank_pool& pool = s.rank_rows.pool();
   snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
   snap.rank_series_omitted = s.rank_rows.omitted();

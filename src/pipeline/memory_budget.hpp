@@ -3,9 +3,10 @@
 // taken: a rank or pool when it is created (a constant: pools cost what they hold, not
 // their num_pages), the pages, bindings and key bytes an allocation adds to a pool
 // (through each core's memory_credit, in chunks), a request body beyond 64 KiB when its
-// size is announced. A charge that would take the server past the budget is refused
-// (an initialization gets a 507, a body a 503, an allocation is answered as by a full
-// pool), and everything else goes on.
+// size is announced, and, while a child forked for a standby's snapshot runs, the pages
+// it may cost (begin_cut). A charge that would take the server past the budget is
+// refused (an initialization gets a 507, a body a 503, an allocation is answered as by
+// a full pool, a snapshot cut waits), and everything else goes on.
 //
 // What counts as used is the process's resident memory, sampled on core 0's tick (and
 // again before refusing), plus the charges made since that sample (a burst of
@@ -22,6 +23,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
+
+#include "metad/assert.hpp"
 
 namespace metad::pipeline {
 
@@ -56,7 +60,7 @@ class memory_budget {
   std::uint64_t max() const { return max_; }
   std::uint64_t used() const {
     return resident_.load(std::memory_order_relaxed) + recent_.load(std::memory_order_relaxed) +
-           bodies_.load(std::memory_order_relaxed);
+           bodies_.load(std::memory_order_relaxed) + cuts_.load(std::memory_order_relaxed);
   }
 
   // Memory a rank's pool will keep (created or grown): false, and nothing charged, if
@@ -74,6 +78,39 @@ class memory_budget {
   // release_body(), whatever the samples say (most of it has not arrived yet).
   bool charge_body(std::uint64_t bytes) { return charge(bodies_, bytes); }
   void release_body(std::uint64_t bytes) { bodies_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  // A snapshot cut forked from the server (repl::snapshot_cut): the child shares every
+  // page of the process copy-on-write, so each page the server writes while a child
+  // runs is copied, and the copies are nobody's resident size (the server's stays the
+  // same; the child's counts the originals). The worst case, every page written before
+  // the cut ends, is the resident size at the fork: that is charged while any cut runs.
+  // Cuts forked together (a standby's hello reaches every core within milliseconds)
+  // share one charge, raised to the resident size at the latest fork (the pages they
+  // share are copied once). False, and nothing charged, if it does not fit: the cut
+  // waits (the standby is answered busy and connects again). Every true is ended by
+  // one end_cut(), when that child has been reaped.
+  bool begin_cut() {
+    std::lock_guard lock(cuts_mutex_);
+    sample();
+    const std::uint64_t resident = resident_.load(std::memory_order_relaxed);
+    const std::uint64_t held = cuts_.load(std::memory_order_relaxed);
+    const std::uint64_t more = resident > held ? resident - held : 0;
+    if (more > 0 && !try_charge(cuts_, more, 0)) {
+      refused_cuts.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    ++cuts_running_;
+    return true;
+  }
+  void end_cut() {
+    std::lock_guard lock(cuts_mutex_);
+    METAD_ASSERT(cuts_running_ > 0);
+    if (--cuts_running_ == 0) cuts_.store(0, std::memory_order_relaxed);
+  }
+  // The resident size at the latest sample.
+  std::uint64_t resident() const { return resident_.load(std::memory_order_relaxed); }
+  // What running cuts hold of the budget (0 when none runs).
+  std::uint64_t cut_charge() const { return cuts_.load(std::memory_order_relaxed); }
 
   // Reads the resident size; the charges made before the read are in it now. One
   // caller at a time (another's concurrent call returns at once).
@@ -94,6 +131,7 @@ class memory_budget {
 
   // Refusals, by what was refused (metrics).
   std::atomic<std::uint64_t> refused_ranks{0}, refused_bodies{0}, refused_allocations{0};
+  std::atomic<std::uint64_t> refused_cuts{0};
 
  private:
   bool charge(std::atomic<std::uint64_t>& counter, std::uint64_t bytes, std::uint64_t spared = 0) {
@@ -129,6 +167,9 @@ class memory_budget {
   std::atomic<std::uint64_t> resident_{0};
   std::atomic<std::uint64_t> recent_{0};
   std::atomic<std::uint64_t> bodies_{0};
+  std::atomic<std::uint64_t> cuts_{0};  // written under cuts_mutex_
+  std::mutex cuts_mutex_;
+  int cuts_running_ = 0;  // guarded by cuts_mutex_
   std::atomic<std::uint64_t> generation_{0};
   std::atomic_flag sampling_ = ATOMIC_FLAG_INIT;
 };

@@ -163,15 +163,20 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
          "Memory counted against the budget: resident size plus what was charged since it was "
          "sampled.",
          snap.memory_used);
+  scalar("hf3fs_metad_memory_snapshot_cut_bytes", "gauge",
+         "Counted against the budget while a forked child cuts a standby's snapshot: the "
+         "pages it may copy (the resident size at the fork; 0 when no cut runs).",
+         snap.cut_charge);
   line(out,
        "# HELP hf3fs_metad_memory_refusals_total Rank and pool creations (507), request "
-       "bodies (503) and allocations (answered as by a full pool) refused because they did "
-       "not fit the budget.");
+       "bodies (503), allocations (answered as by a full pool) and snapshot cuts (the "
+       "standby waits) refused because they did not fit the budget.");
   line(out, "# TYPE hf3fs_metad_memory_refusals_total counter");
   line(out, "hf3fs_metad_memory_refusals_total{{what=\"rank\"}} {}", snap.refused_ranks);
   line(out, "hf3fs_metad_memory_refusals_total{{what=\"body\"}} {}", snap.refused_bodies);
   line(out, "hf3fs_metad_memory_refusals_total{{what=\"allocation\"}} {}",
        snap.refused_allocations);
+  line(out, "hf3fs_metad_memory_refusals_total{{what=\"snapshot_cut\"}} {}", snap.refused_cuts);
   line(out,
        "# HELP hf3fs_metad_rank_reinitialized_total Worker initializations of an existing rank "
        "with another page count: grown or shrunk.");

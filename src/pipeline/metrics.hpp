@@ -111,7 +111,7 @@ struct metrics_snapshot {
   std::uint64_t ranks = 0;
   // --memory-max, the memory counted against it, and what it refused.
   std::uint64_t memory_max = 0, memory_used = 0, refused_ranks = 0, refused_bodies = 0;
-  std::uint64_t refused_allocations = 0;
+  std::uint64_t refused_allocations = 0, refused_cuts = 0, cut_charge = 0;
   pool_pages pages;                                     // summed over every rank
   lookup_counts lookups;                                // vLLM's and SGLang's default tenant
   std::map<std::string, lookup_counts> tenant_lookups;  // SGLang's named tenants, sorted

@@ -63,7 +63,22 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
     a.status = repl::answer_status::busy;
     a.lsn = 0;
   }
+  if (a.status == repl::answer_status::need_snapshot && !nd.memory.begin_cut()) {
+    // The fork's copy-on-write worst case does not fit --memory-max (memory_budget.hpp,
+    // begin_cut): the cut waits until it does; logged once until a cut starts.
+    const auto mib = [](std::uint64_t bytes) { return bytes >> 20; };
+    if (!l.cut_waits)
+      log::warn(
+          "replication: core {}: node {} needs a snapshot, but the child that cuts it may copy "
+          "up to the resident size ({} MiB) while it runs, and --memory-max ({} MiB, {} MiB "
+          "used) has no room for that: the standby waits (answered busy) until it fits",
+          c, h.node, mib(nd.memory.resident()), mib(nd.memory.max()), mib(nd.memory.used()));
+    l.cut_waits = true;
+    a.status = repl::answer_status::busy;
+    a.lsn = 0;
+  }
   if (a.status == repl::answer_status::need_snapshot) {
+    l.cut_waits = false;
     l.last_cut_ns = now;
     a.lsn = log.end();  // the state now is the log up to its end, pending records included
     repl::encode(e.out, a);
@@ -76,10 +91,13 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
     const auto encode = [this, c, &head](const std::function<void(std::string&)>& write) {
       encode_snapshot(c, head, write);
     };
-    if (l.cut.start(encode, have_process_cpus ? &process_cpus : nullptr, c, h.node, head.lsn))
+    if (l.cut.start(encode, have_process_cpus ? &process_cpus : nullptr, c, h.node, head.lsn)) {
       share(c).cutting.store(true);
-    else
+      l.cut_charged = true;
+    } else {
+      nd.memory.end_cut();  // no child: nothing is copied
       cut_here(c, e, head, h.node);
+    }
   } else {
     repl::encode(e.out, a);
     send(c, e);
@@ -152,14 +170,22 @@ void replication::impl::pump_cut(int c, core_end& e, leading_end& l) {
   using outcome = repl::snapshot_cut::outcome;
   const outcome o = l.cut.pump(link->at(c), e.stream, queued_max / 2);
   if (o == outcome::pending) return;
-  share(c).cutting.store(false);
+  end_cut(c, l);
   if (o == outcome::done) return static_cast<void>(nd.repl.snapshots_sent.fetch_add(1));
   close(c, e);
 }
 
 void replication::impl::abort_cut(int c, leading_end& l) {
   l.cut.abort();
+  end_cut(c, l);
+}
+
+// The child is reaped (or was never started): its pages are no longer charged.
+void replication::impl::end_cut(int c, leading_end& l) {
+  METAD_ASSERT(!l.cut.running());
   share(c).cutting.store(false);
+  if (l.cut_charged) nd.memory.end_cut();
+  l.cut_charged = false;
 }
 
 void replication::impl::on_ack(int c, core_end& e, leading_end& l, const repl::ack& a) {

@@ -50,6 +50,8 @@ struct leading_end {
   repl::retained_log retained;    // from this leadership's first stream on
   repl::snapshot_cut cut;         // a new standby's snapshot, cut by a child
   std::uint64_t last_cut_ns = 0;  // when the latest cut began (kCutIntervalMs)
+  bool cut_charged = false;       // the running cut holds a memory_budget::begin_cut()
+  bool cut_waits = false;         // the latest cut was refused by the budget (logged once)
 };
 // A standby core's end (standby_end.cpp).
 struct following_end {
@@ -133,6 +135,7 @@ struct replication::impl {
   void cut_here(int c, core_end& e, const repl::snapshot& head, const std::string& node);
   void pump_cut(int c, core_end& e, leading_end& l);
   void abort_cut(int c, leading_end& l);
+  void end_cut(int c, leading_end& l);
   void resend(int c, core_end& e, leading_end& l, std::uint64_t lsn);
 
   // The standby's end (standby_end.cpp).

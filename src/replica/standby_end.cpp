@@ -71,8 +71,9 @@ void replication::impl::on_answer(int c, core_end& e, following_end& f, const re
   }
   if (a.status == repl::answer_status::busy) {
     log::info(
-        "replication: the leader is busy with core {} (cutting a snapshot, or another node's "
-        "streams are live): connecting again",
+        "replication: the leader is busy with core {} (cutting a snapshot, another node's "
+        "streams are live, or its --memory-max has no room for a cut; its log says which): "
+        "connecting again",
         c);
     return close(c, e);
   }

@@ -37,6 +37,9 @@ Checks:
      core per 2 s (the rest are answered busy); a peer that never reads is cut at the
      per-core queue bound and the memory is given back; a standby whose acks come 400
      ms late under --sync-timeout-ms 500 is dropped from /sync and writes go fast again.
+     j2 (issue 35 item 4): with more than half of --memory-max resident, a hello that
+     needs a snapshot is answered busy (the fork's copies would not fit), logged once and
+     counted; i also checks that each cut's charge ends with its child.
   l. a standby whose catch-up (2^19 bindings) took long on an idle leader is not taken
      for a late one when writes begin (only writes shipped once it caught up are timed).
   f. T6: a leader holding 2^20 bindings on one rank (one core's state) and a writer on
@@ -300,6 +303,9 @@ class FailoverTest(FailoverCase):
         self.assertLessEqual(forks, 2, a.log(10))
         self.assertGreater(statuses["busy"], 0)
         self.assertTrue(ready(a.base_url))
+        # Each cut's charge (the pages its child may copy) ends with the child.
+        self.assertTrue(wait_until(
+            lambda: "hf3fs_metad_memory_snapshot_cut_bytes 0\n" in a.metrics(), 5), a.log(10))
 
     def test_j_a_peer_that_never_reads_is_cut_at_the_queue_bound_and_freed(self):
         # Finding 3b: hellos on both cores, then nothing read. What is queued for it is
@@ -335,6 +341,43 @@ class FailoverTest(FailoverCase):
                          f"{peak >> 20} MiB, {after >> 20} MiB after the cut\n")
         self.assertLess(after, peak - (8 << 20), "the queue's memory was not given back")
         self.assertTrue(ready(a.base_url))
+
+    def test_j2_a_cut_whose_copies_do_not_fit_the_budget_waits(self):
+        # Issue 35 item 4: a forked cut may copy up to the resident size while it runs,
+        # which --memory-max charges. With more than half the budget resident, a hello
+        # that needs a snapshot is answered busy (logged once), nothing forks, and the
+        # leader goes on serving; the refusal is counted.
+        a = self.leader_alone("--memory-max", "192MiB")
+        self.assertEqual(initialize(a.base_url, 0, 1 << 22).status_code, 200)
+        c = Client(a.base_url)
+        self.addCleanup(c.close)
+        used = lambda: int(re.search(r"^hf3fs_metad_memory_used_bytes (\d+)$", a.metrics(),
+                                     re.M).group(1))
+        n = 0
+        while used() < (110 << 20) and n < 100:  # keys of 4,000 bytes: ~4 MiB a batch
+            answer = c.batch_allocate(0, [f"fill-{n}-{i}-".ljust(4000, "x")
+                                          for i in range(1000)])
+            self.assertEqual(answer.status_code, 200, answer.text[:200])
+            self.assertEqual(c.confirm_write(0, answer.json()["results"]).status_code, 204)
+            n += 1
+        self.assertGreaterEqual(used(), 110 << 20, f"{n} batches did not fill 110 MiB")
+        for round in range(3):
+            s = self.raw_stream(a)
+            s.sendall(repl_hello(self.cluster, "x", cores=2, core=0))
+            got, ended = read_until_closed(s)
+            self.assertTrue(ended, f"the stream was not closed: {repl_answers(got)}\n"
+                                   f"{a.log(10)}\n{used() >> 20} MiB used")
+            self.assertEqual([x[0] for x in repl_answers(got)], ["busy"], f"round {round}")
+        self.assertFalse(any("forked" in line for line in a.lines), a.log(10))
+        waits = [line for line in a.lines if "has no room for that" in line]
+        self.assertEqual(len(waits), 1, a.log(10))
+        self.assertIn("--memory-max (192 MiB", waits[0])
+        self.assertRegex(a.metrics(),
+                         r'hf3fs_metad_memory_refusals_total\{what="snapshot_cut"\} [3-9]')
+        self.assertIn("hf3fs_metad_memory_snapshot_cut_bytes 0\n", a.metrics())
+        self.assertTrue(ready(a.base_url))
+        first = c.get_locations(0, ["fill-0-0-".ljust(4000, "x")])
+        self.assertIsNotNone(first.json()["locations"][0], first.text[:200])
 
     def test_k_a_standby_acking_late_is_dropped_and_writes_go_fast_again(self):
         # Finding 3: every ack of b reaches a 400 ms late (a Delayer in front of a's

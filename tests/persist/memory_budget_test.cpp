@@ -225,6 +225,37 @@ TEST_P(MemoryBudget, NothingIsCreatedPastTheBudget) {
   EXPECT_EQ(refusals(n, "rank"), 2u);
 }
 
+// A forked snapshot cut is charged the resident size at its fork (the pages its child
+// may copy) while it runs: refused when that does not fit, shared by cuts forked
+// together, given back when the last ends, and counted against every other charge.
+TEST(MemoryBudgetCuts, AForkedCutHoldsTheResidentSizeUntilTheLastEnds) {
+  const pipeline::memory_budget probe(0);
+  const std::uint64_t resident = probe.used();
+  ASSERT_GT(resident, 0u);
+
+  pipeline::memory_budget tight(resident + resident / 2);  // no room for a second copy
+  EXPECT_FALSE(tight.begin_cut());
+  EXPECT_EQ(tight.refused_cuts.load(), 1u);
+  EXPECT_EQ(tight.cut_charge(), 0u);
+  EXPECT_TRUE(tight.charge_kept(resident / 4));  // a refused cut took nothing
+
+  pipeline::memory_budget roomy(3 * resident + (64u << 20));
+  ASSERT_TRUE(roomy.begin_cut());
+  const std::uint64_t first = roomy.cut_charge();
+  EXPECT_GE(first, resident - resident / 8);
+  EXPECT_GE(roomy.used(), roomy.resident() + first);
+  ASSERT_TRUE(roomy.begin_cut());  // forked together: the charge is shared
+  EXPECT_LE(roomy.cut_charge(), first + (8u << 20));
+  // What the cuts hold is not there for anything else.
+  EXPECT_FALSE(roomy.charge_kept(roomy.max() - roomy.used() + 1));
+  roomy.end_cut();
+  EXPECT_GT(roomy.cut_charge(), 0u);  // one still runs
+  roomy.end_cut();
+  EXPECT_EQ(roomy.cut_charge(), 0u);
+  EXPECT_TRUE(roomy.charge_kept(resident));
+  EXPECT_EQ(roomy.refused_cuts.load(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cores, MemoryBudget, ::testing::Values(1, 3));
 
 }  // namespace
