@@ -16,8 +16,8 @@
 #   scripts/bench.sh --fanout   ~2 minutes: cross-core messages and server CPU per request
 #                               at --threads 1..32 (all on the server's CPU), and the cost
 #                               of one hop (bench/fanout.py)
-#   scripts/bench.sh --restart  ~5 minutes: restart of a --data-dir server holding 1M, 2M,
-#                               4M, 8M bindings (keys x 8 ranks): time to listening after a
+#   scripts/bench.sh --restart  ~10 minutes: restart of a --data-dir server holding 1M, 4M,
+#                               8M, 16M bindings (keys x 8 ranks): time to listening after a
 #                               kill -9 (from the log) and after a graceful stop (from the
 #                               snapshots the previous start wrote), VmRSS before and after
 #                               (RESTART_BINDINGS="1 2" picks the millions to run)
@@ -26,8 +26,8 @@
 #                               leader and a standby, both on the server's CPU), in clear
 #                               text and over mutual TLS, against local --durability sync
 #                               alone, alternating, 3 rounds (REPL_ROUNDS=N); then an
-#                               empty standby's catch-up and its promotion at 1M and 8M
-#                               bindings (REPL_BINDINGS="1 8"; " ": none)
+#                               empty standby's catch-up and its promotion at 1M, 4M, 8M
+#                               and 16M bindings (REPL_BINDINGS="1 8" picks; " ": none)
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
@@ -524,7 +524,7 @@ run_restart() {
   local millions keys dir="$tmp/data" rss0 run
   echo "| bindings | keys x ranks | from the log: s (CPU s) | from snapshots: s (CPU s) | RSS before (MiB) | RSS after, log (MiB) | RSS after, snapshots (MiB) | after ÷ before | data dir (MiB) |"
   echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-  for millions in ${RESTART_BINDINGS:-1 2 4 8}; do
+  for millions in ${RESTART_BINDINGS:-1 4 8 16}; do
     keys=$((millions * 125000))
     rm -rf "$dir" "$dir.killed"
     start_timed "$dir"
@@ -668,10 +668,10 @@ run_repl() {
   echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
     "cluster; rows alternate control, replication and replication over TLS, ${REPL_ROUNDS:-3} rounds."
   echo
-  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms |"
+  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms (collect + directory) |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
   local m
-  for m in ${REPL_BINDINGS:-1 8}; do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
+  for m in ${REPL_BINDINGS:-1 4 8 16}; do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
   kill "$etcd_pid"
 }
 
@@ -737,6 +737,9 @@ while True:
   t3=$(now_ms)
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
+  # Its split (replayer.cpp, promote_standby): collecting the bindings, then the rest.
+  promoted+=" ($(grep -o 'collected in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}') +"
+  promoted+=" $(grep -o 'rest done in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}'))"
   awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" \
     -v w="$(sort -n "$tmp/stall" | tail -1 | cut -d' ' -f1)" 'BEGIN {
     printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, p }'

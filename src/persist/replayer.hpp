@@ -122,8 +122,8 @@ class standby_core {
 // applied: the directory is rebuilt from the bindings, quarantines restart, worker
 // ranks are counted, and recovered keys are leased for --read-lease-ms (as after a
 // restart). The node can serve afterwards; the standby_cores are spent (their
-// replay output moved out). Called on one thread while the cores are idle; the
-// directory phase runs on one thread per core. A reservation keeps the
+// replay output moved out). Called on one thread while the cores are idle; collecting
+// each core's bindings and the directory phase run on one thread per core. A reservation keeps the
 // TTL it got when its batch arrived (close to the leader's deadline).
 void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores);
 
