@@ -227,16 +227,9 @@ bool connection::authorized(const http::request& request, access auth) const {
 }
 
 const tenant_table& connection::current_tenants() {
-  core_state& core = home_;
-  const std::uint64_t published = node_.tenants.version();
-  if (core.tenants_version != published) {
-    // core_state::tenants is this core's own: only its thread swaps it.
-    METAD_ASSERT(smp::this_core() == core.index);
-    core.tenants = node_.tenants.current();
-    METAD_ASSERT(core.tenants != nullptr);
-    core.tenants_version = core.tenants->version;
-  }
-  return *core.tenants;
+  // core_state::tenants is this core's own: only its thread takes a new table into it.
+  METAD_ASSERT(smp::this_core() == home_.index);
+  return node_.tenants.take(home_.tenants);
 }
 
 int connection::authorize_tenant(const http::request& request, bool found, http::route& route) {

@@ -107,10 +107,9 @@ struct core_state {
     std::uint64_t deleted = 0;          // keys dropped by delete_keys
   } sg_counters;
 
-  // --tenants-file: the table this core serves with, and its version (tenants.hpp). Only
-  // this core's thread reads or replaces them (current_tenants, connection.cpp).
+  // --tenants-file: the table this core serves with (tenants.hpp). Only this core's thread
+  // reads or replaces it (tenant_registry::take, from connection::current_tenants).
   std::shared_ptr<const tenant_table> tenants;
-  std::uint64_t tenants_version = 0;
 };
 
 struct node {

@@ -107,6 +107,13 @@ class tenant_registry {
   // The usage record of `name`, made on first use; stable for the node's life. Loading
   // threads only (start-up, the reload), never a core on the request path.
   tenant_usage& usage(std::string_view name);
+  // A core's side: `held` (the core's own reference) becomes the published table when the
+  // published version is not the one it holds; the table to serve this request with.
+  // Only the thread that owns `held` calls it. Costs one acquire load when nothing changed.
+  const tenant_table& take(std::shared_ptr<const tenant_table>& held) const {
+    if (held == nullptr || held->version != version()) held = current();
+    return *held;
+  }
   // Links each tenant to its usage, numbers the table and makes it the current one.
   // Called by one thread at a time (start-up, then main's signal thread).
   void publish(std::shared_ptr<tenant_table> table);
