@@ -195,6 +195,10 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
   if (!impl_->cfg.tenants_file.empty()) {
     if (const std::string error = load_tenants(); !error.empty())
       throw config_error("--tenants-file: " + error);
+    if (impl_->cfg.auth_token.empty() && impl_->cfg.admin_token.empty())
+      log::warn(
+          "tenants: /metrics, /stats, /status.json and /ready answer no one: they take "
+          "--auth-token-file's or --admin-token-file's token, not a tenant's");
   }
 }
 
@@ -290,7 +294,7 @@ void server::run() {
     log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, nd.cores,
               use_uring ? "uring" : "epoll");
     const bool loopback = cfg.host == "127.0.0.1" || cfg.host == "::1" || cfg.host == "localhost";
-    if (!loopback && cfg.auth_token.empty())
+    if (!loopback && cfg.auth_token.empty() && cfg.tenants_file.empty())
       log::warn(
           "listening on {} without --auth-token-file: anyone who can reach it can clear all state",
           cfg.host);
