@@ -246,9 +246,11 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   // and no other. On SGLang's rows the path names the tenant (/{rank}/clear: the default
   // tenant's pools, those from before --tenants-file or an import); vLLM's state is one.
   if (admin_row && !cfg.admin_token.empty()) return same_secret(given, cfg.admin_token) ? 0 : 401;
-  const bool operator_token = (!cfg.auth_token.empty() && same_secret(given, cfg.auth_token)) ||
-                              (!cfg.admin_token.empty() && same_secret(given, cfg.admin_token));
-  if (operator_token && (auth == access::monitor || !found)) return 0;
+  // The operator's tokens open what shows every tenant (and the 404s and 405s).
+  if ((auth == access::monitor || !found) &&
+      ((!cfg.auth_token.empty() && same_secret(given, cfg.auth_token)) ||
+       (!cfg.admin_token.empty() && same_secret(given, cfg.admin_token))))
+    return 0;
   // One SHA-256 of the token, one hash-map lookup of its digest (tenants.hpp: why this
   // leaks nothing of the token).
   const tenant_table& table = current_tenants();

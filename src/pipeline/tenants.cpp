@@ -233,7 +233,10 @@ void tenant_registry::publish(std::shared_ptr<tenant_table> table) {
   for (tenant& t : table->tenants) t.usage = &usage(t.name);
   const std::uint64_t next = version_.load(std::memory_order_relaxed) + 1;
   table->version = next;
-  table_.store(std::shared_ptr<const tenant_table>(std::move(table)));
+  {
+    const std::lock_guard lock(table_mutex_);
+    table_ = std::move(table);
+  }
   version_.store(next, std::memory_order_release);
 }
 

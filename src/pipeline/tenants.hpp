@@ -6,8 +6,9 @@
 //   start-up, main's signal thread on SIGHUP) builds it and publishes it in
 //   node::tenants (tenant_registry::publish): the only writer.
 // - Each core keeps its own reference to the table it serves with (core_state::tenants)
-//   and takes the published one when the published version changed: one relaxed-cost
-//   acquire load per request, no lock, no shared reference count touched per request. An
+//   and takes the published one when the published version changed: one acquire load per
+//   request, no lock and no shared reference count touched per request (a core takes the
+//   publication's lock once per reload, to copy the new reference). An
 //   old table is freed when the last core that held it has taken a newer one (or when
 //   the node goes).
 // - What a tenant used (tenant_usage: its SGLang ranks, counted against ranks=N) outlives
@@ -102,8 +103,12 @@ class tenant_registry {
   bool enabled() const { return version_.load(std::memory_order_acquire) != 0; }
   // The published table's version (0: none); a core compares it with its own.
   std::uint64_t version() const { return version_.load(std::memory_order_acquire); }
-  // The published table (null: none). Takes a reference: not per request (see above).
-  std::shared_ptr<const tenant_table> current() const { return table_.load(); }
+  // The published table (null: none). Takes a lock and a reference: once per core and
+  // reload, never per request (take()).
+  std::shared_ptr<const tenant_table> current() const {
+    const std::lock_guard lock(table_mutex_);
+    return table_;
+  }
   // The usage record of `name`, made on first use; stable for the node's life. Loading
   // threads only (start-up, the reload), never a core on the request path.
   tenant_usage& usage(std::string_view name);
@@ -120,7 +125,11 @@ class tenant_registry {
 
  private:
   alignas(64) std::atomic<std::uint64_t> version_{0};  // read by every request: its own line
-  alignas(64) std::atomic<std::shared_ptr<const tenant_table>> table_;
+  // The published table. A mutex, not std::atomic<std::shared_ptr>: libstdc++ 12's makes
+  // ThreadSanitizer report its own internal swap, and this lock is taken only by a core
+  // whose table is out of date and by the loading thread.
+  alignas(64) mutable std::mutex table_mutex_;
+  std::shared_ptr<const tenant_table> table_;
   std::mutex usage_mutex_;  // usage_ (loading threads only)
   std::unordered_map<std::string, std::unique_ptr<tenant_usage>> usage_;
 };
