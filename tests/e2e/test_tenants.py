@@ -115,6 +115,7 @@ class TenantsTestCase(unittest.TestCase):
 
     def assert_403(self, r, detail):
         self.assertEqual(r.status_code, 403, r.content)
+        self.assertEqual(r.reason, "Forbidden")
         self.assertEqual(r.headers.get("Content-Type"), "application/json")
         self.assertEqual(r.json(), {"detail": detail})
 
