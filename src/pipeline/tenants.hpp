@@ -2,18 +2,19 @@
 // file's parser, the immutable table one load of it makes, and the node's current table.
 //
 // Who owns what:
-// - A tenant_table is immutable once built. The thread that loads the file (the server at
-//   start-up, main's signal thread on SIGHUP) builds it and publishes it in
-//   node::tenants (tenant_registry::publish): the only writer.
+// - A tenant_table is immutable once published. The thread that loads the file (the
+//   server at start-up, main's signal thread on SIGHUP) builds it and publishes it in
+//   node::tenants (tenant_registry::publish): the only writer, one load at a time.
 // - Each core keeps its own reference to the table it serves with (core_state::tenants)
-//   and takes the published one when the published version changed: one acquire load per
-//   request, no lock and no shared reference count touched per request (a core takes the
-//   publication's lock once per reload, to copy the new reference). An
+//   and takes the published one when the published version changed (take()): one
+//   acquire load per request, no lock and no shared reference count touched per request
+//   (a core takes the publication's lock once per reload, to copy the new reference). An
 //   old table is freed when the last core that held it has taken a newer one (or when
 //   the node goes).
 // - What a tenant used (tenant_usage: its SGLang ranks, counted against ranks=N) outlives
-//   tables: a reload keeps it, and a tenant removed from the file keeps its state (and
-//   usage) until an operator clears it. Usage records are never freed while the node lives.
+//   tables: a reload keeps it, and a tenant removed from the file keeps its state and
+//   usage (SGLang's clear empties a pool and deletes none, so its rank stays counted).
+//   Usage records are never freed while the node lives.
 #pragma once
 
 #include <array>
