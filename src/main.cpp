@@ -1,5 +1,6 @@
 // hf3fs-metad: flags → config → server. SIGINT/SIGTERM stop it cleanly (exit 0);
-// bad flags print one line and exit 2. The flags are one table: src/server/flags.cpp.
+// bad flags print one line and exit 2. With --tenants-file, SIGHUP reads that file again.
+// The flags are one table: src/server/flags.cpp.
 #include <malloc.h>
 #include <signal.h>
 
@@ -48,6 +49,8 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  // Without --tenants-file SIGHUP keeps its default action, as before.
+  if (!cfg.tenants_file.empty()) sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
   signal(SIGXFSZ, SIG_IGN);  // a file size limit makes writes fail (EFBIG), not kill us
@@ -59,6 +62,11 @@ int main(int argc, char** argv) {
       const timespec poll_interval{0, 200'000'000};
       while (!finished.load()) {
         const int sig = sigtimedwait(&stop_signals, nullptr, &poll_interval);
+        if (sig == SIGHUP) {
+          metad::log::info("SIGHUP received: reading --tenants-file again");
+          server.reload_tenants();
+          continue;
+        }
         if (sig > 0) {
           metad::log::info("{} received: draining", strsignal(sig));
           server.stop();

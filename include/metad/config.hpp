@@ -64,6 +64,10 @@ struct config {
   std::string auth_token;
   // Non-empty: /clear (and other destructive endpoints) need this token instead.
   std::string admin_token;
+  // Non-empty: tenants bound to credentials, one a line with the SHA-256 of its token
+  // (docs/operations.md, "Tenants"); the path only: the server reads it at start and on
+  // SIGHUP. Every API request then belongs to the tenant of its token.
+  std::string tenants_file;
   bool access_log = false;
   std::uint32_t summary_interval_ms = 10'000;  // periodic one-line summary at info; 0: off
 

@@ -39,9 +39,18 @@ class server {
   void run();
   // Stops accepting, lets in-flight requests finish, then makes run() return.
   void stop() noexcept;
+  // --tenants-file: reads the file again (SIGHUP). A good file becomes the tenants table
+  // at once (each core takes it at its next request); a bad one is logged and the old
+  // table stays. False when the file was refused or there is no --tenants-file. Any
+  // thread; one call at a time.
+  bool reload_tenants();
 
  private:
   void start_ha(std::uint16_t port);
+  // Reads cfg.tenants_file and publishes it; "" or why it was refused.
+  std::string load_tenants();
+  // After recovery: each tenant's usage as the recovered state holds it.
+  void count_tenant_usage();
   void check_etcd();
 
   struct impl;

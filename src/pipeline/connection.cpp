@@ -22,6 +22,17 @@ bool same_secret(std::string_view given, std::string_view expected) {
   return diff == 0;
 }
 
+// The token of "Authorization: Bearer <token>"; the scheme name is case-insensitive (RFC
+// 9110 11.1). False when there is none.
+bool bearer_token(std::string_view given, std::string_view& token) {
+  constexpr std::string_view scheme = "bearer ";
+  bool scheme_ok = given.size() > scheme.size();
+  for (std::size_t i = 0; scheme_ok && i < scheme.size(); ++i)
+    scheme_ok = (given[i] | 0x20) == scheme[i];
+  if (scheme_ok) token = given.substr(scheme.size());
+  return scheme_ok;
+}
+
 }  // namespace
 
 connection::connection(node& nd, core_state& home, net::waker& waker)
@@ -207,16 +218,83 @@ void connection::drop_body_of_head(std::size_t body_bytes) {
 bool connection::authorized(const http::request& request, access auth) const {
   const metad::config& cfg = node_.cfg;
   if (auth == access::open) return true;
-  const bool admin_only = auth == access::admin && !cfg.admin_token.empty();
+  const bool admin_only =
+      (auth == access::admin || auth == access::sg_admin) && !cfg.admin_token.empty();
   const std::string& token = admin_only ? cfg.admin_token : cfg.auth_token;
   if (token.empty()) return true;
-  // "Bearer <token>"; the scheme name is case-insensitive (RFC 9110 11.1).
-  constexpr std::string_view scheme = "bearer ";
-  const std::string_view given = request.authorization;
-  bool scheme_ok = given.size() > scheme.size();
-  for (std::size_t i = 0; scheme_ok && i < scheme.size(); ++i)
-    scheme_ok = (given[i] | 0x20) == scheme[i];
-  return scheme_ok && same_secret(given.substr(scheme.size()), token);
+  std::string_view given;
+  return bearer_token(request.authorization, given) && same_secret(given, token);
+}
+
+const tenant_table& connection::current_tenants() {
+  // core_state::tenants is this core's own: only its thread takes a new table into it.
+  METAD_ASSERT(smp::this_core() == home_.index);
+  return node_.tenants.take(home_.tenants);
+}
+
+int connection::authorize_tenant(const http::request& request, bool found, http::route& route) {
+  const metad::config& cfg = node_.cfg;
+  scratch& s = scratch_;
+  s.rank_quota = -1;
+  s.usage = nullptr;
+  const access auth = found ? kEndpoints[route.row].auth : access::token;
+  if (auth == access::open) return 0;
+  std::string_view given;
+  if (!bearer_token(request.authorization, given)) return 401;
+  const bool admin_row = auth == access::admin || auth == access::sg_admin;
+  // As without tenants: with --admin-token-file, the destructive calls take that token
+  // and no other. On SGLang's rows the path names the tenant (/{rank}/clear: the default
+  // tenant's pools, those from before --tenants-file or an import); vLLM's state is one.
+  if (admin_row && !cfg.admin_token.empty()) return same_secret(given, cfg.admin_token) ? 0 : 401;
+  // The operator's tokens open what shows every tenant (and the 404s and 405s).
+  if ((auth == access::monitor || !found) &&
+      ((!cfg.auth_token.empty() && same_secret(given, cfg.auth_token)) ||
+       (!cfg.admin_token.empty() && same_secret(given, cfg.admin_token))))
+    return 0;
+  // One SHA-256 of the token, one hash-map lookup of its digest (tenants.hpp: why this
+  // leaks nothing of the token).
+  const tenant_table& table = current_tenants();
+  const tenant* t = table.find(token_sha256(given));
+  if (t == nullptr) return 401;
+  if (!found) return 0;  // the 404 or 405
+  if (auth == access::monitor) {
+    s.detail = fmt::format(
+        "{} shows every tenant's state: it takes --auth-token-file's or --admin-token-file's "
+        "token, not a tenant's (tenant {})",
+        kEndpoints[route.row].pattern.path, t->name);
+    return 403;
+  }
+  if (auth == access::token || auth == access::admin) {  // vLLM's API
+    if (!t->vllm) {
+      const tenant* owner = table.vllm_tenant();
+      s.detail =
+          owner != nullptr
+              ? fmt::format(
+                    "vLLM's API belongs to tenant {} on this server (until per-tenant vLLM "
+                    "state exists): tenant {}'s token may use SGLang's paths only",
+                    owner->name, t->name)
+              : fmt::format(
+                    "vLLM's API is off on this server: no tenant in --tenants-file holds it "
+                    "(the word vllm on its line); tenant {}'s token may use SGLang's paths only",
+                    t->name);
+      return 403;
+    }
+    s.rank_quota = t->ranks;
+    s.quota_tenant.assign(t->name);
+    return 0;
+  }
+  // SGLang's API: the token's own tenant, whether the path names it or not.
+  if (!route.tenant.empty() && route.tenant != t->name) {
+    s.detail = fmt::format(
+        "tenant {}'s token may not use tenant {}'s pools: a token acts on its own tenant's "
+        "(/{}/{{rank}}/... or /{{rank}}/...)",
+        t->name, route.tenant, t->name);
+    return 403;
+  }
+  route.tenant = t->name;  // copied by the start function (sg_target), before any reload
+  s.rank_quota = t->ranks;
+  s.usage = t->usage;
+  return 0;
 }
 
 answer connection::refused(api::error err) {
@@ -285,13 +363,18 @@ void endpoint_task::promise_type::return_value(const answer& a) {
 void connection::dispatch(const http::request& request) {
   // Endpoint coroutines hop from this_core(): it must be the connection's core.
   METAD_ASSERT(smp::this_core() == home_.index);
-  const http::route route = http::match(kPatterns, request.verb, request.target);
+  http::route route = http::match(kPatterns, request.verb, request.target);
   const bool found = route.result == http::match_result::found;
   const bool unknown = route.result == http::match_result::not_found;
   start(found ? route.row : unknown ? kNotFound : kMethodNotAllowed);
   target_ = request.target;
-  if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
-    return finish(answer::canned(http::canned::unauthorized));
+  if (!node_.tenants.enabled()) {
+    if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
+      return finish(answer::canned(http::canned::unauthorized));
+  } else if (const int refusal = authorize_tenant(request, found, route); refusal != 0) {
+    if (refusal == 401) return finish(answer::canned(http::canned::unauthorized));
+    return finish(answer::error(refusal, scratch_.detail));
+  }
   if (!found) {
     return finish(answer::canned(unknown ? http::canned::not_found
                                  : route.allow == http::methods::get

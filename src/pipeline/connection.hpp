@@ -162,6 +162,13 @@ struct scratch {
   std::vector<shard::sglang_slot> slots;
   sg_pool_sample sg_rows;  // /stats, /metrics
   core_state::sglang_counters sg_sum;
+  // --tenants-file: the request's tenant's ranks=N (-1: none), its name (vLLM's quota
+  // detail; SGLang's is `tenant`) and its usage (null: the request has no tenant, as
+  // without --tenants-file or with the admin token). Copied from the table at dispatch:
+  // a reload while the request runs does not change them.
+  std::int64_t rank_quota = -1;
+  std::string quota_tenant;
+  tenant_usage* usage = nullptr;
 };
 
 class connection final : public net::connection_handler {
@@ -206,8 +213,16 @@ class connection final : public net::connection_handler {
   void release_body();
   net::flow refuse_body();
   void dispatch(const http::request& request);
-  // False when the request lacks the token its endpoint needs.
+  // False when the request lacks the token its endpoint needs (without --tenants-file).
   bool authorized(const http::request& request, access auth) const;
+  // With --tenants-file: 0 when the request's token may call its endpoint, else 401, or
+  // 403 with the reason in work().detail. Settles the request's tenant: on SGLang's rows
+  // `route.tenant` becomes the token's tenant (checked against the path's), and the
+  // quota fields of work() are set. `found`: a row matched (else any known token will do,
+  // for the 404 or 405).
+  int authorize_tenant(const http::request& request, bool found, http::route& route);
+  // The tenant table this core serves with, the published one once its version changed.
+  const tenant_table& current_tenants();
   void start(route_label route);
   // Whether the answer being written leaves the connection open (and says so).
   bool answer_keeps_alive();

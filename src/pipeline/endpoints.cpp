@@ -20,13 +20,14 @@ bool same_stats(const std::optional<shard::rank_stats>& a,
 }
 
 // Why an initialization that would create or grow a rank was not carried out.
-enum class init_refusal : std::uint8_t { none, too_many_ranks, over_budget };
+enum class init_refusal : std::uint8_t { none, too_many_ranks, over_quota, over_budget };
 
-// On the rank's owner core: a new rank needs a place under --ranks-max and what an empty
+// On the rank's owner core: a new rank needs a place under --ranks-max (and under the
+// ranks=N quota of the tenant that holds vLLM's API, `quota`; -1: none) and what an empty
 // rank holds under --memory-max. Growing one costs nothing (a pool holds only the pages
 // it hands out: those are charged as it does).
 init_refusal admit_initialize(node& nd, const core_state& core, const api::initialize_cmd& cmd,
-                              std::uint64_t& needed) {
+                              std::int64_t quota, std::uint64_t& needed) {
   const auto before = core.ranks.stats(cmd.rank);
   const std::int64_t old_pages = before ? before->num_pages : 0;
   if (cmd.num_pages <= old_pages) return init_refusal::none;  // unchanged or shrunk
@@ -34,6 +35,7 @@ init_refusal admit_initialize(node& nd, const core_state& core, const api::initi
     std::int64_t ranks = nd.worker_ranks.load(std::memory_order_relaxed);
     do {
       if (ranks >= nd.cfg.ranks_max) return init_refusal::too_many_ranks;
+      if (quota >= 0 && ranks >= quota) return init_refusal::over_quota;
     } while (!nd.worker_ranks.compare_exchange_weak(ranks, ranks + 1, std::memory_order_relaxed));
   }
   needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(old_pages);
@@ -104,7 +106,7 @@ endpoint_task run_initialize(connection& x) {
   std::uint64_t needed = 0;
   bool stored = core.journal.reserve(64);
   std::vector<std::string> unbound;  // keys a shrink unbound (rare: allocated only then)
-  if (stored) refusal = admit_initialize(nd, core, cmd, needed);
+  if (stored) refusal = admit_initialize(nd, core, cmd, x.work().rank_quota, needed);
   if (stored && refusal == init_refusal::none) {
     // Counted in worker_ranks if created.
     r = core.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
@@ -127,6 +129,13 @@ endpoint_task run_initialize(connection& x) {
         fmt::format("Rank {} not initialized: {} ranks exist already, the limit set by --ranks-max",
                     cmd.rank, nd.cfg.ranks_max);
     co_return answer::error(400, s.detail);
+  }
+  if (refusal == init_refusal::over_quota) {
+    s.detail = fmt::format(
+        "Rank {} not initialized: tenant {} has as many vLLM ranks as its quota allows "
+        "(ranks={} in --tenants-file)",
+        cmd.rank, s.quota_tenant, s.rank_quota);
+    co_return answer::error(403, s.detail);
   }
   if (refusal == init_refusal::over_budget) {
     s.detail = fmt::format(

@@ -20,6 +20,7 @@
 #include "net/transport.hpp"
 #include "pipeline/memory_budget.hpp"
 #include "pipeline/metrics.hpp"
+#include "pipeline/tenants.hpp"
 #include "shard/directory.hpp"
 #include "shard/ownership.hpp"
 #include "shard/rank_table.hpp"
@@ -105,6 +106,10 @@ struct core_state {
     std::uint64_t release_refused = 0;  // released pages still bound: kept
     std::uint64_t deleted = 0;          // keys dropped by delete_keys
   } sg_counters;
+
+  // --tenants-file: the table this core serves with (tenants.hpp). Only this core's thread
+  // reads or replaces it (tenant_registry::take, from connection::current_tenants).
+  std::shared_ptr<const tenant_table> tenants;
 };
 
 struct node {
@@ -147,6 +152,9 @@ struct node {
   // core to core, stops touching state once a clear has begun since it started (it would
   // drop what was written after the clear), and does not start while one runs.
   std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
+  // --tenants-file: the current table (published by the thread that loads the file; each
+  // core takes it when its version changes) and every tenant's usage.
+  tenant_registry tenants;
   // High availability (--ha-etcd; null: off): the control thread's published role and
   // serving deadline, which the leader-only gate reads (ha_gate.hpp). Set before the
   // cores start, owned by the server.

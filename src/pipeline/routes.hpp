@@ -17,11 +17,20 @@ namespace metad::pipeline {
 
 class connection;
 
-// Who may call an endpoint.
+// Who may call an endpoint. Without --tenants-file, `monitor`, `token` and `sg_token` are
+// one class (--auth-token-file's token, when set) and `sg_admin` is `admin`. With it
+// (docs/operations.md, "Tenants"), each request's token names its tenant:
+// - `token`, `admin` (vLLM's API): the tokens of the tenant whose line says `vllm`;
+// - `sg_token`, `sg_admin` (SGLang's): any tenant's token, on that tenant's pools;
+// - `admin`, `sg_admin` with --admin-token-file: that token instead, as without tenants;
+// - `monitor` (what shows every tenant): --auth-token-file's or --admin-token-file's token.
 enum class access : std::uint8_t {
-  open,   // anyone: probes carry no secrets
-  token,  // --auth-token-file's token, when set
-  admin,  // --admin-token-file's token when set, else as `token`
+  open,      // anyone: probes carry no secrets
+  monitor,   // the operator's reads: --auth-token-file's token, when set
+  token,     // vLLM's API: --auth-token-file's token, when set
+  admin,     // vLLM's destructive calls: --admin-token-file's token when set, else as `token`
+  sg_token,  // SGLang's API: as `token`
+  sg_admin,  // SGLang's clear: as `admin`
 };
 
 // Which nodes answer an endpoint under high availability (--ha-etcd; without it, all do).
@@ -83,34 +92,34 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"POST /clear",                  "clear",          access::admin, start_clear},
     {"GET /rank/{rank}",             "rank_info",      access::token, start_rank_info},
     {"GET /health",                  "health",         access::open,  start_health,  serves::any_node},
-    {"GET /ready",                   "ready",          access::token, start_ready,   serves::any_node},
-    {"GET /metrics",                 "metrics",        access::token, start_metrics, serves::any_node},
+    {"GET /ready",                   "ready",          access::monitor, start_ready,   serves::any_node},
+    {"GET /metrics",                 "metrics",        access::monitor, start_metrics, serves::any_node},
     {"POST /keys/delete",            "delete",         access::admin, start_delete},
-    {"GET /stats",                   "stats",          access::token, start_stats},
+    {"GET /stats",                   "stats",          access::monitor, start_stats},
     {"POST /keys/inspect",           "inspect",        access::token, start_inspect},
     // The status page carries no data (open); it polls /status.json with the token.
     {"GET /",                        "status_page",    access::open,  start_status_page, serves::any_node},
-    {"GET /status.json",             "status",         access::token, start_status,      serves::any_node},
+    {"GET /status.json",             "status",         access::monitor, start_status,      serves::any_node},
     // SGLang, default tenant: the first segment is an integer (vLLM's paths start with
     // a word), so the two APIs never claim one path.
-    {"POST /{int}/initialize",                        "sglang_initialize",       access::token, start_sg_initialize},
-    {"POST /{int}/exists",                            "sglang_exists",           access::token, start_sg_exists},
-    {"POST /{int}/reserve_and_allocate_page_indices", "sglang_reserve",          access::token, start_sg_reserve},
-    {"POST /{int}/confirm_write",                     "sglang_confirm_write",    access::token, start_sg_confirm},
-    {"POST /{int}/delete_keys",                       "sglang_delete_keys",      access::token, start_sg_delete_keys},
-    {"POST /{int}/clear",                             "sglang_clear",            access::admin, start_sg_clear},
-    {"POST /{int}/get_page_indices",                  "sglang_get_page_indices", access::token, start_sg_get_page_indices},
-    {"POST /{int}/inspect",                           "sglang_inspect",          access::token, start_sg_inspect},
+    {"POST /{int}/initialize",                        "sglang_initialize",       access::sg_token, start_sg_initialize},
+    {"POST /{int}/exists",                            "sglang_exists",           access::sg_token, start_sg_exists},
+    {"POST /{int}/reserve_and_allocate_page_indices", "sglang_reserve",          access::sg_token, start_sg_reserve},
+    {"POST /{int}/confirm_write",                     "sglang_confirm_write",    access::sg_token, start_sg_confirm},
+    {"POST /{int}/delete_keys",                       "sglang_delete_keys",      access::sg_token, start_sg_delete_keys},
+    {"POST /{int}/clear",                             "sglang_clear",            access::sg_admin, start_sg_clear},
+    {"POST /{int}/get_page_indices",                  "sglang_get_page_indices", access::sg_token, start_sg_get_page_indices},
+    {"POST /{int}/inspect",                           "sglang_inspect",          access::sg_token, start_sg_inspect},
     // SGLang, a named tenant: its own pools. Any rank segment matches, so that a
     // non-integer one is a 400 rather than a 404.
-    {"POST /{tenant}/{rank}/initialize",                        "sglang_tenant_initialize",       access::token, start_sg_initialize},
-    {"POST /{tenant}/{rank}/exists",                            "sglang_tenant_exists",           access::token, start_sg_exists},
-    {"POST /{tenant}/{rank}/reserve_and_allocate_page_indices", "sglang_tenant_reserve",          access::token, start_sg_reserve},
-    {"POST /{tenant}/{rank}/confirm_write",                     "sglang_tenant_confirm_write",    access::token, start_sg_confirm},
-    {"POST /{tenant}/{rank}/delete_keys",                       "sglang_tenant_delete_keys",      access::token, start_sg_delete_keys},
-    {"POST /{tenant}/{rank}/clear",                             "sglang_tenant_clear",            access::admin, start_sg_clear},
-    {"POST /{tenant}/{rank}/get_page_indices",                  "sglang_tenant_get_page_indices", access::token, start_sg_get_page_indices},
-    {"POST /{tenant}/{rank}/inspect",                           "sglang_tenant_inspect",          access::token, start_sg_inspect},
+    {"POST /{tenant}/{rank}/initialize",                        "sglang_tenant_initialize",       access::sg_token, start_sg_initialize},
+    {"POST /{tenant}/{rank}/exists",                            "sglang_tenant_exists",           access::sg_token, start_sg_exists},
+    {"POST /{tenant}/{rank}/reserve_and_allocate_page_indices", "sglang_tenant_reserve",          access::sg_token, start_sg_reserve},
+    {"POST /{tenant}/{rank}/confirm_write",                     "sglang_tenant_confirm_write",    access::sg_token, start_sg_confirm},
+    {"POST /{tenant}/{rank}/delete_keys",                       "sglang_tenant_delete_keys",      access::sg_token, start_sg_delete_keys},
+    {"POST /{tenant}/{rank}/clear",                             "sglang_tenant_clear",            access::sg_admin, start_sg_clear},
+    {"POST /{tenant}/{rank}/get_page_indices",                  "sglang_tenant_get_page_indices", access::sg_token, start_sg_get_page_indices},
+    {"POST /{tenant}/{rank}/inspect",                           "sglang_tenant_inspect",          access::sg_token, start_sg_inspect},
 };
 // clang-format on
 inline constexpr std::size_t kEndpointCount = std::size(kEndpoints);

@@ -23,6 +23,7 @@ enum class sg_answer : std::uint8_t {
   bad_request,      // 400 with s.detail
   conflict,         // 409 (--strict-reinit)
   too_many_pools,   // 400: --ranks-max pools exist
+  over_quota,       // 403: the tenant's ranks=N (--tenants-file)
   over_budget,      // 507: --memory-max
   storage_failed,   // 503: the data directory refused the records
 };
@@ -49,16 +50,40 @@ sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint64_t& o
   const shard::sglang_pool* pool = pools ? pools->find(s.sg_rank, cmd.ns) : nullptr;
   const auto before = static_cast<std::int64_t>(pool ? pool->num_pages() : 0);
   const auto pages = static_cast<std::uint64_t>(cmd.num_pages);
+  // --tenants-file: the tenant's first pool of this rank counts one rank against its
+  // ranks=N. Every pool of a rank lives on this core, and this runs without a suspension
+  // from the check to the pool's creation, so a rank is counted once.
+  bool new_rank = false;
+  if (!pool && s.usage != nullptr) {
+    new_rank = true;
+    if (pools != nullptr)
+      pools->for_each([&](std::int64_t rank, std::string_view, const shard::sglang_pool&) {
+        new_rank = new_rank && rank != s.sg_rank;
+      });
+  }
+  if (new_rank) {
+    std::int64_t held = s.usage->sg_ranks.load(std::memory_order_relaxed);
+    do {
+      if (s.rank_quota >= 0 && held >= s.rank_quota) return sg_answer::over_quota;
+    } while (!s.usage->sg_ranks.compare_exchange_weak(held, held + 1, std::memory_order_relaxed));
+  }
+  const auto unquota = [&] {
+    if (new_rank) s.usage->sg_ranks.fetch_sub(1, std::memory_order_relaxed);
+  };
   if (!pool) {
     std::int64_t count = nd.sglang_pools.load(std::memory_order_relaxed);
     do {
-      if (count >= nd.cfg.ranks_max) return sg_answer::too_many_pools;
+      if (count >= nd.cfg.ranks_max) {
+        unquota();
+        return sg_answer::too_many_pools;
+      }
     } while (!nd.sglang_pools.compare_exchange_weak(count, count + 1, std::memory_order_relaxed));
   }
   if (cmd.num_pages > before) {
     // A pool costs what it holds: creating one a constant, growing it nothing.
     needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(before);
     if (needed != 0 && !nd.memory.charge_kept(needed)) {
+      unquota();
       if (!pool) nd.sglang_pools.fetch_sub(1, std::memory_order_relaxed);
       nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
       return sg_answer::over_budget;
@@ -299,6 +324,12 @@ endpoint_task run_sglang(connection& x) {
           "by --ranks-max",
           s.sg_rank, s.sg_init.ns, nd.cfg.ranks_max);
       co_return answer::error(400, s.detail);
+    case sg_answer::over_quota:
+      s.detail = fmt::format(
+          "Rank {} namespace '{}' not initialized: tenant {} has SGLang pools on as many ranks "
+          "as its quota allows (ranks={} in --tenants-file)",
+          s.sg_rank, s.sg_init.ns, s.tenant, s.rank_quota);
+      co_return answer::error(403, s.detail);
     case sg_answer::over_budget:
       s.detail = fmt::format(
           "Rank {} namespace '{}' not initialized: its {} pages need {} bytes more, over the "

@@ -9,6 +9,8 @@
 
 #include "ha/control.hpp"
 #include "metad/server.hpp"
+#include "pipeline/routes.hpp"
+#include "pipeline/tenants.hpp"
 #include "server/flag_setters.hpp"
 #include "server/ha_setup.hpp"
 
@@ -65,6 +67,17 @@ void token(config& c, std::string_view flag, std::string_view path) {
   const auto last = line.find_last_not_of(" \t\r");
   if (first == std::string::npos) throw usage_error(std::string(flag) + ": the token is empty");
   c.*Field = line.substr(first, last - first + 1);
+}
+
+// The tenants file must parse now: a bad one stops the start naming its line (exit 2).
+// The server reads it again when it starts serving, and on SIGHUP.
+void tenants_file(config& c, std::string_view flag, std::string_view path) {
+  pipeline::tenant_table table;
+  if (const std::string error =
+          pipeline::load_tenants_file(std::string(path), pipeline::kPatterns, table);
+      !error.empty())
+    throw usage_error(std::string(flag) + ": " + error);
+  c.tenants_file = path;
 }
 
 // SGLang's server: persistence in the file P. Here the state of both APIs goes to a data
@@ -153,6 +166,13 @@ const std::vector<row>& table() {
   {"--admin-token-file", "F", "require this token (not the --auth-token-file one) for the\n"
                               "destructive endpoints: POST /clear and POST /keys/delete",
    token<&C::admin_token>},
+  {"--tenants-file", "F", "tenants bound to credentials, one a line: NAME SHA256[,SHA256]\n"
+                          "[ranks=N] [vllm] (SHA256: of the tenant's token). Every API\n"
+                          "request belongs to its token's tenant; SGLang's /{rank}/... acts\n"
+                          "on it; only the vllm tenant may use vLLM's API. Read again on\n"
+                          "SIGHUP (a bad file keeps the old table); a bad file stops the\n"
+                          "start (docs/operations.md, Tenants)",
+   tenants_file},
   {"--access-log", "", "one log line per request", set_to<&C::access_log, true>},
   {"--summary-interval-ms", "N", "periodic one-line summary at info level, none while nothing\n"
                                  "changes (default {}; 0: off)",

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -21,6 +23,8 @@
 #include "pipeline/endpoints.hpp"
 #include "pipeline/node.hpp"
 #include "pipeline/removal.hpp"
+#include "pipeline/routes.hpp"
+#include "pipeline/tenants.hpp"
 #include "replica/replication.hpp"
 #include "server/flags.hpp"
 #include "server/ha_setup.hpp"
@@ -176,6 +180,7 @@ struct server::impl {
   std::vector<int> listeners;
   std::unique_ptr<ha::control> ha;    // --ha-etcd: the leader lease's control thread
   std::unique_ptr<replication> repl;  // --repl-listen
+  std::mutex tenants_loading;         // load_tenants: one at a time
 };
 
 server::server(config cfg) : impl_(std::make_unique<impl>()) {
@@ -186,6 +191,54 @@ server::server(config cfg) : impl_(std::make_unique<impl>()) {
   impl_->cfg = std::move(cfg);
   impl_->node =
       std::make_unique<pipeline::node>(impl_->cfg, static_cast<int>(impl_->cfg.cpus.size()));
+  // Before any core runs: the cores serve with a table from their first request on.
+  if (!impl_->cfg.tenants_file.empty()) {
+    if (const std::string error = load_tenants(); !error.empty())
+      throw config_error("--tenants-file: " + error);
+    if (impl_->cfg.auth_token.empty() && impl_->cfg.admin_token.empty())
+      log::warn(
+          "tenants: /metrics, /stats, /status.json and /ready answer no one: they take "
+          "--auth-token-file's or --admin-token-file's token, not a tenant's");
+  }
+}
+
+std::string server::load_tenants() {
+  const std::lock_guard lock(impl_->tenants_loading);
+  auto table = std::make_shared<pipeline::tenant_table>();
+  if (std::string error =
+          pipeline::load_tenants_file(impl_->cfg.tenants_file, pipeline::kPatterns, *table);
+      !error.empty())
+    return error;
+  const pipeline::tenant* vllm = table->vllm_tenant();
+  log::info("tenants: {} from {}; vLLM's API: {}", table->tenants.size(), table->path,
+            vllm != nullptr ? "tenant " + vllm->name : std::string("no tenant"));
+  impl_->node->tenants.publish(std::move(table));
+  return "";
+}
+
+bool server::reload_tenants() {
+  if (impl_->cfg.tenants_file.empty()) return false;
+  if (const std::string error = load_tenants(); !error.empty()) {
+    log::error("tenants: {}: the tenants as loaded before stay in force", error);
+    return false;
+  }
+  return true;
+}
+
+void server::count_tenant_usage() {
+  pipeline::node& nd = *impl_->node;
+  // Single-threaded: recovery is over and no core runs yet. All pools of one (tenant,
+  // rank) live on the rank's owner core, so the cores' counts add up.
+  for (const auto& core : nd.core) {
+    for (const auto& [name, pools] : core->sg_tenants) {
+      std::set<std::int64_t> ranks;
+      pools.for_each([&](std::int64_t rank, std::string_view, const shard::sglang_pool&) {
+        ranks.insert(rank);
+      });
+      nd.tenants.usage(name).sg_ranks.fetch_add(static_cast<std::int64_t>(ranks.size()),
+                                                std::memory_order_relaxed);
+    }
+  }
 }
 
 server::~server() {
@@ -221,6 +274,7 @@ void server::run() {
       nd,
       cfg.sglang_import_path.empty() ? persist::before_commit_fn{} : persist::import_sglang_state,
       start_as == replication::start_as::standby);
+  if (!cfg.tenants_file.empty()) count_tenant_usage();
   if (!cfg.repl_listen.empty()) impl_->repl = std::make_unique<replication>(nd, start_as);
   nd.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());
@@ -240,7 +294,7 @@ void server::run() {
     log::info("listening on {}:{} with {} core(s), transport {}", cfg.host, port, nd.cores,
               use_uring ? "uring" : "epoll");
     const bool loopback = cfg.host == "127.0.0.1" || cfg.host == "::1" || cfg.host == "localhost";
-    if (!loopback && cfg.auth_token.empty())
+    if (!loopback && cfg.auth_token.empty() && cfg.tenants_file.empty())
       log::warn(
           "listening on {} without --auth-token-file: anyone who can reach it can clear all state",
           cfg.host);

@@ -141,6 +141,7 @@ TEST(Response, ReasonPhrases) {
       {204, "No Content"},
       {400, "Bad Request"},
       {401, "Unauthorized"},
+      {403, "Forbidden"},
       {404, "Not Found"},
       {405, "Method Not Allowed"},
       {409, "Conflict"},

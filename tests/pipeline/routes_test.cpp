@@ -211,10 +211,17 @@ TEST(RouteTable, LabelsInMetricsOrder) {
 
 TEST(RouteTable, Access) {
   for (const endpoint_row& row : kEndpoints) {
+    const bool sglang = row.label.starts_with("sglang_");
     const bool admin = row.label == "clear" || row.label == "delete" ||
                        row.label == "sglang_clear" || row.label == "sglang_tenant_clear";
+    // What shows every tenant's state (--tenants-file: the operator's tokens only).
+    const bool monitor = row.label == "ready" || row.label == "metrics" || row.label == "stats" ||
+                         row.label == "status";
     // The status page carries no data: it asks for the token and sends it to status.json.
     const access want = row.label == "health" || row.label == "status_page" ? access::open
+                        : monitor                                           ? access::monitor
+                        : sglang && admin                                   ? access::sg_admin
+                        : sglang                                            ? access::sg_token
                         : admin                                             ? access::admin
                                                                             : access::token;
     EXPECT_EQ(row.auth, want) << row.label;

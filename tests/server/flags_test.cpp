@@ -68,6 +68,7 @@ std::string flags_first_difference(const config& a, const config& b) {
   FLAGS_FIELD(tcp);
   FLAGS_FIELD(auth_token);
   FLAGS_FIELD(admin_token);
+  FLAGS_FIELD(tenants_file);
   FLAGS_FIELD(access_log);
   FLAGS_FIELD(summary_interval_ms);
   FLAGS_FIELD(data_dir);
@@ -289,6 +290,25 @@ TEST(Flags, PersistencePathPicksTheDataDirectory) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_EQ(flags_error({"--persistence-path", fifo}),
             "--persistence-path " + fifo + ": neither a file nor a directory");
+}
+
+// A tenants file is read when the flag is parsed: a bad one is a usage error (exit 2)
+// naming the file and the line; a good one lands as its path.
+TEST(Flags, TenantsFileIsCheckedWhenParsed) {
+  sim::temp_dir dir("metad-flags");
+  const std::string good = dir.path() + "/tenants";
+  std::ofstream(good) << "# a comment\n\nteam_a " << std::string(64, 'a') << " ranks=4 vllm\n";
+  EXPECT_EQ(flags_parse({"--tenants-file", good}).cfg.tenants_file, good);
+  const std::string bad = dir.path() + "/bad";
+  std::ofstream(bad) << "team_a " << std::string(64, 'a') << "\nteam_b xyz\n";
+  EXPECT_EQ(flags_error({"--tenants-file", bad}),
+            "--tenants-file: " + bad +
+                ": line 2: 'xyz' is not a SHA-256 in hex (64 hex digits, as printf %s "
+                "\"$TOKEN\" | sha256sum prints)");
+  EXPECT_EQ(flags_error({"--tenants-file", dir.path() + "/missing"}),
+            "--tenants-file: " + dir.path() + "/missing: cannot open it");
+  EXPECT_EQ(flags_error({"--tenants-file", dir.path()}),
+            "--tenants-file: " + dir.path() + ": not a regular file");
 }
 
 TEST(Flags, ValidateHoldsTheRulesAcrossFlags) {

@@ -1,0 +1,139 @@
+// Tenants bound to credentials (--tenants-file; docs/operations.md, "Tenants"): the
+// file's parser, the immutable table one load of it makes, and the node's current table.
+//
+// Who owns what:
+// - A tenant_table is immutable once published. The thread that loads the file (the
+//   server at start-up, main's signal thread on SIGHUP) builds it and publishes it in
+//   node::tenants (tenant_registry::publish): the only writer, one load at a time.
+// - Each core keeps its own reference to the table it serves with (core_state::tenants)
+//   and takes the published one when the published version changed (take()): one
+//   acquire load per request, no lock and no shared reference count touched per request
+//   (a core takes the publication's lock once per reload, to copy the new reference). An
+//   old table is freed when the last core that held it has taken a newer one (or when
+//   the node goes).
+// - What a tenant used (tenant_usage: its SGLang ranks, counted against ranks=N) outlives
+//   tables: a reload keeps it, and a tenant removed from the file keeps its state and
+//   usage (SGLang's clear empties a pool and deletes none, so its rank stays counted).
+//   Usage records are never freed while the node lives.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "http/router.hpp"
+
+namespace metad::pipeline {
+
+// SHA-256 of a bearer token, as the file holds it (in hex there).
+using token_digest = std::array<unsigned char, 32>;
+
+// SHA-256 of `token`: OpenSSL's libcrypto, its low-level interface, which allocates
+// nothing (OpenSSL 3's one-shot SHA256() fetches the algorithm and makes a context per
+// call: 3 mallocs a call with Debian's 3.0.19, none this way).
+token_digest token_sha256(std::string_view token);
+
+// What a tenant's requests made the server hold, across reloads.
+struct tenant_usage {
+  // Distinct ranks that hold at least one of the tenant's SGLang pools (all pools of one
+  // rank live on the rank's owner core, which counts a rank when its first pool is made).
+  std::atomic<std::int64_t> sg_ranks{0};
+};
+
+struct tenant {
+  std::string name;
+  std::vector<token_digest> hashes;  // one, or two while a token is rotated
+  std::int64_t ranks = -1;           // ranks=N: at most N ranks (each API's); -1: no quota
+  bool vllm = false;                 // its tokens may use vLLM's API (one tenant at most)
+  int line = 0;                      // in the file, for messages
+  tenant_usage* usage = nullptr;     // set by tenant_registry::publish
+};
+
+struct tenant_table {
+  std::vector<tenant> tenants;
+  // The tenant that holds vLLM's API (the line with `vllm`): an index into tenants, or -1.
+  int vllm = -1;
+  std::string path;           // the file it was read from, for messages
+  std::uint64_t version = 0;  // set by tenant_registry::publish (1, 2, ...)
+
+  // The tenant whose token hashes to `digest`; nullptr when none.
+  //
+  // Timing: the presented token is hashed first and the digest looked up in a hash map
+  // (no scan of the tenants). The lookup's time depends on the digest only, and what it
+  // could reveal (how far SHA-256(guess) matches a stored digest, or which bucket it
+  // falls in) gives no way to a token that hashes to a stored digest: that is a preimage
+  // of SHA-256. The token's own bytes are compared with nothing.
+  const tenant* find(const token_digest& digest) const {
+    const auto it = by_digest.find(digest);
+    return it == by_digest.end() ? nullptr : &tenants[it->second];
+  }
+  const tenant* vllm_tenant() const {
+    return vllm < 0 ? nullptr : &tenants[static_cast<std::size_t>(vllm)];
+  }
+
+  struct digest_hash {
+    std::size_t operator()(const token_digest& d) const noexcept {
+      std::size_t h;  // a SHA-256 is uniformly distributed: its first bytes are a hash
+      std::memcpy(&h, d.data(), sizeof h);
+      return h;
+    }
+  };
+  std::unordered_map<token_digest, std::uint32_t, digest_hash> by_digest;
+};
+
+// Parses a tenants file's text into `out` (its tenants, hashes and the vLLM tenant).
+// Returns "" or the first error, "line N: ...". `routes`: the route table's patterns, whose
+// literal first segments no tenant may be named after.
+std::string parse_tenants(std::string_view text, std::span<const http::path_pattern> routes,
+                          tenant_table& out);
+// Reads and parses `path` (at most 1 MiB); "" or the error, naming the file (and the line).
+std::string load_tenants_file(const std::string& path, std::span<const http::path_pattern> routes,
+                              tenant_table& out);
+
+// The node's current table and every tenant's usage (node::tenants).
+class tenant_registry {
+ public:
+  // Whether a table was ever published (--tenants-file was given).
+  bool enabled() const { return version_.load(std::memory_order_acquire) != 0; }
+  // The published table's version (0: none); a core compares it with its own.
+  std::uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  // The published table (null: none). Takes a lock and a reference: once per core and
+  // reload, never per request (take()).
+  std::shared_ptr<const tenant_table> current() const {
+    const std::lock_guard lock(table_mutex_);
+    return table_;
+  }
+  // The usage record of `name`, made on first use; stable for the node's life. Loading
+  // threads only (start-up, the reload), never a core on the request path.
+  tenant_usage& usage(std::string_view name);
+  // A core's side: `held` (the core's own reference) becomes the published table when the
+  // published version is not the one it holds; the table to serve this request with.
+  // Only the thread that owns `held` calls it. Costs one acquire load when nothing changed.
+  const tenant_table& take(std::shared_ptr<const tenant_table>& held) const {
+    if (held == nullptr || held->version != version()) held = current();
+    return *held;
+  }
+  // Links each tenant to its usage, numbers the table and makes it the current one.
+  // Called by one thread at a time (start-up, then main's signal thread).
+  void publish(std::shared_ptr<tenant_table> table);
+
+ private:
+  alignas(64) std::atomic<std::uint64_t> version_{0};  // read by every request: its own line
+  // The published table. A mutex, not std::atomic<std::shared_ptr>: libstdc++ 12's makes
+  // ThreadSanitizer report its own internal swap, and this lock is taken only by a core
+  // whose table is out of date and by the loading thread.
+  alignas(64) mutable std::mutex table_mutex_;
+  std::shared_ptr<const tenant_table> table_;
+  std::mutex usage_mutex_;  // usage_ (loading threads only)
+  std::unordered_map<std::string, std::unique_ptr<tenant_usage>> usage_;
+};
+
+}  // namespace metad::pipeline

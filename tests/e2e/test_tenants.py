@@ -1,0 +1,444 @@
+# ctest: once
+"""End-to-end: tenants bound to credentials (--tenants-file, issue 34 phase 1).
+
+Over sockets against the real binary: no token or an unknown one is a 401; a token names
+its tenant, and SGLang's /{rank}/... acts on that tenant's pools (tenant A's keys are not
+visible to tenant B: the GHSA-qj2w-6f36-hc5w probe); /{B}/{rank}/... with A's token is a
+403; vLLM's API belongs to the one tenant whose line says vllm; ranks=N; the operator's
+endpoints and the admin token; SIGHUP adding a tenant and rotating a token under an open
+keep-alive connection; a bad file on SIGHUP keeping the old table, and at start-up
+stopping the start (exit 2). The outcome does not depend on the transport: once.
+
+Run: cd tests/e2e && METAD_BIN=... /usr/bin/python3 -m unittest test_tenants
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+import unittest
+
+import requests
+
+from metad_harness import (SOCKET_TIMEOUT_S, MetadServer, RawConnection, compact, raw_request,
+                           run_to_exit, wait_until)
+
+TOKEN_A = "tenant-a-token-0123456789abcdef"
+TOKEN_A2 = "tenant-a-rotated-fedcba9876543210"
+TOKEN_B = "tenant-b-token-aaaaaaaaaaaaaaaa"
+TOKEN_C = "tenant-c-token-cccccccccccccccc"
+OPERATOR = "operator-read-token-1111111111"
+ADMIN = "admin-token-2222222222222222"
+UNAUTHORIZED = b'{"detail":"Missing or invalid bearer token"}'
+KEY = hashlib.sha256(b"tenant A's page").hexdigest()
+
+
+def sha(token):
+    """What the file holds: printf %s "$TOKEN" | sha256sum."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+class TenantsTestCase(unittest.TestCase):
+    """A fresh server per test, with a tenants file in a temporary directory."""
+
+    DEFAULT_FILE = (f"# the cluster's tenants\n"
+                    f"\n"
+                    f"team_a {sha(TOKEN_A)} ranks=2 vllm\n"
+                    f"team_b {sha(TOKEN_B)}   # SGLang only\n")
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="metad-tenants-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.path = os.path.join(self.dir, "tenants")
+        self.write(self.DEFAULT_FILE)
+        self.session = requests.Session()
+        self.addCleanup(self.session.close)
+
+    def write(self, text):
+        """Replaces the file as an operator should: a new file renamed over the old."""
+        tmp = self.path + ".new"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.path)
+
+    def start(self, *extra):
+        auth = os.path.join(self.dir, "operator")
+        admin = os.path.join(self.dir, "admin")
+        with open(auth, "w") as f:
+            f.write(OPERATOR + "\n")
+        with open(admin, "w") as f:
+            f.write(ADMIN)
+        self.server = MetadServer(("--tenants-file", self.path, "--auth-token-file", auth,
+                                   "--admin-token-file", admin, *extra))
+        self.addCleanup(self._stop)
+        return self.server
+
+    def _stop(self):
+        code = self.server.stop()
+        self.assertEqual(code, 0, f"exit code after SIGTERM; stderr:\n{self.server.log()[-3000:]}")
+
+    def post(self, path, body, token=None, session=None):
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers.update(bearer(token))
+        data = body if isinstance(body, bytes) else compact(body)
+        return (session or self.session).post(self.server.base_url + path, data=data,
+                                              headers=headers, timeout=SOCKET_TIMEOUT_S)
+
+    def get(self, path, token=None):
+        return self.session.get(self.server.base_url + path,
+                                headers=bearer(token) if token else {}, timeout=SOCKET_TIMEOUT_S)
+
+    def reload(self, text):
+        """Writes `text`, sends SIGHUP and waits for the server to say it took it or not;
+        returns that log line."""
+        pattern = re.compile(r"tenants: (\d+ from |.*stay in force)")
+        before = sum(1 for line in list(self.server.stderr_lines) if pattern.search(line))
+        self.write(text)
+        self.server.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_until(lambda: sum(1 for line in list(self.server.stderr_lines)
+                                               if pattern.search(line)) > before, 5.0),
+                        f"no reload line; stderr:\n{self.server.log()[-2000:]}")
+        return [line for line in list(self.server.stderr_lines) if pattern.search(line)][-1]
+
+    def assert_401(self, r):
+        self.assertEqual((r.status_code, r.content), (401, UNAUTHORIZED), r.content)
+        self.assertEqual(r.headers.get("WWW-Authenticate"), "Bearer")
+
+    def assert_403(self, r, detail):
+        self.assertEqual(r.status_code, 403, r.content)
+        self.assertEqual(r.reason, "Forbidden")
+        self.assertEqual(r.headers.get("Content-Type"), "application/json")
+        self.assertEqual(r.json(), {"detail": detail})
+
+    def save(self, rank, key, token, prefix=""):
+        """SGLang's save of one key on `rank`: reserve, then confirm; its page."""
+        r = self.post(f"{prefix}/{rank}/reserve_and_allocate_page_indices",
+                      {"keys": [[key, ""]], "namespace": "kv"}, token)
+        self.assertEqual(r.status_code, 200, r.content)
+        [[exists, page]] = r.json()["indices"]
+        self.assertEqual((exists, page >= 0), (False, True))
+        r = self.post(f"{prefix}/{rank}/confirm_write",
+                      {"written_keys_to_confirm": [[key, page]], "pages_to_release": [],
+                       "namespace": "kv"}, token)
+        self.assertEqual(r.status_code, 204, r.content)
+        return page
+
+
+class CredentialsTest(TenantsTestCase):
+
+    def test_no_token_or_an_unknown_one_is_401(self):
+        self.start()
+        calls = [("POST", "/0/exists", {"keys": []}), ("POST", "/team_a/0/exists", {"keys": []}),
+                 ("POST", "/keys/batch_exists", {"keys": []}), ("POST", "/rank/0/initialize",
+                                                                {"num_pages": 4}),
+                 ("GET", "/metrics", None), ("GET", "/stats", None), ("POST", "/nowhere", {}),
+                 ("POST", "/0/clear", {"namespace": "kv"}), ("POST", "/clear", b"")]
+        for auth in (None, "Bearer", "Bearer ", "Basic " + TOKEN_A, "Bearer " + TOKEN_A + "x",
+                     "Bearer " + sha(TOKEN_A), "Bearer " + TOKEN_A[:-1]):
+            for method, path, body in calls:
+                with self.subTest(auth=auth, path=path):
+                    headers = {} if auth is None else {"Authorization": auth}
+                    data = body if isinstance(body, bytes) or body is None else compact(body)
+                    r = self.session.request(method, self.server.base_url + path, data=data,
+                                             headers=headers, timeout=SOCKET_TIMEOUT_S)
+                    self.assert_401(r)
+        # /health and the status page need none.
+        self.assertEqual(self.get("/health").status_code, 200)
+        self.assertEqual(self.get("/").status_code, 200)
+        # A tenant's token on an unknown path: the 404 (its token is known).
+        self.assertEqual(self.post("/nowhere", {}, TOKEN_B).status_code, 404)
+        # The scheme is case-insensitive, as without tenants.
+        r = self.session.post(self.server.base_url + "/0/initialize", data=b'{"num_pages":4}',
+                              headers={"Authorization": "bEaReR " + TOKEN_B})
+        self.assertEqual(r.status_code, 204, r.content)
+
+    def test_a_token_acts_on_its_own_tenant_only(self):
+        """The GHSA-qj2w-6f36-hc5w probe: tenant B cannot see or reach tenant A's keys."""
+        self.start()
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 8}, TOKEN_A).status_code, 204)
+        page = self.save(0, KEY, TOKEN_A)
+        # /{rank}/... and /team_a/{rank}/... are one state space for A's token.
+        for prefix in ("", "/team_a"):
+            r = self.post(f"{prefix}/0/exists", {"keys": [KEY]}, TOKEN_A)
+            self.assertEqual(r.json(), {"exists": [True]}, prefix)
+            r = self.post(f"{prefix}/0/get_page_indices", {"keys": [KEY]}, TOKEN_A)
+            self.assertEqual(r.json(), {"indices": [page]}, prefix)
+        # B's rank 0 is B's own pool: not initialized yet, then empty.
+        r = self.post("/0/exists", {"keys": [KEY]}, TOKEN_B)
+        self.assertEqual(r.status_code, 404, r.content)
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 8}, TOKEN_B).status_code, 204)
+        self.assertEqual(self.post("/0/exists", {"keys": [KEY]}, TOKEN_B).json(),
+                         {"exists": [False]})
+        self.assertEqual(self.post("/0/get_page_indices", {"keys": [KEY]}, TOKEN_B).json(),
+                         {"indices": [None]})
+        self.assertEqual(self.post("/0/inspect", {"keys": [KEY]}, TOKEN_B).json()["keys"][0]["state"],
+                         "absent")
+        # B deleting or clearing "its" rank 0 leaves A's key.
+        self.assertEqual(self.post("/0/delete_keys", {"keys": [KEY]}, TOKEN_B).status_code, 204)
+        self.assertEqual(self.post("/0/exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        # Naming A's tenant in the path with B's token: 403, and nothing is read or changed.
+        detail = ("tenant team_b's token may not use tenant team_a's pools: a token acts on "
+                  "its own tenant's (/team_b/{rank}/... or /{rank}/...)")
+        for op, body in (("exists", {"keys": [KEY]}), ("get_page_indices", {"keys": [KEY]}),
+                         ("delete_keys", {"keys": [KEY]}),
+                         ("initialize", {"num_pages": 4}), ("inspect", {"keys": [KEY]}),
+                         ("reserve_and_allocate_page_indices", {"keys": [["x", ""]]}),
+                         ("confirm_write", {"written_keys_to_confirm": [[KEY, page]]})):
+            with self.subTest(op=op):
+                self.assert_403(self.post(f"/team_a/0/{op}", body, TOKEN_B), detail)
+        # clear takes the admin token (--admin-token-file): a tenant's is a 401 there.
+        self.assert_401(self.post("/team_a/0/clear", {"namespace": "kv"}, TOKEN_B))
+        # A tenant that does not exist is another tenant's name too.
+        self.assert_403(self.post("/team_z/0/exists", {"keys": [KEY]}, TOKEN_B),
+                        detail.replace("team_a's", "team_z's"))
+        self.assertEqual(self.post("/team_a/0/exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        # The operator sees both tenants' pools.
+        pools = self.get("/stats", OPERATOR).json()["sglang"]["pools"]
+        self.assertEqual(sorted((p["tenant"], p["rank"], p["bound"]) for p in pools),
+                         [("team_a", 0, 1), ("team_b", 0, 0)])
+
+    def test_vllms_api_belongs_to_the_vllm_tenant(self):
+        self.start()
+        detail = ("vLLM's API belongs to tenant team_a on this server (until per-tenant vLLM "
+                  "state exists): tenant team_b's token may use SGLang's paths only")
+        calls = (("/rank/0/initialize", {"num_pages": 4, "role": "worker"}),
+                 ("/keys/batch_allocate", {"rank": 0, "keys": [["k", ""]]}),
+                 ("/keys/confirm_write", {"rank": 0, "confirmations": []}),
+                 ("/keys/batch_exists", {"keys": ["k"]}),
+                 ("/keys/get_locations", {"rank": 0, "keys": ["k"]}),
+                 ("/keys/inspect", {"keys": ["k"]}))
+        for path, body in calls:
+            with self.subTest(path=path):
+                self.assert_403(self.post(path, body, TOKEN_B), detail)
+        self.assert_403(self.get("/rank/0", TOKEN_B), detail)
+        # The vllm tenant's token: vLLM's whole flow.
+        self.assertEqual(self.post("/rank/0/initialize", {"num_pages": 4}, TOKEN_A).status_code, 200)
+        r = self.post("/keys/batch_allocate", {"rank": 0, "keys": [["k", ""]]}, TOKEN_A)
+        self.assertEqual(r.json(), {"rank": 0, "results": [["k", 0]]})
+        r = self.post("/keys/confirm_write", {"rank": 0, "confirmations": [["k", 0]]}, TOKEN_A)
+        self.assertEqual(r.status_code, 204)
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k"]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        # With the admin token set, /clear and /keys/delete take it, and no tenant's.
+        self.assert_401(self.post("/clear", b"", TOKEN_A))
+        self.assert_401(self.post("/keys/delete", {"keys": ["k"]}, TOKEN_A))
+        self.assertEqual(self.post("/keys/delete", {"keys": ["k"]}, ADMIN).json(), {"deleted": 1})
+        # A file where nobody holds vLLM's API: off for every tenant.
+        self.reload(f"team_a {sha(TOKEN_A)}\nteam_b {sha(TOKEN_B)}\n")
+        self.assert_403(self.post("/keys/batch_exists", {"keys": ["k"]}, TOKEN_A),
+                        "vLLM's API is off on this server: no tenant in --tenants-file holds it "
+                        "(the word vllm on its line); tenant team_a's token may use SGLang's "
+                        "paths only")
+
+    def test_operators_endpoints_take_the_operators_tokens(self):
+        self.start()
+        for path in ("/metrics", "/stats", "/status.json", "/ready"):
+            with self.subTest(path=path):
+                self.assert_403(self.get(path, TOKEN_A),
+                                f"{path} shows every tenant's state: it takes "
+                                f"--auth-token-file's or --admin-token-file's token, not a "
+                                f"tenant's (tenant team_a)")
+                self.assertEqual(self.get(path, OPERATOR).status_code, 200)
+                self.assertEqual(self.get(path, ADMIN).status_code, 200)
+        # The operator's token is no tenant's: the API refuses it.
+        self.assert_401(self.post("/0/exists", {"keys": []}, OPERATOR))
+        self.assert_401(self.post("/keys/batch_exists", {"keys": []}, OPERATOR))
+        self.assert_401(self.post("/0/initialize", {"num_pages": 4}, ADMIN))
+
+    def test_admin_names_the_tenant_in_the_path(self):
+        self.start()
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 8}, TOKEN_A).status_code, 204)
+        self.save(0, KEY, TOKEN_A)
+        # With --admin-token-file, a tenant cannot clear even its own pools.
+        for path in ("/0/clear", "/team_a/0/clear"):
+            self.assert_401(self.post(path, {"namespace": "kv"}, TOKEN_A))
+        # /{rank}/clear with the admin token is the default tenant's (none here: 404).
+        self.assertEqual(self.post("/0/clear", {"namespace": "kv"}, ADMIN).status_code, 404)
+        self.assertEqual(self.post("/0/exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        # A tenant removed from the file loses its token at once; its state stays until the
+        # admin clears it, naming it in the path.
+        self.reload(f"team_b {sha(TOKEN_B)}\n")
+        self.assert_401(self.post("/0/exists", {"keys": [KEY]}, TOKEN_A))
+        pools = self.get("/stats", OPERATOR).json()["sglang"]["pools"]
+        self.assertEqual([(p["tenant"], p["bound"]) for p in pools], [("team_a", 1)])
+        self.assertEqual(self.post("/team_a/0/clear", {"namespace": "kv"}, ADMIN).status_code, 204)
+        pools = self.get("/stats", OPERATOR).json()["sglang"]["pools"]
+        self.assertEqual([(p["tenant"], p["bound"]) for p in pools], [("team_a", 0)])
+
+    def test_without_an_admin_token_a_tenant_clears_its_own_pools(self):
+        auth = os.path.join(self.dir, "operator")
+        with open(auth, "w") as f:
+            f.write(OPERATOR)
+        self.server = MetadServer(("--tenants-file", self.path, "--auth-token-file", auth))
+        self.addCleanup(self._stop)
+        for token in (TOKEN_A, TOKEN_B):
+            self.assertEqual(self.post("/0/initialize", {"num_pages": 8}, token).status_code, 204)
+            self.save(0, KEY, token)
+        self.assertEqual(self.post("/0/clear", {"namespace": "kv"}, TOKEN_B).status_code, 204)
+        self.assertEqual(self.post("/0/exists", {"keys": [KEY]}, TOKEN_B).json(),
+                         {"exists": [False]})
+        self.assertEqual(self.post("/0/exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        self.assertEqual(self.post("/team_b/0/clear", {"namespace": "kv"}, TOKEN_A).status_code,
+                         403)
+        # vLLM's /clear is the vllm tenant's then.
+        self.assertEqual(self.post("/clear", b"", TOKEN_B).status_code, 403)
+        self.assertEqual(self.post("/clear", b"", TOKEN_A).status_code, 204)
+
+
+class QuotaTest(TenantsTestCase):
+
+    def test_ranks_quota_bounds_sglang_pools_and_vllm_ranks(self):
+        self.start()
+        init = lambda rank, ns="kv", token=TOKEN_A: self.post(  # noqa: E731
+            f"/{rank}/initialize", {"num_pages": 4, "namespace": ns}, token)
+        self.assertEqual(init(0).status_code, 204)
+        self.assertEqual(init(1).status_code, 204)
+        # Another namespace of a rank it holds is no new rank; re-initializing neither.
+        self.assertEqual(init(1, "mamba").status_code, 204)
+        self.assertEqual(init(0).status_code, 204)
+        r = init(2)
+        self.assert_403(r, "Rank 2 namespace 'kv' not initialized: tenant team_a has SGLang pools "
+                           "on as many ranks as its quota allows (ranks=2 in --tenants-file)")
+        self.assertEqual(self.post("/2/exists", {"keys": []}, TOKEN_A).status_code, 404)
+        # Another tenant has its own count (team_b has no quota).
+        for rank in range(5):
+            self.assertEqual(init(rank, token=TOKEN_B).status_code, 204)
+        # vLLM's ranks, for the vllm tenant: the same N, counted apart.
+        for rank in (0, 1):
+            r = self.post(f"/rank/{rank}/initialize", {"num_pages": 4}, TOKEN_A)
+            self.assertEqual(r.status_code, 200, r.content)
+        self.assert_403(self.post("/rank/7/initialize", {"num_pages": 4}, TOKEN_A),
+                        "Rank 7 not initialized: tenant team_a has as many vLLM ranks as its "
+                        "quota allows (ranks=2 in --tenants-file)")
+        self.assertEqual(self.post("/rank/1/initialize", {"num_pages": 8}, TOKEN_A).status_code, 200)
+        # A raised quota takes effect with the reload; the count stays.
+        self.reload(f"team_a {sha(TOKEN_A)} ranks=3 vllm\nteam_b {sha(TOKEN_B)}\n")
+        self.assertEqual(init(2).status_code, 204)
+        self.assertEqual(init(3).status_code, 403)
+        self.assertEqual(self.post("/rank/7/initialize", {"num_pages": 4}, TOKEN_A).status_code, 200)
+        self.assertEqual(self.post("/rank/8/initialize", {"num_pages": 4}, TOKEN_A).status_code, 403)
+
+    def test_ranks_quota_counts_what_a_restart_recovered(self):
+        data = os.path.join(self.dir, "data")
+        self.start("--data-dir", data)
+        for rank in (0, 1):
+            self.assertEqual(self.post(f"/{rank}/initialize", {"num_pages": 4}, TOKEN_A).status_code,
+                             204)
+        self._stop()
+        self.start("--data-dir", data)
+        self.assertEqual(self.post("/1/initialize", {"num_pages": 4, "namespace": "swa"},
+                                   TOKEN_A).status_code, 204)
+        self.assertEqual(self.post("/2/initialize", {"num_pages": 4}, TOKEN_A).status_code, 403)
+
+
+class ReloadTest(TenantsTestCase):
+
+    def test_sighup_adds_a_tenant_and_rotates_a_token_on_an_open_connection(self):
+        self.start()
+        with RawConnection(self.server.port) as conn:
+            def call(token, path="/0/initialize", body=None):
+                body = compact(body if body is not None else {"num_pages": 4})
+                conn.send(raw_request("POST", path, body, {"Authorization": f"Bearer {token}"}))
+                status, headers, _ = conn.read_response()
+                self.assertNotEqual(headers.get("connection"), "close")
+                return status
+
+            self.assertEqual(call(TOKEN_A), 204)
+            self.assertEqual(call(TOKEN_C), 401)
+            self.assertEqual(call(TOKEN_A2), 401)
+            # Step 1: team_a accepts its old and its new token; team_c is added.
+            line = self.reload(f"team_a {sha(TOKEN_A)},{sha(TOKEN_A2)} ranks=2 vllm\n"
+                               f"team_b {sha(TOKEN_B)}\n"
+                               f"team_c {sha(TOKEN_C)}\n")
+            self.assertIn("tenants: 3 from", line)
+            self.assertEqual(call(TOKEN_C), 204)
+            self.assertEqual(call(TOKEN_A), 204)
+            self.assertEqual(call(TOKEN_A2), 204)
+            # Both of team_a's tokens reach one tenant's pools.
+            self.assertEqual(call(TOKEN_A2, "/team_a/0/exists", {"keys": []}), 200)
+            self.assertEqual(call(TOKEN_A2, "/team_b/0/exists", {"keys": []}), 403)
+            # Step 2: every forwarder has the new token; the old hash goes: 401 at once,
+            # on the same connection, which stays open for the next request.
+            self.reload(f"team_a {sha(TOKEN_A2)} ranks=2 vllm\n"
+                        f"team_b {sha(TOKEN_B)}\n"
+                        f"team_c {sha(TOKEN_C)}\n")
+            self.assertEqual(call(TOKEN_A), 401)
+            self.assertEqual(call(TOKEN_A2), 204)
+            self.assertEqual(call(TOKEN_B), 204)
+            # Tenant usage survived the reloads: team_a's rank 0 still counts against ranks=2.
+            self.assertEqual(call(TOKEN_A2, "/1/initialize"), 204)
+            self.assertEqual(call(TOKEN_A2, "/2/initialize"), 403)
+
+    def test_a_bad_file_on_sighup_keeps_the_old_table(self):
+        self.start()
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 4}, TOKEN_A).status_code, 204)
+        bad = (f"team_a {sha(TOKEN_A)} vllm\n"
+               f"team_c {sha(TOKEN_C)}\n"
+               f"team_b {sha(TOKEN_B)[:-1]}\n")
+        line = self.reload(bad)
+        self.assertIn(f"tenants: {self.path}: line 3: '{sha(TOKEN_B)[:-1]}' is not a SHA-256 in "
+                      f"hex", line)
+        self.assertIn("the tenants as loaded before stay in force", line)
+        self.assertTrue(self.server.alive())
+        # The old table: team_b still works, team_c (only in the bad file) does not.
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 4}, TOKEN_B).status_code, 204)
+        self.assert_401(self.post("/0/initialize", {"num_pages": 4}, TOKEN_C))
+        # A missing file (mid-rename by a careless editor) keeps it too.
+        os.unlink(self.path)
+        self.server.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(self.server.wait_log(r"tenants: .*cannot open it: the tenants as loaded "
+                                             r"before stay in force"))
+        self.assertEqual(self.post("/0/exists", {"keys": []}, TOKEN_A).status_code, 200)
+        # Then a good file is taken again.
+        self.reload(self.DEFAULT_FILE.replace("team_b", "team_c").replace(sha(TOKEN_B),
+                                                                          sha(TOKEN_C)))
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 4}, TOKEN_C).status_code, 204)
+        self.assert_401(self.post("/0/exists", {"keys": []}, TOKEN_B))
+
+
+class StartTest(TenantsTestCase):
+
+    def test_a_bad_file_stops_the_start_naming_the_line(self):
+        cases = {
+            "9a " + sha(TOKEN_A): "line 1: '9a' is not a tenant name",
+            "# c\na " + sha(TOKEN_A) + "\na " + sha(TOKEN_B): "line 3: tenant a is named on line 2",
+            "a " + sha(TOKEN_A) + "\nb " + sha(TOKEN_A): "line 2: this SHA-256 is tenant a's",
+            "a " + sha(TOKEN_A) + " pages=100": "line 1: pages= (a bound on the pages a tenant "
+                                                "holds) is not enforced",
+            "a " + TOKEN_A: f"line 1: '{TOKEN_A}' is not a SHA-256 in hex",
+            "a " + sha(TOKEN_A) + " vllm\nb " + sha(TOKEN_B) + " vllm": "line 2: vllm: tenant a",
+        }
+        for text, message in cases.items():
+            with self.subTest(text=text):
+                self.write(text)
+                code, stderr, started = run_to_exit(("--tenants-file", self.path))
+                self.assertFalse(started)
+                self.assertEqual(code, 2, stderr)
+                self.assertIn(f"--tenants-file: {self.path}: {message}", stderr)
+        code, stderr, _ = run_to_exit(("--tenants-file", os.path.join(self.dir, "missing")))
+        self.assertEqual(code, 2, stderr)
+        self.assertIn("cannot open it", stderr)
+
+    def test_without_a_tenants_file_sighup_is_not_handled(self):
+        """Nothing changes without --tenants-file: SIGHUP keeps its default action."""
+        self.server = MetadServer(())
+        self.server.proc.send_signal(signal.SIGHUP)
+        self.assertEqual(self.server.proc.wait(timeout=10), -signal.SIGHUP)
+        self.server.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()

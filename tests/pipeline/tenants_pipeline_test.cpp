@@ -1,0 +1,158 @@
+// Tenants bound to tokens (--tenants-file) through the whole pipeline, byte-in/byte-out,
+// on 1 and 3 simulated cores: the answers' bytes (401, each 403), SGLang's /{rank}/...
+// on the token's tenant, vLLM's API for the vllm tenant only, ranks=N counted across
+// cores, and a table published while one connection stays open (a reload).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <string_view>
+
+#include "basic_sim_node.hpp"
+#include "pipeline/routes.hpp"
+#include "pipeline/tenants.hpp"
+
+namespace {
+
+using namespace metad;
+
+constexpr std::string_view kTpNoContent = "HTTP/1.1 204 No Content\r\n\r\n";
+constexpr std::string_view kTpUnauthorized =
+    "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: "
+    "44\r\nwww-authenticate: Bearer\r\n\r\n{\"detail\":\"Missing or invalid bearer token\"}";
+
+std::string tp_json(std::string_view status_line, std::string_view body) {
+  return fmt::format(
+      "HTTP/1.1 {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}", status_line,
+      body.size(), body);
+}
+std::string tp_forbidden(std::string_view detail) {
+  return tp_json("403 Forbidden", fmt::format(R"({{"detail":"{}"}})", detail));
+}
+
+std::string tp_hex(std::string_view token) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char b : pipeline::token_sha256(token)) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+class TenantsPipeline : public ::testing::TestWithParam<int> {
+ protected:
+  static config operator_tokens() {
+    config cfg;
+    cfg.auth_token = "operator";
+    cfg.admin_token = "admin";
+    cfg.tenants_file = "tenants";  // what the server reads; here the table is published below
+    return cfg;
+  }
+  TenantsPipeline() : n_(operator_tokens(), GetParam()) {
+    publish("a " + tp_hex("token-a") + " ranks=2 vllm\nb " + tp_hex("token-b") + "\n");
+  }
+  void publish(const std::string& text) {
+    auto table = std::make_shared<pipeline::tenant_table>();
+    ASSERT_EQ(pipeline::parse_tenants(text, pipeline::kPatterns, *table), "");
+    n_.state().tenants.publish(std::move(table));
+  }
+  std::string post_as(std::string_view token, std::string_view path, std::string_view body) {
+    return n_.send(
+        fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{}",
+                    path, token, body.size(), body));
+  }
+  std::string get_as(std::string_view token, std::string_view path) {
+    return n_.send(fmt::format("GET {} HTTP/1.1\r\nauthorization: Bearer {}\r\n\r\n", path, token));
+  }
+  static std::string status_of(const std::string& answer) {
+    return answer.substr(0, answer.find("\r\n"));
+  }
+
+  server_test::memory_node n_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Cores, TenantsPipeline, ::testing::Values(1, 3));
+
+TEST_P(TenantsPipeline, RankPathsActOnTheTokensTenant) {
+  EXPECT_EQ(post_as("token-a", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/0/reserve_and_allocate_page_indices", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"indices":[[false,3]]})"));
+  EXPECT_EQ(post_as("token-a", "/0/confirm_write", R"({"written_keys_to_confirm":[["k",3]]})"),
+            kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/a/0/exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[true]})"));
+  // b's rank 0 is b's: not there, then empty.
+  EXPECT_EQ(status_of(post_as("token-b", "/0/exists", R"({"keys":["k"]})")),
+            "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(post_as("token-b", "/b/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-b", "/0/exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+  EXPECT_EQ(post_as("token-b", "/0/get_page_indices", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"indices":[null]})"));
+  EXPECT_EQ(post_as("token-b", "/a/0/get_page_indices", R"({"keys":["k"]})"),
+            tp_forbidden("tenant b's token may not use tenant a's pools: a token acts on its own "
+                         "tenant's (/b/{rank}/... or /{rank}/...)"));
+  // No token, a wrong one, the hash itself, the operator's on the API: the canned 401.
+  EXPECT_EQ(n_.send("POST /0/exists HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}"), kTpUnauthorized);
+  EXPECT_EQ(post_as("token-c", "/0/exists", "{}"), kTpUnauthorized);
+  EXPECT_EQ(post_as(tp_hex("token-a"), "/0/exists", "{}"), kTpUnauthorized);
+  EXPECT_EQ(post_as("operator", "/0/exists", "{}"), kTpUnauthorized);
+  // The admin names the tenant in the path.
+  EXPECT_EQ(post_as("token-a", "/a/0/clear", "{}"), kTpUnauthorized);
+  EXPECT_EQ(post_as("admin", "/a/0/clear", "{}"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/0/exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+}
+
+TEST_P(TenantsPipeline, VllmIsTheVllmTenantsAndTheOperatorsEndpointsTheOperators) {
+  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":[]})"),
+            tp_forbidden("vLLM's API belongs to tenant a on this server (until per-tenant vLLM "
+                         "state exists): tenant b's token may use SGLang's paths only"));
+  EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":[]})"),
+            tp_json("200 OK", R"({"exists":[]})"));
+  EXPECT_EQ(get_as("token-a", "/stats"),
+            tp_forbidden("/stats shows every tenant's state: it takes --auth-token-file's or "
+                         "--admin-token-file's token, not a tenant's (tenant a)"));
+  EXPECT_EQ(status_of(get_as("operator", "/stats")), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_of(get_as("admin", "/metrics")), "HTTP/1.1 200 OK");
+  // A known token on no route: the 404.
+  EXPECT_EQ(status_of(post_as("token-b", "/nowhere", "{}")), "HTTP/1.1 404 Not Found");
+}
+
+TEST_P(TenantsPipeline, RanksQuotaCountsRanksOnEveryCore) {
+  EXPECT_EQ(post_as("token-a", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/1/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/1/initialize", R"({"num_pages":4,"namespace":"swa"})"),
+            kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/2/initialize", R"({"num_pages":4})"),
+            tp_forbidden("Rank 2 namespace 'kv' not initialized: tenant a has SGLang pools on as "
+                         "many ranks as its quota allows (ranks=2 in --tenants-file)"));
+  EXPECT_EQ(post_as("token-b", "/2/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(status_of(post_as("token-a", "/rank/5/initialize", R"({"num_pages":4})")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_of(post_as("token-a", "/rank/6/initialize", R"({"num_pages":4})")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(post_as("token-a", "/rank/7/initialize", R"({"num_pages":4})"),
+            tp_forbidden("Rank 7 not initialized: tenant a has as many vLLM ranks as its quota "
+                         "allows (ranks=2 in --tenants-file)"));
+}
+
+TEST_P(TenantsPipeline, APublishedTableServesTheNextRequestOnTheSameConnection) {
+  EXPECT_EQ(post_as("token-a", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a2", "/0/initialize", R"({"num_pages":4})"), kTpUnauthorized);
+  publish("a " + tp_hex("token-a") + "," + tp_hex("token-a2") + " ranks=2 vllm\nc " +
+          tp_hex("token-c") + "\n");
+  EXPECT_EQ(post_as("token-a2", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-c", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-b", "/0/initialize", R"({"num_pages":4})"), kTpUnauthorized);
+  publish("a " + tp_hex("token-a2") + " ranks=2 vllm\n");
+  EXPECT_EQ(post_as("token-a", "/0/exists", "{}"), kTpUnauthorized);
+  EXPECT_EQ(post_as("token-a2", "/0/exists", "{}"), tp_json("200 OK", R"({"exists":[]})"));
+  // The usage stayed with tenant a across both tables: rank 0 counts, one more rank fits.
+  EXPECT_EQ(post_as("token-a2", "/1/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(status_of(post_as("token-a2", "/2/initialize", R"({"num_pages":4})")),
+            "HTTP/1.1 403 Forbidden");
+}
+
+}  // namespace
