@@ -14,8 +14,10 @@ Checked: vLLM's flow through both forwarders of the vllm tenant (and a 403 throu
 other tenant's); SGLang's flow through all four; the tenants isolated through their
 forwarders (tenant B's exists does not see tenant A's keys, naming A's tenant is a 403);
 a forwarder that trusts another CA, or expects another name, fails (502/503) and no
-request reaches the server; plain HTTP to the TLS port gets no HTTP answer; no token
-appears in the server's log (with --access-log) or the forwarders' logs.
+request reaches the server; plain HTTP to the TLS port gets no HTTP answer; the TLS port
+takes TLS 1.2 and 1.3, refuses 1.1; a tenant's token rotated with two hashes (deploy/README.md)
+while requests go on; no token appears in the server's log (with --access-log) or the
+forwarders' logs.
 
 Skips when nginx, haproxy or openssl is missing. The outcome does not depend on the
 server's transport: once.
@@ -49,6 +51,7 @@ HAPROXY_CENTRAL = os.path.join(DEPLOY, "haproxy", "hf3fs-metad-central.cfg")
 
 NAME = "central.metad.test"   # the name in the central host's certificate
 TOKEN_A = secrets.token_hex(32)
+TOKEN_A2 = secrets.token_hex(32)   # tenant A's next token (the rotation)
 TOKEN_B = secrets.token_hex(32)
 OPERATOR = secrets.token_hex(32)
 ADMIN = secrets.token_hex(32)
@@ -177,10 +180,8 @@ class DeployTlsTest(unittest.TestCase):
 
         # The server: the unit's loopback port and unix socket, the tenants (hashes only),
         # the operator's read token and the admin token.
-        tenants = os.path.join(d, "tenants")
-        with open(tenants, "w") as f:
-            f.write(f"team_a {sha(TOKEN_A)} ranks=8 vllm   # model A's engine hosts\n"
-                    f"team_b {sha(TOKEN_B)} ranks=8        # model B's engine hosts\n")
+        tenants = cls.tenants = os.path.join(d, "tenants")
+        cls.write_tenants(sha(TOKEN_A))
         cls.sock = os.path.join(d, "metad.sock")
         cls.server = OpsServer(("--unix", cls.sock, "--tenants-file", tenants,
                                 "--auth-token-file", write_secret(os.path.join(d, "operator"),
@@ -204,6 +205,14 @@ class DeployTlsTest(unittest.TestCase):
         for tenant, token in (("a", TOKEN_A), ("b", TOKEN_B)):
             cls.forwarders[("nginx", tenant)] = cls.start_nginx_forwarder(token, cls.ca)
             cls.forwarders[("haproxy", tenant)] = cls.start_haproxy_forwarder(token, cls.ca)
+
+    @classmethod
+    def write_tenants(cls, team_a_hashes):
+        """The tenants file, written beside and renamed over, as deploy/README.md says."""
+        with open(cls.tenants + ".new", "w") as f:
+            f.write(f"team_a {team_a_hashes} ranks=8 vllm   # model A's engine hosts\n"
+                    f"team_b {sha(TOKEN_B)} ranks=8        # model B's engine hosts\n")
+        os.replace(cls.tenants + ".new", cls.tenants)
 
     @classmethod
     def _stop_server(cls):
@@ -235,7 +244,9 @@ class DeployTlsTest(unittest.TestCase):
             ("listen 127.0.0.1:18000", f"listen 127.0.0.1:{port}"),
             ("/etc/nginx/hf3fs-metad-token.conf", include),
             ("/etc/nginx/hf3fs-metad-ca.pem", ca)))
-        return cls.start_proc("nginx", text, port)
+        proc = cls.start_proc("nginx", text, port)
+        proc.include = include
+        return proc
 
     @classmethod
     def start_haproxy_forwarder(cls, token, ca, name=NAME):
@@ -433,9 +444,55 @@ class DeployTlsTest(unittest.TestCase):
         for (kind, tenant), proc in self.forwarders.items():
             logs[f"{kind} {tenant}"] = proc.log()
         for where, text in logs.items():
-            for token in (TOKEN_A, TOKEN_B, OPERATOR, ADMIN):
+            for token in (TOKEN_A, TOKEN_A2, TOKEN_B, OPERATOR, ADMIN):
                 with self.subTest(log=where):
                     self.assertNotIn(token, text)
+
+    def reload_server(self, team_a_hashes):
+        pattern = re.compile(r"tenants: (\d+ from |.*stay in force)")
+
+        def reloads():
+            return sum(1 for line in list(self.server.stderr_lines) if pattern.search(line))
+        before = reloads()
+        self.write_tenants(team_a_hashes)
+        self.server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while reloads() == before:
+            self.assertLess(time.monotonic(), deadline, self.server.log()[-2000:])
+            time.sleep(0.02)
+        self.assertNotIn("stay in force", [line for line in list(self.server.stderr_lines)
+                                           if pattern.search(line)][-1])
+
+    def test_g_rotating_a_tenants_token_fails_no_request(self):
+        """deploy/README.md's rotation: the new hash beside the old, the forwarder moved
+        (nginx -s reload), the old hash removed; a request every step of the way."""
+        nginx, other = self.forwarders[("nginx", "a")], self.forwarders[("haproxy", "a")]
+        self.addCleanup(self.reload_server, sha(TOKEN_A))
+        self.addCleanup(write_secret, nginx.include,
+                        f'proxy_set_header Authorization "Bearer {TOKEN_A}";\n')
+
+        def ok_through(proc):
+            call = RequestsCaller(f"http://127.0.0.1:{proc.port}")  # a fresh connection
+            try:
+                return call("POST", "/keys/batch_exists", {"keys": []})[0]
+            finally:
+                call.close()
+
+        self.reload_server(f"{sha(TOKEN_A)},{sha(TOKEN_A2)}")
+        self.assertEqual((ok_through(nginx), ok_through(other)), (200, 200))
+        write_secret(nginx.include, f'proxy_set_header Authorization "Bearer {TOKEN_A2}";\n')
+        nginx.proc.send_signal(signal.SIGHUP)  # nginx -s reload
+        deadline = time.monotonic() + 5
+        # Until the old worker (the old token) has gone: the new one took the include.
+        while not re.search(r"worker process \d+ exited with code 0", nginx.log()):
+            self.assertEqual(ok_through(nginx), 200)
+            self.assertLess(time.monotonic(), deadline, nginx.log()[-2000:])
+            time.sleep(0.02)
+        self.assertEqual(ok_through(nginx), 200)
+        # The old hash removed: the moved forwarder works, one still on the old token
+        # gets 401 (whatever it sends, its engines can do nothing).
+        self.reload_server(sha(TOKEN_A2))
+        self.assertEqual((ok_through(nginx), ok_through(other)), (200, 401))
 
     def test_f_the_central_port_speaks_tls_1_2_and_up_only(self):
         for version, ok in (("-tls1_2", True), ("-tls1_3", True), ("-tls1_1", False)):
