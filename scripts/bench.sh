@@ -32,6 +32,9 @@
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
 #                               server in the same run (Debian's python3-fastapi, uvicorn)
+# Where throughput is too noisy to show a few percent (a shared host), the same rows'
+# instructions per request under callgrind: bench/callgrind_rows.py BINARY (an A/B of
+# two builds, or of server flags such as --tenants-file, deterministic to ~0.5%).
 # Options: --no-build (use the binaries already in the build dir), --build-dir DIR;
 # BENCH_TMPDIR=DIR puts the scratch files and data directories there (default /tmp).
 # Pinning: the server (and nginx) on CPU 0, wrk and the load generator on CPU 1 (with
@@ -738,8 +741,11 @@ while True:
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
   # Its split (replayer.cpp, promote_standby): collecting the bindings, then the rest.
-  promoted+=" ($(grep -o 'collected in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}') +"
-  promoted+=" $(grep -o 'rest done in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}'))"
+  # (none from a build before that line: '-').
+  local split_c split_d
+  split_c=$(grep -o 'collected in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}' || true)
+  split_d=$(grep -o 'rest done in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}' || true)
+  promoted+=" (${split_c:--} + ${split_d:--})"
   awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" \
     -v w="$(sort -n "$tmp/stall" | tail -1 | cut -d' ' -f1)" 'BEGIN {
     printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, p }'
