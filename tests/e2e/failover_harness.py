@@ -57,10 +57,17 @@ VLLM_RETRY_SLEEPS = (0.01, 0.6, 1.2)
 RETRY_STATUSES = (500, 502, 503, 504)
 
 
+# Headers of the probes (ready(), Node.metrics()): a test whose nodes gate /ready and
+# /metrics behind a token (--tenants-file with --auth-token-file) puts it here, and
+# empties it when it ends.
+PROBE_HEADERS = {}
+
+
 def ready(base_url, timeout=1.0):
     """GET /ready answers 200 (the node leads and serves)."""
     try:
-        return requests.get(base_url + "/ready", timeout=timeout).status_code == 200
+        return requests.get(base_url + "/ready", timeout=timeout,
+                            headers=PROBE_HEADERS).status_code == 200
     except requests.RequestException:
         return False
 
@@ -172,7 +179,8 @@ class Node:
 
     def metrics(self):
         try:
-            return requests.get(self.base_url + "/metrics", timeout=2).text
+            return requests.get(self.base_url + "/metrics", timeout=2,
+                                headers=PROBE_HEADERS).text
         except requests.RequestException:
             return ""
 

@@ -51,6 +51,9 @@ Checks:
   m. a leader key forged without a lease (issue 30, finding 7) under two writers: a stops
      at once and exits 75, b waits the key out, removes it and takes over with the whole
      ledger; a rejoins /sync.
+  o. issue 34: with --tenants-file, two tenants' SGLang pools on one rank and the vLLM
+     tenant's rank fail over apart: each token finds its own keys on the new leader and
+     none of the other's; a path naming the other tenant stays a 403.
 
 Skipped where etcd is absent or where `hf3fs-metad --help` does not mention
 --repl-listen. Run by scripts/test.sh's release stage (ctest e2e_python_failover, label
@@ -59,6 +62,7 @@ etcd). The long run (T1 x N through HAProxy) is scripts/ha-failover.sh.
 
 import base64
 import collections
+import hashlib
 import os
 import re
 import signal
@@ -69,6 +73,7 @@ import unittest
 
 import requests
 
+import failover_harness
 from failover_harness import (EXIT_DIVERGED, NUM_PAGES, REPL, WHY, Diverged, FailoverCase,
                               Ledger, Supervisor, Writer, fill, fill_key, initialize,
                               read_until_closed, ready, repl_answers, repl_hello, rss_bytes,
@@ -483,6 +488,62 @@ class FailoverTest(FailoverCase):
         self.assertIn("removed the foreign leader key", b.log())
         self.assertEqual(ledger.problems, [])
         self.assert_ledger(b, ledger)
+
+    def test_o_tenants_stay_apart_through_a_failover(self):
+        """Issue 34: with --tenants-file, two tenants' SGLang pools on the same rank and
+        the vLLM tenant's rank, saved on the leader, are each its own on the standby that
+        takes over: a tenant's token finds its keys, the other's finds none of them, and a
+        path naming the other tenant is still a 403."""
+        tokens = {"alpha": "alpha-token-0123456789abcdef", "beta": "beta-token-0123456789abcdef",
+                  "op": "operator-token-0123456789abcdef"}
+        digest = lambda t: hashlib.sha256(t.encode()).hexdigest()
+        tenants = os.path.join(self.dir, "tenants")
+        with open(tenants, "w") as f:
+            f.write(f"alpha {digest(tokens['alpha'])} vllm\nbeta {digest(tokens['beta'])}\n")
+        op = os.path.join(self.dir, "op-token")
+        with open(op, "w") as f:
+            f.write(tokens["op"] + "\n")
+        os.chmod(op, 0o600)
+        self.node_flags = (*self.node_flags, "--tenants-file", tenants, "--auth-token-file", op)
+        failover_harness.PROBE_HEADERS["Authorization"] = "Bearer " + tokens["op"]
+        self.addCleanup(failover_harness.PROBE_HEADERS.clear)
+        a, b = self.pair()
+        session = requests.Session()
+        self.addCleanup(session.close)
+
+        def post(node, tenant, path, obj, status=200):
+            r = session.post(node.base_url + path, json=obj, timeout=10,
+                             headers={"Authorization": "Bearer " + tokens[tenant]})
+            self.assertEqual(r.status_code, status, r.content)
+            return r.json() if status == 200 else None
+
+        saved = {}
+        for tenant in ("alpha", "beta"):
+            ks = keys(5, f"o-{tenant}")
+            post(a, tenant, "/0/initialize", {"num_pages": 64}, 204)
+            sg = post(a, tenant, "/0/reserve_and_allocate_page_indices", {"keys": ks})["indices"]
+            post(a, tenant, "/0/confirm_write",
+                 {"written_keys_to_confirm": [[k, p] for k, (_, p) in zip(ks, sg)]}, 204)
+            saved[tenant] = (ks, [p for _, p in sg])
+        vk = keys(3, "o-vllm")
+        post(a, "alpha", "/rank/0/initialize", {"role": "worker", "num_pages": 64})
+        got = post(a, "alpha", "/keys/batch_allocate", {"rank": 0, "keys": [[k, ""] for k in vk]})
+        post(a, "alpha", "/keys/confirm_write", {"rank": 0, "confirmations": got["results"]}, 204)
+
+        a.kill()
+        self.assertTrue(wait_until(lambda: ready(b.base_url), 15), b.log(20))
+        for tenant, other in (("alpha", "beta"), ("beta", "alpha")):
+            ks, pages = saved[tenant]
+            self.assertEqual(post(b, tenant, "/0/exists", {"keys": ks}), {"exists": [True] * 5})
+            self.assertEqual(post(b, tenant, "/0/get_page_indices", {"keys": ks}),
+                             {"indices": pages})
+            self.assertEqual(post(b, other, "/0/exists", {"keys": ks}), {"exists": [False] * 5})
+            post(b, other, f"/{tenant}/0/exists", {"keys": ks}, 403)
+        self.assertEqual(post(b, "alpha", "/keys/batch_exists", {"keys": vk}),
+                         {"exists": [True] * 3})
+        post(b, "beta", "/keys/batch_exists", {"keys": vk}, 403)
+        r = session.post(b.base_url + "/0/exists", json={"keys": vk}, timeout=10)
+        self.assertEqual(r.status_code, 401, r.content)
 
     def test_n_pools_of_2_to_the_40_pages_fail_over_and_resync(self):
         """A vLLM rank and an SGLang pool of 2^40 pages, filled a little on the leader:
