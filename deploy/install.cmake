@@ -12,7 +12,12 @@ install(TARGETS hf3fs-metad RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # DOCDIR would be share/doc/hf3fs_metad (the CMake project name).
 install(FILES README.md docs/api.md docs/operations.md DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/hf3fs-metad)
 # Not under share/doc: minimal images (Debian's Docker ones) drop /usr/share/doc.
-install(FILES deploy/nginx/hf3fs-metad.conf DESTINATION ${CMAKE_INSTALL_DATADIR}/hf3fs-metad/nginx)
+install(FILES deploy/nginx/hf3fs-metad.conf deploy/nginx/hf3fs-metad-tls.conf
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/hf3fs-metad/nginx)
+# A central server for several models (deploy/README.md): the engine hosts' TLS
+# forwarders and the central host's TLS terminator.
+install(FILES deploy/haproxy/hf3fs-metad-tls.cfg deploy/haproxy/hf3fs-metad-central.cfg
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/hf3fs-metad/haproxy)
 
 # The unit keeps the hand-install path (/usr/local/bin) in the repository; the installed
 # copy points at the installed binary.
@@ -46,8 +51,9 @@ set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
     "A drop-in replacement for the Python metadata server of vLLM's HF3FS KV
 connector (same HTTP API, port 18000): a thread-per-core C++20 server on
 io_uring with durable state, page reclamation and bearer tokens. Ships a
-systemd unit (start it once /etc/hf3fs-metad/admin-token exists)
-and an nginx snippet.")
+systemd unit (start it once /etc/hf3fs-metad/admin-token exists),
+an nginx snippet, and nginx and HAProxy examples for a central server
+behind TLS.")
 set(CPACK_SET_DESTDIR ON)
 set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)

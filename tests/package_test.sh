@@ -54,6 +54,9 @@ done
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' >"$scratch/files"
 for path in /usr/bin/hf3fs-metad /usr/lib/systemd/system/hf3fs-metad.service \
   /etc/default/hf3fs-metad /usr/share/hf3fs-metad/nginx/hf3fs-metad.conf \
+  /usr/share/hf3fs-metad/nginx/hf3fs-metad-tls.conf \
+  /usr/share/hf3fs-metad/haproxy/hf3fs-metad-tls.cfg \
+  /usr/share/hf3fs-metad/haproxy/hf3fs-metad-central.cfg \
   /usr/share/doc/hf3fs-metad/README.md /usr/share/doc/hf3fs-metad/api.md; do
   grep -qx "$path" "$scratch/files" || fail "the package lacks $path"
 done
