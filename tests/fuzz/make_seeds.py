@@ -179,6 +179,20 @@ SGLANG_STATES = [
     {"x:kv": {}}, {"0:": {}}, {"0:kv": []}, {"0:kv": {"num_pages": True}}, {},
 ]
 
+# tenants_file_fuzz: --tenants-file texts, good and bad (docs/operations.md, *Tenants*).
+H = [key(i, 64) for i in range(4)]
+TENANTS_FILES = [
+    f"# tenants\nllama70b {H[0]} ranks=8 vllm\nqwen {H[1]},{H[2]} ranks=4  # rotating\n\n_x.y-z {H[3]}\n",
+    f"a {H[0]}\r\nb {H[1]} ranks=0\n",
+    f"a {H[0]}\na {H[1]}\n",                       # a name twice
+    f"a {H[0]}\nb {H[0]}\n",                       # a hash twice
+    f"a {H[0]},{H[0]}\n",                           # a hash twice on one line
+    f"a {H[0]} vllm\nb {H[1]} vllm\n",             # two vllm tenants
+    f"rank {H[0]}\n", f"9a {H[0]}\n", f"a {H[0][:63]}\n", f"a {H[0]} pages=4\n",
+    f"a {H[0]},{H[1]},{H[2]}\n", f"a {H[0]} ranks=-1\n", f"a {H[0]} ranks=99999999999999999999\n",
+    f"a {H[0].upper()}\n", "", "\n\n# only comments\n",
+]
+
 
 def write(harness, name, data):
     d = os.path.join(CORPUS, harness)
@@ -209,6 +223,8 @@ def main():
     for i, state in enumerate(SGLANG_STATES):
         write("sglang_state_fuzz", f"{i:02d}", json.dumps(state, indent=4).encode())
     write("sglang_state_fuzz", "truncated", json.dumps(SGLANG_STATES[0], indent=4).encode()[:-20])
+    for i, text in enumerate(TENANTS_FILES):
+        write("tenants_file_fuzz", f"{i:02d}", text.encode())
 
 
 if __name__ == "__main__":
