@@ -118,8 +118,9 @@ void collect_tenants(const core_state& core, metrics_snapshot& snap) {
     if (it == snap.tenants.end()) it = snap.tenants.try_emplace(tenant).first;
     it->second.counts.add(counts);
   }
-  if (core.tenant_rows.named.size() >= kTenantSeriesMax) {
-    snap.tenants_other.counts.add(core.tenant_rows.other);
+  const tenant_counts& other = core.tenant_rows.other;  // tenants refused a row there
+  if (other.requests[0] + other.requests[1] + other.hit + other.miss > 0) {
+    snap.tenants_other.counts.add(other);
     snap.tenants_folded = true;
   }
   for (const auto& entry : core.sg_tenants) {

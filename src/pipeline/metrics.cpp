@@ -242,9 +242,11 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
 
 void render_tenant_metrics(std::string& out, metrics_snapshot& snap) {
   static_assert(kTenantSeriesMax == 1000, "hf3fs_metad_tenant_keys' help says 1000");
-  // The bound: the first kTenantSeriesMax by name keep their series, the rest are summed.
-  if (snap.tenants.size() > kTenantSeriesMax) {
-    auto it = std::next(snap.tenants.begin(), static_cast<std::ptrdiff_t>(kTenantSeriesMax));
+  // The bound: the default tenant and the first kTenantSeriesMax others by name keep
+  // their series, the rest are summed.
+  const std::size_t kept = kTenantSeriesMax + (snap.tenants.contains("") ? 1 : 0);
+  if (snap.tenants.size() > kept) {
+    auto it = std::next(snap.tenants.begin(), static_cast<std::ptrdiff_t>(kept));
     for (auto rest = it; rest != snap.tenants.end(); ++rest) snap.tenants_other.add(rest->second);
     snap.tenants.erase(it, snap.tenants.end());
     snap.tenants_folded = true;
@@ -255,8 +257,8 @@ void render_tenant_metrics(std::string& out, metrics_snapshot& snap) {
   static constexpr family families[] = {
       {"hf3fs_metad_tenant_keys", "gauge",
        "Keys a tenant holds: vLLM's keys for the tenant that holds vLLM's API (the default "
-       "tenant without one) and the keys of its SGLang pools (the first 1000 tenants by "
-       "name; tenant=\"_other\" sums the rest)."},
+       "tenant without one) and the keys of its SGLang pools (the default tenant and the "
+       "first 1000 others by name; tenant=\"_other\" sums the rest)."},
       {"hf3fs_metad_tenant_pages", "gauge",
        "Pages a tenant holds, reserved (SGLang: in flight) or bound, of vLLM's ranks and its "
        "SGLang pools."},

@@ -76,9 +76,9 @@ struct tenant_hash {
 using tenant_lookups = std::unordered_map<std::string, lookup_counts, tenant_hash, std::equal_to<>>;
 
 // Per-tenant figures (the hf3fs_metad_tenant_* families; docs/operations.md, "Tenants"):
-// at most kTenantSeriesMax tenants get series of their own (the default tenant "" among
-// them), the first by name; the others are summed under tenant="_other" (a name the
-// tenants file refuses). The same bound holds each core's counters: a core counts its
+// the default tenant "" and at most kTenantSeriesMax others get series of their own, the
+// first by name; the others are summed under tenant="_other" (a name the tenants file
+// refuses). The same bound holds each core's counters: a core counts its
 // first kTenantSeriesMax tenants by name and the rest in one `other` row, so a client
 // naming tenants in paths (without --tenants-file) cannot grow them.
 inline constexpr std::size_t kTenantSeriesMax = 1000;
@@ -99,14 +99,15 @@ struct tenant_counts {
 };
 // One core's tenant_counts by tenant. Only the owning core touches it; a tenant's row is
 // made on its first request there (never freed: its address is stable, and a request
-// keeps it from dispatch to completion), so counting is an addition.
+// keeps it from dispatch to completion), so counting is an addition. The default tenant
+// "" always gets its row (at most kTenantSeriesMax + 1 rows).
 struct tenant_counters {
   std::unordered_map<std::string, tenant_counts, tenant_hash, std::equal_to<>> named;
-  tenant_counts other;  // tenants past kTenantSeriesMax on this core
+  tenant_counts other;  // named tenants past kTenantSeriesMax on this core
   tenant_counts& of(std::string_view tenant) {
     const auto it = named.find(tenant);
     if (it != named.end()) return it->second;
-    if (named.size() >= kTenantSeriesMax) return other;
+    if (named.size() >= kTenantSeriesMax && !tenant.empty()) return other;
     return named.try_emplace(std::string(tenant)).first->second;
   }
 };
@@ -180,9 +181,9 @@ void render_metrics(std::string& out, const metrics_snapshot& snapshot);
 // gets series (the lowest-numbered ones: see rank_sample.hpp), all in one run, as the
 // format wants a family's lines together.
 void render_rank_headers(std::string& out);
-// The hf3fs_metad_tenant_* families: the first kTenantSeriesMax tenants of `snapshot`
-// by name, each with its own series, and tenant="_other" for the rest when there are
-// more (their figures are moved into tenants_other first).
+// The hf3fs_metad_tenant_* families: the default tenant and the first kTenantSeriesMax
+// others of `snapshot` by name, each with its own series, and tenant="_other" for the
+// rest when there are more (their figures are moved into tenants_other first).
 void render_tenant_metrics(std::string& out, metrics_snapshot& snapshot);
 void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, std::int64_t free,
                  std::int64_t reserved, std::int64_t bound);

@@ -214,8 +214,8 @@ TEST_P(TenantsPipeline, MetricsShowEachTenantsFiguresApart) {
 }
 
 // The bound: each core counts its first kTenantSeriesMax tenants by name and the rest in
-// one row; a scrape renders the first kTenantSeriesMax by name and sums the rest under
-// tenant="_other".
+// one row (the default tenant always has its own); a scrape renders the default tenant and
+// the first kTenantSeriesMax others by name and sums the rest under tenant="_other".
 TEST(TenantMetrics, PastTheBoundTenantsAreSummedUnderOther) {
   pipeline::tenant_counters core;
   for (std::size_t i = 0; i < pipeline::kTenantSeriesMax; ++i)
@@ -224,6 +224,10 @@ TEST(TenantMetrics, PastTheBoundTenantsAreSummedUnderOther) {
   EXPECT_EQ(&late, &core.other);
   EXPECT_EQ(&core.of("t0007"), &core.named.at("t0007"));
   EXPECT_EQ(core.named.size(), pipeline::kTenantSeriesMax);
+  // The default tenant keeps a row of its own however many names came first.
+  const pipeline::tenant_counts* default_row = &core.of("");
+  EXPECT_EQ(default_row, &core.named.at(""));
+  EXPECT_EQ(core.named.size(), pipeline::kTenantSeriesMax + 1);
 
   pipeline::metrics_snapshot snap;
   for (std::size_t i = 0; i < pipeline::kTenantSeriesMax + 2; ++i) {
@@ -231,14 +235,16 @@ TEST(TenantMetrics, PastTheBoundTenantsAreSummedUnderOther) {
     f.keys = 1;
     f.counts.hit = i;
   }
+  snap.tenants[""].keys = 5;  // the default tenant's series are kept besides
   std::string out;
   pipeline::render_tenant_metrics(out, snap);
-  EXPECT_EQ(snap.tenants.size(), pipeline::kTenantSeriesMax);
+  EXPECT_EQ(snap.tenants.size(), pipeline::kTenantSeriesMax + 1);
   std::size_t keys_lines = 0;
   std::istringstream in(out);
   for (std::string line; std::getline(in, line);)
     if (line.starts_with("hf3fs_metad_tenant_keys{")) ++keys_lines;
-  EXPECT_EQ(keys_lines, pipeline::kTenantSeriesMax + 1);
+  EXPECT_EQ(keys_lines, pipeline::kTenantSeriesMax + 2);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"\"} 5\n"), std::string::npos);
   EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"t0999\"} 1\n"), std::string::npos);
   EXPECT_EQ(out.find("tenant=\"t1000\""), std::string::npos);
   EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"_other\"} 2\n"), std::string::npos);
@@ -252,6 +258,26 @@ TEST(TenantMetrics, PastTheBoundTenantsAreSummedUnderOther) {
   pipeline::render_tenant_metrics(out, small);
   EXPECT_EQ(out.find("{tenant=\"_other\""), std::string::npos);
   EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"\"} 3\n"), std::string::npos);
+}
+
+// The bound through the pipeline, without --tenants-file: SGLang's path tenants are any
+// client's to name, and a core gives the first kTenantSeriesMax of them rows; the next
+// counts under _other, and the default tenant keeps its own.
+TEST(TenantMetrics, PathTenantsPastTheBoundCountUnderOther) {
+  server_test::memory_node n(config{}, 1);
+  const auto exists = [&n](const std::string& path) {
+    return n.send(fmt::format("POST {} HTTP/1.1\r\ncontent-length: 2\r\n\r\n{{}}", path));
+  };
+  for (std::size_t i = 0; i <= pipeline::kTenantSeriesMax; ++i)
+    EXPECT_EQ(exists(fmt::format("/t{:04}/0/exists", i)).substr(0, 22), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(exists("/0/exists").substr(0, 22), "HTTP/1.1 404 Not Found");
+  const std::string metrics = n.send("GET /metrics HTTP/1.1\r\n\r\n");
+  for (const std::string_view tenant : {"", "t0000", "t0999", "_other"})
+    EXPECT_NE(metrics.find(fmt::format(
+                  "hf3fs_metad_tenant_requests_total{{tenant=\"{}\",api=\"sglang\"}} 1\n", tenant)),
+              std::string::npos)
+        << tenant;
+  EXPECT_EQ(metrics.find("tenant=\"t1000\""), std::string::npos);
 }
 
 }  // namespace
