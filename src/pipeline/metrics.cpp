@@ -242,6 +242,13 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
 
 void render_tenant_metrics(std::string& out, metrics_snapshot& snap) {
   static_assert(kTenantSeriesMax == 1000, "hf3fs_metad_tenant_keys' help says 1000");
+  // SGLang's path tenant "_other" (without --tenants-file, which refuses the name) is
+  // counted under the label it would otherwise repeat.
+  if (const auto it = snap.tenants.find(kOtherTenants); it != snap.tenants.end()) {
+    snap.tenants_other.add(it->second);
+    snap.tenants.erase(it);
+    snap.tenants_folded = true;
+  }
   // The bound: the default tenant and the first kTenantSeriesMax others by name keep
   // their series, the rest are summed.
   const std::size_t kept = kTenantSeriesMax + (snap.tenants.contains("") ? 1 : 0);

@@ -258,6 +258,13 @@ TEST(TenantMetrics, PastTheBoundTenantsAreSummedUnderOther) {
   pipeline::render_tenant_metrics(out, small);
   EXPECT_EQ(out.find("{tenant=\"_other\""), std::string::npos);
   EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"\"} 3\n"), std::string::npos);
+  // A path tenant named _other (without --tenants-file nothing refuses the name): one series.
+  small.tenants["_other"].keys = 4;
+  out.clear();
+  pipeline::render_tenant_metrics(out, small);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"_other\"} 4\n"), std::string::npos);
+  const std::string other_keys = "hf3fs_metad_tenant_keys{tenant=\"_other\"}";
+  EXPECT_EQ(out.find(other_keys), out.rfind(other_keys));  // one series, not two
 }
 
 // The bound through the pipeline, without --tenants-file: SGLang's path tenants are any
