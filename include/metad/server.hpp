@@ -49,8 +49,6 @@ class server {
   void start_ha(std::uint16_t port);
   // Reads cfg.tenants_file and publishes it; "" or why it was refused.
   std::string load_tenants();
-  // After recovery: each tenant's usage as the recovered state holds it.
-  void count_tenant_usage();
   void check_etcd();
 
   struct impl;

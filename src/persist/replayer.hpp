@@ -120,7 +120,8 @@ class standby_core {
 
 // Promotion's replay half, once the streams are closed and every received frame is
 // applied: the directory is rebuilt from the bindings, quarantines restart, worker
-// ranks are counted, and recovered keys are leased for --read-lease-ms (as after a
+// ranks are counted (and with --tenants-file each tenant's SGLang ranks, its ranks=N
+// count), and recovered keys are leased for --read-lease-ms (as after a
 // restart). The node can serve afterwards; the standby_cores are spent (their
 // replay output moved out). Called on one thread while the cores are idle; collecting
 // each core's bindings and the directory phase run on one thread per core. A reservation keeps the

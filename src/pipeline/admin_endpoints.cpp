@@ -109,6 +109,38 @@ endpoint_task run_rank_info(connection& x) {
   co_return answer::json(200, s.body);
 }
 
+namespace {
+
+// A core's per-tenant counters and what its SGLang pools hold, by tenant (on that core).
+void collect_tenants(const core_state& core, metrics_snapshot& snap) {
+  for (const auto& [tenant, counts] : core.tenant_rows.named) {
+    auto it = snap.tenants.find(tenant);
+    if (it == snap.tenants.end()) it = snap.tenants.try_emplace(tenant).first;
+    it->second.counts.add(counts);
+  }
+  const tenant_counts& other = core.tenant_rows.other;  // tenants refused a row there
+  if (other.requests[0] + other.requests[1] + other.hit + other.miss > 0) {
+    snap.tenants_other.counts.add(other);
+    snap.tenants_folded = true;
+  }
+  for (const auto& entry : core.sg_tenants) {
+    tenant_figures* f = nullptr;
+    entry.second.for_each([&](std::int64_t, std::string_view, const shard::sglang_pool& pool) {
+      if (f == nullptr) {
+        auto it = snap.tenants.find(entry.first);
+        if (it == snap.tenants.end()) it = snap.tenants.try_emplace(entry.first).first;
+        f = &it->second;
+      }
+      const shard::sglang_pool_stats st = pool.stats();
+      f->keys += st.keys;
+      f->pages_reserved += st.in_flight;
+      f->pages_bound += st.bound;
+    });
+  }
+}
+
+}  // namespace
+
 void begin_metrics(node& nd, scratch& s) {
   if (!s.snapshot) s.snapshot = std::make_unique<metrics_snapshot>();
   metrics_snapshot& snap = *s.snapshot;
@@ -128,6 +160,7 @@ void collect_metrics(node& nd, const core_state& core, scratch& s) {
   for (const auto& [tenant, counts] : core.sg_tenant_lookups)
     snap.tenant_lookups[tenant].add(counts);
   snap.allocations.add(core.allocations);
+  collect_tenants(core, snap);
   snap.keys += core.directory.size();
   snap.refused_releases += core.ranks.refused_releases();
   snap.expired_reservations += core.ranks.expired_reservations();
@@ -160,6 +193,19 @@ void end_metrics(node& nd, scratch& s) {
   const api::rank_pool& pool = s.rank_rows.pool();
   snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
   snap.rank_series_omitted = s.rank_rows.omitted();
+  // vLLM's state belongs to the tenant that holds vLLM's API, else to the default tenant.
+  // With vLLM in use, that tenant has series even before its first request here.
+  const std::shared_ptr<const tenant_table> table = nd.tenants.current();
+  const tenant* owner = table != nullptr ? table->vllm_tenant() : nullptr;
+  const std::string_view vllm = owner != nullptr ? std::string_view(owner->name) : "";
+  auto it = snap.tenants.find(vllm);
+  if (it == snap.tenants.end() && (snap.keys > 0 || snap.ranks > 0))
+    it = snap.tenants.try_emplace(std::string(vllm)).first;
+  if (it != snap.tenants.end()) {
+    it->second.keys += snap.keys;
+    it->second.pages_reserved += pool.reserved;
+    it->second.pages_bound += pool.bound;
+  }
 }
 
 endpoint_task run_metrics(connection& x) {
@@ -175,6 +221,7 @@ endpoint_task run_metrics(connection& x) {
   for (const api::rank_info_row& r : s.rank_rows.sorted())
     render_rank(s.body, r.rank, r.num_pages, r.free, r.reserved, r.bound);
   render_sg_metrics(s.body, s);
+  render_tenant_metrics(s.body, *s.snapshot);
   render_ha_metrics(s.body, nd);
   co_return answer::metrics(s.body);
 }

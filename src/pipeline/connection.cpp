@@ -153,12 +153,15 @@ void connection::start(route_label route) {
   leader_only_ = false;
   status_ = 0;
   started_ns_ = smp::monotonic_ns();
+  scratch_.tenant_row = nullptr;
 }
 
 void connection::complete() {
   const std::uint64_t elapsed_ns = smp::monotonic_ns() - started_ns_;
   if (buffer_bytes() > kRetainedBytesMax) grew_ = true;
   home_.metrics.record(route_, status_, elapsed_ns);
+  if (scratch_.tenant_row != nullptr)
+    ++scratch_.tenant_row->requests[static_cast<std::size_t>(scratch_.api)];
   if (node_.cfg.access_log) {
     metad::log::info("access {} {} {} {} {}us", route_name(route_), status_,
                      keep_alive_ ? "keep-alive" : "close",
@@ -297,6 +300,27 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   return 0;
 }
 
+void connection::count_tenant(const http::route& route) {
+  scratch& s = scratch_;
+  const access auth = kEndpoints[route.row].auth;
+  if (auth == access::token || auth == access::admin) {
+    // vLLM's state is one: the tenant that holds vLLM's API, else the default tenant. Its
+    // row is looked up once per core and table, not per request.
+    if (home_.vllm_tenant_row == nullptr || home_.vllm_tenant_version != node_.tenants.version()) {
+      const tenant_table* table = node_.tenants.enabled() ? &current_tenants() : nullptr;
+      const tenant* owner = table != nullptr ? table->vllm_tenant() : nullptr;
+      home_.vllm_tenant_row =
+          &home_.tenant_rows.of(owner != nullptr ? std::string_view(owner->name) : "");
+      home_.vllm_tenant_version = table != nullptr ? table->version : 0;
+    }
+    s.api = tenant_api::vllm;
+    s.tenant_row = home_.vllm_tenant_row;
+  } else if (auth == access::sg_token || auth == access::sg_admin) {
+    s.api = tenant_api::sglang;  // the token's tenant (authorize_tenant) or the path's
+    s.tenant_row = &home_.tenant_rows.of(route.tenant);
+  }
+}
+
 answer connection::refused(api::error err) {
   scratch_.detail = std::move(err.detail);
   return answer::error(err.status, scratch_.detail);
@@ -381,6 +405,7 @@ void connection::dispatch(const http::request& request) {
                                      ? http::canned::method_not_allowed_get
                                      : http::canned::method_not_allowed));
   }
+  count_tenant(route);
   // High availability: the API answers on the serving leader only (one atomic load).
   leader_only_ = node_.ha != nullptr && kEndpoints[route.row].on == serves::leader;
   if (leader_only_ && !ha_serving(node_, started_ns_)) {

@@ -169,6 +169,10 @@ struct scratch {
   std::int64_t rank_quota = -1;
   std::string quota_tenant;
   tenant_usage* usage = nullptr;
+  // The request's tenant's counters on the home core (null: an endpoint of no tenant, or
+  // refused before its tenant was settled) and its API; set at dispatch.
+  tenant_counts* tenant_row = nullptr;
+  tenant_api api = tenant_api::vllm;
 };
 
 class connection final : public net::connection_handler {
@@ -223,6 +227,8 @@ class connection final : public net::connection_handler {
   int authorize_tenant(const http::request& request, bool found, http::route& route);
   // The tenant table this core serves with, the published one once its version changed.
   const tenant_table& current_tenants();
+  // Settles the found request's tenant row for the per-tenant counters (work().tenant_row).
+  void count_tenant(const http::route& route);
   void start(route_label route);
   // Whether the answer being written leaves the connection open (and says so).
   bool answer_keeps_alive();

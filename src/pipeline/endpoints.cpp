@@ -419,6 +419,10 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
     std::uint64_t hits = 0;
     for (const std::uint8_t f : s.flags) hits += f;
     x.home().lookups.count(lookup_endpoint::batch_exists, hits, keys.size() - hits);
+    if (s.tenant_row != nullptr) {
+      s.tenant_row->hit += hits;
+      s.tenant_row->miss += keys.size() - hits;
+    }
     api::encode_exists(s.body, s.flags);
     co_return answer::json(200, s.body);
   }

@@ -240,6 +240,71 @@ void render_metrics(std::string& out, const metrics_snapshot& snap) {
   }
 }
 
+void render_tenant_metrics(std::string& out, metrics_snapshot& snap) {
+  static_assert(kTenantSeriesMax == 1000, "hf3fs_metad_tenant_keys' help says 1000");
+  // SGLang's path tenant "_other" (without --tenants-file, which refuses the name) is
+  // counted under the label it would otherwise repeat.
+  if (const auto it = snap.tenants.find(kOtherTenants); it != snap.tenants.end()) {
+    snap.tenants_other.add(it->second);
+    snap.tenants.erase(it);
+    snap.tenants_folded = true;
+  }
+  // The bound: the default tenant and the first kTenantSeriesMax others by name keep
+  // their series, the rest are summed.
+  const std::size_t kept = kTenantSeriesMax + (snap.tenants.contains("") ? 1 : 0);
+  if (snap.tenants.size() > kept) {
+    auto it = std::next(snap.tenants.begin(), static_cast<std::ptrdiff_t>(kept));
+    for (auto rest = it; rest != snap.tenants.end(); ++rest) snap.tenants_other.add(rest->second);
+    snap.tenants.erase(it, snap.tenants.end());
+    snap.tenants_folded = true;
+  }
+  struct family {
+    std::string_view name, type, help;
+  };
+  static constexpr family families[] = {
+      {"hf3fs_metad_tenant_keys", "gauge",
+       "Keys a tenant holds: vLLM's keys for the tenant that holds vLLM's API (the default "
+       "tenant without one) and the keys of its SGLang pools (the default tenant and the "
+       "first 1000 others by name; tenant=\"_other\" sums the rest)."},
+      {"hf3fs_metad_tenant_pages", "gauge",
+       "Pages a tenant holds, reserved (SGLang: in flight) or bound, of vLLM's ranks and its "
+       "SGLang pools."},
+      {"hf3fs_metad_tenant_requests_total", "counter",
+       "Requests of a tenant, by API (vLLM's or SGLang's): the token's tenant with "
+       "--tenants-file, else the path's (vLLM's: the default tenant)."},
+      {"hf3fs_metad_tenant_lookup_keys_total", "counter",
+       "Keys a tenant's existence probes (batch_exists, SGLang's exists) asked for, found "
+       "(hit) or not (miss): hit / (hit + miss) is the tenant's hit ratio."},
+  };
+  const auto rows = [&snap](auto&& each) {
+    for (const auto& [tenant, f] : snap.tenants) each(std::string_view(tenant), f);
+    if (snap.tenants_folded) each(kOtherTenants, snap.tenants_other);
+  };
+  for (std::size_t i = 0; i < std::size(families); ++i) {
+    const family& f = families[i];
+    line(out, "# HELP {} {}", f.name, f.help);
+    line(out, "# TYPE {} {}", f.name, f.type);
+    rows([&](std::string_view tenant, const tenant_figures& t) {
+      switch (i) {
+        case 0:
+          line(out, "{}{{tenant=\"{}\"}} {}", f.name, tenant, t.keys);
+          break;
+        case 1:
+          line(out, "{}{{tenant=\"{}\",state=\"reserved\"}} {}", f.name, tenant, t.pages_reserved);
+          line(out, "{}{{tenant=\"{}\",state=\"bound\"}} {}", f.name, tenant, t.pages_bound);
+          break;
+        case 2:
+          line(out, "{}{{tenant=\"{}\",api=\"vllm\"}} {}", f.name, tenant, t.counts.requests[0]);
+          line(out, "{}{{tenant=\"{}\",api=\"sglang\"}} {}", f.name, tenant, t.counts.requests[1]);
+          break;
+        default:
+          line(out, "{}{{tenant=\"{}\",result=\"hit\"}} {}", f.name, tenant, t.counts.hit);
+          line(out, "{}{{tenant=\"{}\",result=\"miss\"}} {}", f.name, tenant, t.counts.miss);
+      }
+    });
+  }
+}
+
 void render_rank_headers(std::string& out) {
   line(out,
        "# HELP hf3fs_metad_pages Pages of a rank's pool, by state (the lowest-numbered ranks; "

@@ -75,6 +75,56 @@ struct tenant_hash {
 };
 using tenant_lookups = std::unordered_map<std::string, lookup_counts, tenant_hash, std::equal_to<>>;
 
+// Per-tenant figures (the hf3fs_metad_tenant_* families; docs/operations.md, "Tenants"):
+// the default tenant "" and at most kTenantSeriesMax others get series of their own, the
+// first by name; the others are summed under tenant="_other" (a name the tenants file
+// refuses). The same bound holds each core's counters: a core counts its
+// first kTenantSeriesMax tenants by name and the rest in one `other` row, so a client
+// naming tenants in paths (without --tenants-file) cannot grow them.
+inline constexpr std::size_t kTenantSeriesMax = 1000;
+inline constexpr std::string_view kOtherTenants = "_other";
+// The API a request used.
+enum class tenant_api : std::uint8_t { vllm, sglang };
+// What one core counted for a tenant: requests it was home to, by API, and the keys its
+// existence probes (batch_exists, SGLang's exists) asked for, found (hit) or not (miss).
+struct tenant_counts {
+  std::array<std::uint64_t, 2> requests{};  // by tenant_api
+  std::uint64_t hit = 0, miss = 0;
+  void add(const tenant_counts& o) {
+    requests[0] += o.requests[0];
+    requests[1] += o.requests[1];
+    hit += o.hit;
+    miss += o.miss;
+  }
+};
+// One core's tenant_counts by tenant. Only the owning core touches it; a tenant's row is
+// made on its first request there (never freed: its address is stable, and a request
+// keeps it from dispatch to completion), so counting is an addition. The default tenant
+// "" always gets its row (at most kTenantSeriesMax + 1 rows).
+struct tenant_counters {
+  std::unordered_map<std::string, tenant_counts, tenant_hash, std::equal_to<>> named;
+  tenant_counts other;  // named tenants past kTenantSeriesMax on this core
+  tenant_counts& of(std::string_view tenant) {
+    const auto it = named.find(tenant);
+    if (it != named.end()) return it->second;
+    if (named.size() >= kTenantSeriesMax && !tenant.empty()) return other;
+    return named.try_emplace(std::string(tenant)).first->second;
+  }
+};
+// A tenant's figures in a scrape: its counters summed over the cores, and what it holds
+// (vLLM's state for the tenant that holds vLLM's API, else the default tenant's; its own
+// SGLang pools): keys, and pages reserved (SGLang: in flight) and bound.
+struct tenant_figures {
+  tenant_counts counts;
+  std::uint64_t keys = 0, pages_reserved = 0, pages_bound = 0;
+  void add(const tenant_figures& o) {
+    counts.add(o.counts);
+    keys += o.keys;
+    pages_reserved += o.pages_reserved;
+    pages_bound += o.pages_bound;
+  }
+};
+
 // Pages handed out for new keys: from free pages (the quarantine and expired
 // reservations included) or freed by evicting keys for them.
 struct allocation_counts {
@@ -117,6 +167,11 @@ struct metrics_snapshot {
   std::map<std::string, lookup_counts> tenant_lookups;  // SGLang's named tenants, sorted
   allocation_counts allocations;
   std::uint64_t rank_series_omitted = 0;  // ranks without per-rank series (kRankRowsMax)
+  // Per tenant, sorted by name ("" first); render_tenant_metrics folds those past
+  // kTenantSeriesMax into tenants_other.
+  std::map<std::string, tenant_figures, std::less<>> tenants;
+  tenant_figures tenants_other;
+  bool tenants_folded = false;  // some tenant's figures are in tenants_other
 };
 
 // Prometheus text exposition (format 0.0.4) of the summed request metrics and the
@@ -126,6 +181,10 @@ void render_metrics(std::string& out, const metrics_snapshot& snapshot);
 // gets series (the lowest-numbered ones: see rank_sample.hpp), all in one run, as the
 // format wants a family's lines together.
 void render_rank_headers(std::string& out);
+// The hf3fs_metad_tenant_* families: the default tenant and the first kTenantSeriesMax
+// others of `snapshot` by name, each with its own series, and tenant="_other" for the
+// rest when there are more (their figures are moved into tenants_other first).
+void render_tenant_metrics(std::string& out, metrics_snapshot& snapshot);
 void render_rank(std::string& out, std::int64_t rank, std::int64_t num_pages, std::int64_t free,
                  std::int64_t reserved, std::int64_t bound);
 

@@ -1,6 +1,8 @@
 #include "pipeline/node.hpp"
 
 #include <algorithm>
+#include <set>
+#include <utility>
 
 namespace metad::pipeline {
 
@@ -22,6 +24,22 @@ node::node(const metad::config& config, int core_count)
                               std::uint64_t{config.sglang_read_lease_ms} * smp::kNsPerMs};
     core.back()->sg_strict_reinit = config.strict_reinit;
   }
+}
+
+void count_tenant_usage(node& nd) {
+  // All pools of one (tenant, rank) live on the rank's owner core, so the cores' counts add
+  // up.
+  std::unordered_map<std::string, std::int64_t> sg_ranks;
+  for (const auto& core : nd.core) {
+    for (const auto& [name, pools] : core->sg_tenants) {
+      std::set<std::int64_t> ranks;
+      pools.for_each([&](std::int64_t rank, std::string_view, const shard::sglang_pool&) {
+        ranks.insert(rank);
+      });
+      if (!ranks.empty()) sg_ranks[name] += static_cast<std::int64_t>(ranks.size());
+    }
+  }
+  nd.tenants.recount(sg_ranks);
 }
 
 }  // namespace metad::pipeline

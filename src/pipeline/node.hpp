@@ -52,6 +52,13 @@ struct core_state {
   // pools handed out, by source.
   lookup_counts lookups;
   tenant_lookups sg_tenant_lookups;
+  // Per tenant (with --tenants-file or not): requests and existence probes (metrics.hpp,
+  // tenant_counters); what tenants hold is counted at the scrape.
+  tenant_counters tenant_rows;
+  // The row of the tenant that holds vLLM's API (the default tenant's without one) and
+  // the tenant table's version it was looked up with (0: none).
+  tenant_counts* vllm_tenant_row = nullptr;
+  std::uint64_t vllm_tenant_version = 0;
   allocation_counts allocations;
   net::loop_stats connections;
   // Keys that left the directory slice here: by /keys/delete, by eviction, as stale
@@ -174,5 +181,12 @@ struct node {
     std::atomic<bool> promoting{false};
   } repl;
 };
+
+// --tenants-file's usage counted from the state the node holds: each tenant's SGLang
+// ranks (tenant_usage::sg_ranks, against ranks=N) become the distinct ranks its pools are
+// on, over every core. After recovery (the server, before the cores start) and when a
+// standby is promoted (persist::promote_standby, while the cores are parked): one thread,
+// no core serving.
+void count_tenant_usage(node& nd);
 
 }  // namespace metad::pipeline

@@ -230,6 +230,10 @@ void count_sg_lookups(core_state& home, const scratch& s) {
   } else {
     return;
   }
+  if (endpoint == lookup_endpoint::sglang_exists && s.tenant_row != nullptr) {
+    s.tenant_row->hit += hits;
+    s.tenant_row->miss += n - hits;
+  }
   if (s.tenant.empty()) {
     home.lookups.count(endpoint, hits, n - hits);
     return;

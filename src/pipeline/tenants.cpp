@@ -54,6 +54,9 @@ std::string name_error(std::string_view name, std::span<const http::path_pattern
       return "'" + std::string(name) + "' is not a tenant name: /" + std::string(name) +
              "/... is another route";
   }
+  if (name == "_other")  // metrics.hpp's kOtherTenants
+    return "'_other' is not a tenant name: /metrics sums the tenants past its first 1000 "
+           "under tenant=\"_other\"";
   return "";
 }
 
@@ -218,6 +221,17 @@ std::string load_tenants_file(const std::string& path, std::span<const http::pat
   if (std::string parse_error = parse_tenants(text, routes, out); !parse_error.empty())
     return path + ": " + parse_error;
   return "";
+}
+
+void tenant_registry::recount(const std::unordered_map<std::string, std::int64_t>& sg_ranks) {
+  const std::lock_guard lock(usage_mutex_);
+  for (auto& [name, record] : usage_)
+    if (!sg_ranks.contains(name)) record->sg_ranks.store(0, std::memory_order_relaxed);
+  for (const auto& [name, ranks] : sg_ranks) {
+    auto it = usage_.find(name);
+    if (it == usage_.end()) it = usage_.emplace(name, std::make_unique<tenant_usage>()).first;
+    it->second->sg_ranks.store(ranks, std::memory_order_relaxed);
+  }
 }
 
 tenant_usage& tenant_registry::usage(std::string_view name) {

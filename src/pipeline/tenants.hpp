@@ -114,6 +114,10 @@ class tenant_registry {
   // The usage record of `name`, made on first use; stable for the node's life. Loading
   // threads only (start-up, the reload), never a core on the request path.
   tenant_usage& usage(std::string_view name);
+  // Sets every tenant's SGLang rank count to `sg_ranks`' (tenant name → distinct ranks
+  // that hold its pools; a tenant not in it: 0), making the records it lacks. After
+  // recovery and after a promotion (count_tenant_usage), while no core serves.
+  void recount(const std::unordered_map<std::string, std::int64_t>& sg_ranks);
   // A core's side: `held` (the core's own reference) becomes the published table when the
   // published version is not the one it holds; the table to serve this request with.
   // Only the thread that owns `held` calls it. Costs one acquire load when nothing changed.

@@ -225,22 +225,6 @@ bool server::reload_tenants() {
   return true;
 }
 
-void server::count_tenant_usage() {
-  pipeline::node& nd = *impl_->node;
-  // Single-threaded: recovery is over and no core runs yet. All pools of one (tenant,
-  // rank) live on the rank's owner core, so the cores' counts add up.
-  for (const auto& core : nd.core) {
-    for (const auto& [name, pools] : core->sg_tenants) {
-      std::set<std::int64_t> ranks;
-      pools.for_each([&](std::int64_t rank, std::string_view, const shard::sglang_pool&) {
-        ranks.insert(rank);
-      });
-      nd.tenants.usage(name).sg_ranks.fetch_add(static_cast<std::int64_t>(ranks.size()),
-                                                std::memory_order_relaxed);
-    }
-  }
-}
-
 server::~server() {
   for (int fd : impl_->listeners) ::close(fd);
   if (!impl_->cfg.unix_path.empty()) ::unlink(impl_->cfg.unix_path.c_str());
@@ -274,7 +258,7 @@ void server::run() {
       nd,
       cfg.sglang_import_path.empty() ? persist::before_commit_fn{} : persist::import_sglang_state,
       start_as == replication::start_as::standby);
-  if (!cfg.tenants_file.empty()) count_tenant_usage();
+  if (!cfg.tenants_file.empty()) pipeline::count_tenant_usage(nd);
   if (!cfg.repl_listen.empty()) impl_->repl = std::make_unique<replication>(nd, start_as);
   nd.memory.sample();
   log::info("memory budget {} bytes (--memory-max), {} in use", nd.memory.max(), nd.memory.used());

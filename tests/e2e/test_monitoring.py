@@ -187,7 +187,9 @@ class MonitoringFilesTest(OpsTestCase):
                        "hf3fs_metad_connections_open", "hf3fs_metad_log_flush_seconds_bucket",
                        "hf3fs_metad_log_flush_failures_total", "hf3fs_metad_memory_used_bytes",
                        "hf3fs_metad_memory_budget_bytes", "hf3fs_metad_rank_reinitialized_total",
-                       "hf3fs_metad_lookup_keys_total", "hf3fs_metad_allocated_pages_total"):
+                       "hf3fs_metad_lookup_keys_total", "hf3fs_metad_allocated_pages_total",
+                       "hf3fs_metad_tenant_lookup_keys_total", "hf3fs_metad_tenant_requests_total",
+                       "hf3fs_metad_tenant_keys", "hf3fs_metad_tenant_pages"):
             with self.subTest(used=family):
                 self.assertIn(family, used)
 

@@ -7,7 +7,9 @@ visible to tenant B: the GHSA-qj2w-6f36-hc5w probe); /{B}/{rank}/... with A's to
 403; vLLM's API belongs to the one tenant whose line says vllm; ranks=N; the operator's
 endpoints and the admin token; SIGHUP adding a tenant and rotating a token under an open
 keep-alive connection; a bad file on SIGHUP keeping the old table, and at start-up
-stopping the start (exit 2). The outcome does not depend on the transport: once.
+stopping the start (exit 2); /metrics' per-tenant figures (keys, pages, requests,
+lookups) read over a socket with the operator's token. The outcome does not depend on
+the transport: once.
 
 Run: cd tests/e2e && METAD_BIN=... /usr/bin/python3 -m unittest test_tenants
 """
@@ -18,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import unittest
@@ -342,6 +345,89 @@ class QuotaTest(TenantsTestCase):
         self.assertEqual(self.post("/1/initialize", {"num_pages": 4, "namespace": "swa"},
                                    TOKEN_A).status_code, 204)
         self.assertEqual(self.post("/2/initialize", {"num_pages": 4}, TOKEN_A).status_code, 403)
+
+
+TENANT_SERIES = re.compile(
+    r'^(hf3fs_metad_tenant_\w+)\{tenant="([^"]*)"(?:,\w+="(\w+)")?\} (\d+)$')
+
+
+class TenantMetricsTest(TenantsTestCase):
+
+    def scrape_tenants(self):
+        """GET /metrics over a plain socket with the operator's token: the
+        hf3fs_metad_tenant_* samples as {(family, tenant, label value or None): value}."""
+        with socket.create_connection(("127.0.0.1", self.server.port),
+                                      timeout=SOCKET_TIMEOUT_S) as sock:
+            sock.sendall(raw_request("GET", "/metrics", headers={
+                "Authorization": f"Bearer {OPERATOR}", "Connection": "close"}))
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200 OK"), head)
+        text = body.decode()
+        for family in ("keys", "pages", "requests_total", "lookup_keys_total"):
+            self.assertIn(f"# TYPE hf3fs_metad_tenant_{family} ", text)
+        samples = {}
+        for line in text.splitlines():
+            m = TENANT_SERIES.match(line)
+            if m:
+                samples[(m[1], m[2], m[3])] = int(m[4])
+        return samples
+
+    def figures(self, samples, tenant):
+        """One tenant's figures, by name."""
+        f = {}
+        for (family, t, label), value in samples.items():
+            if t == tenant:
+                f[family.removeprefix("hf3fs_metad_tenant_") + (f".{label}" if label else "")] = value
+        return f
+
+    def test_metrics_show_each_tenants_keys_pages_requests_and_lookups(self):
+        self.start()
+        self.assertEqual(self.scrape_tenants(), {})  # nothing held, no tenant's request yet
+        # team_a holds vLLM's API: one rank, two keys allocated, one confirmed; then probes.
+        self.assertEqual(self.post("/rank/0/initialize", {"num_pages": 8}, TOKEN_A).status_code, 200)
+        r = self.post("/keys/batch_allocate", {"rank": 0, "keys": [["k1", ""], ["k2", ""]]},
+                      TOKEN_A)
+        self.assertEqual(r.json(), {"rank": 0, "results": [["k1", 0], ["k2", 1]]})
+        r = self.post("/keys/confirm_write", {"rank": 0, "confirmations": [["k1", 0]]}, TOKEN_A)
+        self.assertEqual(r.status_code, 204)
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k1", "k2", "k3"]},
+                                   TOKEN_A).json(), {"exists": [True, False, False]})
+        a = self.figures(self.scrape_tenants(), "team_a")
+        self.assertEqual(a, {"keys": 1, "pages.reserved": 1, "pages.bound": 1,
+                             "requests_total.vllm": 4, "requests_total.sglang": 0,
+                             "lookup_keys_total.hit": 1, "lookup_keys_total.miss": 2})
+        # team_b: SGLang only, two keys saved, one probe that finds one of two.
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 8}, TOKEN_B).status_code, 204)
+        self.save(0, "b1", TOKEN_B)
+        self.save(0, "b2", TOKEN_B)
+        self.assertEqual(self.post("/0/exists", {"keys": ["b1", "x"]}, TOKEN_B).json(),
+                         {"exists": [True, False]})
+        # team_a on SGLang too: its pool's key joins its vLLM keys; its probe its lookups.
+        self.assertEqual(self.post("/0/initialize", {"num_pages": 8}, TOKEN_A).status_code, 204)
+        self.save(0, "a1", TOKEN_A)
+        self.assertEqual(self.post("/0/exists", {"keys": ["a1", "b1"]}, TOKEN_A).json(),
+                         {"exists": [True, False]})
+        # Refused requests belong to no tenant: B on vLLM's API, A naming B's pools.
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k1"]}, TOKEN_B).status_code,
+                         403)
+        self.assertEqual(self.post("/team_b/0/exists", {"keys": ["b1"]}, TOKEN_A).status_code,
+                         403)
+        samples = self.scrape_tenants()
+        self.assertEqual(self.figures(samples, "team_a"),
+                         {"keys": 2, "pages.reserved": 1, "pages.bound": 2,
+                          "requests_total.vllm": 4, "requests_total.sglang": 4,
+                          "lookup_keys_total.hit": 2, "lookup_keys_total.miss": 3})
+        self.assertEqual(self.figures(samples, "team_b"),
+                         {"keys": 2, "pages.reserved": 0, "pages.bound": 2,
+                          "requests_total.vllm": 0, "requests_total.sglang": 6,
+                          "lookup_keys_total.hit": 1, "lookup_keys_total.miss": 1})
+        # Two tenants, far under the bound: no other series, no _other.
+        self.assertEqual({t for _, t, _ in samples}, {"team_a", "team_b"})
+        # A tenant's token cannot read them.
+        self.assertEqual(self.get("/metrics", TOKEN_A).status_code, 403)
 
 
 class ReloadTest(TenantsTestCase):

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/routes.hpp"
+#include "pipeline/tenants.hpp"
 #include "standby_harness.hpp"
 #include "temp_dir.hpp"
 
@@ -139,6 +141,76 @@ TEST_F(Standby, ALiveLeaderAcknowledgesOnlyWhatTheStandbyHolds) {
   s.promote();
   EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
   EXPECT_EQ(probe(s.n()), probe(leader));
+}
+
+// --tenants-file's ranks=N count (tenant_usage::sg_ranks) after a failover: promotion
+// counts each tenant's SGLang ranks from the pools it replayed, as a restart does (the
+// server's start-up: recovery, then pipeline::count_tenant_usage), not from what the
+// standby counted when it started empty.
+TEST_F(Standby, PromotionCountsEachTenantsRanksAsARestartDoes) {
+  const auto hex = [](std::string_view token) {
+    std::string out;
+    for (const unsigned char b : pipeline::token_sha256(token)) out += fmt::format("{:02x}", b);
+    return out;
+  };
+  const auto publish = [&](pipeline::node& nd) {
+    auto table = std::make_shared<pipeline::tenant_table>();
+    ASSERT_EQ(pipeline::parse_tenants(
+                  "t " + hex("token-t") + " ranks=3\nu " + hex("token-u") + " ranks=1\n",
+                  pipeline::kPatterns, *table),
+              "");
+    nd.tenants.publish(std::move(table));
+  };
+  const auto counts = [](pipeline::node& nd) {
+    std::string out;
+    for (const char* name : {"", "t", "u", "gone"})
+      out += fmt::format("{}={} ", name, nd.tenants.usage(name).sg_ranks.load());
+    return out;
+  };
+  std::vector<std::string> logs;
+  {
+    sim_node leader(base_ + "/leader", kCores);
+    for (const char* path : {"/t/1/initialize", "/t/2/initialize", "/t/3/initialize",
+                             "/u/0/initialize", "/0/initialize", "/3/initialize"})
+      EXPECT_EQ(leader.post(path, R"({"num_pages":4})"), "");  // 204: no body
+    // A second pool on a rank the tenant holds counts no second rank.
+    leader.post("/t/2/initialize", R"({"num_pages":4,"namespace":"swa"})");
+    for (int c = 0; c < kCores; ++c)
+      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+  }
+  const std::string dir = base_ + "/standby";
+  standby s(dir, 1);
+  publish(s.n().state());                            // the server loads the file before recovery
+  s.n().state().tenants.usage("gone").sg_ranks = 5;  // a count with no pools behind it
+  for (int c = 0; c < kCores; ++c) {
+    repl::leader_stream out(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
+    std::string wire;
+    out.send(wire, logs[static_cast<std::size_t>(c)]);
+    s.receive(c, wire, true);
+  }
+  s.settle();
+  fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
+  fs::remove(dir + "-copy/LOCK");
+  EXPECT_EQ(counts(s.n().state()), "=0 t=0 u=0 gone=5 ");  // replayed, not counted yet
+  s.promote();
+  const std::string promoted = counts(s.n().state());
+  EXPECT_EQ(promoted, "=2 t=3 u=1 gone=0 ");
+  sim_node restarted(dir + "-copy", kCores);
+  publish(restarted.state());
+  pipeline::count_tenant_usage(restarted.state());
+  EXPECT_EQ(counts(restarted.state()), promoted);
+  // The quota holds on the promoted node: t is at ranks=3, and may add a pool on a rank
+  // it holds.
+  const auto initialize = [&](std::string_view path) {
+    const std::string body = R"({"num_pages":4})";
+    const std::string answer =
+        s.n().send(fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer token-t\r\n"
+                               "content-length: {}\r\n\r\n{}",
+                               path, body.size(), body));
+    return answer.substr(0, answer.find("\r\n"));
+  };
+  EXPECT_EQ(initialize("/4/initialize"), "HTTP/1.1 403 Forbidden");
+  EXPECT_EQ(initialize("/1/initialize"), "HTTP/1.1 204 No Content");
 }
 
 }  // namespace

@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 #include <string_view>
 
 #include "basic_sim_node.hpp"
+#include "pipeline/metrics.hpp"
 #include "pipeline/routes.hpp"
 #include "pipeline/tenants.hpp"
 
@@ -64,6 +66,15 @@ class TenantsPipeline : public ::testing::TestWithParam<int> {
   }
   std::string get_as(std::string_view token, std::string_view path) {
     return n_.send(fmt::format("GET {} HTTP/1.1\r\nauthorization: Bearer {}\r\n\r\n", path, token));
+  }
+  // The hf3fs_metad_tenant_* lines of /metrics (the operator's token).
+  std::string tenant_lines() {
+    const std::string answer = get_as("operator", "/metrics");
+    std::istringstream in(answer.substr(answer.find("\r\n\r\n") + 4));
+    std::string out;
+    for (std::string line; std::getline(in, line);)
+      if (line.starts_with("hf3fs_metad_tenant_")) out += line + "\n";
+    return out;
   }
   static std::string status_of(const std::string& answer) {
     return answer.substr(0, answer.find("\r\n"));
@@ -153,6 +164,127 @@ TEST_P(TenantsPipeline, APublishedTableServesTheNextRequestOnTheSameConnection) 
   EXPECT_EQ(post_as("token-a2", "/1/initialize", R"({"num_pages":4})"), kTpNoContent);
   EXPECT_EQ(status_of(post_as("token-a2", "/2/initialize", R"({"num_pages":4})")),
             "HTTP/1.1 403 Forbidden");
+}
+
+// Each tenant's figures apart: its keys and pages (SGLang pools; vLLM's state for the
+// vllm tenant), requests by API and existence probes, summed over the cores.
+TEST_P(TenantsPipeline, MetricsShowEachTenantsFiguresApart) {
+  EXPECT_EQ(post_as("token-a", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/0/reserve_and_allocate_page_indices", R"({"keys":["k","l"]})"),
+            tp_json("200 OK", R"({"indices":[[false,3],[false,2]]})"));
+  EXPECT_EQ(post_as("token-a", "/0/confirm_write", R"({"written_keys_to_confirm":[["k",3]]})"),
+            kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/0/exists", R"({"keys":["k","l","m"]})"),
+            tp_json("200 OK", R"({"exists":[true,false,false]})"));
+  EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":["x","y"]})"),
+            tp_json("200 OK", R"({"exists":[false,false]})"));
+  EXPECT_EQ(post_as("token-b", "/b/2/initialize", R"({"num_pages":8})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-b", "/2/exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+  // Refused before its tenant is settled: no tenant's request.
+  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":["k"]})").substr(0, 22),
+            "HTTP/1.1 403 Forbidden");
+  EXPECT_EQ(tenant_lines(),
+            "hf3fs_metad_tenant_keys{tenant=\"a\"} 1\n"
+            "hf3fs_metad_tenant_keys{tenant=\"b\"} 0\n"
+            "hf3fs_metad_tenant_pages{tenant=\"a\",state=\"reserved\"} 1\n"
+            "hf3fs_metad_tenant_pages{tenant=\"a\",state=\"bound\"} 1\n"
+            "hf3fs_metad_tenant_pages{tenant=\"b\",state=\"reserved\"} 0\n"
+            "hf3fs_metad_tenant_pages{tenant=\"b\",state=\"bound\"} 0\n"
+            "hf3fs_metad_tenant_requests_total{tenant=\"a\",api=\"vllm\"} 1\n"
+            "hf3fs_metad_tenant_requests_total{tenant=\"a\",api=\"sglang\"} 4\n"
+            "hf3fs_metad_tenant_requests_total{tenant=\"b\",api=\"vllm\"} 0\n"
+            "hf3fs_metad_tenant_requests_total{tenant=\"b\",api=\"sglang\"} 2\n"
+            "hf3fs_metad_tenant_lookup_keys_total{tenant=\"a\",result=\"hit\"} 1\n"
+            "hf3fs_metad_tenant_lookup_keys_total{tenant=\"a\",result=\"miss\"} 4\n"
+            "hf3fs_metad_tenant_lookup_keys_total{tenant=\"b\",result=\"hit\"} 0\n"
+            "hf3fs_metad_tenant_lookup_keys_total{tenant=\"b\",result=\"miss\"} 1\n");
+  // vLLM's state is tenant a's: its rank's pages and keys join a's.
+  EXPECT_EQ(status_of(post_as("token-a", "/rank/5/initialize", R"({"num_pages":4})")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_of(post_as("token-a", "/keys/batch_allocate", R"({"rank":5,"keys":["v"]})")),
+            "HTTP/1.1 200 OK");
+  const std::string after = tenant_lines();
+  EXPECT_NE(after.find("hf3fs_metad_tenant_pages{tenant=\"a\",state=\"reserved\"} 2\n"),
+            std::string::npos)
+      << after;
+  EXPECT_NE(after.find("hf3fs_metad_tenant_requests_total{tenant=\"a\",api=\"vllm\"} 3\n"),
+            std::string::npos)
+      << after;
+}
+
+// The bound: each core counts its first kTenantSeriesMax tenants by name and the rest in
+// one row (the default tenant always has its own); a scrape renders the default tenant and
+// the first kTenantSeriesMax others by name and sums the rest under tenant="_other".
+TEST(TenantMetrics, PastTheBoundTenantsAreSummedUnderOther) {
+  pipeline::tenant_counters core;
+  for (std::size_t i = 0; i < pipeline::kTenantSeriesMax; ++i)
+    ++core.of(fmt::format("t{:04}", i)).requests[1];
+  pipeline::tenant_counts& late = core.of("zz");
+  EXPECT_EQ(&late, &core.other);
+  EXPECT_EQ(&core.of("t0007"), &core.named.at("t0007"));
+  EXPECT_EQ(core.named.size(), pipeline::kTenantSeriesMax);
+  // The default tenant keeps a row of its own however many names came first.
+  const pipeline::tenant_counts* default_row = &core.of("");
+  EXPECT_EQ(default_row, &core.named.at(""));
+  EXPECT_EQ(core.named.size(), pipeline::kTenantSeriesMax + 1);
+
+  pipeline::metrics_snapshot snap;
+  for (std::size_t i = 0; i < pipeline::kTenantSeriesMax + 2; ++i) {
+    pipeline::tenant_figures& f = snap.tenants[fmt::format("t{:04}", i)];
+    f.keys = 1;
+    f.counts.hit = i;
+  }
+  snap.tenants[""].keys = 5;  // the default tenant's series are kept besides
+  std::string out;
+  pipeline::render_tenant_metrics(out, snap);
+  EXPECT_EQ(snap.tenants.size(), pipeline::kTenantSeriesMax + 1);
+  std::size_t keys_lines = 0;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("hf3fs_metad_tenant_keys{")) ++keys_lines;
+  EXPECT_EQ(keys_lines, pipeline::kTenantSeriesMax + 2);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"\"} 5\n"), std::string::npos);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"t0999\"} 1\n"), std::string::npos);
+  EXPECT_EQ(out.find("tenant=\"t1000\""), std::string::npos);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"_other\"} 2\n"), std::string::npos);
+  EXPECT_NE(
+      out.find("hf3fs_metad_tenant_lookup_keys_total{tenant=\"_other\",result=\"hit\"} 2001\n"),
+      std::string::npos);
+  // Within the bound, no _other series.
+  pipeline::metrics_snapshot small;
+  small.tenants[""].keys = 3;
+  out.clear();
+  pipeline::render_tenant_metrics(out, small);
+  EXPECT_EQ(out.find("{tenant=\"_other\""), std::string::npos);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"\"} 3\n"), std::string::npos);
+  // A path tenant named _other (without --tenants-file nothing refuses the name): one series.
+  small.tenants["_other"].keys = 4;
+  out.clear();
+  pipeline::render_tenant_metrics(out, small);
+  EXPECT_NE(out.find("hf3fs_metad_tenant_keys{tenant=\"_other\"} 4\n"), std::string::npos);
+  const std::string other_keys = "hf3fs_metad_tenant_keys{tenant=\"_other\"}";
+  EXPECT_EQ(out.find(other_keys), out.rfind(other_keys));  // one series, not two
+}
+
+// The bound through the pipeline, without --tenants-file: SGLang's path tenants are any
+// client's to name, and a core gives the first kTenantSeriesMax of them rows; the next
+// counts under _other, and the default tenant keeps its own.
+TEST(TenantMetrics, PathTenantsPastTheBoundCountUnderOther) {
+  server_test::memory_node n(config{}, 1);
+  const auto exists = [&n](const std::string& path) {
+    return n.send(fmt::format("POST {} HTTP/1.1\r\ncontent-length: 2\r\n\r\n{{}}", path));
+  };
+  for (std::size_t i = 0; i <= pipeline::kTenantSeriesMax; ++i)
+    EXPECT_EQ(exists(fmt::format("/t{:04}/0/exists", i)).substr(0, 22), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(exists("/0/exists").substr(0, 22), "HTTP/1.1 404 Not Found");
+  const std::string metrics = n.send("GET /metrics HTTP/1.1\r\n\r\n");
+  for (const std::string_view tenant : {"", "t0000", "t0999", "_other"})
+    EXPECT_NE(metrics.find(fmt::format(
+                  "hf3fs_metad_tenant_requests_total{{tenant=\"{}\",api=\"sglang\"}} 1\n", tenant)),
+              std::string::npos)
+        << tenant;
+  EXPECT_EQ(metrics.find("tenant=\"t1000\""), std::string::npos);
 }
 
 }  // namespace

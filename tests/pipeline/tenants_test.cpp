@@ -110,6 +110,11 @@ TEST(TenantsFile, BadNames) {
     EXPECT_EQ(tenants_error(word + " " + kAbc),
               "line 1: '" + word + "' is not a tenant name: /" + word + "/... is another route")
         << word;
+  // /metrics' overflow label.
+  EXPECT_EQ(tenants_error("_other " + kAbc),
+            "line 1: '_other' is not a tenant name: /metrics sums the tenants past its first "
+            "1000 under tenant=\"_other\"");
+  EXPECT_EQ(tenants_parsed("_others " + kAbc).tenants.at(0).name, "_others");
 }
 
 TEST(TenantsFile, BadHashes) {
