@@ -1,9 +1,10 @@
 // libFuzzer harness for pipeline::parse_tenants (--tenants-file, read at start-up and on
 // every SIGHUP): the whole input is the file. An accepted file must make a table that
 // holds what the file's rules promise (docs/operations.md, *Tenants*): names of SGLang's
-// shape, unique, none a route's first word; one or two hashes a tenant, each naming
-// exactly one tenant through the digest index; at most one vllm tenant; a quota of
-// -1 or >= 0. A refused one names its line. Parsing is repeatable.
+// shape, unique, none a route's first word nor `_other` (the metrics' overflow label);
+// one or two hashes a tenant, each naming exactly one tenant through the digest index;
+// at most one vllm tenant; a quota of -1 or >= 0. A refused one names its line. Parsing
+// is repeatable.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@ void check_table(const pipeline::tenant_table& table) {
     for (std::size_t j = 0; j < t.name.size(); ++j)
       fuzz::require(name_char(t.name[j], j == 0), "a name of SGLang's shape", t.name);
     fuzz::require(names.insert(t.name).second, "a name once", t.name);
+    fuzz::require(t.name != "_other", "not the metrics' overflow label", t.name);
     for (const auto& pattern : pipeline::kPatterns) {
       std::string_view path = pattern.path;
       if (path.size() > 1 && path[0] == '/' && path[1] != '{') {
