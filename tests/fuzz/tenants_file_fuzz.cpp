@@ -29,8 +29,7 @@ void check_table(const pipeline::tenant_table& table) {
   int vllm = -1;
   for (std::size_t i = 0; i < table.tenants.size(); ++i) {
     const pipeline::tenant& t = table.tenants[i];
-    fuzz::require(!t.name.empty() && t.name.size() <= 64, "a name of 1 to 64 characters",
-                  t.name);
+    fuzz::require(!t.name.empty() && t.name.size() <= 64, "a name of 1 to 64 characters", t.name);
     for (std::size_t j = 0; j < t.name.size(); ++j)
       fuzz::require(name_char(t.name[j], j == 0), "a name of SGLang's shape", t.name);
     fuzz::require(names.insert(t.name).second, "a name once", t.name);
@@ -39,8 +38,7 @@ void check_table(const pipeline::tenant_table& table) {
       std::string_view path = pattern.path;
       if (path.size() > 1 && path[0] == '/' && path[1] != '{') {
         path.remove_prefix(1);
-        fuzz::require(t.name != path.substr(0, path.find('/')), "no route's first word",
-                      t.name);
+        fuzz::require(t.name != path.substr(0, path.find('/')), "no route's first word", t.name);
       }
     }
     fuzz::require(t.hashes.size() == 1 || t.hashes.size() == 2, "one or two hashes", t.name);
