@@ -1,4 +1,3 @@
-# ctest: once
 """End-to-end: a central server for several models behind TLS, as deploy/ ships it
 (issue 34 item 6).
 
@@ -19,8 +18,8 @@ takes TLS 1.2 and 1.3, refuses 1.1; a tenant's token rotated with two hashes (de
 while requests go on; no token appears in the server's log (with --access-log) or the
 forwarders' logs.
 
-Skips when nginx, haproxy or openssl is missing. The outcome does not depend on the
-server's transport: once.
+Skips when nginx, haproxy or openssl is missing. A wire suite: it runs once per
+transport (METAD_IO), as issue 34 asks of the forwarders' tests.
 
 Run: cd tests/e2e && METAD_BIN=... /usr/bin/python3 -m unittest test_deploy_tls
 """

@@ -1,4 +1,3 @@
-# ctest: once
 """End-to-end: tenants bound to credentials (--tenants-file, issue 34 phase 1).
 
 Over sockets against the real binary: no token or an unknown one is a 401; a token names
@@ -8,8 +7,8 @@ visible to tenant B: the GHSA-qj2w-6f36-hc5w probe); /{B}/{rank}/... with A's to
 endpoints and the admin token; SIGHUP adding a tenant and rotating a token under an open
 keep-alive connection; a bad file on SIGHUP keeping the old table, and at start-up
 stopping the start (exit 2); /metrics' per-tenant figures (keys, pages, requests,
-lookups) read over a socket with the operator's token. The outcome does not depend on
-the transport: once.
+lookups) read over a socket with the operator's token. A wire suite: it runs once per
+transport (METAD_IO), as issue 34 asks.
 
 Run: cd tests/e2e && METAD_BIN=... /usr/bin/python3 -m unittest test_tenants
 """
