@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
