@@ -492,6 +492,12 @@ class EtcdLossTest(FailoverCase):
                             f"75: {systemd.exits}\n{other.id}:\n{other.log(30)}")
         except Diverged as e:
             self.fail(str(e))
+        # someone_serves() may see `new` serve between two of the sampler's rounds (a
+        # round waits up to 0.3 s on each node), and /sync may list the other at once:
+        # the sampler must record `new` serving before it stops.
+        self.assertTrue(wait_until(lambda: any(c.get(new.id) == 200
+                                               for _, _, c, _ in sampler.snapshot(back)), 5),
+                        f"the sampler never saw {new.id} serve")
         sampler.stop()
         quorum.join()
         served_at = next(r for s, r, c, _ in sampler.snapshot(back) if c.get(new.id) == 200)
