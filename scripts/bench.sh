@@ -671,7 +671,7 @@ run_repl() {
   echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
     "cluster; rows alternate control, replication and replication over TLS, ${REPL_ROUNDS:-3} rounds."
   echo
-  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms (collect + directory) |"
+  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms (directory + rest) |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
   local m
   for m in ${REPL_BINDINGS:-1 4 8 16}; do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
@@ -740,10 +740,10 @@ while True:
   t3=$(now_ms)
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
-  # Its split (replayer.cpp, promote_standby): collecting the bindings, then the rest.
+  # Its split (replayer.cpp, promote_standby): finishing the directory, then the rest
   # (none from a build before that line: '-').
   local split_c split_d
-  split_c=$(grep -o 'collected in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}' || true)
+  split_c=$(grep -o 'keys finished in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}' || true)
   split_d=$(grep -o 'rest done in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}' || true)
   promoted+=" (${split_c:--} + ${split_d:--})"
   awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" \

@@ -15,8 +15,7 @@ using pipeline::node;
 
 replayer::replayer(node& nd, int core, replay_output& out, const store::file_sizes& sizes)
     : node_(nd), core_(core), out_(out) {
-  out_.packed_by_owner.resize(static_cast<std::size_t>(nd.cores));
-  out_.others_by_owner.resize(static_cast<std::size_t>(nd.cores));
+  out_.by_owner.resize(static_cast<std::size_t>(nd.cores));
   for (const auto& [rank, keys] : sizes.rank_keys)
     if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
   node_.core[core_]->ranks.set_bulk(true);
@@ -53,10 +52,13 @@ void replayer::apply(const store::record& r) {
   switch (r.kind) {
     case store::record_kind::initialize:
     case store::record_kind::snapshot_rank:
-      if (ranks.initialize(r.rank, r.num_pages).outcome == shard::init_outcome::created) {
+      unbound_.clear();
+      if (ranks.initialize(r.rank, r.num_pages, tracking_ ? &unbound_ : nullptr).outcome ==
+          shard::init_outcome::created) {
         const auto it = expected_.find(r.rank);
         if (it != expected_.end()) ranks.reserve_keys(r.rank, it->second);
       }
+      for (const std::string& key : unbound_) changed(key, false);
       break;
     case store::record_kind::allocate:
       // Reservations made in replay get a fresh TTL from now.
@@ -73,6 +75,8 @@ void replayer::apply(const store::record& r) {
                         detail_, indices_) != shard::confirm_outcome::ok)
         throw std::runtime_error("log replay: a logged confirm_write no longer applies: " +
                                  detail_);
+      if (tracking_)
+        for (const std::uint32_t i : indices_) changed(r.keys[i], true);
       break;
     case store::record_kind::quarantine_end:
       if (!ranks.end_quarantine(r.rank, r.releases))
@@ -87,6 +91,8 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::remove:
       indices_.clear();
       ranks.remove_confirmed(r.rank, r.keys, indices_);
+      if (tracking_)
+        for (const std::uint32_t i : indices_) changed(r.keys[i], false);
       break;
     case store::record_kind::release:
       if (!ranks.release_reserved(r.rank, r.releases))
@@ -97,6 +103,7 @@ void replayer::apply(const store::record& r) {
       if (!ranks.restore(r.rank, r.keys[0], r.page, r.confirmed, now_))
         throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
                                  std::to_string(r.rank) + " cannot be restored");
+      if (tracking_ && r.confirmed) changed(r.keys[0], true);
       break;
     case store::record_kind::snapshot_rank_keys:
       restore_rank_keys(r, ranks);
@@ -122,15 +129,18 @@ void replayer::apply(const store::record& r) {
   }
 }
 
+void replayer::end_bulk() { node_.core[core_]->ranks.set_bulk(false); }
+
 void replayer::collect_confirmed() {
   shard::rank_table& ranks = node_.core[core_]->ranks;
-  ranks.set_bulk(false);
+  end_bulk();
   const auto cores = static_cast<std::size_t>(node_.cores);
   std::size_t bound = 0;
   ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
     bound += static_cast<std::size_t>(st.bound);
   });
-  for (auto& keys : out_.packed_by_owner) keys.reserve(cores == 1 ? bound : bound / cores * 9 / 8);
+  for (auto& owner : out_.by_owner)
+    owner.gained.reserve(cores == 1 ? bound : bound / cores * 9 / 8);
   char text[shard::packed_key_chars];
   ranks.for_each_rank_packed(
       [](std::int64_t, const shard::rank_stats&, std::size_t) {},
@@ -141,12 +151,22 @@ void replayer::collect_confirmed() {
           shard::unpack_hex_key(b.key, text);
           owner = static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
         }
-        out_.packed_by_owner[owner].push_back(b.key);
+        out_.by_owner[owner].gained.push_back(b.key);
       },
       [&](std::string_view key, std::int64_t, bool confirmed) {
         if (!confirmed) return;
-        out_.others_by_owner[static_cast<std::size_t>(node_.key_owner(key))].emplace_back(key);
+        out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))].gained_others.emplace_back(
+            key);
       });
+}
+
+void replayer::changed(std::string_view key, bool gained) {
+  binding_changes& to = out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))];
+  shard::packed_key packed;
+  if (key.size() == shard::packed_key_chars && shard::pack_hex_key(key, packed))
+    (gained ? to.gained : to.lost).push_back(packed);
+  else
+    (gained ? to.gained_others : to.lost_others).emplace_back(key);
 }
 
 // A chunk of a rank's 32-hex keys, bulk-loaded; other cores' ranks are skipped unread.
@@ -160,6 +180,17 @@ void replayer::restore_rank_keys(const store::record& r, shard::rank_table& rank
   if (!ranks.restore_packed(r.rank, static_cast<std::size_t>(r.total), bindings_, now_))
     throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
                              " cannot be restored (out of range, taken, or a key twice)");
+  if (!tracking_) return;
+  char text[shard::packed_key_chars];
+  for (const shard::rank_table::packed_binding& b : bindings_) {
+    if (!b.confirmed) continue;
+    std::size_t owner = 0;
+    if (node_.cores > 1) {
+      shard::unpack_hex_key(b.key, text);
+      owner = static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
+    }
+    out_.by_owner[owner].gained.push_back(b.key);
+  }
 }
 
 // A chunk of a former core's directory keys: those this core owns now.
@@ -178,8 +209,23 @@ void replayer::restore_directory_keys(const store::record& r, shard::directory& 
   }
 }
 
+std::size_t binding_changes::apply(shard::directory& d, std::int32_t fallback_tp) const {
+  std::size_t guessed = d.restore_count(gained, fallback_tp);
+  for (const std::string& key : gained_others) guessed += d.restore_count(key, fallback_tp);
+  d.restore_uncount(lost);
+  for (const std::string& key : lost_others) d.restore_uncount(key);
+  return guessed;
+}
+
+void binding_changes::clear() {
+  gained.clear();
+  lost.clear();
+  gained_others.clear();
+  lost_others.clear();
+}
+
 // Counts every confirmed binding into the directory slice of the key's owner (each core
-// reads the lists the others made for it, and frees them).
+// reads the lists the others made for it, and frees them), then finishes it.
 void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
                        std::int32_t fallback_tp) {
   shard::directory& directory = nd.core[core]->directory;
@@ -188,13 +234,10 @@ void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
   // was never acknowledged; assume every rank had been initialised.
   std::size_t guessed = 0;
   for (replay_output& from : outputs) {
-    guessed += directory.restore_count(from.packed_by_owner[mine], fallback_tp);
-    std::vector<shard::packed_key>().swap(from.packed_by_owner[mine]);
-    for (const std::string& key : from.others_by_owner[mine])
-      guessed += directory.restore_count(key, fallback_tp);
-    std::vector<std::string>().swap(from.others_by_owner[mine]);
+    guessed += from.by_owner[mine].apply(directory, fallback_tp);
+    from.by_owner[mine] = binding_changes{};  // its memory back
   }
-  directory.restore_finish(nd.clock());
+  guessed += directory.restore_finish(nd.clock(), fallback_tp);
   if (guessed)
     metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
                      fallback_tp);
@@ -202,14 +245,36 @@ void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
 
 // --- a hot standby --------------------------------------------------------------------
 
-standby_core::standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn)
+binding_feed::binding_feed(int cores)
+    : inboxes_(std::make_unique<inbox[]>(static_cast<std::size_t>(cores))) {}
+
+void binding_feed::post(int owner, binding_changes&& changes) {
+  inbox& in = inboxes_[static_cast<std::size_t>(owner)];
+  std::lock_guard lock(in.mutex);
+  in.queued.push_back(std::move(changes));
+}
+
+void binding_feed::drain(int owner, shard::directory& d) {
+  inbox& in = inboxes_[static_cast<std::size_t>(owner)];
+  std::vector<binding_changes> queued;
+  {
+    std::lock_guard lock(in.mutex);
+    queued.swap(in.queued);
+  }
+  for (const binding_changes& changes : queued) changes.apply(d, shard::directory::unnamed_tp);
+}
+
+standby_core::standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn,
+                           binding_feed& feed)
     : node_(nd),
       core_(core),
       log_(nd.core[core]->log),
       leader_base_(leader_lsn),
       local_base_(log_.end()),
+      feed_(feed),
       replayer_(nd, core, out_, store::file_sizes{}) {
   METAD_ASSERT(log_.idle());  // nothing of this node's own is queued in its log
+  replayer_.track_changes();
 }
 
 void standby_core::receive(std::string_view frames) {
@@ -221,35 +286,80 @@ void standby_core::receive(std::string_view frames) {
   const bool whole = store::scan_checked(frames, [&](const store::record& r, std::size_t) {
     if (r.kind == store::record_kind::clear) {
       // Recovery starts after a core's last clear; a live replay drops what came before
-      // it. SGLang's pools outlive it: their images follow in the log (run_clear).
+      // it. SGLang's pools outlive it: their images follow in the log (run_clear). Every
+      // confirmed binding of this core's ranks is lost (counted off in its owner's
+      // slice), and this core's slice forgets every key's tp_world_size; the counts of
+      // other cores' bindings stay until their own clear arrives.
+      core.ranks.for_each_rank_packed(
+          [](std::int64_t, const shard::rank_stats&, std::size_t) {},
+          [&](const shard::rank_table::packed_binding& b) {
+            if (!b.confirmed) return;
+            char text[shard::packed_key_chars];
+            shard::unpack_hex_key(b.key, text);
+            out_.by_owner[static_cast<std::size_t>(
+                              node_.key_owner(std::string_view(text, sizeof text)))]
+                .lost.push_back(b.key);
+          },
+          [&](std::string_view key, std::int64_t, bool confirmed) {
+            if (confirmed)
+              out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))]
+                  .lost_others.emplace_back(key);
+          });
       core.ranks.clear();
-      core.directory.clear();
+      hand_over();  // the losses reach their owners before anything after the clear
+      core.directory.restore_forget_all();
       return;
     }
     replayer_.apply(r);
   });
   if (!whole) throw std::runtime_error("replication: frames that were checked no longer decode");
+  hand_over();
 }
 
-void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores) {
+// This core's binding changes so far: its own slice's counted at once, the others' posted
+// to their owners; then what the other cores posted here.
+void standby_core::hand_over() {
+  for (std::size_t owner = 0; owner < out_.by_owner.size(); ++owner) {
+    binding_changes& changes = out_.by_owner[owner];
+    if (changes.empty()) continue;
+    if (static_cast<int>(owner) == core_) {
+      changes.apply(node_.core[core_]->directory, shard::directory::unnamed_tp);
+      changes.clear();
+    } else {
+      feed_.post(static_cast<int>(owner), std::move(changes));
+      changes = binding_changes{};
+    }
+  }
+  drain_feed();
+}
+
+void standby_core::drain_feed() { feed_.drain(core_, node_.core[core_]->directory); }
+
+void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores,
+                     binding_feed& feed) {
   METAD_ASSERT(cores.size() == static_cast<std::size_t>(nd.cores));
   const auto began = std::chrono::steady_clock::now();
   const auto ms_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   };
-  std::vector<replay_output> outputs(cores.size());
-  on_every_core(nd, [&](int c) {  // each core's ranks, read on a thread of its own
-    const auto i = static_cast<std::size_t>(c);
-    cores[i]->replay().collect_confirmed();
-    outputs[i] = std::move(cores[i]->output());
-  });
-  const double collect_ms = ms_since(began);
   std::int64_t ranks = 0;
   for (auto& core : nd.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
   nd.worker_ranks = ranks;
-  on_every_core(nd, [&](int c) {  // one thread per core, as recovery does
-    rebuild_directory(nd, c, outputs, static_cast<std::int32_t>(ranks));
+  // Each core's slice: what other cores posted and it has not counted yet, then the
+  // staged directory finished (O(keys)); one thread per core, as recovery does.
+  std::vector<std::size_t> guessed(cores.size());
+  on_every_core(nd, [&](int c) {
+    const auto i = static_cast<std::size_t>(c);
+    cores[i]->replay().end_bulk();
+    feed.drain(c, nd.core[c]->directory);
+    guessed[i] = nd.core[c]->directory.restore_finish(nd.clock(), static_cast<std::int32_t>(ranks));
   });
+  std::size_t assumed = 0;
+  for (const std::size_t g : guessed) assumed += g;
+  if (assumed)
+    metad::log::warn("{} key(s) promoted without their tp_world_size record: assumed {}", assumed,
+                     ranks);
+  const double directory_ms = ms_since(began);
   // As recovery does: quarantines last their full time again, keys are leased.
   const std::uint64_t quarantine_until =
       nd.cfg.release_quarantine_ms == 0 ? 0
@@ -265,11 +375,11 @@ void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_cor
   // --tenants-file: each tenant's ranks=N count from the pools replayed, as after a
   // restart (the standby served nothing: what it counted at its start is void).
   if (nd.tenants.enabled()) pipeline::count_tenant_usage(nd);
-  // What promotion's time is made of (issue 35: it grows with the bindings held).
+  // What promotion's time is made of (issue 35: it grows with the keys, no longer with
+  // every binding).
   metad::log::info(
-      "promotion: confirmed bindings collected in {:.1f} ms, the directory of {} keys rebuilt "
-      "and the rest done in {:.1f} ms",
-      collect_ms, keys, ms_since(began) - collect_ms);
+      "promotion: the directory of {} keys finished in {:.1f} ms, the rest done in {:.1f} ms", keys,
+      directory_ms, ms_since(began) - directory_ms);
 }
 
 }  // namespace metad::persist

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -22,14 +23,51 @@
 
 namespace metad::persist {
 
-// What one core learns while replaying, for the directory phase: the confirmed
-// bindings of its ranks, by the core that owns each key's directory slice now (one entry
-// per (rank, key)); 32-hex keys packed. (The tp_world_size of the keys a core owns goes
-// straight into its directory: directory::restore_key.)
+// Confirmed bindings gained and lost for one core's directory slice (its keys' counts),
+// 32-hex keys packed. Applied in one go: gains first, so that a binding lost after it was
+// gained in the same batch is counted before it is taken off.
+struct binding_changes {
+  std::vector<shard::packed_key> gained, lost;
+  std::vector<std::string> gained_others, lost_others;
+  bool empty() const {
+    return gained.empty() && lost.empty() && gained_others.empty() && lost_others.empty();
+  }
+  // Into a staged directory; a gained key that no record named takes fallback_tp
+  // (directory::unnamed_tp: none yet). Returns how many keys took it.
+  std::size_t apply(shard::directory& d, std::int32_t fallback_tp) const;
+  void clear();
+};
+
+// What one core learns while replaying, for the directory phase: the confirmed bindings
+// of its ranks, by the core that owns each key's directory slice now (one entry per
+// (rank, key)). Recovery collects them at the end (collect_confirmed); a hot standby
+// hands them over as each batch is applied (standby_core). (The tp_world_size of the
+// keys a core owns goes straight into its directory: directory::restore_key.)
 struct replay_output {
-  std::vector<std::vector<shard::packed_key>> packed_by_owner;
-  std::vector<std::vector<std::string>> others_by_owner;
+  std::vector<binding_changes> by_owner;
   std::uint64_t records = 0;
+};
+
+// A hot standby's binding changes on their way to the core that owns each key's slice
+// (issue 35: the standby's directory counts stay current, so that promotion need not
+// count every binding). Any core posts; the owner drains, in the order posted, on its
+// own thread, or promotion's threads while the cores are parked. Each core posts the
+// changes of its own ranks only, in its stream's order, so a binding's loss never
+// reaches its owner before its gain. One mutex per owner, off the request path (a
+// standby serves no vLLM request).
+class binding_feed {
+ public:
+  explicit binding_feed(int cores);
+  void post(int owner, binding_changes&& changes);
+  // Applies what was posted for `owner`'s slice to its directory (staged).
+  void drain(int owner, shard::directory& d);
+
+ private:
+  struct inbox {
+    std::mutex mutex;
+    std::vector<binding_changes> queued;
+  };
+  std::unique_ptr<inbox[]> inboxes_;
 };
 
 // Quarantines replayed from the log end where the log says (quarantine_end); after
@@ -49,6 +87,11 @@ class replayer {
   // After the last record: the keys this core's ranks hold confirmed, by the core
   // that owns each key's directory slice (which counts them).
   void collect_confirmed();
+  // Every binding change from here on goes into the output as it happens (a hot
+  // standby: standby_core hands them to their owners after each batch).
+  void track_changes() { tracking_ = true; }
+  // The rank tables' bulk load ends (collect_confirmed does it too).
+  void end_bulk();
 
   // The time reservations made from here on count their TTL from (recovery: when it
   // started; a hot standby: when each batch arrives, close to the leader's own time).
@@ -57,6 +100,8 @@ class replayer {
  private:
   void restore_rank_keys(const store::record& r, shard::rank_table& ranks);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
+  // tracking_: a confirmed binding of `key` gained or lost on this core's ranks.
+  void changed(std::string_view key, bool gained);
 
   pipeline::node& node_;
   int core_;
@@ -66,11 +111,13 @@ class replayer {
   std::vector<std::uint32_t> indices_;
   std::vector<shard::rank_table::packed_binding> bindings_;
   std::vector<std::int64_t> pages_;
+  std::vector<std::string> unbound_;
   std::string detail_;
+  bool tracking_ = false;
 };
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core
-// reads the lists the others made for it, and frees them).
+// reads the lists the others made for it, and frees them), then finishes it.
 void rebuild_directory(pipeline::node& nd, int core, std::vector<replay_output>& outputs,
                        std::int32_t fallback_tp);
 
@@ -83,12 +130,17 @@ class standby_core {
  public:
   // Core c of `nd`, a node recovered from the standby's own data directory (its log
   // open and idle), whose state is the leader's core c at leader_lsn.
-  standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn);
+  // Its binding changes go to their slices' owners through `feed` (shared by the node's
+  // standby_cores).
+  standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn, binding_feed& feed);
 
   // Whole, checked frames (repl::follower's verdict apply) starting at the leader's
   // position received_lsn(): appended to the core's log, then applied. Throws
   // std::runtime_error if a record no longer applies (the states diverged: resync).
   void receive(std::string_view frames);
+  // What other cores' ranks changed in this core's directory slice, counted (each turn
+  // of the core's loop, and after each receive()).
+  void drain_feed();
 
   // Leader positions: what was received, and what this node's log holds durably (what
   // to ack once the core's group commit returns).
@@ -114,19 +166,24 @@ class standby_core {
   int core_;
   store::log_writer& log_;
   std::uint64_t leader_base_, local_base_;
+  void hand_over();
+
+  binding_feed& feed_;
   replay_output out_;
   replayer replayer_;
 };
 
 // Promotion's replay half, once the streams are closed and every received frame is
-// applied: the directory is rebuilt from the bindings, quarantines restart, worker
-// ranks are counted (and with --tenants-file each tenant's SGLang ranks, its ranks=N
-// count), and recovered keys are leased for --read-lease-ms (as after a
-// restart). The node can serve afterwards; the standby_cores are spent (their
-// replay output moved out). Called on one thread while the cores are idle; collecting
-// each core's bindings and the directory phase run on one thread per core. A reservation keeps the
-// TTL it got when its batch arrived (close to the leader's deadline).
-void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores);
+// applied: the directory, whose counts the standby kept current (binding_feed), takes in
+// what is still queued and is finished (restore_finish: O(keys), not O(bindings)),
+// quarantines restart, worker ranks are counted (and with --tenants-file each tenant's
+// SGLang ranks, its ranks=N count), and recovered keys are leased for --read-lease-ms (as
+// after a restart). The node can serve afterwards; the standby_cores are spent. Called
+// on one thread while the cores are idle; the directory phase runs on one thread per
+// core. A reservation keeps the TTL it got when its batch arrived (close to the
+// leader's deadline).
+void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores,
+                     binding_feed& feed);
 
 // Runs work(c) for every core c on a thread of its own, and rethrows the first error.
 template <typename Work>

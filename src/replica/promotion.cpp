@@ -45,7 +45,7 @@ bool replication::impl::promote() {
     appliers.push_back(std::move(f->applier));
     e.role.emplace<leading_end>();
   }
-  persist::promote_standby(nd, appliers);
+  persist::promote_standby(nd, appliers, *feed);
   // A leader now, with no standby of its own yet: its progress starts over.
   for (int c = 0; c < nd.cores; ++c) share(c).state = progress::none;
   mode = start_as::primary;

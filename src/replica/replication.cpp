@@ -40,6 +40,7 @@ replication::impl::impl(pipeline::node& n, start_as as)
       mode(as),
       ends(static_cast<std::size_t>(n.cores)),
       shared(std::make_unique<shared_core[]>(static_cast<std::size_t>(n.cores))),
+      feed(std::make_unique<persist::binding_feed>(n.cores)),
       sync(repl::sync_config{.sync_timeout_ms = n.cfg.sync_timeout_ms}) {
   if (as == start_as::standby)
     for (core_end& e : ends) e.role.emplace<following_end>();
@@ -184,6 +185,7 @@ void replication::impl::poll(int c) {
   }
   if (leading_end* l = e.leader(); l != nullptr && l->cut.running() && !e.closing)
     pump_cut(c, e, *l);
+  if (following_end* f = e.standby(); f != nullptr && f->applier) f->applier->drain_feed();
   ack_durable(c, e);  // a standby's
   // The requirement: applied once the standby also holds what was answered before it.
   store::log_writer& log = core(c).log;

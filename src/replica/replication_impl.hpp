@@ -97,6 +97,9 @@ struct replication::impl {
   std::unique_ptr<repl::link> link;
   ha::control* control = nullptr;  // the lease's control thread (writes /sync)
   std::thread promotion;           // a standby that won the lease: promote() runs here
+  // A standby's binding changes on their way to each key's directory slice (its cores
+  // post and drain; promotion drains what is left while they are parked).
+  std::unique_ptr<persist::binding_feed> feed;
 
   // Promotion parks every core in poll() while its thread finishes the replay.
   std::mutex park_mutex;

@@ -105,7 +105,7 @@ void replication::impl::on_answer(int c, core_end& e, following_end& f, const re
 
 void replication::impl::on_snapshot(int c, following_end& f, const repl::snapshot& s) {
   if (!f.follower->on_snapshot(s)) exit_to_resync("a snapshot piece out of order");
-  if (!f.applier) f.applier = std::make_unique<persist::standby_core>(nd, c, 0);
+  if (!f.applier) f.applier = std::make_unique<persist::standby_core>(nd, c, 0, *feed);
   apply(*f.applier, s.bytes);
   if (s.last) {
     f.applier->rebase(s.lsn);

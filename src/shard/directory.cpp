@@ -303,11 +303,58 @@ void directory::restore(std::string_view key, std::int32_t tp_world_size, std::i
   }
 }
 
+// --- staging (recovery, and a hot standby until promotion) -----------------------------
+//
+// A staged entry is (tp, count): tp the key's tp_world_size as its directory records name
+// it, or unnamed (a key whose bindings arrived before its name, or whose name a
+// directory_remove or a clear forgot while bindings of it are still held); count the
+// confirmed bindings counted so far, never below 0. An entry that is unnamed and has no
+// binding is erased. In the packed form a staged word is tp << 16 | count with tp in
+// [1, packed_tp_max] or unnamed_bits, so it is never 0, and count below
+// packed_count_max, so that it never saturates (a count must come down exactly); any
+// other entry lives in the key_map form.
+
 namespace {
-// A key staged by restore_key has count 0: in the packed map a word of tp << 16 (tp in
-// [1, packed_tp_max], so never 0), any other tp in the key_map.
-bool stageable_packed(std::int32_t tp) { return tp >= 1 && tp <= packed_tp_max; }
+constexpr std::int32_t unnamed = directory_detail::unnamed_tp;
+constexpr std::uint32_t unnamed_bits = directory_detail::unnamed_bits;
+
+bool staged_fits_packed(const completion& c) {
+  return (c.tp_world_size == unnamed ||
+          (c.tp_world_size >= 1 && c.tp_world_size <= directory_detail::packed_tp_max)) &&
+         c.confirmed_count >= 0 &&
+         static_cast<std::uint32_t>(c.confirmed_count) < directory_detail::packed_count_max;
+}
+std::uint32_t staged_word(const completion& c) {
+  const std::uint32_t tp =
+      c.tp_world_size == unnamed ? unnamed_bits : static_cast<std::uint32_t>(c.tp_world_size);
+  return (tp << 16) | static_cast<std::uint32_t>(c.confirmed_count);
+}
+completion staged_value(std::uint32_t word) {
+  const std::uint32_t tp = word >> 16;
+  return {tp == unnamed_bits ? unnamed : static_cast<std::int32_t>(tp),
+          static_cast<std::int32_t>(word & directory_detail::packed_count_max)};
+}
 }  // namespace
+
+completion directory::impl::staged_of(const entry& e) const {
+  return e.slot != nullptr ? e.slot->value : staged_value(*e.word);
+}
+
+void directory::impl::stage(std::string_view key, const parsed_key& p, const entry& e,
+                            const completion& c) {
+  METAD_ASSERT(c.confirmed_count >= 0);
+  const bool gone = c.tp_world_size == unnamed && c.confirmed_count == 0;
+  if (e) {
+    if (!gone && e.word != nullptr && staged_fits_packed(c)) {
+      *e.word = staged_word(c);
+      return;
+    }
+    erase(e);
+  }
+  if (gone) return;
+  if (!((p.hex || p.wide) && staged_fits_packed(c) && keys.insert_packed(p, staged_word(c))))
+    keys.insert_other(key, p, c);
+}
 
 void directory::restore_reserve(std::size_t n) {
   impl_->staged = true;
@@ -320,29 +367,31 @@ void directory::restore_key(std::string_view key, std::int32_t tp_world_size) {
   parse_key(key, p);
   impl& m = *impl_;
   m.staged = true;
-  if (const impl::entry e = m.find(key, p)) {
-    tp_world_size = std::min(tp_world_size, e.get().tp_world_size);
-    m.erase(e);
-  }
-  if (!((p.hex || p.wide) && stageable_packed(tp_world_size) &&
-        m.keys.insert_packed(p, static_cast<std::uint32_t>(tp_world_size) << 16))) {
-    m.keys.insert_other(key, p, completion{tp_world_size, 0});
-  }
+  const impl::entry e = m.find(key, p);
+  completion c = e ? m.staged_of(e) : completion{unnamed, 0};
+  c.tp_world_size =
+      c.tp_world_size == unnamed ? tp_world_size : std::min(tp_world_size, c.tp_world_size);
+  m.stage(key, p, e, c);
 }
 
 void directory::restore_key(const packed_key& key, std::int32_t tp_world_size) {
   impl& m = *impl_;
+  m.staged = true;
   // With no hex key in the other form, the packed one is the only place the key can be.
-  if (stageable_packed(tp_world_size) && m.keys.hex_others() == 0) {
+  if (m.keys.hex_others() == 0) {
     const parsed_key p{key, packed_hash(key), true};
     if (std::uint32_t* word = m.keys.find_packed(key, p.hash)) {
-      *word = static_cast<std::uint32_t>(
-                  std::min<std::int32_t>(tp_world_size, static_cast<std::int32_t>(*word >> 16)))
-              << 16;
+      completion c = staged_value(*word);
+      c.tp_world_size =
+          c.tp_world_size == unnamed ? tp_world_size : std::min(tp_world_size, c.tp_world_size);
+      if (staged_fits_packed(c)) {
+        *word = staged_word(c);
+        return;
+      }
+    } else if (const completion c{tp_world_size, 0}; staged_fits_packed(c)) {
+      m.keys.insert_packed(p, staged_word(c));
       return;
     }
-    m.keys.insert_packed(p, static_cast<std::uint32_t>(tp_world_size) << 16);
-    return;
   }
   char text[packed_key_chars];
   unpack_hex_key(key, text);
@@ -352,7 +401,31 @@ void directory::restore_key(const packed_key& key, std::int32_t tp_world_size) {
 void directory::restore_forget(std::string_view key) {
   parsed_key p;
   parse_key(key, p);
-  if (const impl::entry e = impl_->find(key, p)) impl_->erase(e);
+  impl& m = *impl_;
+  if (const impl::entry e = m.find(key, p)) {
+    completion c = m.staged_of(e);
+    c.tp_world_size = unnamed;
+    m.stage(key, p, e, c);
+  }
+}
+
+void directory::restore_forget_all() {
+  impl& m = *impl_;
+  // The bindings counted so far, kept unnamed; every name goes.
+  std::vector<std::pair<std::string, std::int32_t>> bound;
+  for_each_key_impl(
+      &bound,
+      [](void* out, std::string_view key, std::int32_t, std::int32_t count) {
+        if (count > 0) static_cast<decltype(bound)*>(out)->emplace_back(std::string(key), count);
+      },
+      /*with_unnamed=*/true);
+  clear();
+  m.staged = true;
+  for (const auto& [key, count] : bound) {
+    parsed_key p;
+    parse_key(key, p);
+    m.stage(key, p, {}, completion{unnamed, count});
+  }
 }
 
 std::size_t directory::restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp) {
@@ -374,8 +447,10 @@ std::size_t directory::restore_count(std::span<const packed_key> keys, std::int3
     const std::uint64_t h = parsed[i % ahead].hash;
     if (i + ahead < keys.size()) start(i + ahead);
     if (std::uint32_t* word = m.keys.find_packed(keys[i], h)) {
-      if ((*word & packed_count_max) < packed_count_max) ++*word;
-      continue;
+      if ((*word & packed_count_max) + 1 < packed_count_max) {
+        ++*word;
+        continue;
+      }
     }
     char text[packed_key_chars];
     unpack_hex_key(keys[i], text);
@@ -389,23 +464,67 @@ std::size_t directory::restore_count(std::string_view key, std::int32_t fallback
   m.staged = true;
   parsed_key p;
   parse_key(key, p);
+  const impl::entry e = m.find(key, p);
+  completion c = e ? m.staged_of(e) : completion{unnamed, 0};
   std::size_t guessed = 0;
-  impl::entry e = m.find(key, p);
-  if (!e) {
-    restore_key(key, fallback_tp);
-    e = m.find(key, p);
+  if (c.tp_world_size == unnamed && fallback_tp != unnamed) {
+    c.tp_world_size = fallback_tp;
     guessed = 1;
   }
-  if (e.word != nullptr) {
-    if ((*e.word & packed_count_max) < packed_count_max) ++*e.word;
-  } else if (e.slot->value.confirmed_count < std::numeric_limits<std::int32_t>::max()) {
-    ++e.slot->value.confirmed_count;
-  }
+  if (c.confirmed_count < std::numeric_limits<std::int32_t>::max()) ++c.confirmed_count;
+  m.stage(key, p, e, c);
   return guessed;
 }
 
-void directory::restore_finish(std::uint64_t now) {
+void directory::restore_uncount(std::span<const packed_key> keys) {
   impl& m = *impl_;
+  METAD_ASSERT(m.staged);
+  char text[packed_key_chars];
+  for (const packed_key& k : keys) {
+    if (std::uint32_t* word = m.keys.find_packed(k, packed_hash(k))) {
+      // A named key keeps its word at count 0 (tp << 16 is not 0).
+      if ((*word & packed_count_max) > 1 || (*word >> 16) != unnamed_bits) {
+        METAD_ASSERT((*word & packed_count_max) > 0);
+        --*word;
+        continue;
+      }
+    }
+    unpack_hex_key(k, text);
+    restore_uncount(std::string_view(text, sizeof text));
+  }
+}
+
+void directory::restore_uncount(std::string_view key) {
+  impl& m = *impl_;
+  METAD_ASSERT(m.staged);
+  parsed_key p;
+  parse_key(key, p);
+  const impl::entry e = m.find(key, p);
+  METAD_ASSERT(e);  // a binding dropped is one counted before (its core's order)
+  completion c = m.staged_of(e);
+  METAD_ASSERT(c.confirmed_count > 0);
+  --c.confirmed_count;
+  m.stage(key, p, e, c);
+}
+
+std::size_t directory::restore_finish(std::uint64_t now, std::int32_t fallback_tp) {
+  impl& m = *impl_;
+  // Keys counted but never named (their directory record was lost with an unacknowledged
+  // confirm, or has not arrived): fallback_tp.
+  std::vector<std::string> unnamed_keys;
+  for_each_key_impl(
+      &unnamed_keys,
+      [](void* out, std::string_view key, std::int32_t tp, std::int32_t count) {
+        if (tp == unnamed && count > 0)
+          static_cast<std::vector<std::string>*>(out)->emplace_back(key);
+      },
+      /*with_unnamed=*/true);
+  for (const std::string& key : unnamed_keys) {
+    parsed_key p;
+    parse_key(key, p);
+    const impl::entry e = m.find(key, p);
+    m.stage(key, p, e, completion{fallback_tp, m.staged_of(e).confirmed_count});
+  }
   m.staged = false;
   m.keys.set_bulk(false);
   std::vector<packed_key> unbound;
@@ -459,28 +578,43 @@ void directory::restore_finish(std::uint64_t now) {
     }
   });
   for (const packed_key& k : unbound) m.keys.erase(m.keys.find(key_handle{k, nullptr}));
-  for (const std::string& key : unbound_others) restore_forget(key);
+  for (const std::string& key : unbound_others) {
+    parsed_key p;
+    parse_key(key, p);
+    if (const impl::entry e = m.find(key, p)) m.erase(e);
+  }
   m.keys.shrink_to_fit();
   METAD_VERIFY_AFTER("directory::restore_finish", m.verify_size(), verify());
+  return unnamed_keys.size();
 }
 
-void directory::for_each_key_impl(void* visit, void (*call)(void*, std::string_view, std::int32_t,
-                                                            std::int32_t)) const {
+void directory::for_each_key_impl(void* visit,
+                                  void (*call)(void*, std::string_view, std::int32_t, std::int32_t),
+                                  bool with_unnamed) const {
+  const impl& m = *impl_;
+  // Staged: words may say unnamed_tp, and an unnamed key is not named to the visitor
+  // unless it asks (a standby's snapshot carries names only).
+  const auto value = [&](std::uint32_t word) {
+    return m.staged ? staged_value(word)
+                    : completion{static_cast<std::int32_t>(word >> 16),
+                                 static_cast<std::int32_t>(word & packed_count_max)};
+  };
+  const auto visit_one = [&](std::string_view key, const completion& c) {
+    if (c.tp_world_size == unnamed && !with_unnamed) return;
+    call(visit, key, c.tp_world_size, c.confirmed_count);
+  };
   char text[packed_key_chars];
-  impl_->keys.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
+  m.keys.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
     unpack_hex_key(k, text);
-    call(visit, std::string_view(text, sizeof text), static_cast<std::int32_t>(word >> 16),
-         static_cast<std::int32_t>(word & packed_count_max));
+    visit_one(std::string_view(text, sizeof text), value(word));
   });
   std::string wide_text;
-  impl_->keys.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
+  m.keys.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
     dual_key_map<completion>::key_text(h, wide_text);
-    call(visit, wide_text, static_cast<std::int32_t>(word >> 16),
-         static_cast<std::int32_t>(word & packed_count_max));
+    visit_one(wide_text, value(word));
   });
-  impl_->keys.for_each_other([&](const key_map<completion>::slot& s) {
-    call(visit, key_blob::view(s.key), s.value.tp_world_size, s.value.confirmed_count);
-  });
+  m.keys.for_each_other(
+      [&](const key_map<completion>::slot& s) { visit_one(key_blob::view(s.key), s.value); });
 }
 
 std::size_t directory::size() const { return impl_->keys.size(); }
@@ -502,7 +636,20 @@ std::string directory::verify() const {
   if (std::string e = m.life.verify(); !e.empty()) return fail("recency: " + e);
   if (std::string e = m.incomplete.verify(); !e.empty()) return fail("incomplete keys: " + e);
   if (!m.incomplete.lru()) return fail("the incomplete keys are not tracked by recency");
-  if (m.staged) return {};  // counts not yet rebuilt: nothing below holds yet
+  if (m.staged) {  // counts being built: only the staging rules hold yet
+    std::string e;
+    for_each_key_impl(
+        &e,
+        [](void* out, std::string_view key, std::int32_t tp, std::int32_t count) {
+          auto& error = *static_cast<std::string*>(out);
+          if (!error.empty()) return;
+          if (count < 0) error = fmt::format("staged key {} has a count below 0", key);
+          if (tp == unnamed && count == 0)
+            error = fmt::format("staged key {} is unnamed and has no binding", key);
+        },
+        /*with_unnamed=*/true);
+    return e.empty() ? e : fail(e);
+  }
   std::size_t incomplete = 0, in_life = 0;
   std::uint64_t bindings = 0;
   std::string e;

@@ -14,10 +14,12 @@
 //   entry; recency entries name only such keys;
 // - confirmations owed to keys (absorbed when they arrive) are positive.
 // While keys are staged for a restore (restore_key ... restore_finish: a standby's
-// directory until promotion) only the first line holds.
+// directory until promotion) only the first line holds, and: no count is below 0, and no
+// key is both unnamed and without a binding.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -141,7 +143,8 @@ class directory {
   void advance_growth();
 
   std::size_t size() const;
-  // Calls visit(key, tp_world_size, count) for every key (snapshots).
+  // Calls visit(key, tp_world_size, count) for every key (snapshots; while staged, every
+  // named key).
   template <typename Visit>
   void for_each_key(Visit&& visit) const {
     for_each_key_impl(&visit,
@@ -153,21 +156,30 @@ class directory {
   void restore(std::string_view key, std::int32_t tp_world_size, std::int32_t count,
                std::uint64_t now);
 
-  // Recovery in bulk, into an empty directory that nothing else touches meanwhile: the
-  // keys' entries are built in place, counted where they lie (one lookup a binding).
-  // 1. restore_reserve(n) sizes the table for n keys; restore_key() for each key the
-  //    files name (its smallest tp_world_size wins), restore_forget() for each they drop.
-  // 2. restore_count() once per confirmed binding; a key that step 1 did not name
-  //    enters with fallback_tp. Returns how many keys did so.
-  // 3. restore_finish(now): keys with no binding leave; the others are complete (used
-  //    at now) or incomplete (last confirmed at now).
+  // Recovery in bulk, into an empty directory that nothing else touches meanwhile (and a
+  // hot standby's, until promotion), staged: each key's entry is its tp_world_size as
+  // the directory records name it (or unnamed) and its count of confirmed bindings,
+  // built in place (one lookup a binding), in any order of names and counts.
+  // 1. restore_reserve(n) sizes the table for n keys; restore_key() names a key (its
+  //    smallest tp_world_size wins), restore_forget() unnames it (a directory_remove),
+  //    restore_forget_all() every key (a clear); counts stay.
+  // 2. restore_count() once per confirmed binding (a key unnamed then takes fallback_tp,
+  //    unless that is unnamed_tp: returns how many keys took it); restore_uncount() once
+  //    per binding dropped, which must have been counted.
+  // 3. restore_finish(now, fallback_tp): keys still unnamed take fallback_tp (returns how
+  //    many), keys with no binding leave; the others are complete (used at now) or
+  //    incomplete (last confirmed at now).
+  static constexpr std::int32_t unnamed_tp = std::numeric_limits<std::int32_t>::min();
   void restore_reserve(std::size_t n);
   void restore_key(std::string_view key, std::int32_t tp_world_size);
   void restore_key(const packed_key& key, std::int32_t tp_world_size);
   void restore_forget(std::string_view key);
+  void restore_forget_all();
   std::size_t restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp);
   std::size_t restore_count(std::string_view key, std::int32_t fallback_tp);
-  void restore_finish(std::uint64_t now);
+  void restore_uncount(std::span<const packed_key> keys);
+  void restore_uncount(std::string_view key);
+  std::size_t restore_finish(std::uint64_t now, std::int32_t fallback_tp);
   void clear();
 
   // The invariants above, O(keys): "" when they hold, else the first broken one.
@@ -178,7 +190,8 @@ class directory {
   friend struct verify_access;  // tests: breaks an invariant to see verify() report it
 
   void for_each_key_impl(void* visit,
-                         void (*call)(void*, std::string_view, std::int32_t, std::int32_t)) const;
+                         void (*call)(void*, std::string_view, std::int32_t, std::int32_t),
+                         bool with_unnamed = false) const;
   std::size_t take_least_recent_impl(std::uint64_t now, std::size_t n, void* take,
                                      void (*call)(void*, std::string_view, std::uint64_t));
   std::size_t take_stale_impl(std::uint64_t cutoff, std::size_t n, void* take,

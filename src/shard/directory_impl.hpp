@@ -24,10 +24,14 @@ struct completion {
 
 // Packed word: tp_world_size in the high 16 bits (a tp <= 0 is stored as 0: like tp 1
 // it is complete from the first confirmation), the count in the low 16 bits (>= 1, so
-// the word is never 0). The count saturates at 65535: since tp <= 65535, "count >= tp"
-// answers the same as with the exact count.
-constexpr std::int32_t packed_tp_max = 0xFFFF;
+// the word is never 0). The count saturates at 65535: since tp <= 65534, "count >= tp"
+// answers the same as with the exact count. While the directory is staged (restore_*),
+// tp bits of 0xFFFF mean unnamed_tp, and counts stay below 65535 (exact).
+constexpr std::int32_t packed_tp_max = 0xFFFE;
 constexpr std::uint32_t packed_count_max = 0xFFFF;
+// A staged key whose tp_world_size no directory record names (yet, or any more).
+constexpr std::int32_t unnamed_tp = directory::unnamed_tp;
+constexpr std::uint32_t unnamed_bits = 0xFFFF;
 
 inline std::uint32_t packed_word(std::int32_t tp, std::int32_t count) {
   const auto t = static_cast<std::uint32_t>(std::max<std::int32_t>(tp, 0));
@@ -78,6 +82,10 @@ struct directory::impl {
     }
   };
   entry find(std::string_view key, const parsed_key& p) { return {keys.find(key, p)}; }
+  // Staging (directory.cpp): an entry's (tp, count), tp possibly unnamed_tp; and the key's
+  // entry replaced by c (e: its entry found, or none), in the form c fits.
+  completion staged_of(const entry& e) const;
+  void stage(std::string_view key, const parsed_key& p, const entry& e, const completion& c);
   void erase(const entry& e) { keys.erase(e); }
   // Stores a new entry in the form its tp calls for.
   void insert(std::string_view key, const parsed_key& p, std::int32_t tp, std::int32_t count) {

@@ -56,7 +56,8 @@ inline std::string confirmations(int from, int to) {
 
 // Every kind of log record: ranks, saves (packed and other keys), failed writes
 // released, expiry on the tick, a delete, SGLang pools (a release quarantine ended on
-// the tick, another still running at the end), a /clear with writes after it.
+// the tick, another still running at the end), a /clear with writes after it, keys
+// deleted and saved again, a rank shrunk.
 inline void history(sim_node& n) {
   for (int r = 0; r < 4; ++r)
     n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":64})");
@@ -92,6 +93,13 @@ inline void history(sim_node& n) {
   n.post("/t/1/reserve_and_allocate_page_indices", R"({"keys":["x","y"]})");
   n.post("/t/1/confirm_write", R"({"written_keys_to_confirm":[["x",2]]})");
   n.post("/t/1/confirm_write", R"({"written_keys_to_confirm":[],"pages_to_release":[1]})");
+  // Keys deleted, then saved again with another tp_world_size (a third rank); a rank
+  // shrunk under its confirmed keys (they lose that binding).
+  n.post("/rank/3/initialize", R"({"num_pages":16})");
+  n.post("/keys/delete", "{\"keys\":[" + list(50, 52) + "]}");
+  n.post("/keys/batch_allocate", "{\"rank\":3,\"keys\":[" + list(50, 52) + "]}");
+  n.post("/keys/confirm_write", "{\"rank\":3,\"confirmations\":[" + confirmations(50, 52) + "]}");
+  n.post("/rank/2/initialize", R"({"num_pages":4})");
 }
 
 // What the state answers: every rank's counts, the directory, locations, SGLang pools,
@@ -152,10 +160,10 @@ class standby {
  public:
   standby(const std::string& dir, std::uint64_t generation, int cores = kCores,
           std::uint64_t snapshot_bytes = 1u << 30)
-      : node_(dir, cores, snapshot_bytes) {
+      : node_(dir, cores, snapshot_bytes), feed_(cores) {
     for (int c = 0; c < cores; ++c) {
       streams_.push_back(std::make_unique<stream>(kEpoch, generation, c));
-      appliers_.push_back(std::make_unique<persist::standby_core>(node_.state(), c, 0));
+      appliers_.push_back(std::make_unique<persist::standby_core>(node_.state(), c, 0, feed_));
     }
   }
 
@@ -200,7 +208,7 @@ class standby {
       persist::snapshot_tick(node_.state(), *core);
     }
   }
-  void promote() { persist::promote_standby(node_.state(), appliers_); }
+  void promote() { persist::promote_standby(node_.state(), appliers_, feed_); }
   sim_node& n() { return node_; }
   std::uint64_t durable_lsn(int c) const {
     return appliers_[static_cast<std::size_t>(c)]->durable_lsn();
@@ -215,6 +223,7 @@ class standby {
     repl::follower follower;
   };
   sim_node node_;
+  persist::binding_feed feed_;
   std::vector<std::unique_ptr<stream>> streams_;
   std::vector<std::unique_ptr<persist::standby_core>> appliers_;
 };

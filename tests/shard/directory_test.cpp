@@ -1,9 +1,17 @@
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <map>
+#include <optional>
+#include <random>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "shard/directory.hpp"
 #include "shard/ownership.hpp"
+#include "shard/packed_key.hpp"
 
 namespace metad::shard {
 namespace {
@@ -120,6 +128,115 @@ TEST(Directory, MovedDirectoryKeepsItsState) {
   directory assigned;
   assigned = std::move(moved);
   EXPECT_TRUE(assigned.complete("k"));
+}
+
+namespace staging {
+
+// Keys of every form a directory stores: 32 lowercase hex (packed), 64 hex of either case
+// (wide), and any other text.
+std::string staged_key(int i) {
+  switch (i % 4) {
+    case 0:
+      return fmt::format("{:032x}", 0x5ee0000u + static_cast<unsigned>(i));
+    case 1:
+      return fmt::format("{:064x}", 0x5ee0000u + static_cast<unsigned>(i));
+    case 2:
+      return fmt::format("{:064X}", 0x5ee0000u + static_cast<unsigned>(i));
+    default:
+      return "other-" + std::to_string(i);
+  }
+}
+
+struct model_entry {
+  std::optional<std::int32_t> tp;  // named (the smallest name since the last forget)
+  std::int32_t count = 0;
+};
+
+}  // namespace staging
+
+// A hot standby's directory until promotion: names (directory records, in their core's
+// order) and counts (bindings gained and lost, from other cores, in any order relative
+// to the names) arrive interleaved; forgets unname a key but keep its count. Finished, it
+// holds exactly the keys with a binding, each with its smallest name since its last
+// forget, or the fallback when none; after each step the staging invariants hold.
+TEST(DirectoryStaging, NamesAndCountsInAnyOrderFinishAsTheModelSays) {
+  using staging::staged_key;
+  for (std::uint32_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(seed);
+    std::mt19937 rng(seed);
+    directory d;
+    d.restore_reserve(0);
+    std::map<std::string, staging::model_entry> model;
+    const int keys = 24;
+    for (int step = 0; step < 600; ++step) {
+      const std::string k = staged_key(static_cast<int>(rng() % keys));
+      staging::model_entry& m = model[k];
+      const unsigned op = rng() % 100;
+      if (op < 25) {
+        const auto tp = static_cast<std::int32_t>(rng() % 5);  // 0 too: complete at once
+        d.restore_key(k, tp);
+        m.tp = m.tp ? std::min(*m.tp, tp) : tp;
+      } else if (op < 32) {
+        d.restore_forget(k);
+        m.tp.reset();
+      } else if (op < 33) {
+        d.restore_forget_all();
+        for (auto& [key, e] : model) e.tp.reset();
+      } else if (op < 70) {
+        packed_key packed;
+        if (rng() % 2 == 0 && pack_hex_key(k, packed))
+          EXPECT_EQ(d.restore_count(std::span<const packed_key>(&packed, 1), directory::unnamed_tp),
+                    0u);
+        else
+          EXPECT_EQ(d.restore_count(k, directory::unnamed_tp), 0u);
+        ++m.count;
+      } else if (m.count > 0) {
+        packed_key packed;
+        if (rng() % 2 == 0 && pack_hex_key(k, packed))
+          d.restore_uncount(std::span<const packed_key>(&packed, 1));
+        else
+          d.restore_uncount(k);
+        --m.count;
+      }
+      ASSERT_EQ(d.verify(), "") << "step " << step;
+    }
+    const std::int32_t fallback = 3;
+    std::size_t unnamed = 0;
+    std::map<std::string, std::pair<std::int32_t, std::int32_t>> expected, got;
+    for (const auto& [key, e] : model) {
+      if (e.count == 0) continue;
+      if (!e.tp) ++unnamed;
+      expected[key] = {e.tp.value_or(fallback), e.count};
+    }
+    EXPECT_EQ(d.restore_finish(0, fallback), unnamed);
+    ASSERT_EQ(d.verify(), "");
+    d.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
+      got[std::string(key)] = {tp, count};
+    });
+    EXPECT_EQ(got, expected);
+    for (const auto& [key, v] : expected) EXPECT_EQ(d.complete(key), v.second >= v.first) << key;
+  }
+}
+
+// Counts past the packed word's 16 bits stay exact while staged (a key held by more than
+// 65534 ranks moves to the other form), so that they come down exactly.
+TEST(DirectoryStaging, CountsPastSixteenBitsStayExact) {
+  const std::string k = staging::staged_key(0);
+  packed_key packed;
+  ASSERT_TRUE(pack_hex_key(k, packed));
+  directory d;
+  d.restore_reserve(0);
+  d.restore_key(k, 70000);
+  std::vector<packed_key> many(70001, packed);
+  d.restore_count(many, directory::unnamed_tp);
+  d.restore_uncount(std::span<const packed_key>(many.data(), 2));
+  ASSERT_EQ(d.verify(), "");
+  EXPECT_EQ(d.restore_finish(0, 1), 0u);
+  EXPECT_FALSE(d.complete(k));  // 69999 of 70000
+  d.for_each_key([&](std::string_view, std::int32_t tp, std::int32_t count) {
+    EXPECT_EQ(tp, 70000);
+    EXPECT_EQ(count, 69999);
+  });
 }
 
 }  // namespace
