@@ -27,7 +27,8 @@
 #                               text and over mutual TLS, against local --durability sync
 #                               alone, alternating, 3 rounds (REPL_ROUNDS=N); then an
 #                               empty standby's catch-up and its promotion at 1M, 4M, 8M
-#                               and 16M bindings (REPL_BINDINGS="1 8" picks; " ": none)
+#                               and 16M bindings (REPL_BINDINGS="1 8" picks; " ": none),
+#                               each the median of 3 runs (REPL_RUNS=N)
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
@@ -674,7 +675,27 @@ run_repl() {
   echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms (directory + rest) |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
   local m
-  for m in ${REPL_BINDINGS:-1 4 8 16}; do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
+  local m run
+  for m in ${REPL_BINDINGS:-1 4 8 16}; do
+    : >"$tmp/catch-up-rows"
+    for run in $(seq "${REPL_RUNS:-3}"); do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
+    # Each column's median over the runs (the promotion's split: its own runs' medians).
+    awk -F'|' -v m="$m" '
+      function median(col,   n, i, j, t, v) {
+        n = 0
+        for (i = 1; i <= rows; ++i) { v[++n] = cell[i, col] + 0 }
+        for (i = 2; i <= n; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        return v[int((n + 1) / 2)]
+      }
+      { ++rows; for (i = 1; i <= NF; ++i) cell[rows, i] = $i
+        split($8, p, /[ ()+]+/); pr[rows] = p[2]; pd[rows] = p[3]; ps[rows] = p[4] }
+      END {
+        for (i = 1; i <= rows; ++i) { cell[i, 20] = pr[i]; cell[i, 21] = pd[i]; cell[i, 22] = ps[i] }
+        printf "| **%dM, median** | %.1f | %.2f | %.1f | %d | %d | %.1f (%.1f + %.1f) |\n", m, median(3), median(4),
+          median(5), median(6), median(7), median(20), median(21), median(22)
+      }' "$tmp/catch-up-rows"
+  done
+  echo "(each size: ${REPL_RUNS:-3} runs, then their median, column by column)"
   kill "$etcd_pid"
 }
 
@@ -748,7 +769,8 @@ while True:
   promoted+=" (${split_c:--} + ${split_d:--})"
   awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" \
     -v w="$(sort -n "$tmp/stall" | tail -1 | cut -d' ' -f1)" 'BEGIN {
-    printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, p }'
+    printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, p }' |
+    tee -a "$tmp/catch-up-rows"
   kill -9 "$standby"
   wait "$leader" "$standby" 2>/dev/null || true
 }

@@ -41,7 +41,10 @@
 // - promotion (the std::thread): the ha thread (on_role) → the main thread (stop):
 //   server::run's shutdown order;
 // - a snapshot cut's image (repl::snapshot_cut): the forked child → core c, through a
-//   pipe: the process boundary.
+//   pipe: the process boundary;
+// - feed (persist::binding_feed: a standby's binding changes for each key's directory
+//   slice): any standby core posts → the owning core drains, promotion while every core
+//   is parked: one mutex per owning core.
 #pragma once
 
 #include <cstdint>
