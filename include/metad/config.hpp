@@ -136,6 +136,11 @@ struct config {
   // by the host of the advertised http URL.
   std::string repl_advertise;
   std::uint32_t sync_timeout_ms = 500;
+  // A leader's log segments older than its newest snapshot are kept on disk, up to this
+  // many bytes a core, so that a standby cut off for longer than the bytes each core
+  // keeps in memory (repl::kRetainBytes) resumes from the files instead of a snapshot;
+  // 0: removed at each snapshot, as without replication.
+  std::uint64_t repl_retain_log_bytes = 256u << 20;
   // Replication over mutual TLS (all three or none; docs/replication.md, "TLS"): this
   // node's certificate (PEM, naming ha_node) and private key (no access for group or
   // others), and the CA that signs every node's. A stream is accepted or followed only

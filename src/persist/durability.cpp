@@ -263,6 +263,7 @@ void recover(node& nd, const before_commit_fn& before_commit, bool discard) {
       serialize_ms[static_cast<std::size_t>(c)] = lap(at);
       core.log_segment = 1;
       core.log.switch_segment(dir.create_log(generation, c, 1));
+      core.segments = {{1, core.log.segment_start()}};
     });
   } catch (const std::system_error& e) {
     if (e.code().value() != ENOSPC && e.code().value() != EDQUOT) throw;
@@ -391,19 +392,28 @@ void finish_cut(node& nd, core_state& core) {
   const std::uint64_t segment = core.log_segment + 1;
   core.log.switch_segment(std::exchange(core.next_segment_fd, -1));
   core.log_segment = segment;
+  core.segments.emplace_back(segment, core.log.segment_start());
+  // The segments the new snapshot makes old: the newest of them kept while they add up
+  // to --repl-retain-log-bytes (with --repl-listen), the rest removed with the snapshots.
+  const std::uint64_t retain = nd.cfg.repl_listen.empty() ? 0 : nd.cfg.repl_retain_log_bytes;
+  std::size_t keep = core.segments.size() - 1;  // index of the oldest segment kept
+  while (keep > 0 && core.segments.back().second - core.segments[keep - 1].second <= retain) --keep;
+  core.segments.erase(core.segments.begin(),
+                      core.segments.begin() + static_cast<std::ptrdiff_t>(keep));
+  const std::uint64_t logs_before = core.segments.front().first;
   core.snapshot_done.store(false, std::memory_order_relaxed);
-  core.snapshot_writer = std::thread(
-      [&core, &dir, generation, segment, bytes = std::exchange(core.snapshot_bytes, {})] {
-        try {
-          dir.write_snapshot(generation, core.index, segment, bytes);
-          dir.remove_before(generation, core.index, segment);
-          core.snapshot_failed = false;
-        } catch (const std::exception& e) {
-          metad::log::error("snapshot {} of core {}: {}", segment, core.index, e.what());
-          core.snapshot_failed = true;
-        }
-        core.snapshot_done.store(true, std::memory_order_release);
-      });
+  core.snapshot_writer = std::thread([&core, &dir, generation, segment, logs_before,
+                                      bytes = std::exchange(core.snapshot_bytes, {})] {
+    try {
+      dir.write_snapshot(generation, core.index, segment, bytes);
+      dir.remove_before(generation, core.index, segment, logs_before);
+      core.snapshot_failed = false;
+    } catch (const std::exception& e) {
+      metad::log::error("snapshot {} of core {}: {}", segment, core.index, e.what());
+      core.snapshot_failed = true;
+    }
+    core.snapshot_done.store(true, std::memory_order_release);
+  });
 }
 
 }  // namespace

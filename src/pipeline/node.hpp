@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,6 +82,11 @@ struct core_state {
   store::log_writer log;
   store::journal journal;
   std::uint64_t log_segment = 0;
+  // This generation's log segments on disk, oldest first, as (segment, the log position
+  // it starts at); the current one last. Older ones than the newest snapshot are kept up
+  // to --repl-retain-log-bytes with --repl-listen, for a standby to resume from
+  // (replica/leader_end.cpp reads them). This core's thread alone.
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> segments;
   bool snapshot_due = false;    // the segment outgrew --snapshot-log-bytes: cut at next flush
   int next_segment_fd = -1;     // a cut in progress: the segment after the current one
   std::string snapshot_bytes;   // ... and the state at the cut

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "metad/assert.hpp"
 #include "metad/log.hpp"
 #include "repl/link.hpp"
+#include "repl/protocol.hpp"
 #include "smp/clock.hpp"
 
 namespace metad::repl {
@@ -199,6 +201,95 @@ void snapshot_cut::abort() {
   }
   std::string().swap(held_);
   std::string().swap(buffer_);
+}
+
+}  // namespace metad::repl
+
+namespace metad::repl {
+
+log_file_pump::~log_file_pump() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool log_file_pump::start(std::vector<segment> segments, std::uint64_t from) {
+  segments_ = std::move(segments);
+  pos_ = from;
+  error_.clear();
+  for (std::size_t i = segments_.size(); i-- > 0;)
+    if (segments_[i].start <= from) return open_at(i);
+  return false;
+}
+
+bool log_file_pump::open_at(std::size_t i) {
+  if (fd_ >= 0) ::close(fd_);
+  current_ = i;
+  fd_ = ::open(segments_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) error_ = segments_[i].path + ": " + std::strerror(errno);
+  return fd_ >= 0;
+}
+
+bool log_file_pump::pread_all(char* to, std::size_t n, std::uint64_t position) {
+  const std::uint64_t offset = position - segments_[current_].start;
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd_, to + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      error_ = segments_[current_].path + ": " +
+               (got < 0 ? std::strerror(errno) : "shorter than the log it should hold");
+      return false;
+    }
+    done += static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+bool log_file_pump::read(std::string& out, std::size_t max, std::uint64_t until) {
+  if (fd_ < 0) return false;
+  // At a segment's end (the next one's start), on to the next file.
+  if (current_ + 1 < segments_.size() && pos_ >= segments_[current_ + 1].start &&
+      !open_at(current_ + 1))
+    return false;
+  std::uint64_t end = until;
+  if (current_ + 1 < segments_.size()) end = std::min(end, segments_[current_ + 1].start);
+  if (pos_ >= end) return true;
+  block_.resize(
+      static_cast<std::size_t>(std::min<std::uint64_t>(end - pos_, std::max<std::size_t>(max, 8))));
+  if (!pread_all(block_.data(), block_.size(), pos_)) return false;
+  // Whole frames only ([u32 length][u32 crc32c][payload]); a frame longer than the block
+  // is read alone.
+  std::size_t whole = 0;
+  while (whole + 8 <= block_.size()) {
+    std::uint32_t length = 0;
+    std::memcpy(&length, block_.data() + whole, 4);
+    const std::uint64_t frame = std::uint64_t{8} + length;
+    if (length == 0 || frame > kBodyBytesMax / 2 || pos_ + whole + frame > end) {
+      if (length == 0 || frame > kBodyBytesMax / 2 || whole == 0) {
+        error_ = segments_[current_].path + ": a frame of " + std::to_string(length) +
+                 " bytes at log position " + std::to_string(pos_ + whole) +
+                 (length == 0 || frame > kBodyBytesMax / 2 ? "" : " runs past the written end");
+        return false;
+      }
+      break;
+    }
+    if (whole + frame > block_.size()) {
+      if (whole == 0) {  // the first frame alone, whatever `max` says
+        block_.resize(static_cast<std::size_t>(frame));
+        if (!pread_all(block_.data(), block_.size(), pos_)) return false;
+        whole = block_.size();
+      }
+      break;
+    }
+    whole += static_cast<std::size_t>(frame);
+  }
+  if (whole == 0) {
+    error_ =
+        segments_[current_].path + ": a torn frame header at log position " + std::to_string(pos_);
+    return false;
+  }
+  out.append(block_.data(), whole);
+  pos_ += whole;
+  return true;
 }
 
 }  // namespace metad::repl

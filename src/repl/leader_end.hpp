@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "repl/sync_set.hpp"
 
@@ -76,6 +77,43 @@ class ack_clock {
   std::uint64_t caught_up_ns_ = 0;
   std::deque<std::pair<std::uint64_t, std::uint64_t>> unacked_;  // (end lsn, sent ns)
   std::optional<ack_latency> latency_;                           // late acks, on this stream
+};
+
+// A standby behind what retained_log keeps, streamed from the leader's log segment files
+// instead of a new snapshot: whole frames from its position on, segment after segment,
+// a bounded piece per call so that the core goes on serving. The segments are the core's
+// (pipeline::core_state::segments): each file holds the log from its start position
+// (file offset = position - start) to the next one's start; the last one is still being
+// written, and is read only up to what the caller says is written.
+class log_file_pump {
+ public:
+  struct segment {
+    std::string path;
+    std::uint64_t start = 0;  // the log position at the file's offset 0
+  };
+  log_file_pump() = default;
+  log_file_pump(const log_file_pump&) = delete;
+  log_file_pump& operator=(const log_file_pump&) = delete;
+  ~log_file_pump();
+
+  // From log position `from`: false (and nothing open) if no segment holds it.
+  bool start(std::vector<segment> segments, std::uint64_t from);
+  // Appends whole frames from pos() on, at least one and about `max` bytes, none at or
+  // past `until` (what is written), to `out`. False if a file could not be read or a
+  // frame's length is impossible (error() says which): the stream must end.
+  bool read(std::string& out, std::size_t max, std::uint64_t until);
+  std::uint64_t pos() const { return pos_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool open_at(std::size_t i);
+  bool pread_all(char* to, std::size_t n, std::uint64_t position);
+
+  std::vector<segment> segments_;
+  std::size_t current_ = 0;  // index in segments_ of the file open in fd_
+  int fd_ = -1;
+  std::uint64_t pos_ = 0;
+  std::string block_, error_;
 };
 
 // A new standby's snapshot cut by a child process so that the core goes on serving: the

@@ -31,6 +31,8 @@ void replication::impl::publish(int c, const leading_end& l) {
 
 void replication::impl::end_leading(int c, leading_end& l) {
   abort_cut(c, l);
+  l.files.reset();
+  share(c).pumping.store(false);
   l.stream.reset();
   l.acks.stop();
   publish(c, l);
@@ -50,6 +52,11 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
   view.generation = nd.data ? nd.data->generation() : 0;
   view.cores = static_cast<std::uint32_t>(nd.cores);
   view.retained_from = l.retained.retaining() ? l.retained.from() : log.end();
+  // Older positions of this generation are still in its log segment files (as many as
+  // --repl-retain-log-bytes keeps): a standby that was cut off resumes from them.
+  const std::deque<std::pair<std::uint64_t, std::uint64_t>>& segments = core(c).segments;
+  if (l.retained.retaining() && nd.data && !segments.empty())
+    view.retained_from = std::min(view.retained_from, segments.front().second);
   view.end = l.retained.retaining() ? l.retained.end() : log.end();
   repl::answer a = repl::answer_hello(h, view);
   if (!leading) a.status = repl::answer_status::refused;
@@ -116,12 +123,31 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
   l.stream.emplace(view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn);
   if (!l.retained.retaining()) {
     l.retained.begin(a.lsn);
+  } else if (a.status == repl::answer_status::stream && a.lsn < l.retained.from()) {
+    // Behind what this core keeps in memory: from the log files first (pump_files).
+    std::vector<repl::log_file_pump::segment> files;
+    for (const auto& [segment, start] : segments)
+      files.push_back({nd.data->log_path(view.generation, c, segment), start});
+    l.files = std::make_unique<repl::log_file_pump>();
+    if (!l.files->start(std::move(files), a.lsn)) {
+      log::warn("replication: core {}: node {}'s stream cannot resume at {}: {}", c, h.node, a.lsn,
+                l.files->error());
+      l.files.reset();
+      return close(c, e);
+    }
+    share(c).pumping.store(true);
+    log::info(
+        "replication: core {} resumes node {}'s stream at {} from its log files ({} bytes "
+        "behind the {} this core keeps in memory)",
+        c, h.node, a.lsn, l.retained.from() - a.lsn, l.retained.end() - l.retained.from());
   } else if (a.status == repl::answer_status::stream) {
     resend(c, e, l, a.lsn);
     log::info("replication: core {} resumes node {}'s stream at {} ({} bytes resent)", c, h.node,
               a.lsn, l.stream->sent() - a.lsn);
   }
-  l.acks.start(l.stream->sent(), smp::monotonic_ns(),
+  // Caught up once it acks what this core has shipped (from the files: once they and
+  // the retained bytes are sent and acked).
+  l.acks.start(l.files ? l.retained.end() : l.stream->sent(), smp::monotonic_ns(),
                std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs);
   publish(c, l);
   share(c).state.store(progress::catching_up);
@@ -200,6 +226,31 @@ void replication::impl::on_ack(int c, core_end& e, leading_end& l, const repl::a
   if (caught_up) share(c).state.store(progress::caught_up);
 }
 
+// A stream resumed from the log files: whole frames from them while less than half the
+// queue bound is queued on it, up to what the core keeps in memory; then the retained
+// bytes, and the stream goes on live.
+void replication::impl::pump_files(int c, core_end& e, leading_end& l) {
+  const store::log_writer& log = core(c).log;
+  while (link->at(c).queued() < queued_max / 2) {
+    const std::uint64_t at = l.files->pos();
+    if (at >= l.retained.from()) {
+      l.files.reset();
+      share(c).pumping.store(false);
+      resend(c, e, l, at);
+      log::info("replication: core {} streamed its log files up to {}; on from memory", c, at);
+      return;
+    }
+    std::string bytes;
+    if (!l.files->read(bytes, std::size_t{1} << 20, std::min(l.retained.from(), log.durable()))) {
+      log::warn("replication: core {}: a resumed stream ends: {}", c, l.files->error());
+      return close(c, e);
+    }
+    if (bytes.empty()) return;  // the next piece is not written yet
+    l.stream->send(e.out, bytes);
+    send(c, e);
+  }
+}
+
 // Sends the retained bytes from `lsn` (at least retained.from()) on a resumed stream.
 void replication::impl::resend(int c, core_end& e, leading_end& l, std::uint64_t lsn) {
   l.retained.each_from(lsn, [&](std::string_view chunk) {
@@ -215,7 +266,7 @@ void replication::impl::shipped(int c, const store::log_writer::flush_job& job) 
   if (l == nullptr) return;                                 // a standby's own group commit
   METAD_ASSERT(l->cut.held().empty() || l->cut.running());  // held only while a child cuts
   if (l->retained.retaining()) l->retained.keep(job.lsn, job.data, job.bytes);
-  if (!l->stream) return;
+  if (!l->stream || l->files) return;  // pump_files sends it when it gets there
   const std::uint64_t end = job.lsn + job.bytes;
   const std::uint64_t from = std::max(job.lsn, l->stream->sent());
   if (end <= from) return;

@@ -86,9 +86,10 @@ replication::impl::impl(pipeline::node& n, start_as as)
   };
   lc.each_turn = [this] {
     decide_sync();
-    // A core moving a child's snapshot has no event to wake it when the pipe fills.
+    // A core moving a child's snapshot or its log files to a stream has no event to wake
+    // it when the pipe fills or the queue drains.
     for (int c = 0; c < nd.cores; ++c)
-      if (share(c).cutting.load()) nd.mailbox.wake(c);
+      if (share(c).cutting.load() || share(c).pumping.load()) nd.mailbox.wake(c);
   };
   link = std::make_unique<repl::link>(std::move(lc));
 }
@@ -185,6 +186,7 @@ void replication::impl::poll(int c) {
   }
   if (leading_end* l = e.leader(); l != nullptr && l->cut.running() && !e.closing)
     pump_cut(c, e, *l);
+  if (leading_end* l = e.leader(); l != nullptr && l->files && !e.closing) pump_files(c, e, *l);
   if (following_end* f = e.standby(); f != nullptr && f->applier) f->applier->drain_feed();
   ack_durable(c, e);  // a standby's
   // The requirement: applied once the standby also holds what was answered before it.

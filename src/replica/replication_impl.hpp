@@ -36,7 +36,8 @@ namespace replication_parts {
 // What each core's end of its stream shares with the sync-set decisions.
 struct shared_core {
   std::atomic<repl::progress> state{repl::progress::none};
-  std::atomic<bool> cutting{false};                 // a child is cutting a snapshot: wake the core
+  std::atomic<bool> cutting{false};  // a child is cutting a snapshot: wake the core
+  std::atomic<bool> pumping{false};  // the stream is sent from the log files: wake the core
   std::atomic<std::uint64_t> oldest_unacked_ns{0};  // 0: everything sent was acked
   std::atomic<bool> require_applied{false};         // repl::core_requirement::applied
   std::atomic<std::uint64_t> lag_bytes{0};          // sent − acked
@@ -52,6 +53,9 @@ struct leading_end {
   std::uint64_t last_cut_ns = 0;  // when the latest cut began (kCutIntervalMs)
   bool cut_charged = false;       // the running cut holds a memory_budget::begin_cut()
   bool cut_waits = false;         // the latest cut was refused by the budget (logged once)
+  // A resumed stream behind what `retained` holds: streamed from the log files first
+  // (pump_files), what the core ships meanwhile only retained; then from memory on.
+  std::unique_ptr<repl::log_file_pump> files;
 };
 // A standby core's end (standby_end.cpp).
 struct following_end {
@@ -137,6 +141,7 @@ struct replication::impl {
                                 const std::function<void(std::string&)>& out);
   void cut_here(int c, core_end& e, const repl::snapshot& head, const std::string& node);
   void pump_cut(int c, core_end& e, leading_end& l);
+  void pump_files(int c, core_end& e, leading_end& l);
   void abort_cut(int c, leading_end& l);
   void end_cut(int c, leading_end& l);
   void resend(int c, core_end& e, leading_end& l, std::uint64_t lsn);

@@ -281,6 +281,12 @@ const std::vector<row>& table() {
   {"--sync-timeout-ms", "N", "a standby silent this long is dropped from /sync, then the\n"
                              "leader answers alone (default {})",
    integer<&C::sync_timeout_ms, 10, 600'000>, number<&C::sync_timeout_ms>},
+  {"--repl-retain-log-bytes", "N", "a leader keeps up to N bytes a core of the log segments\n"
+                                   "its snapshots made old, so that a standby that was cut off\n"
+                                   "for long resumes from them, not from a new snapshot\n"
+                                   "(default {}; 0: removed at once)",
+   integer<&C::repl_retain_log_bytes, 0, std::uint64_t{1} << 44>,
+   number<&C::repl_retain_log_bytes>},
   {"--log-level", "LEVEL", "error|warn|info|debug (default {})",
    choice<&C::log, kLogLevel>, choice_shown<&C::log, kLogLevel>},
   {"--verify-data-dir", "DIR", "read DIR (stopped server) without serving: print its ranks,\n"

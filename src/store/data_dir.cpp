@@ -232,23 +232,29 @@ void data_dir::link_snapshot(const std::string& path, std::uint64_t generation, 
   sync_directory(dir);
 }
 
+std::string data_dir::log_path(std::uint64_t generation, int core, std::uint64_t segment) const {
+  return generation_dir(generation) + "/core-" + std::to_string(core) + ".log-" +
+         std::to_string(segment);
+}
+
 int data_dir::create_log(std::uint64_t generation, int core, std::uint64_t segment) const {
   const std::string dir = generation_dir(generation);
-  const std::string path =
-      dir + "/core-" + std::to_string(core) + ".log-" + std::to_string(segment);
+  const std::string path = log_path(generation, core, segment);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("open " + path);
   sync_directory(dir);
   return fd;
 }
 
-void data_dir::remove_before(std::uint64_t generation, int core, std::uint64_t segment) const {
+void data_dir::remove_before(std::uint64_t generation, int core, std::uint64_t segment,
+                             std::uint64_t logs_before) const {
   const std::string dir = generation_dir(generation);
   for (const auto& entry : fs::directory_iterator(dir)) {
     int c = 0;
     std::string kind;
     std::uint64_t s = 0;
-    if (parse_name(entry.path().filename().string(), c, kind, s) && c == core && s < segment)
+    if (parse_name(entry.path().filename().string(), c, kind, s) && c == core &&
+        s < (kind == "snap" ? segment : logs_before))
       ::unlink(entry.path().c_str());
   }
   sync_directory(dir);

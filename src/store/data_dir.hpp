@@ -85,10 +85,14 @@ class data_dir {
   // snapshot S of `generation` too, by a hard link: no copy. Throws std::system_error.
   void link_snapshot(const std::string& path, std::uint64_t generation, int core,
                      std::uint64_t segment) const;
+  // The path of core c's log segment S of `generation`.
+  std::string log_path(std::uint64_t generation, int core, std::uint64_t segment) const;
   // Creates (empty, fsynced) log segment S of core c; returns its fd (O_WRONLY).
   int create_log(std::uint64_t generation, int core, std::uint64_t segment) const;
-  // Removes core c's snapshots and logs of `generation` older than `segment`.
-  void remove_before(std::uint64_t generation, int core, std::uint64_t segment) const;
+  // Removes core c's snapshots of `generation` older than `segment`, and its logs older
+  // than `logs_before` (<= segment: a leader keeps some for its standbys to resume from).
+  void remove_before(std::uint64_t generation, int core, std::uint64_t segment,
+                     std::uint64_t logs_before) const;
   // Makes the next generation the committed one and deletes the old one.
   void commit_generation();
   // Removes the next generation's directory after a start that could not write it.

@@ -39,6 +39,8 @@ class log_writer {
   bool make_room(std::uint64_t bytes);
   // Durable bytes of the current segment file.
   std::uint64_t size() const { return durable_ - segment_start_; }
+  // The log position where the current segment file starts.
+  std::uint64_t segment_start() const { return segment_start_; }
 
   // A write + fdatasync the loop should issue now, if any.
   using flush_job = smp::flush_job;

@@ -36,6 +36,7 @@ import unittest
 
 from failover_harness import (NUM_PAGES, REPL, WHY, FailoverCase, Ledger, Prober, Writer,
                               initialize, ready, serving_switches, wait_until)
+from metad_harness import Client
 
 TTL_S = 1.0         # --ha-ttl-ms default
 TAKEOVER_S = 5.0    # cut or kill -> the standby serves
@@ -44,11 +45,11 @@ TAKEOVER_S = 5.0    # cut or kill -> the standby serves
 @unittest.skipUnless(REPL, WHY)
 class PartitionTest(FailoverCase):
 
-    def cuttable_pair(self):
+    def cuttable_pair(self, flags=()):
         """a leads, b is its sync standby; both cuttable."""
-        a = self.started(self.node("a", cuttable=True))
+        a = self.started(self.node("a", cuttable=True, flags=flags))
         self.assertTrue(wait_until(lambda: ready(a.base_url), 5), a.log())
-        b = self.started(self.node("b", cuttable=True))
+        b = self.started(self.node("b", cuttable=True, flags=flags))
         self.wait_in_sync(b, a)
         self.assertEqual(initialize(a.base_url, 0, NUM_PAGES).status_code, 200)
         return a, b
@@ -124,7 +125,8 @@ class PartitionTest(FailoverCase):
 
     def test_b_a_standby_cut_off_is_dropped_from_sync_and_rejoins_healed(self):
         self.sync_timeout_ms = 500
-        a, b = self.cuttable_pair()
+        # Log segments of 4 MiB: the cut below spans several, each followed by a snapshot.
+        a, b = self.cuttable_pair(flags=("--snapshot-log-bytes", str(4 << 20)))
         ledger = Ledger()
         w = self.writer(a, ledger, "cut-b")
 
@@ -136,15 +138,43 @@ class PartitionTest(FailoverCase):
         self.assert_writes_go_on_alone(w, ledger, t0, dropped_ms, "cut b")
         self.assertFalse(ready(b.base_url))
 
-        # Healed, b resumes each core's stream where it broke (the leader keeps the bytes
-        # it shipped lately): no exit, no second copy of the state.
+        # While b is cut off, each core logs more than it keeps in memory for a standby
+        # (16 MiB, repl::kRetainBytes): b's positions are then only in a's log segment
+        # files, which a keeps past its snapshots (--repl-retain-log-bytes, 256 MiB).
+        # Keys of 160 bytes saved on rank 0 (core 0) and deleted: their directory records
+        # go to both cores.
+        c = Client(a.base_url)
+        self.addCleanup(c.close)
+        pad = "x" * 160
+        for n in range(13):
+            ks = [f"burst-{n}-{i}-{pad}" for i in range(8192)]
+            answer = c.batch_allocate(0, ks)
+            self.assertEqual(answer.status_code, 200, answer.text[:200])
+            self.assertEqual(c.confirm_write(0, answer.json()["results"]).status_code, 204)
+            deleted = c.post("/keys/delete", {"keys": ks})
+            self.assertEqual(deleted.status_code, 200, deleted.text[:200])
+        files = [f for g in os.listdir(a.data) if g.startswith("g")
+                 for f in os.listdir(os.path.join(a.data, g))]
+        for core in (0, 1):
+            def segments(kind):
+                prefix = f"core-{core}.{kind}-"
+                return [int(f[len(prefix):]) for f in files if f.startswith(prefix)]
+            # Snapshots were cut meanwhile, and the log segments they made old are kept.
+            self.assertGreater(max(segments("snap")), 1, files)
+            self.assertLess(min(segments("log")), max(segments("snap")), files)
+
+        # Healed, b resumes each core's stream where it broke, from what a keeps in memory
+        # or, further behind, from a's log files: no exit, no second copy of the state.
         began = time.monotonic()
         self.heal(b)
-        self.wait_in_sync(b, a, timeout=10)
+        self.wait_in_sync(b, a, timeout=20)
         sys.stderr.write(f"  healed: b back in /sync after "
                          f"{(time.monotonic() - began) * 1000:.0f} ms\n")
         self.assertIn("resumes the leader's stream", b.log())
         self.assertNotIn("received the leader's state", b.log().split("resumes")[-1])
+        from_files = [line for line in a.lines if "from its log files" in line]
+        self.assertEqual(len({line.split("core ")[1].split()[0] for line in from_files}), 2,
+                         "each core resumed b from its log files\n" + a.log(30))
         self.assertFalse(ready(b.base_url))
 
         # What b resumed is the leader's state: it takes over with the whole ledger.

@@ -97,6 +97,7 @@ std::string flags_first_difference(const config& a, const config& b) {
   FLAGS_FIELD(repl_listen);
   FLAGS_FIELD(repl_advertise);
   FLAGS_FIELD(sync_timeout_ms);
+  FLAGS_FIELD(repl_retain_log_bytes);
   FLAGS_FIELD(repl_tls_cert);
   FLAGS_FIELD(repl_tls_key);
   FLAGS_FIELD(repl_tls_ca);
