@@ -63,7 +63,7 @@ tools="taskset"
 case $mode in
   quick | full) tools+=" wrk nginx curl" ;;
   scaling | sglang) tools+=" wrk curl" ;;
-  repl) tools+=" wrk curl /usr/bin/etcd python3 openssl" ;;  # no nginx: scripts/bench-kit.sh packs these two
+  repl) tools+=" wrk curl /usr/bin/etcd python3 openssl /usr/sbin/haproxy" ;;  # no nginx: scripts/bench-kit.sh packs these two
   memory | stale | restart) tools+=" curl" ;;  # waits for the server's port with it
   fanout) tools+=" python3" ;;
 esac
@@ -672,13 +672,13 @@ run_repl() {
   echo "Replication: leader and standby both on CPU $server_cpus (one disk); each round a fresh" \
     "cluster; rows alternate control, replication and replication over TLS, ${REPL_ROUNDS:-3} rounds."
   echo
-  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | promotion ms (directory + rest) |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| bindings (keys x 8 ranks) | state sent, MB | catch-up s (start → in /sync) | s per GB | leader's longest answer meanwhile, ms | kill -9 → standby /ready ms | kill -9 → first answer through HAProxy ms | promotion ms (directory + rest) |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
   local m
   local m run
   for m in ${REPL_BINDINGS:-1 4 8 16}; do
     : >"$tmp/catch-up-rows"
-    for run in $(seq "${REPL_RUNS:-3}"); do repl_catch_up "$m" "$etcd_url" "$repl_port"; done
+    for run in $(seq "${REPL_RUNS:-3}"); do repl_catch_up "$m" "$etcd_url" "$repl_port" "$run"; done
     # Each column's median over the runs (the promotion's split: its own runs' medians).
     awk -F'|' -v m="$m" '
       function median(col,   n, i, j, t, v) {
@@ -688,11 +688,11 @@ run_repl() {
         return v[int((n + 1) / 2)]
       }
       { ++rows; for (i = 1; i <= NF; ++i) cell[rows, i] = $i
-        split($8, p, /[ ()+]+/); pr[rows] = p[2]; pd[rows] = p[3]; ps[rows] = p[4] }
+        split($9, p, /[ ()+]+/); pr[rows] = p[2]; pd[rows] = p[3]; ps[rows] = p[4] }
       END {
         for (i = 1; i <= rows; ++i) { cell[i, 20] = pr[i]; cell[i, 21] = pd[i]; cell[i, 22] = ps[i] }
-        printf "| **%dM, median** | %.1f | %.2f | %.1f | %d | %d | %.1f (%.1f + %.1f) |\n", m, median(3), median(4),
-          median(5), median(6), median(7), median(20), median(21), median(22)
+        printf "| **%dM, median** | %.1f | %.2f | %.1f | %d | %d | %d | %.1f (%.1f + %.1f) |\n", m, median(3),
+          median(4), median(5), median(6), median(7), median(8), median(20), median(21), median(22)
       }' "$tmp/catch-up-rows"
   done
   echo "(each size: ${REPL_RUNS:-3} runs, then their median, column by column)"
@@ -708,8 +708,8 @@ sync_lists_b() {  # etcd_url cluster
   curl -s -X POST -d "{\"key\":\"$key\"}" "$1/v3/kv/range" |
     python3 -c 'import base64,json,sys; kv=json.load(sys.stdin).get("kvs",[]); sys.exit(0 if kv and "\"b\"" in base64.b64decode(kv[0]["value"]).decode() else 1)'
 }
-repl_catch_up() {  # millions etcd_url repl_port
-  local keys=$(($1 * 1048576 / 8)) cluster="catch-up-$1" t0 t1 t2 t3 bytes promoted
+repl_catch_up() {  # millions etcd_url repl_port run
+  local keys=$(($1 * 1048576 / 8)) cluster="catch-up-$1-$4" t0 t1 t2 t3 bytes promoted
   local ha=(--ha-etcd "$2" --ha-cluster "$cluster" --durability sync --io uring --log-level info)
   rm -rf "$tmp/a" "$tmp/b"
   taskset -c "$server_cpus" "$server_bin" --port "$server_port" --cpus "$server_cpus" "${ha[@]}" \
@@ -751,14 +751,42 @@ while True:
   t1=$(now_ms)
   kill "$prober"
   wait "$prober" 2>/dev/null || true
+  # HAProxy in front, as deploy/haproxy/hf3fs-metad-ha.cfg ships (/ready checked every
+  # 100 ms): what a client sees of the takeover. Its first check of b fails: wait until
+  # every answer comes from a.
+  local haproxy proxy
+  read -r proxy haproxy < <(cd "$root/tests/e2e" && python3 -c '
+import sys, test_ha
+proc, url = test_ha.start_haproxy(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+print(url, proc.pid)' "$tmp" "$server_port" 18311)
+  pids+=("$haproxy")
+  local ok=0
+  for _ in $(seq 100); do
+    if [[ $(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"keys":[]}' "$proxy/keys/batch_exists") == 200 ]]; then
+      ok=$((ok + 1))
+      ((ok < 10)) || break
+    else
+      ok=0
+    fi
+    sleep 0.05
+  done
   kill -9 "$leader"
   t2=$(now_ms)
   deadline=$((SECONDS + 60))
-  until curl -sf -o /dev/null -m 1 "http://127.0.0.1:18311/ready"; do
+  # Through HAProxy and straight to b, alternately, every ~10 ms.
+  local t_proxy=0
+  t3=0
+  while ((t3 == 0 || t_proxy == 0)); do
     ((SECONDS < deadline)) || { echo "bench.sh: the standby never took over" >&2; tail "$tmp/b.log" >&2; exit 1; }
-    sleep 0.01
+    if ((t_proxy == 0)) && [[ $(curl -s -o /dev/null -m 1 -w '%{http_code}' -X POST -d '{"keys":[]}' "$proxy/keys/batch_exists") == 200 ]]; then
+      t_proxy=$(now_ms)
+    fi
+    if ((t3 == 0)) && curl -sf -o /dev/null -m 1 "http://127.0.0.1:18311/ready"; then
+      t3=$(now_ms)
+    fi
+    sleep 0.005
   done
-  t3=$(now_ms)
+  kill "$haproxy" 2>/dev/null || true
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
   # Its split (replayer.cpp, promote_standby): finishing the directory, then the rest
@@ -767,9 +795,9 @@ while True:
   split_c=$(grep -o 'keys finished in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}' || true)
   split_d=$(grep -o 'rest done in [0-9.]* ms' "$tmp/b.log" | awk '{print $4}' || true)
   promoted+=" (${split_c:--} + ${split_d:--})"
-  awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v p="$promoted" \
+  awk -v m="$1" -v b="$bytes" -v c="$((t1 - t0))" -v f="$((t3 - t2))" -v h="$((t_proxy - t2))" -v p="$promoted" \
     -v w="$(sort -n "$tmp/stall" | tail -1 | cut -d' ' -f1)" 'BEGIN {
-    printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, p }' |
+    printf "| %dM | %.1f | %.2f | %.1f | %s | %d | %d | %s |\n", m, b / 1e6, c / 1000, (c / 1000) / (b / 1e9), w, f, h, p }' |
     tee -a "$tmp/catch-up-rows"
   kill -9 "$standby"
   wait "$leader" "$standby" 2>/dev/null || true
