@@ -22,6 +22,7 @@ void clear_core(node& nd, int c) {
                             std::memory_order_relaxed);
   core.ranks.clear();
   core.directory.clear();
+  settle_vllm_pages(nd, core);
 }
 
 constexpr std::string_view kDeleteStorageFailed =

@@ -239,6 +239,7 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   const metad::config& cfg = node_.cfg;
   scratch& s = scratch_;
   s.rank_quota = -1;
+  s.page_quota = -1;
   s.usage = nullptr;
   const access auth = found ? kEndpoints[route.row].auth : access::token;
   if (auth == access::open) return 0;
@@ -296,6 +297,7 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   }
   route.tenant = t->name;  // copied by the start function (sg_target), before any reload
   s.rank_quota = t->ranks;
+  s.page_quota = t->pages;
   s.usage = t->usage;
   return 0;
 }

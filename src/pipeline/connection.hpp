@@ -167,6 +167,7 @@ struct scratch {
   // without --tenants-file or with the admin token). Copied from the table at dispatch:
   // a reload while the request runs does not change them.
   std::int64_t rank_quota = -1;
+  std::int64_t page_quota = -1;  // pages=N (SGLang's; vLLM's is read on the rank's core)
   std::string quota_tenant;
   tenant_usage* usage = nullptr;
   // The request's tenant's counters on the home core (null: an endpoint of no tenant, or

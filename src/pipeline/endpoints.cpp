@@ -110,6 +110,7 @@ endpoint_task run_initialize(connection& x) {
   if (stored && refusal == init_refusal::none) {
     // Counted in worker_ranks if created.
     r = core.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
+    if (r.outcome == shard::init_outcome::shrunk) settle_vllm_pages(nd, core);
     note_reinitialize(core, cmd, r, unbound.size());
     if (r.outcome != shard::init_outcome::unchanged)
       core.journal.initialize(cmd.rank, cmd.num_pages);  // replay shrinks too
@@ -183,8 +184,16 @@ shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool
   const auto before = core.ranks.stats(cmd.rank);
   const std::uint64_t bytes = allocation_bytes(cmd.keys.views());
   const bool fits = core.credit.take(nd.memory, bytes);
-  const shard::allocate_result r = core.ranks.allocate(
-      cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages, fits ? UINT64_MAX : evicted);
+  // --tenants-file's pages=N of the tenant that holds vLLM's API: what this core's ranks
+  // freed is added back first, then the batch's new pages are charged before they are
+  // taken (rank_table::allocate); past the quota the batch is answered as by a full rank.
+  shard::page_quota quota;
+  if (const tenant* vllm = settle_vllm_pages(nd, core); vllm != nullptr)
+    quota = {&core.vllm_pages_usage->pages, vllm->pages};
+  const shard::allocate_result r =
+      core.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages,
+                          fits ? UINT64_MAX : evicted, quota);
+  if (quota.held != nullptr) core.vllm_pages_added += r.taken;  // charged by allocate
   if (fits && r.taken < cmd.keys.size())  // the hits and repeats hold nothing new
     core.credit.give_back(bytes - bytes / cmd.keys.size() * r.taken);
   if (!r.found) return r;
@@ -328,6 +337,7 @@ endpoint_task run_confirm(connection& x) {
             : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
     outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
                                  quarantine_until, s.detail, s.indices);
+    settle_vllm_pages(nd, core);  // releases (and re-bindings) free pages
     if (outcome == shard::confirm_outcome::ok && core.journal.enabled() &&
         !same_stats(before, core.ranks.stats(cmd.rank)))
       core.journal.confirm(cmd.rank, tp_world_size, cmd.keys.views(), cmd.pages, cmd.releases,

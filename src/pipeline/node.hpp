@@ -121,8 +121,15 @@ struct core_state {
   } sg_counters;
 
   // --tenants-file: the table this core serves with (tenants.hpp). Only this core's thread
-  // reads or replaces it (tenant_registry::take, from connection::current_tenants).
+  // reads or replaces it (tenant_registry::take, from connection::current_tenants and
+  // settle_vllm_pages).
   std::shared_ptr<const tenant_table> tenants;
+  // --tenants-file's pages=N (tenant_usage::pages): the usage this core's vLLM ranks'
+  // held pages are counted in (that of the tenant that holds vLLM's API, as this core's
+  // table says; null: none) and how many of them it added there. Only this core's thread
+  // touches them (settle_vllm_pages, try_allocate, count_tenant_usage while no core runs).
+  tenant_usage* vllm_pages_usage = nullptr;
+  std::int64_t vllm_pages_added = 0;
 };
 
 struct node {
@@ -194,5 +201,12 @@ struct node {
 // standby is promoted (persist::promote_standby, while the cores are parked): one thread,
 // no core serving.
 void count_tenant_usage(node& nd);
+
+// On core `core`'s thread, after anything changed its vLLM ranks' pages: adds to the
+// usage of the tenant that holds vLLM's API (as the core's table says) what the core's
+// ranks hold now less what it added there before (a reload that moved vLLM's API to
+// another tenant moves the core's pages over). O(the core's ranks); nothing without
+// --tenants-file. Returns that tenant (null: none).
+const tenant* settle_vllm_pages(node& nd, core_state& core);
 
 }  // namespace metad::pipeline

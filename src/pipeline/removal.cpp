@@ -49,17 +49,20 @@ std::size_t expire_due(node& nd, core_state& core) {
   expire_sg_due(nd, core);  // SGLang's pools: not counted here (vLLM's ranks only)
   core.directory.sweep(now);
   // At most one record of each kind per rank, of 8 bytes per page.
-  if (!core.journal.reserve(128 * core.ranks.rank_count() +
-                            8 * (core.ranks.reserved_pages() + core.ranks.quarantined_pages())))
-    return 0;
-  std::size_t freed =
-      core.ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-        core.journal.quarantine_end(rank, pages);
+  std::size_t freed = 0;
+  if (core.journal.reserve(128 * core.ranks.rank_count() +
+                           8 * (core.ranks.reserved_pages() + core.ranks.quarantined_pages()))) {
+    freed = core.ranks.end_quarantines(now,
+                                       [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+                                         core.journal.quarantine_end(rank, pages);
+                                       });
+    if (nd.cfg.reservation_ttl_ms != 0)
+      freed += core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+        core.journal.release(rank, pages);
       });
-  if (nd.cfg.reservation_ttl_ms == 0) return freed;
-  freed += core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-    core.journal.release(rank, pages);
-  });
+  }
+  // Expiries, and the tick's backstop: whatever freed this core's vLLM pages is added back.
+  settle_vllm_pages(nd, core);
   return freed;
 }
 
@@ -121,6 +124,7 @@ smp::subtask<std::size_t> remove_everywhere(node& nd, removal_job& job, removal_
       }
       core.journal.remove(rank, job.removed_keys);
     }
+    settle_vllm_pages(nd, core);  // deletes, evictions, stale keys: pages freed here
     if (!co_await core.journal.durable()) stored = false;
   }
   for (const int c : smp::walk_from(start, nd.cores)) {

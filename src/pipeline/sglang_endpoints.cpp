@@ -89,8 +89,10 @@ sg_answer sg_initialize(node& nd, core_state& core, scratch& s, std::uint64_t& o
       return sg_answer::over_budget;
     }
   }
-  const shard::sglang_init_result r =
-      core.sg_pools(s.tenant, true)->initialize(s.sg_rank, cmd.ns, pages);
+  shard::sglang_pools* registry = core.sg_pools(s.tenant, true);
+  if (s.usage != nullptr && registry->pages_counter == nullptr)
+    registry->pages_counter = &s.usage->pages;  // tenants.hpp, tenant_usage::pages
+  const shard::sglang_init_result r = registry->initialize(s.sg_rank, cmd.ns, pages);
   old_pages = r.old_pages;
   if (r.outcome == shard::sglang_init::created || r.outcome == shard::sglang_init::grown)
     core.journal.sg_initialize({s.tenant, s.sg_rank, cmd.ns}, pages);
@@ -127,8 +129,29 @@ std::uint64_t sg_reserve_bytes(std::span<const std::string_view> keys) {
   return bytes;
 }
 
-// On the owner core: the operation on an existing pool.
-sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch& s) {
+// On the owner core, before a reserve that may take free pages: charges the tenant's
+// page count (`counter`, against s.page_quota) with an upper bound of the pages the
+// reserve takes, its keys not bound in the pool (hits take none; a repeated key or one
+// in flight is counted though it may take none). False, nothing charged, when that
+// would pass the quota: the reserve is then answered as by a full pool.
+bool sg_charge_quota(const shard::sglang_pool& pool, std::span<const std::string_view> keys,
+                     scratch& s, std::atomic<std::int64_t>& counter, std::int64_t& charged) {
+  pool.exists(keys, s.flags);  // s.flags sized home (run_sglang)
+  std::int64_t need = 0;
+  for (const std::uint8_t bound : s.flags) need += bound ? 0 : 1;
+  if (need == 0) return true;
+  std::int64_t held = counter.load(std::memory_order_relaxed);
+  do {
+    if (held + need > s.page_quota) return false;
+  } while (!counter.compare_exchange_weak(held, held + need, std::memory_order_relaxed));
+  charged = need;
+  return true;
+}
+
+// On the owner core: the operation on an existing pool. `counter`: the tenant's page
+// count (null: none); `charged`: what a reserve added to it before taking pages.
+sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch& s,
+                   std::atomic<std::int64_t>* counter, std::int64_t& charged) {
   const std::uint64_t now = sg_now(nd, core);
   const store::sg_pool_name name{s.tenant, s.sg_rank, sg_namespace(s)};
   store::journal& journal = core.journal;
@@ -145,7 +168,16 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
       // the record says so for the replay.
       const auto keys = s.sg_keys.keys.views();
       const std::uint64_t bytes = sg_reserve_bytes(keys);
-      const bool fresh = core.credit.take(nd.memory, bytes);
+      const bool fits = core.credit.take(nd.memory, bytes);
+      // --tenants-file's pages=N: past it too (the tenant's pages, all its pools on all
+      // cores), answered as by a full pool: the pool's own least recently used keys are
+      // evicted (this tenant's), no free page is taken.
+      bool in_quota = true;
+      if (fits && counter != nullptr && s.page_quota >= 0) {
+        in_quota = sg_charge_quota(pool, keys, s, *counter, charged);
+        if (!in_quota) core.credit.give_back(bytes);
+      }
+      const bool fresh = fits && in_quota;
       const shard::sglang_reserve_stats st = pool.reserve(keys, now, s.slots, fresh);
       if (fresh && st.allocated < keys.size())  // hits, repeats and evictions hold nothing new
         core.credit.give_back(bytes - bytes / keys.size() * st.allocated);
@@ -272,7 +304,7 @@ endpoint_task run_sglang(connection& x) {
   const int owner = shard::owner_of_rank(s.sg_rank, nd.cores);
   // Sized here, so that the owner core allocates nothing this core frees.
   const std::size_t n = s.sg_keys.keys.size();
-  if (s.sg == sg_op::exists) s.flags.assign(n, 0);
+  if (s.sg == sg_op::exists || (s.sg == sg_op::reserve && s.page_quota >= 0)) s.flags.assign(n, 0);
   if (s.sg == sg_op::get_page_indices) s.pages.assign(n, -1);
   if (s.sg == sg_op::inspect) s.sg_inspect_reports.assign(n, {});
   if (s.sg == sg_op::reserve) {
@@ -298,7 +330,20 @@ endpoint_task run_sglang(connection& x) {
         s.detail = s.sg_error.detail;
         outcome = sg_answer::bad_request;
       } else {
-        outcome = sg_apply(nd, core, *pool, s);
+        // --tenants-file: the tenant's page count takes the pool's change of held pages
+        // (releases, expiry, deletes, evictions, clear, reserves: tenants.hpp). An admin's
+        // request (no usage) on a tenant's pool counts there too.
+        if (s.usage != nullptr && pools->pages_counter == nullptr)
+          pools->pages_counter = &s.usage->pages;
+        std::atomic<std::int64_t>* counter = pools->pages_counter;
+        const auto held = static_cast<std::int64_t>(pool->held());
+        std::int64_t charged = 0;
+        outcome = sg_apply(nd, core, *pool, s, counter, charged);
+        if (counter != nullptr) {
+          if (const std::int64_t change = static_cast<std::int64_t>(pool->held()) - held - charged;
+              change != 0)
+            counter->fetch_add(change, std::memory_order_relaxed);
+        }
       }
     }
   }
@@ -376,9 +421,13 @@ std::size_t expire_sg_due(node& nd, core_state& core) {
         }
       }
       if (!expiring) return;
+      const std::uint64_t held = pool->held();
       if (const std::size_t n = pool->expire(now); n > 0) {
         expired += n;
         core.journal.sg_expire({name, rank, ns}, now);
+        if (pools_of.pages_counter != nullptr)  // the tenant's pages (tenants.hpp)
+          pools_of.pages_counter->fetch_sub(static_cast<std::int64_t>(held - pool->held()),
+                                            std::memory_order_relaxed);
       }
     });
   }

@@ -32,7 +32,9 @@ namespace {
 
 constexpr std::size_t kTenantsFileBytesMax = 1 << 20;
 constexpr std::int64_t kRanksQuotaMax = std::int64_t{1} << 24;  // as --ranks-max
-constexpr std::string_view kLineShape = "NAME SHA256[,SHA256] [ranks=N] [vllm]";
+// pages=N: as a rank's and a pool's page ceiling (--pages-per-rank-max's most, 2^48).
+constexpr std::int64_t kPagesQuotaMax = std::int64_t{1} << 48;
+constexpr std::string_view kLineShape = "NAME SHA256[,SHA256] [ranks=N] [pages=N] [vllm]";
 
 bool tenant_char(char c, bool first) {
   const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
@@ -83,6 +85,22 @@ std::string quoted_field(std::string_view field) {
   return "'" + std::string(field.substr(0, kShownMax)) + "...'";
 }
 
+// The N of `field` ("key=N"): "" or why not; `seen` refuses the key twice.
+std::string parse_quota(std::string_view field, std::string_view key, std::int64_t max, bool& seen,
+                        std::int64_t& out) {
+  if (seen) return std::string(key) + "= is given twice";
+  seen = true;
+  const std::string_view digits = field.substr(key.size() + 1);
+  std::int64_t n = -1;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size() || n < 0 ||
+      n > max)
+    return quoted_field(field) + ": " + std::string(key) + "= takes an integer in [0, " +
+           std::to_string(max) + "]";
+  out = n;
+  return "";
+}
+
 // One line's fields, split at spaces and tabs; a field starting with '#' ends the line.
 std::vector<std::string_view> fields_of(std::string_view line) {
   std::vector<std::string_view> fields;
@@ -120,26 +138,19 @@ std::string parse_line(std::span<const std::string_view> fields,
     if (comma == std::string_view::npos) break;
     hashes.remove_prefix(comma + 1);
   }
-  bool ranks_seen = false;
+  bool ranks_seen = false, pages_seen = false;
   for (const std::string_view field : fields.subspan(2)) {
     if (field == "vllm") {
       if (t.vllm) return "vllm is given twice";
       t.vllm = true;
     } else if (field.starts_with("ranks=")) {
-      if (ranks_seen) return "ranks= is given twice";
-      ranks_seen = true;
-      const std::string_view digits = field.substr(6);
-      std::int64_t n = -1;
-      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-      if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size() || n < 0 ||
-          n > kRanksQuotaMax)
-        return quoted_field(field) + ": ranks= takes an integer in [0, " +
-               std::to_string(kRanksQuotaMax) + "]";
-      t.ranks = n;
+      if (std::string e = parse_quota(field, "ranks", kRanksQuotaMax, ranks_seen, t.ranks);
+          !e.empty())
+        return e;
     } else if (field.starts_with("pages=")) {
-      // Never accept a quota the server would not enforce.
-      return "pages= (a bound on the pages a tenant holds) is not enforced by this server "
-             "yet: remove it";
+      if (std::string e = parse_quota(field, "pages", kPagesQuotaMax, pages_seen, t.pages);
+          !e.empty())
+        return e;
     } else {
       return "unknown field " + quoted_field(field) + " (" + std::string(kLineShape) + ")";
     }
@@ -223,15 +234,22 @@ std::string load_tenants_file(const std::string& path, std::span<const http::pat
   return "";
 }
 
-void tenant_registry::recount(const std::unordered_map<std::string, std::int64_t>& sg_ranks) {
+void tenant_registry::recount(const std::unordered_map<std::string, std::int64_t>& sg_ranks,
+                              const std::unordered_map<std::string, std::int64_t>& pages) {
   const std::lock_guard lock(usage_mutex_);
-  for (auto& [name, record] : usage_)
-    if (!sg_ranks.contains(name)) record->sg_ranks.store(0, std::memory_order_relaxed);
-  for (const auto& [name, ranks] : sg_ranks) {
+  for (auto& [name, record] : usage_) {
+    record->sg_ranks.store(0, std::memory_order_relaxed);
+    record->pages.store(0, std::memory_order_relaxed);
+  }
+  const auto record_of = [this](const std::string& name) -> tenant_usage& {
     auto it = usage_.find(name);
     if (it == usage_.end()) it = usage_.emplace(name, std::make_unique<tenant_usage>()).first;
-    it->second->sg_ranks.store(ranks, std::memory_order_relaxed);
-  }
+    return *it->second;
+  };
+  for (const auto& [name, ranks] : sg_ranks)
+    record_of(name).sg_ranks.store(ranks, std::memory_order_relaxed);
+  for (const auto& [name, held] : pages)
+    record_of(name).pages.store(held, std::memory_order_relaxed);
 }
 
 tenant_usage& tenant_registry::usage(std::string_view name) {

@@ -46,12 +46,37 @@ struct tenant_usage {
   // Distinct ranks that hold at least one of the tenant's SGLang pools (all pools of one
   // rank live on the rank's owner core, which counts a rank when its first pool is made).
   std::atomic<std::int64_t> sg_ranks{0};
+  // Pages the tenant holds (reserved + bound; quarantined pages are no one's), against
+  // pages=N: its SGLang pools' on every core, plus vLLM's ranks' while it holds vLLM's
+  // API. Shared by every core, so one atomic:
+  // - an allocation charges it *before* it takes pages, by a compare-and-swap that keeps
+  //   it at most N (SGLang's reserve: its keys not bound in the pool, an upper bound of
+  //   the pages it takes; vLLM's batch_allocate: exactly the pages its all-or-nothing
+  //   batch takes, inside rank_table::allocate), and a reserve gives back what it charged
+  //   and did not take when it ends (on the same core, without a suspension);
+  // - every other change is measured on the core that makes it and added after it: an
+  //   SGLang operation adds its pool's held pages after less before (releases, expiry,
+  //   deletes, evictions, clear; sglang_pools::pages_counter), and each core adds its
+  //   vLLM ranks' held pages less what it added before (core_state::settle_vllm_pages:
+  //   after confirm_write, expiry, removal walks, clear, initialize, and on each tick).
+  // So it is never below what the tenant holds, and allocations never take it past N:
+  // what a tenant holds stays within pages=N, exactly. It may stand above what is held
+  // until the core that freed pages adds them back (at once for SGLang; for vLLM at the
+  // end of the freeing step on that core, at the latest on its next tick), so an
+  // allocation may be refused while pages are being freed, never admitted too many.
+  // Exceptions, all taken up by the next recount or settle: a confirm that binds an
+  // unowned page (after an import; not charged before, so up to the unowned pages
+  // over), and a reload that moves `vllm` to another tenant (each core moves its vLLM
+  // pages over at its next settle: until then the old tenant is charged them).
+  // Reset from the state by tenant_registry::recount after recovery and promotion.
+  std::atomic<std::int64_t> pages{0};
 };
 
 struct tenant {
   std::string name;
   std::vector<token_digest> hashes;  // one, or two while a token is rotated
   std::int64_t ranks = -1;           // ranks=N: at most N ranks (each API's); -1: no quota
+  std::int64_t pages = -1;           // pages=N: at most N pages held, both APIs; -1: no quota
   bool vllm = false;                 // its tokens may use vLLM's API (one tenant at most)
   int line = 0;                      // in the file, for messages
   tenant_usage* usage = nullptr;     // set by tenant_registry::publish
@@ -115,9 +140,11 @@ class tenant_registry {
   // threads only (start-up, the reload), never a core on the request path.
   tenant_usage& usage(std::string_view name);
   // Sets every tenant's SGLang rank count to `sg_ranks`' (tenant name → distinct ranks
-  // that hold its pools; a tenant not in it: 0), making the records it lacks. After
-  // recovery and after a promotion (count_tenant_usage), while no core serves.
-  void recount(const std::unordered_map<std::string, std::int64_t>& sg_ranks);
+  // that hold its pools; a tenant not in it: 0) and its page count to `pages`' (name →
+  // pages held; not in it: 0), making the records it lacks. After recovery and after a
+  // promotion (count_tenant_usage), while no core serves.
+  void recount(const std::unordered_map<std::string, std::int64_t>& sg_ranks,
+               const std::unordered_map<std::string, std::int64_t>& pages);
   // A core's side: `held` (the core's own reference) becomes the published table when the
   // published version is not the one it holds; the table to serve this request with.
   // Only the thread that owns `held` calls it. Costs one acquire load when nothing changed.

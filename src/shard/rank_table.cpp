@@ -91,7 +91,8 @@ bool rank_table::contains(std::int64_t rank) const { return impl_->find(rank) !=
 
 allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::string_view> keys,
                                      std::uint64_t now, std::vector<std::uint32_t>& distinct_out,
-                                     std::vector<std::int64_t>& pages_out, std::uint64_t new_max) {
+                                     std::vector<std::int64_t>& pages_out, std::uint64_t new_max,
+                                     page_quota quota) {
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return {};
   impl& m = *impl_;
@@ -114,6 +115,18 @@ allocate_result rank_table::allocate(std::int64_t rank, std::span<const std::str
   if (m.misses.size() > free) {
     const auto missing = static_cast<std::uint32_t>(m.misses.size() - free);
     return {true, missing, missing <= rs->pool.bound_count()};
+  }
+  if (quota.held != nullptr && !m.misses.empty()) {
+    const auto need = static_cast<std::int64_t>(m.misses.size());
+    std::int64_t held = quota.held->load(std::memory_order_relaxed);
+    do {
+      if (quota.max >= 0 && held + need > quota.max) {
+        // Pages to free for this batch to fit (no more than it takes, even when the
+        // holder is far over a lowered bound: an allocation evicts for itself only).
+        const auto missing = static_cast<std::uint32_t>(std::min(need, held + need - quota.max));
+        return {true, missing, missing <= rs->pool.bound_count(), 0, true};
+      }
+    } while (!quota.held->compare_exchange_weak(held, held + need, std::memory_order_relaxed));
   }
   const std::uint64_t deadline = m.deadline(now);
   for (const std::uint32_t offset : m.misses) {
@@ -529,6 +542,14 @@ std::size_t rank_table::reserved_pages() const {
 std::size_t rank_table::quarantined_pages() const {
   std::size_t n = 0;
   for (const auto& entry : impl_->ranks) n += entry.second.quarantine.size();
+  return n;
+}
+std::int64_t rank_table::held_pages() const {
+  std::int64_t n = 0;
+  for (const auto& entry : impl_->ranks) {
+    const rank_stats st = entry.second.stats();
+    n += st.reserved + st.bound;
+  }
   return n;
 }
 std::uint64_t rank_table::refused_releases() const { return impl_->refused_releases; }

@@ -16,6 +16,7 @@
 //   a deadline (reservation_queue).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,7 +48,17 @@ struct allocate_result {
   std::uint32_t short_by = 0;  // > 0: the batch got -1s; this many more free pages would serve it
   bool evictable = false;      // ... and freeing every bound page of the rank would be enough
   std::uint32_t taken = 0;     // keys given a new page
+  bool over_quota = false;     // short_by: the page_quota's, not the rank's free pages
   explicit operator bool() const { return found; }
+};
+
+// A bound on pages that several cores share (--tenants-file's pages=N): `held` counts
+// the pages held against it, `max` is the bound (< 0: none). allocate() adds the pages
+// it takes to `held` before it takes them, by a compare-and-swap that keeps held + the
+// batch's new pages <= max, or answers the batch as a full rank would.
+struct page_quota {
+  std::atomic<std::int64_t>* held = nullptr;  // null: no count, no bound
+  std::int64_t max = -1;
 };
 
 class rank_table {
@@ -87,11 +98,13 @@ class rank_table {
   // to pages_out (-1: the pool cannot serve the batch). Nothing is appended when the
   // rank is not initialised. At most new_max keys may take a new page (the memory
   // budget's cap: past it the batch is answered as by a full pool); a batch within it
-  // gets exactly the pages it would get without a cap.
+  // gets exactly the pages it would get without a cap. `quota`: the batch's new pages are
+  // added to quota.held before they are taken; past quota.max the batch is answered as
+  // by a full rank (over_quota; short_by: the pages over, at most the batch's).
   allocate_result allocate(std::int64_t rank, std::span<const std::string_view> keys,
                            std::uint64_t now, std::vector<std::uint32_t>& distinct_out,
-                           std::vector<std::int64_t>& pages_out,
-                           std::uint64_t new_max = UINT64_MAX);
+                           std::vector<std::int64_t>& pages_out, std::uint64_t new_max = UINT64_MAX,
+                           page_quota quota = {});
 
   // Returns every reservation whose deadline is <= now to the free pool (its key
   // forgotten), on every rank; calls visit(rank, std::span<const std::int64_t> pages) once
@@ -238,6 +251,8 @@ class rank_table {
   std::size_t reserved_pages() const;
   // Quarantined pages over all ranks.
   std::size_t quarantined_pages() const;
+  // Pages held for keys over all ranks: reserved (not quarantined) + bound. O(ranks).
+  std::int64_t held_pages() const;
   // Releases refused because the page was bound to a confirmed key (a metric).
   std::uint64_t refused_releases() const;
   // Reservations that expired (a metric).

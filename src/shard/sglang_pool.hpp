@@ -225,6 +225,8 @@ class sglang_pool {
   void inspect(std::span<const std::string_view> keys, std::span<sglang_key_report> out) const;
 
   sglang_pool_stats stats() const;
+  // Pages held for keys: in flight + bound (stats()' in_flight + bound), O(1).
+  std::uint64_t held() const { return owners_.size() + pages_.bound_count(); }
   std::size_t memory_bytes() const;
   // Every structure agrees with every other; "" when consistent, else the first problem.
   std::string check() const;

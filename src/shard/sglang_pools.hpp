@@ -7,6 +7,7 @@
 // namespace), and nothing else; every pool's own (sglang_pool::verify).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,6 +58,12 @@ class sglang_pools {
 
   // The invariants above, O(pools' sizes): "" when they hold, else the first broken one.
   std::string verify() const;
+
+  // Where the caller counts the pages these pools hold (reserved + bound; null: nowhere):
+  // --tenants-file's count of the tenant's pages, shared with other cores (tenants.hpp,
+  // tenant_usage::pages). The pools never touch it: the caller adds each operation's
+  // change of sglang_pool::held() to it.
+  std::atomic<std::int64_t>* pages_counter = nullptr;
 
  private:
   struct entry {

@@ -213,6 +213,204 @@ TEST_P(TenantsPipeline, MetricsShowEachTenantsFiguresApart) {
       << after;
 }
 
+// pages=N (tenant_usage::pages): the count every core charges and credits, against what
+// the tenant holds (its SGLang pools' in-flight and bound pages on every core, and vLLM's
+// ranks' reserved and bound pages for the vllm tenant), read while nothing runs.
+std::int64_t tp_held(pipeline::node& nd, const std::string& tenant) {
+  std::int64_t held = 0;
+  for (const auto& core : nd.core) {
+    if (const shard::sglang_pools* pools = core->sg_pools(tenant, false))
+      pools->for_each([&](std::int64_t, std::string_view, const shard::sglang_pool& pool) {
+        held += static_cast<std::int64_t>(pool.held());
+      });
+    const auto table = nd.tenants.current();
+    if (table->vllm_tenant() != nullptr && table->vllm_tenant()->name == tenant)
+      held += core->ranks.held_pages();
+  }
+  return held;
+}
+std::int64_t tp_counted(pipeline::node& nd, const std::string& tenant) {
+  return nd.tenants.usage(tenant).pages.load();
+}
+
+TEST_P(TenantsPipeline, PagesQuotaBoundsSglangPagesAcrossCoresAndTenants) {
+  publish("a " + tp_hex("token-a") + " pages=3 vllm\nb " + tp_hex("token-b") + " pages=2\n");
+  pipeline::node& nd = n_.state();
+  const auto exact = [&](std::int64_t a, std::int64_t b) {
+    EXPECT_EQ(tp_held(nd, "a"), a);
+    EXPECT_EQ(tp_counted(nd, "a"), a);
+    EXPECT_EQ(tp_held(nd, "b"), b);
+    EXPECT_EQ(tp_counted(nd, "b"), b);
+  };
+  const auto reserve = [&](std::string_view token, int rank, std::string_view keys) {
+    return post_as(token, fmt::format("/{}/reserve_and_allocate_page_indices", rank),
+                   fmt::format(R"({{"keys":{}}})", keys));
+  };
+  const auto indices = [](std::string_view list) {
+    return tp_json("200 OK", fmt::format(R"({{"indices":{}}})", list));
+  };
+  // Pools on ranks 0 and 1 (two cores of three): the count is the tenant's, not a pool's.
+  EXPECT_EQ(post_as("token-a", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/1/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(reserve("token-a", 0, R"(["k1","k2"])"), indices("[[false,3],[false,2]]"));
+  EXPECT_EQ(reserve("token-a", 1, R"(["k3"])"), indices("[[false,3]]"));
+  exact(3, 0);
+  // At the quota: as a full pool answers (pool 1 has free pages, but no bound key).
+  EXPECT_EQ(reserve("token-a", 1, R"(["k4"])"), indices("[[false,-1]]"));
+  EXPECT_EQ(reserve("token-a", 0, R"(["k4","k5"])"), indices("[[false,-1],[false,-1]]"));
+  exact(3, 0);
+  // Tenant b: its own quota, a's full one changes nothing for it.
+  EXPECT_EQ(post_as("token-b", "/0/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(reserve("token-b", 0, R"(["x","y"])"), indices("[[false,3],[false,2]]"));
+  EXPECT_EQ(reserve("token-b", 0, R"(["z"])"), indices("[[false,-1]]"));
+  exact(3, 2);
+  // A bound key of a's pool 1: at the quota, a reserve there evicts it (a's own key).
+  EXPECT_EQ(post_as("token-a", "/1/confirm_write", R"({"written_keys_to_confirm":[["k3",3]]})"),
+            kTpNoContent);
+  EXPECT_EQ(reserve("token-a", 1, R"(["k3","k4"])"), indices("[[true,3],[false,-1]]"));
+  EXPECT_EQ(reserve("token-a", 1, R"(["k4"])"), indices("[[false,3]]"));
+  EXPECT_EQ(post_as("token-a", "/1/exists", R"({"keys":["k3"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+  exact(3, 2);
+  // A release (quarantined: no one's) gives one page back; then pool 1 takes a free one.
+  EXPECT_EQ(post_as("token-a", "/0/confirm_write",
+                    R"({"written_keys_to_confirm":[["k1",3]],"pages_to_release":[2]})"),
+            kTpNoContent);
+  exact(2, 2);
+  EXPECT_EQ(reserve("token-a", 1, R"(["k5"])"), indices("[[false,2]]"));
+  exact(3, 2);
+  // delete_keys, then clear (the admin's, counted all the same) give pages back.
+  EXPECT_EQ(post_as("token-a", "/0/delete_keys", R"({"keys":["k1"]})"), kTpNoContent);
+  exact(2, 2);
+  EXPECT_EQ(
+      post_as("token-a", "/1/confirm_write", R"({"written_keys_to_confirm":[["k4",3],["k5",2]]})"),
+      kTpNoContent);
+  EXPECT_EQ(post_as("admin", "/a/1/clear", "{}"), kTpNoContent);
+  exact(0, 2);
+  EXPECT_EQ(reserve("token-a", 1, R"(["k6","k7","k8"])"),
+            indices("[[false,3],[false,2],[false,1]]"));
+  exact(3, 2);
+  // Reservations that expire (--reservation-ttl) are given back by the tick.
+  n_.now += std::uint64_t{n_.state().cfg.reservation_ttl_ms} + 1;
+  n_.tick();
+  exact(0, 0);
+  // A reload lowers b's quota below what it holds; raising a's lets it take more.
+  const auto pages_given = [](const std::string& answer) {  // of a 200's [false,page]s
+    EXPECT_EQ(answer.substr(0, 15), "HTTP/1.1 200 OK");
+    std::size_t n = 0;
+    for (std::size_t at = answer.find("[false,"); at != std::string::npos;
+         at = answer.find("[false,", at + 1))
+      n += answer.compare(at + 7, 2, "-1") != 0 ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(pages_given(reserve("token-b", 0, R"(["x","y"])")), 2u);
+  publish("a " + tp_hex("token-a") + " pages=4 vllm\nb " + tp_hex("token-b") + " pages=1\n");
+  EXPECT_EQ(reserve("token-b", 0, R"(["w"])"), indices("[[false,-1]]"));
+  EXPECT_EQ(pages_given(reserve("token-a", 0, R"(["a1","a2","a3","a4"])")), 4u);
+  EXPECT_EQ(reserve("token-a", 1, R"(["a5"])"), indices("[[false,-1]]"));
+  exact(4, 2);
+}
+
+TEST_P(TenantsPipeline, PagesQuotaCountsVllmRanksForTheVllmTenant) {
+  publish("a " + tp_hex("token-a") + " pages=4 vllm\nb " + tp_hex("token-b") + " pages=1\n");
+  pipeline::node& nd = n_.state();
+  const auto exact = [&](std::int64_t a) {
+    EXPECT_EQ(tp_held(nd, "a"), a);
+    EXPECT_EQ(tp_counted(nd, "a"), a);
+  };
+  const auto allocate = [&](int rank, std::string_view keys) {
+    return post_as("token-a", "/keys/batch_allocate",
+                   fmt::format(R"({{"rank":{},"keys":{}}})", rank, keys));
+  };
+  const auto results = [](int rank, std::string_view list) {
+    return tp_json("200 OK", fmt::format(R"({{"rank":{},"results":{}}})", rank, list));
+  };
+  for (const int rank : {0, 1})
+    EXPECT_EQ(status_of(post_as("token-a", fmt::format("/rank/{}/initialize", rank),
+                                R"({"num_pages":8})")),
+              "HTTP/1.1 200 OK");
+  EXPECT_EQ(allocate(0, R"(["k1","k2"])"), results(0, R"([["k1",0],["k2",1]])"));
+  EXPECT_EQ(allocate(1, R"(["k1"])"), results(1, R"([["k1",0]])"));
+  exact(3);
+  // All or nothing: two new keys do not fit in the one page left; hits still answer.
+  EXPECT_EQ(allocate(1, R"(["k1","k2","k3"])"), results(1, R"([["k1",0],["k2",-1],["k3",-1]])"));
+  exact(3);
+  EXPECT_EQ(allocate(1, R"(["k2"])"), results(1, R"([["k2",1]])"));
+  EXPECT_EQ(allocate(0, R"(["k3"])"), results(0, R"([["k3",-1]])"));
+  exact(4);
+  // Its SGLang pools share the quota: none left.
+  EXPECT_EQ(post_as("token-a", "/2/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/2/reserve_and_allocate_page_indices", R"({"keys":["s"]})"),
+            tp_json("200 OK", R"({"indices":[[false,-1]]})"));
+  // b's quota is its own.
+  EXPECT_EQ(post_as("token-b", "/2/initialize", R"({"num_pages":4})"), kTpNoContent);
+  EXPECT_EQ(post_as("token-b", "/2/reserve_and_allocate_page_indices", R"({"keys":["s"]})"),
+            tp_json("200 OK", R"({"indices":[[false,3]]})"));
+  // confirm_write's release gives a page back (on rank 0's core); rank 0 takes it.
+  EXPECT_EQ(post_as("token-a", "/keys/confirm_write",
+                    R"({"rank":0,"confirmations":[["k1",0]],"pages_to_release":[1]})"),
+            kTpNoContent);
+  exact(3);
+  EXPECT_EQ(allocate(0, R"(["k3"])"), results(0, R"([["k3",2]])"));
+  exact(4);
+  // Reservations that expire are given back (the tick); so is everything /clear drops.
+  n_.now += std::uint64_t{nd.cfg.reservation_ttl_ms} + 1;
+  n_.tick();
+  // ... and k1, confirmed on rank 0 only, is reclaimed as a stale incomplete key.
+  exact(0);
+  EXPECT_EQ(allocate(1, R"(["k4","k5","k6"])"), results(1, R"([["k4",0],["k5",1],["k6",2]])"));
+  exact(3);
+  EXPECT_EQ(post_as("admin", "/clear", ""), kTpNoContent);
+  exact(0);
+  EXPECT_EQ(post_as("token-a", "/2/reserve_and_allocate_page_indices", R"({"keys":["s"]})"),
+            tp_json("200 OK", R"({"indices":[[false,3]]})"));
+  exact(1);
+}
+
+// --eviction lru: an allocation past pages=N evicts the tenant's least recently used keys
+// (vLLM's keys are all the vllm tenant's), then takes the pages they gave back.
+TEST(TenantsPagesQuota, VllmEvictsTheTenantsLeastRecentlyUsedKeys) {
+  config cfg;
+  cfg.tenants_file = "tenants";
+  cfg.evict = eviction::lru;
+  server_test::memory_node n(cfg, 3);
+  auto table = std::make_shared<pipeline::tenant_table>();
+  ASSERT_EQ(pipeline::parse_tenants("a " + tp_hex("token-a") + " pages=4 vllm\n",
+                                    pipeline::kPatterns, *table),
+            "");
+  n.state().tenants.publish(std::move(table));
+  const auto post = [&](std::string_view path, std::string_view body) {
+    return n.send(fmt::format(
+        "POST {} HTTP/1.1\r\nauthorization: Bearer token-a\r\ncontent-length: {}\r\n\r\n{}", path,
+        body.size(), body));
+  };
+  for (const int rank : {0, 1})
+    EXPECT_EQ(post(fmt::format("/rank/{}/initialize", rank), R"({"num_pages":8})").substr(0, 15),
+              "HTTP/1.1 200 OK");
+  for (const std::string key : {"k1", "k2"}) {  // k1 first: the least recently used
+    const int page = key == "k1" ? 0 : 1;
+    for (const int rank : {0, 1}) {
+      EXPECT_EQ(
+          post("/keys/batch_allocate", fmt::format(R"({{"rank":{},"keys":["{}"]}})", rank, key)),
+          tp_json("200 OK",
+                  fmt::format(R"({{"rank":{},"results":[["{}",{}]]}})", rank, key, page)));
+      EXPECT_EQ(post("/keys/confirm_write",
+                     fmt::format(R"({{"rank":{},"confirmations":[["{}",{}]]}})", rank, key, page)),
+                kTpNoContent);
+    }
+    n.now += 1'000;
+  }
+  EXPECT_EQ(tp_counted(n.state(), "a"), 4);
+  n.now += 60'000;  // past the read leases and the settling time
+  // k1, the least recently used, goes (from both ranks); k3 takes its page.
+  EXPECT_EQ(post("/keys/batch_allocate", R"({"rank":0,"keys":["k3"]})"),
+            tp_json("200 OK", R"({"rank":0,"results":[["k3",0]]})"));
+  EXPECT_EQ(post("/keys/batch_exists", R"({"keys":["k1","k2"]})"),
+            tp_json("200 OK", R"({"exists":[false,true]})"));
+  EXPECT_EQ(tp_held(n.state(), "a"), 3);
+  EXPECT_EQ(tp_counted(n.state(), "a"), 3);
+}
+
 // The bound: each core counts its first kTenantSeriesMax tenants by name and the rest in
 // one row (the default tenant always has its own); a scrape renders the default tenant and
 // the first kTenantSeriesMax others by name and sums the rest under tenant="_other".

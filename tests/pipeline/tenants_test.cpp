@@ -52,7 +52,7 @@ TEST(TenantsFile, CommentsBlankLinesAndEveryField) {
       "  # an indented comment\n"
       "team_a " +
       kAbc +
-      " ranks=8 vllm   # the vLLM engines\n"
+      " ranks=8 vllm pages=4096   # the vLLM engines\n"
       "Team-B.2\t" +
       kH1 + "," + kH2 +
       "\r\n"
@@ -66,10 +66,12 @@ TEST(TenantsFile, CommentsBlankLinesAndEveryField) {
   EXPECT_EQ(t.tenants[0].name, "team_a");
   EXPECT_EQ(t.tenants[0].line, 5);
   EXPECT_EQ(t.tenants[0].ranks, 8);
+  EXPECT_EQ(t.tenants[0].pages, 4096);
   EXPECT_TRUE(t.tenants[0].vllm);
   EXPECT_EQ(t.tenants[1].name, "Team-B.2");
   EXPECT_EQ(t.tenants[1].hashes.size(), 2u);
   EXPECT_EQ(t.tenants[1].ranks, -1);
+  EXPECT_EQ(t.tenants[1].pages, -1);  // no quota
   EXPECT_FALSE(t.tenants[1].vllm);
   EXPECT_EQ(t.tenants[2].ranks, 0);
   EXPECT_EQ(t.tenants[3].line, 9);
@@ -123,9 +125,10 @@ TEST(TenantsFile, BadHashes) {
       "sha256sum prints)";
   EXPECT_EQ(tenants_error("a"),
             "line 1: tenant a has no SHA-256 of its token (NAME "
-            "SHA256[,SHA256] [ranks=N] [vllm])");
+            "SHA256[,SHA256] [ranks=N] [pages=N] [vllm])");
   EXPECT_EQ(tenants_error("a  # a comment is no hash"),
-            "line 1: tenant a has no SHA-256 of its token (NAME SHA256[,SHA256] [ranks=N] [vllm])");
+            "line 1: tenant a has no SHA-256 of its token (NAME SHA256[,SHA256] [ranks=N] "
+            "[pages=N] [vllm])");
   EXPECT_EQ(tenants_error("a " + kAbc.substr(1)), "line 1: '" + kAbc.substr(1) + "'" + how);
   EXPECT_EQ(tenants_error("a " + kAbc + "0"), "line 1: '" + kAbc + "0'" + how);
   EXPECT_EQ(tenants_error("a " + std::string(63, 'a') + "g"),
@@ -156,16 +159,26 @@ TEST(TenantsFile, BadFields) {
   EXPECT_EQ(tenants_parsed(a + "ranks=16777216").tenants.at(0).ranks, 16777216);
   EXPECT_EQ(tenants_error(a + "ranks=1 ranks=2"), "line 1: ranks= is given twice");
   EXPECT_EQ(tenants_error(a + "vllm vllm"), "line 1: vllm is given twice");
-  // A quota the server does not enforce is refused, never accepted silently.
-  EXPECT_EQ(tenants_error(a + "pages=100"),
-            "line 1: pages= (a bound on the pages a tenant holds) is not enforced by this server "
-            "yet: remove it");
+  // pages=N: 0 up to 2^48 (a pool's largest), once.
+  const std::string pages_range = ": pages= takes an integer in [0, 281474976710656]";
+  for (const std::string bad : {"pages=", "pages=abc", "pages=-1", "pages=+1", "pages=1.5",
+                                "pages=281474976710657", "pages=99999999999999999999"})
+    EXPECT_EQ(tenants_error(a + bad), "line 1: '" + bad + "'" + pages_range);
+  EXPECT_EQ(tenants_error(a + "pages=1 pages=1"), "line 1: pages= is given twice");
+  EXPECT_EQ(tenants_error(a + "pages=1 ranks=2 pages=3"), "line 1: pages= is given twice");
+  EXPECT_EQ(tenants_parsed(a + "pages=0").tenants.at(0).pages, 0);
+  EXPECT_EQ(tenants_parsed(a + "pages=281474976710656").tenants.at(0).pages, std::int64_t{1} << 48);
+  const tenant_table both = tenants_parsed(a + "pages=100 ranks=2");
+  EXPECT_EQ(both.tenants.at(0).pages, 100);
+  EXPECT_EQ(both.tenants.at(0).ranks, 2);
+  EXPECT_EQ(tenants_error(a + "PAGES=1"),
+            "line 1: unknown field 'PAGES=1' (NAME SHA256[,SHA256] [ranks=N] [pages=N] [vllm])");
   EXPECT_EQ(tenants_error(a + "RANKS=1"),
-            "line 1: unknown field 'RANKS=1' (NAME SHA256[,SHA256] [ranks=N] [vllm])");
+            "line 1: unknown field 'RANKS=1' (NAME SHA256[,SHA256] [ranks=N] [pages=N] [vllm])");
   EXPECT_EQ(tenants_error(a + "vLLM"),
-            "line 1: unknown field 'vLLM' (NAME SHA256[,SHA256] [ranks=N] [vllm])");
+            "line 1: unknown field 'vLLM' (NAME SHA256[,SHA256] [ranks=N] [pages=N] [vllm])");
   EXPECT_EQ(tenants_error(a + "-"),  // sha256sum's file name, pasted with the hash
-            "line 1: unknown field '-' (NAME SHA256[,SHA256] [ranks=N] [vllm])");
+            "line 1: unknown field '-' (NAME SHA256[,SHA256] [ranks=N] [pages=N] [vllm])");
 }
 
 TEST(TenantsFile, DuplicatesAcrossLines) {
@@ -215,6 +228,7 @@ TEST(TenantRegistry, VersionsAndUsageAcrossReloads) {
   tenant_usage* a_usage = one->tenants[0].usage;
   ASSERT_NE(a_usage, nullptr);
   a_usage->sg_ranks = 3;
+  a_usage->pages = 40;
 
   // b removed, c added: a keeps its usage record; b's stays for when it comes back.
   registry.publish(std::make_shared<tenant_table>(tenants_parsed("c " + kH2 + "\na " + kAbc)));
@@ -223,11 +237,21 @@ TEST(TenantRegistry, VersionsAndUsageAcrossReloads) {
   EXPECT_EQ(two->version, 2u);
   EXPECT_EQ(two->tenants[1].usage, a_usage);
   EXPECT_EQ(two->tenants[1].usage->sg_ranks.load(), 3);
+  EXPECT_EQ(two->tenants[1].usage->pages.load(), 40);
   EXPECT_NE(two->tenants[0].usage, a_usage);
   EXPECT_EQ(&registry.usage("b"), one->tenants[1].usage);
   // The table a core still holds stays valid after the swap.
   EXPECT_EQ(one->find(digest_of_hex(kH1))->name, "b");
   EXPECT_EQ(two->find(digest_of_hex(kH1)), nullptr);
+
+  // A recount (restart, promotion) sets both counts from the state, 0 for the rest.
+  registry.usage("b").pages = 7;
+  registry.recount({{"a", 1}}, {{"c", 12}, {"d", 5}});
+  EXPECT_EQ(a_usage->sg_ranks.load(), 1);
+  EXPECT_EQ(a_usage->pages.load(), 0);
+  EXPECT_EQ(registry.usage("b").pages.load(), 0);
+  EXPECT_EQ(two->tenants[0].usage->pages.load(), 12);
+  EXPECT_EQ(registry.usage("d").pages.load(), 5);  // made by the recount
 }
 
 }  // namespace
