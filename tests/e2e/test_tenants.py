@@ -346,6 +346,118 @@ class QuotaTest(TenantsTestCase):
         self.assertEqual(self.post("/2/initialize", {"num_pages": 4}, TOKEN_A).status_code, 403)
 
 
+class PagesQuotaTest(TenantsTestCase):
+    """pages=N: the pages a tenant holds (reserved + bound) over all its SGLang pools and,
+    for the vllm tenant, vLLM's ranks; past it an allocation is answered as a full pool's."""
+
+    FILE = (f"team_a {sha(TOKEN_A)} pages=4 vllm\n"
+            f"team_b {sha(TOKEN_B)} pages=2\n"
+            f"team_c {sha(TOKEN_C)}\n")
+
+    def reserve(self, rank, keys, token):
+        r = self.post(f"/{rank}/reserve_and_allocate_page_indices",
+                      {"keys": [[k, ""] for k in keys], "namespace": "kv"}, token)
+        self.assertEqual(r.status_code, 200, r.content)
+        return [page for _, page in r.json()["indices"]]
+
+    def allocate(self, rank, keys):
+        r = self.post("/keys/batch_allocate", {"rank": rank, "keys": [[k, ""] for k in keys]},
+                      TOKEN_A)
+        self.assertEqual(r.status_code, 200, r.content)
+        return [page for _, page in r.json()["results"]]
+
+    def init(self, rank, token, pages=8):
+        self.assertEqual(self.post(f"/{rank}/initialize", {"num_pages": pages}, token).status_code,
+                         204)
+
+    def test_pages_quota_bounds_each_tenant_alone_on_both_apis(self):
+        self.write(self.FILE)
+        self.start()
+        # team_a: SGLang pools on two ranks (two cores) and vLLM's rank 0 share its 4 pages.
+        self.init(0, TOKEN_A)
+        self.init(1, TOKEN_A)
+        self.assertEqual(self.reserve(0, ["a1", "a2"], TOKEN_A), [7, 6])
+        self.assertEqual(self.reserve(1, ["a3"], TOKEN_A), [7])
+        r = self.post("/rank/0/initialize", {"num_pages": 8}, TOKEN_A)
+        self.assertEqual(r.status_code, 200, r.content)
+        self.assertEqual(self.allocate(0, ["v1"]), [0])
+        # At the quota: -1, as a full pool answers (its pools have free pages).
+        self.assertEqual(self.reserve(1, ["a4"], TOKEN_A), [-1])
+        self.assertEqual(self.allocate(0, ["v2"]), [-1])
+        # team_b's quota is its own; team_c has none: neither is touched by team_a's.
+        self.init(0, TOKEN_B)
+        self.assertEqual(self.reserve(0, ["b1", "b2"], TOKEN_B), [7, 6])
+        self.assertEqual(self.reserve(0, ["b3"], TOKEN_B), [-1])
+        self.init(0, TOKEN_C)
+        self.assertEqual(self.reserve(0, [f"c{i}" for i in range(8)], TOKEN_C), list(range(7, -1, -1)))
+        # team_a frees: an SGLang release, then a vLLM release; each lets one more in.
+        r = self.post("/0/confirm_write", {"written_keys_to_confirm": [["a1", 7]],
+                                           "pages_to_release": [6], "namespace": "kv"}, TOKEN_A)
+        self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(self.allocate(0, ["v2"]), [1])
+        self.assertEqual(self.reserve(1, ["a4"], TOKEN_A), [-1])
+        r = self.post("/keys/confirm_write", {"rank": 0, "confirmations": [],
+                                              "pages_to_release": [1]}, TOKEN_A)
+        self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(self.reserve(1, ["a4"], TOKEN_A), [6])
+        # A bound key of the pool: at the quota a reserve evicts it, the tenant's own.
+        r = self.post("/1/confirm_write", {"written_keys_to_confirm": [["a3", 7]],
+                                           "pages_to_release": [], "namespace": "kv"}, TOKEN_A)
+        self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(self.reserve(1, ["a5"], TOKEN_A), [7])
+        self.assertEqual(self.post("/1/exists", {"keys": ["a3"]}, TOKEN_A).json(),
+                         {"exists": [False]})
+        self.assertEqual(self.reserve(0, ["b3"], TOKEN_B), [-1])  # team_b still at its 2
+        # SIGHUP: a raised quota applies at once; a lowered one refuses until below it.
+        self.reload(self.FILE.replace("pages=4", "pages=6").replace("pages=2", "pages=1"))
+        self.assertEqual(self.reserve(0, ["a6", "a7"], TOKEN_A), [6, 5])  # 6: released
+        self.assertEqual(self.reserve(1, ["a8"], TOKEN_A), [-1])
+        # team_b holds 2, over its new 1: -1 until it gives pages back, then one fits.
+        self.assertEqual(self.reserve(0, ["b4"], TOKEN_B), [-1])
+        r = self.post("/0/confirm_write", {"written_keys_to_confirm": [],
+                                           "pages_to_release": [7, 6], "namespace": "kv"}, TOKEN_B)
+        self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(self.reserve(0, ["b4", "b5"], TOKEN_B), [-1, -1])  # a request's whole
+        self.assertEqual(self.reserve(0, ["b4"], TOKEN_B), [6])
+
+    def test_pages_quota_counts_what_a_restart_recovered(self):
+        self.write(self.FILE)
+        data = os.path.join(self.dir, "data")
+        self.start("--data-dir", data)
+        self.init(0, TOKEN_A)
+        self.init(1, TOKEN_A)
+        self.assertEqual(self.reserve(0, ["a1", "a2", "a3"], TOKEN_A), [7, 6, 5])
+        self.save(1, "a4", TOKEN_A)
+        self.assertEqual(self.reserve(1, ["a5"], TOKEN_A), [7])  # evicts a4: still 4 held
+        self._stop()
+        self.start("--data-dir", data)
+        self.assertEqual(self.reserve(0, ["a6"], TOKEN_A), [-1])
+        r = self.post("/0/confirm_write", {"written_keys_to_confirm": [],
+                                           "pages_to_release": [7, 6], "namespace": "kv"}, TOKEN_A)
+        self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(self.reserve(0, ["a6", "a7"], TOKEN_A), [6, 7])  # released, LIFO
+        self.assertEqual(self.reserve(0, ["a8"], TOKEN_A), [-1])
+
+    def test_vllm_evicts_its_own_least_recently_used_keys_with_eviction_lru(self):
+        self.write(self.FILE)
+        self.start("--eviction", "lru", "--read-lease-ms", "0")
+        r = self.post("/rank/0/initialize", {"num_pages": 8}, TOKEN_A)
+        self.assertEqual(r.status_code, 200, r.content)
+        for key in ("k1", "k2", "k3", "k4"):
+            [page] = self.allocate(0, [key])
+            r = self.post("/keys/confirm_write", {"rank": 0, "confirmations": [[key, page]],
+                                                  "pages_to_release": []}, TOKEN_A)
+            self.assertEqual(r.status_code, 204, r.content)
+        self.init(0, TOKEN_C)  # another tenant's keys, never evicted for team_a
+        self.save(0, "c1", TOKEN_C)
+        # The 4 pages are held: two new keys evict the two least recently used.
+        self.assertEqual(self.allocate(0, ["k5", "k6"]), [0, 1])
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k1", "k2", "k3", "k4"]},
+                                   TOKEN_A).json(), {"exists": [False, False, True, True]})
+        self.assertEqual(self.post("/0/exists", {"keys": ["c1"]}, TOKEN_C).json(),
+                         {"exists": [True]})
+
+
 TENANT_SERIES = re.compile(
     r'^(hf3fs_metad_tenant_\w+)\{tenant="([^"]*)"(?:,\w+="(\w+)")?\} (\d+)$')
 
@@ -501,8 +613,11 @@ class StartTest(TenantsTestCase):
             "9a " + sha(TOKEN_A): "line 1: '9a' is not a tenant name",
             "# c\na " + sha(TOKEN_A) + "\na " + sha(TOKEN_B): "line 3: tenant a is named on line 2",
             "a " + sha(TOKEN_A) + "\nb " + sha(TOKEN_A): "line 2: this SHA-256 is tenant a's",
-            "a " + sha(TOKEN_A) + " pages=100": "line 1: pages= (a bound on the pages a tenant "
-                                                "holds) is not enforced",
+            "a " + sha(TOKEN_A) + " pages=abc": "line 1: 'pages=abc': pages= takes an integer in "
+                                                "[0, 281474976710656]",
+            "a " + sha(TOKEN_A) + "\nb " + sha(TOKEN_B) + " pages=-1": "line 2: 'pages=-1': pages= "
+                                                                       "takes an integer",
+            "a " + sha(TOKEN_A) + " pages=1 pages=2": "line 1: pages= is given twice",
             "a " + TOKEN_A: f"line 1: '{TOKEN_A}' is not a SHA-256 in hex",
             "a " + sha(TOKEN_A) + " vllm\nb " + sha(TOKEN_B) + " vllm": "line 2: vllm: tenant a",
         }

@@ -191,6 +191,8 @@ TENANTS_FILES = [
     f"rank {H[0]}\n", f"9a {H[0]}\n", f"a {H[0][:63]}\n", f"a {H[0]} pages=4\n",
     f"a {H[0]},{H[1]},{H[2]}\n", f"a {H[0]} ranks=-1\n", f"a {H[0]} ranks=99999999999999999999\n",
     f"a {H[0].upper()}\n", "", "\n\n# only comments\n",
+    f"a {H[0]} pages=0 ranks=2 vllm\nb {H[1]} pages=281474976710656\n",
+    f"a {H[0]} pages=281474976710657\n", f"a {H[0]} pages=-1\n", f"a {H[0]} pages=1 pages=2\n",
 ]
 
 

@@ -3,8 +3,8 @@
 // holds what the file's rules promise (docs/operations.md, *Tenants*): names of SGLang's
 // shape, unique, none a route's first word nor `_other` (the metrics' overflow label);
 // one or two hashes a tenant, each naming exactly one tenant through the digest index;
-// at most one vllm tenant; a quota of -1 or >= 0. A refused one names its line. Parsing
-// is repeatable.
+// at most one vllm tenant; quotas of -1 or >= 0 (pages= at most 2^48). A refused one names its
+// line. Parsing is repeatable.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -46,6 +46,8 @@ void check_table(const pipeline::tenant_table& table) {
     for (const pipeline::token_digest& d : t.hashes)
       fuzz::require(table.find(d) == &t, "each hash finds its own tenant", t.name);
     fuzz::require(t.ranks >= -1, "a quota of -1 or more", t.name);
+    fuzz::require(t.pages >= -1 && t.pages <= std::int64_t{1} << 48,
+                  "a pages= quota of -1 (none) up to 2^48", t.name);
     fuzz::require(t.line >= 1, "a line number", t.name);
     if (t.vllm) {
       fuzz::require(vllm < 0, "one vllm tenant at most", t.name);

@@ -213,4 +213,87 @@ TEST_F(Standby, PromotionCountsEachTenantsRanksAsARestartDoes) {
   EXPECT_EQ(initialize("/1/initialize"), "HTTP/1.1 204 No Content");
 }
 
+// pages=N's count (tenant_usage::pages) after a failover, as after a restart: each
+// tenant's SGLang pages (in flight and bound) on every core, and vLLM's ranks' for the
+// tenant that holds vLLM's API; then the quota holds on the promoted node.
+TEST_F(Standby, PromotionCountsEachTenantsPagesAsARestartDoes) {
+  const auto hex = [](std::string_view token) {
+    std::string out;
+    for (const unsigned char b : pipeline::token_sha256(token)) out += fmt::format("{:02x}", b);
+    return out;
+  };
+  const auto publish = [&](pipeline::node& nd) {
+    auto table = std::make_shared<pipeline::tenant_table>();
+    ASSERT_EQ(pipeline::parse_tenants(
+                  "t " + hex("token-t") + " pages=7 vllm\nu " + hex("token-u") + " pages=2\n",
+                  pipeline::kPatterns, *table),
+              "");
+    nd.tenants.publish(std::move(table));
+  };
+  const auto counts = [](pipeline::node& nd) {
+    std::string out;
+    for (const char* name : {"t", "u", "gone"})
+      out += fmt::format("{}={} ", name, nd.tenants.usage(name).pages.load());
+    return out;
+  };
+  std::vector<std::string> logs;
+  {
+    sim_node leader(base_ + "/leader", kCores);
+    for (const char* path :
+         {"/t/1/initialize", "/t/2/initialize", "/u/0/initialize", "/0/initialize"})
+      EXPECT_EQ(leader.post(path, R"({"num_pages":8})"), "");
+    EXPECT_EQ(leader.post("/t/1/reserve_and_allocate_page_indices", R"({"keys":["a","b","c"]})"),
+              R"({"indices":[[false,7],[false,6],[false,5]]})");
+    EXPECT_EQ(leader.post("/t/1/confirm_write", R"({"written_keys_to_confirm":[["a",7]]})"), "");
+    EXPECT_EQ(leader.post("/t/2/reserve_and_allocate_page_indices", R"({"keys":["d"]})"),
+              R"({"indices":[[false,7]]})");
+    EXPECT_EQ(leader.post("/u/0/reserve_and_allocate_page_indices", R"({"keys":["e","f"]})"),
+              R"({"indices":[[false,7],[false,6]]})");
+    EXPECT_EQ(leader.post("/0/reserve_and_allocate_page_indices", R"({"keys":["g"]})"),
+              R"({"indices":[[false,7]]})");  // the default tenant: no one's quota
+    EXPECT_EQ(leader.post("/rank/1/initialize", R"({"num_pages":8})").substr(0, 12),
+              R"({"message":")");
+    EXPECT_EQ(leader.post("/keys/batch_allocate", R"({"rank":1,"keys":["v","w"]})"),
+              R"({"rank":1,"results":[["v",0],["w",1]]})");
+    for (int c = 0; c < kCores; ++c)
+      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+  }
+  const std::string dir = base_ + "/standby";
+  standby s(dir, 1);
+  publish(s.n().state());
+  s.n().state().tenants.usage("gone").pages = 5;  // a count with no pages behind it
+  for (int c = 0; c < kCores; ++c) {
+    repl::leader_stream out(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
+    std::string wire;
+    out.send(wire, logs[static_cast<std::size_t>(c)]);
+    s.receive(c, wire, true);
+  }
+  s.settle();
+  fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
+  fs::remove(dir + "-copy/LOCK");
+  s.promote();
+  const std::string promoted = counts(s.n().state());
+  EXPECT_EQ(promoted, "t=6 u=2 gone=0 ");
+  sim_node restarted(dir + "-copy", kCores);
+  publish(restarted.state());
+  pipeline::count_tenant_usage(restarted.state());
+  EXPECT_EQ(counts(restarted.state()), promoted);
+  const auto as = [&](std::string_view token, std::string_view path, std::string_view body) {
+    const std::string answer =
+        s.n().send(fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer {}\r\n"
+                               "content-length: {}\r\n\r\n{}",
+                               path, token, body.size(), body));
+    return answer.substr(answer.find("\r\n\r\n") + 4);
+  };
+  // t holds 6 of its 7: one page more, on either API, then -1; u is at its 2.
+  EXPECT_EQ(as("token-t", "/keys/batch_allocate", R"({"rank":1,"keys":["x","y"]})"),
+            R"({"rank":1,"results":[["x",-1],["y",-1]]})");
+  EXPECT_EQ(as("token-t", "/2/reserve_and_allocate_page_indices", R"({"keys":["h"]})"),
+            R"({"indices":[[false,6]]})");
+  EXPECT_EQ(as("token-t", "/keys/batch_allocate", R"({"rank":1,"keys":["x"]})"),
+            R"({"rank":1,"results":[["x",-1]]})");
+  EXPECT_EQ(as("token-u", "/0/reserve_and_allocate_page_indices", R"({"keys":["i"]})"),
+            R"({"indices":[[false,-1]]})");
+}
+
 }  // namespace
