@@ -372,8 +372,8 @@ void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_cor
     keys += core->directory.size();
   }
   if (keys > 0) nd.removal_floor = nd.clock() + nd.cfg.read_lease_ms * smp::kNsPerMs;
-  // --tenants-file: each tenant's ranks=N count from the pools replayed, as after a
-  // restart (the standby served nothing: what it counted at its start is void).
+  // --tenants-file: each tenant's ranks=N and pages=N counts from the state replayed, as
+  // after a restart (the standby served nothing: what it counted at its start is void).
   if (nd.tenants.enabled()) pipeline::count_tenant_usage(nd);
   // What promotion's time is made of (issue 35: it grows with the keys, no longer with
   // every binding).

@@ -177,11 +177,11 @@ class standby_core {
 // applied: the directory, whose counts the standby kept current (binding_feed), takes in
 // what is still queued and is finished (restore_finish: O(keys), not O(bindings)),
 // quarantines restart, worker ranks are counted (and with --tenants-file each tenant's
-// SGLang ranks, its ranks=N count), and recovered keys are leased for --read-lease-ms (as
-// after a restart). The node can serve afterwards; the standby_cores are spent. Called
-// on one thread while the cores are idle; the directory phase runs on one thread per
-// core. A reservation keeps the TTL it got when its batch arrived (close to the
-// leader's deadline).
+// SGLang ranks, its ranks=N count, and the pages it holds, its pages=N count), and
+// recovered keys are leased for --read-lease-ms (as after a restart). The node can serve
+// afterwards; the standby_cores are spent. Called on one thread while the cores are
+// idle; the directory phase runs on one thread per core. A reservation keeps the TTL it
+// got when its batch arrived (close to the leader's deadline).
 void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores,
                      binding_feed& feed);
 

@@ -162,12 +162,12 @@ struct scratch {
   std::vector<shard::sglang_slot> slots;
   sg_pool_sample sg_rows;  // /stats, /metrics
   core_state::sglang_counters sg_sum;
-  // --tenants-file: the request's tenant's ranks=N (-1: none), its name (vLLM's quota
+  // --tenants-file: the request's tenant's ranks=N and pages=N (-1: none), its name (vLLM's quota
   // detail; SGLang's is `tenant`) and its usage (null: the request has no tenant, as
   // without --tenants-file or with the admin token). Copied from the table at dispatch:
   // a reload while the request runs does not change them.
   std::int64_t rank_quota = -1;
-  std::int64_t page_quota = -1;  // pages=N (SGLang's; vLLM's is read on the rank's core)
+  std::int64_t page_quota = -1;  // SGLang's; vLLM's is the rank's core's table's
   std::string quota_tenant;
   tenant_usage* usage = nullptr;
   // The request's tenant's counters on the home core (null: an endpoint of no tenant, or

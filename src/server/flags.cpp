@@ -167,11 +167,11 @@ const std::vector<row>& table() {
                               "destructive endpoints: POST /clear and POST /keys/delete",
    token<&C::admin_token>},
   {"--tenants-file", "F", "tenants bound to credentials, one a line: NAME SHA256[,SHA256]\n"
-                          "[ranks=N] [vllm] (SHA256: of the tenant's token). Every API\n"
-                          "request belongs to its token's tenant; SGLang's /{rank}/... acts\n"
-                          "on it; only the vllm tenant may use vLLM's API. Read again on\n"
-                          "SIGHUP (a bad file keeps the old table); a bad file stops the\n"
-                          "start (docs/operations.md, Tenants)",
+                          "[ranks=N] [pages=N] [vllm] (SHA256: of the tenant's token).\n"
+                          "Every API request belongs to its token's tenant; SGLang's\n"
+                          "/{rank}/... acts on it; only the vllm tenant may use vLLM's API.\n"
+                          "Read again on SIGHUP (a bad file keeps the old table); a bad\n"
+                          "file stops the start (docs/operations.md, Tenants)",
    tenants_file},
   {"--access-log", "", "one log line per request", set_to<&C::access_log, true>},
   {"--summary-interval-ms", "N", "periodic one-line summary at info level, none while nothing\n"
