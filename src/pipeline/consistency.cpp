@@ -5,6 +5,40 @@
 #include <unordered_map>
 
 namespace metad::pipeline {
+namespace {
+
+// --tenants-file's pages=N counts (tenant_usage::pages) at rest: each counter holds
+// exactly the pages of the registries that count in it (SGLang) and of the cores whose
+// vLLM ranks count in it, and each core's vLLM share is what its ranks hold.
+std::string check_tenant_pages(const node& nd) {
+  std::unordered_map<const std::atomic<std::int64_t>*, std::int64_t> held;
+  for (const auto& core : nd.core) {
+    for (const auto& [name, pools] : core->sg_tenants) {
+      std::int64_t n = 0;
+      pools.for_each([&](std::int64_t, std::string_view, const shard::sglang_pool& pool) {
+        n += static_cast<std::int64_t>(pool.held());
+      });
+      if (pools.pages_counter != nullptr) {
+        held[pools.pages_counter] += n;
+      } else if (!name.empty() && n > 0) {
+        return fmt::format("tenant {}'s pools on core {} hold {} pages counted nowhere", name,
+                           core->index, n);
+      }
+    }
+    if (core->vllm_pages_usage == nullptr) continue;
+    const std::int64_t n = core->ranks.held_pages();
+    if (n != core->vllm_pages_added)
+      return fmt::format("core {}'s vLLM ranks hold {} pages, {} are counted", core->index, n,
+                         core->vllm_pages_added);
+    held[&core->vllm_pages_usage->pages] += n;
+  }
+  for (const auto& [counter, n] : held)
+    if (counter->load() != n)
+      return fmt::format("a tenant holds {} pages, its pages=N count says {}", n, counter->load());
+  return "";
+}
+
+}  // namespace
 
 std::string check_consistency(const node& nd) {
   std::unordered_map<std::string, std::int32_t> bound;
@@ -59,6 +93,7 @@ std::string check_consistency(const node& nd) {
   }
   if (error.empty() && counted != bound.size())
     error = fmt::format("{} keys are bound on ranks, {} in the directory", bound.size(), counted);
+  if (error.empty() && nd.tenants.enabled()) error = check_tenant_pages(nd);
   return error;
 }
 

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "basic_sim_node.hpp"
+#include "pipeline/consistency.hpp"
 #include "pipeline/metrics.hpp"
 #include "pipeline/routes.hpp"
 #include "pipeline/tenants.hpp"
@@ -241,6 +242,7 @@ TEST_P(TenantsPipeline, PagesQuotaBoundsSglangPagesAcrossCoresAndTenants) {
     EXPECT_EQ(tp_counted(nd, "a"), a);
     EXPECT_EQ(tp_held(nd, "b"), b);
     EXPECT_EQ(tp_counted(nd, "b"), b);
+    EXPECT_EQ(pipeline::check_consistency(nd), "");
   };
   const auto reserve = [&](std::string_view token, int rank, std::string_view keys) {
     return post_as(token, fmt::format("/{}/reserve_and_allocate_page_indices", rank),
@@ -317,6 +319,7 @@ TEST_P(TenantsPipeline, PagesQuotaCountsVllmRanksForTheVllmTenant) {
   const auto exact = [&](std::int64_t a) {
     EXPECT_EQ(tp_held(nd, "a"), a);
     EXPECT_EQ(tp_counted(nd, "a"), a);
+    EXPECT_EQ(pipeline::check_consistency(nd), "");
   };
   const auto allocate = [&](int rank, std::string_view keys) {
     return post_as("token-a", "/keys/batch_allocate",
@@ -409,6 +412,7 @@ TEST(TenantsPagesQuota, VllmEvictsTheTenantsLeastRecentlyUsedKeys) {
             tp_json("200 OK", R"({"exists":[false,true]})"));
   EXPECT_EQ(tp_held(n.state(), "a"), 3);
   EXPECT_EQ(tp_counted(n.state(), "a"), 3);
+  EXPECT_EQ(pipeline::check_consistency(n.state()), "");
 }
 
 // The bound: each core counts its first kTenantSeriesMax tenants by name and the rest in
