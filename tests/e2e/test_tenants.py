@@ -13,6 +13,7 @@ transport (METAD_IO), as issue 34 asks.
 Run: cd tests/e2e && METAD_BIN=... /usr/bin/python3 -m unittest test_tenants
 """
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -437,6 +438,48 @@ class PagesQuotaTest(TenantsTestCase):
         self.assertEqual(r.status_code, 204, r.content)
         self.assertEqual(self.reserve(0, ["a6", "a7"], TOKEN_A), [6, 7])  # released, LIFO
         self.assertEqual(self.reserve(0, ["a8"], TOKEN_A), [-1])
+
+    def test_concurrent_allocations_on_four_cores_take_exactly_the_quota(self):
+        """Eight clients, vLLM's batch_allocate and SGLang's reserve on ranks of four cores,
+        nothing freed: the tenant's count is shared, so exactly pages=N are handed out."""
+        quota = 60
+        self.write(f"team_a {sha(TOKEN_A)} pages={quota} vllm\n")
+        self.start("--threads", "4")
+        for rank in range(4):
+            self.init(rank, TOKEN_A, pages=64)
+            r = self.post(f"/rank/{rank}/initialize", {"num_pages": 64}, TOKEN_A)
+            self.assertEqual(r.status_code, 200, r.content)
+
+        def client(n):
+            session = requests.Session()
+            granted, i = 0, 0
+            try:
+                while True:  # batches of 1 to 3 new keys, then single keys until refused
+                    size = 1 + (n + i) % 3 if i < 6 else 1
+                    keys = [f"c{n}-{i}-{j}" for j in range(size)]
+                    rank = (n + i) % 4
+                    i += 1
+                    if n % 2:
+                        r = self.post("/keys/batch_allocate",
+                                      {"rank": rank, "keys": [[k, ""] for k in keys]}, TOKEN_A,
+                                      session=session)
+                        pages = [p for _, p in r.json()["results"]]
+                    else:
+                        r = self.post(f"/{rank}/reserve_and_allocate_page_indices",
+                                      {"keys": [[k, ""] for k in keys], "namespace": "kv"},
+                                      TOKEN_A, session=session)
+                        pages = [p for _, p in r.json()["indices"]]
+                    granted += sum(1 for p in pages if p >= 0)
+                    if size == 1 and pages == [-1]:
+                        return granted
+            finally:
+                session.close()
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            granted = sum(pool.map(client, range(8)))
+        self.assertEqual(granted, quota)
+        samples = TenantMetricsTest.scrape_tenants(self)
+        self.assertEqual(samples[("hf3fs_metad_tenant_pages", "team_a", "reserved")], quota)
 
     def test_vllm_evicts_its_own_least_recently_used_keys_with_eviction_lru(self):
         self.write(self.FILE)
