@@ -3,7 +3,9 @@
 Over sockets against the real binary: no token or an unknown one is a 401; a token names
 its tenant, and SGLang's /{rank}/... acts on that tenant's pools (tenant A's keys are not
 visible to tenant B: the GHSA-qj2w-6f36-hc5w probe); /{B}/{rank}/... with A's token is a
-403; vLLM's API belongs to the one tenant whose line says vllm; ranks=N; the operator's
+403; vLLM's API belongs to the one tenant whose line says vllm; ranks=N; pages=N (both
+APIs, other tenants untouched, pages given back, reloads, a restart, concurrent clients
+on four cores, vLLM's --eviction lru); the operator's
 endpoints and the admin token; SIGHUP adding a tenant and rotating a token under an open
 keep-alive connection; a bad file on SIGHUP keeping the old table, and at start-up
 stopping the start (exit 2); /metrics' per-tenant figures (keys, pages, requests,
