@@ -118,6 +118,7 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::sg_snapshot_pool:
     case store::record_kind::sg_snapshot_pool_runs:
     case store::record_kind::sg_reserve_full:
+    case store::record_kind::sg_reserve_capped:
     case store::record_kind::sg_confirm_quarantined:
     case store::record_kind::sg_quarantine_end:
     case store::record_kind::sg_snapshot_quarantine:

@@ -72,9 +72,13 @@ std::string apply_sg_record(node& nd, core_state& core, const store::record& r) 
   if (!pool) return where() + ": a record for a pool that does not exist";
   switch (r.kind) {
     case store::record_kind::sg_reserve:
-    case store::record_kind::sg_reserve_full: {
+    case store::record_kind::sg_reserve_full:
+    case store::record_kind::sg_reserve_capped: {
       std::vector<shard::sglang_slot> slots;
-      pool->reserve(r.keys, r.now, slots, r.kind == store::record_kind::sg_reserve);
+      pool->reserve_capped(r.keys, r.now, slots,
+                           r.kind == store::record_kind::sg_reserve        ? UINT64_MAX
+                           : r.kind == store::record_kind::sg_reserve_full ? 0
+                                                                           : r.total);
       return {};
     }
     case store::record_kind::sg_confirm:

@@ -130,22 +130,26 @@ std::uint64_t sg_reserve_bytes(std::span<const std::string_view> keys) {
 }
 
 // On the owner core, before a reserve that may take free pages: charges the tenant's
-// page count (`counter`, against s.page_quota) with an upper bound of the pages the
-// reserve takes, its keys not bound in the pool (hits take none; a repeated key or one
-// in flight is counted though it may take none). False, nothing charged, when that
-// would pass the quota: the reserve is then answered as by a full pool.
-bool sg_charge_quota(const shard::sglang_pool& pool, std::span<const std::string_view> keys,
-                     scratch& s, std::atomic<std::int64_t>& counter, std::int64_t& charged) {
+// page count (`counter`, against s.page_quota) with what the reserve may add, at most its
+// keys not bound in the pool (hits take none; a repeated key or one in flight is counted
+// though it may take none) and at most what the quota leaves. Returns the reserve's cap
+// (sglang_pool::reserve_capped): UINT64_MAX when every such key fits, else the keys that
+// may take a free page (0: the pool answers as a full one). `charged`: what was added.
+std::uint64_t sg_charge_quota(const shard::sglang_pool& pool,
+                              std::span<const std::string_view> keys, scratch& s,
+                              std::atomic<std::int64_t>& counter, std::int64_t& charged) {
   pool.exists(keys, s.flags);  // s.flags sized home (run_sglang)
   std::int64_t need = 0;
   for (const std::uint8_t bound : s.flags) need += bound ? 0 : 1;
-  if (need == 0) return true;
+  if (need == 0) return UINT64_MAX;
   std::int64_t held = counter.load(std::memory_order_relaxed);
+  std::int64_t take = 0;
   do {
-    if (held + need > s.page_quota) return false;
-  } while (!counter.compare_exchange_weak(held, held + need, std::memory_order_relaxed));
-  charged = need;
-  return true;
+    take = std::clamp<std::int64_t>(s.page_quota - held, 0, need);
+    if (take == 0) return 0;
+  } while (!counter.compare_exchange_weak(held, held + take, std::memory_order_relaxed));
+  charged = take;
+  return take == need ? UINT64_MAX : static_cast<std::uint64_t>(take);
 }
 
 // On the owner core: the operation on an existing pool. `counter`: the tenant's page
@@ -169,19 +173,20 @@ sg_answer sg_apply(node& nd, core_state& core, shard::sglang_pool& pool, scratch
       const auto keys = s.sg_keys.keys.views();
       const std::uint64_t bytes = sg_reserve_bytes(keys);
       const bool fits = core.credit.take(nd.memory, bytes);
-      // --tenants-file's pages=N: past it too (the tenant's pages, all its pools on all
-      // cores), answered as by a full pool: the pool's own least recently used keys are
-      // evicted (this tenant's), no free page is taken.
-      bool in_quota = true;
+      // --tenants-file's pages=N (the tenant's pages, all its pools on all cores): the
+      // keys past what it leaves are answered as by a full pool, from the pool's own
+      // least recently used keys (this tenant's), never a free page; the record says how
+      // many keys could take one, for the replay.
+      std::uint64_t fresh_max = fits ? UINT64_MAX : 0;
       if (fits && counter != nullptr && s.page_quota >= 0) {
-        in_quota = sg_charge_quota(pool, keys, s, *counter, charged);
-        if (!in_quota) core.credit.give_back(bytes);
+        fresh_max = sg_charge_quota(pool, keys, s, *counter, charged);
+        if (fresh_max == 0) core.credit.give_back(bytes);
       }
-      const bool fresh = fits && in_quota;
-      const shard::sglang_reserve_stats st = pool.reserve(keys, now, s.slots, fresh);
-      if (fresh && st.allocated < keys.size())  // hits, repeats and evictions hold nothing new
+      const shard::sglang_reserve_stats st = pool.reserve_capped(keys, now, s.slots, fresh_max);
+      // Hits, repeats and evictions hold nothing new.
+      if (fresh_max != 0 && st.allocated < keys.size())
         core.credit.give_back(bytes - bytes / keys.size() * st.allocated);
-      if (keys.size() != 0) journal.sg_reserve(name, now, keys, !fresh);
+      if (keys.size() != 0) journal.sg_reserve(name, now, keys, fresh_max);
       core.sg_counters.evicted += st.evicted;
       core.allocations.sglang_eviction += st.evicted;
       core.allocations.sglang_free += st.allocated - std::min(st.allocated, st.evicted);

@@ -51,9 +51,11 @@ struct tenant_usage {
   // API. Shared by every core, so one atomic:
   // - an allocation charges it *before* it takes pages, by a compare-and-swap that keeps
   //   it at most N (SGLang's reserve: its keys not bound in the pool, an upper bound of
-  //   the pages it takes; vLLM's batch_allocate: exactly the pages its all-or-nothing
-  //   batch takes, inside rank_table::allocate), and a reserve gives back what it charged
-  //   and did not take when it ends (on the same core, without a suspension);
+  //   the pages it takes, cut to what N leaves, and the pool lets no more keys than that
+  //   take a free page (sglang_pool::reserve_capped); vLLM's batch_allocate: exactly the
+  //   pages its all-or-nothing batch takes, inside rank_table::allocate), and a reserve
+  //   gives back what it charged and did not take when it ends (on the same core,
+  //   without a suspension);
   // - every other change is measured on the core that makes it and added after it: an
   //   SGLang operation adds its pool's held pages after less before (releases, expiry,
   //   deletes, evictions, clear; sglang_pools::pages_counter), and each core adds its

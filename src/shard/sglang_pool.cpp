@@ -406,8 +406,9 @@ bool sglang_pool::take_page(std::uint64_t now, std::uint64_t& page, sglang_reser
   return true;
 }
 
-sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys, std::uint64_t now,
-                                          std::vector<sglang_slot>& out, bool fresh) {
+sglang_reserve_stats sglang_pool::reserve_capped(std::span<const std::string_view> keys,
+                                                 std::uint64_t now, std::vector<sglang_slot>& out,
+                                                 std::uint64_t fresh_max) {
   sglang_reserve_stats stats;
   stats.expired = static_cast<std::uint32_t>(expire(now));
   next_stamp();
@@ -436,7 +437,9 @@ sglang_reserve_stats sglang_pool::reserve(std::span<const std::string_view> keys
       out[i] = out[f];
     } else {
       std::uint64_t page = 0;
-      if (take_page(now, page, stats, fresh)) {
+      const std::uint32_t evicted = stats.evicted;
+      if (take_page(now, page, stats, fresh_max > 0)) {
+        if (stats.evicted == evicted) --fresh_max;  // a free or quarantined page
         start_reservation(keys[i], page, now);
         out[i] = sglang_slot{false, static_cast<std::int64_t>(page)};
         ++stats.allocated;

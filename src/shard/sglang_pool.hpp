@@ -163,7 +163,15 @@ class sglang_pool {
   // spent) the pool answers as a full one: neither a free nor a quarantined page is
   // taken, only evicted ones (a replay passes the same flag: the log records it).
   sglang_reserve_stats reserve(std::span<const std::string_view> keys, std::uint64_t now,
-                               std::vector<sglang_slot>& out, bool fresh = true);
+                               std::vector<sglang_slot>& out, bool fresh = true) {
+    return reserve_capped(keys, now, out, fresh ? UINT64_MAX : 0);
+  }
+  // As reserve(), but at most fresh_max keys take a free or quarantined page (a tenant's
+  // pages=N: the pages it may still add); past them the pool answers as a full one
+  // (evictions, which add no page held, else -1). reserve(fresh) is fresh_max
+  // UINT64_MAX or 0.
+  sglang_reserve_stats reserve_capped(std::span<const std::string_view> keys, std::uint64_t now,
+                                      std::vector<sglang_slot>& out, std::uint64_t fresh_max);
 
   // confirm_write at now: binds keys[i] → pages[i] in order, then frees `releases`.
   // bad_request (detail set, nothing changed): a page outside 0..num_pages-1 in either

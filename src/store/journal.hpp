@@ -65,13 +65,19 @@ class journal {
   void sg_initialize(const sg_pool_name& pool, std::int64_t num_pages) {
     if (enabled()) append_sg_initialize(log_.pending(), pool, num_pages);
   }
-  // full: made while the memory budget was spent (replayed as by a full pool).
+  // fresh_max: the keys that could take a free or quarantined page (sglang_pool::
+  // reserve_capped): UINT64_MAX, all (sg_reserve); 0, none: the memory budget was spent or
+  // a tenant's pages=N (sg_reserve_full, replayed as by a full pool); else sg_reserve_capped.
   void sg_reserve(const sg_pool_name& pool, std::uint64_t now,
-                  std::span<const std::string_view> keys, bool full = false) {
-    if (enabled())
+                  std::span<const std::string_view> keys, std::uint64_t fresh_max = UINT64_MAX) {
+    if (!enabled()) return;
+    if (fresh_max == UINT64_MAX || fresh_max == 0) {
       append_sg_keys_at(log_.pending(),
-                        full ? record_kind::sg_reserve_full : record_kind::sg_reserve, pool, now,
-                        keys);
+                        fresh_max == 0 ? record_kind::sg_reserve_full : record_kind::sg_reserve,
+                        pool, now, keys);
+    } else {
+      append_sg_reserve_capped(log_.pending(), pool, now, fresh_max, keys);
+    }
   }
   // quarantined: its releases went to the pool's quarantine (sg_confirm_quarantined).
   void sg_confirm(const sg_pool_name& pool, std::uint64_t now,

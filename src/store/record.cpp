@@ -284,6 +284,15 @@ void append_sg_keys_at(std::string& out, record_kind kind, const sg_pool_name& p
   close_frame(out, frame);
 }
 
+void append_sg_reserve_capped(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                              std::uint64_t fresh_max, std::span<const std::string_view> keys) {
+  const std::size_t frame = open_sg_frame(out, record_kind::sg_reserve_capped, pool);
+  put(out, now);
+  put(out, fresh_max);
+  put_keys(out, keys);
+  close_frame(out, frame);
+}
+
 void append_sg_confirm(std::string& out, const sg_pool_name& pool, std::uint64_t now,
                        std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
                        std::span<const std::int64_t> releases, bool quarantined) {
@@ -430,6 +439,8 @@ bool decode_payload(std::string_view payload, record& out) {
     case record_kind::sg_reserve_full:
     case record_kind::sg_get:
       return in.get(out.now) && decode_keys(in, out, false) && in.done();
+    case record_kind::sg_reserve_capped:
+      return in.get(out.now) && in.get(out.total) && decode_keys(in, out, false) && in.done();
     case record_kind::sg_confirm:
     case record_kind::sg_confirm_quarantined:
       return in.get(out.now) && decode_keys(in, out, true) && decode_pages(in, out.releases) &&

@@ -63,6 +63,10 @@ enum class record_kind : std::uint8_t {
   // As sg_reserve, made while the memory budget was spent: replayed as by a full pool
   // (sglang_pool::reserve with fresh = false: evictions only).
   sg_reserve_full = 44,
+  // As sg_reserve, made with at most `total` keys allowed a free or quarantined page (a
+  // tenant's pages=N nearly spent; --tenants-file): replayed with the same cap
+  // (sglang_pool::reserve_capped). Additive: only a quota that cut a reserve writes one.
+  sg_reserve_capped = 45,
 };
 
 // An item of snapshot_rank_keys / snapshot_directory_keys.
@@ -90,7 +94,8 @@ struct record {
   // confirm, release, quarantine_end, snapshot_quarantine: pages returned to the pool
   std::vector<std::int64_t> releases;
   // snapshot_rank_keys: the rank's entries in the whole snapshot; snapshot_directory_keys:
-  // the core's directory keys in the whole snapshot (to size tables before filling them).
+  // the core's directory keys in the whole snapshot (to size tables before filling them);
+  // sg_reserve_capped: the keys that may take a free or quarantined page.
   std::uint64_t total = 0;
   std::string_view items;  // snapshot_rank_keys, snapshot_directory_keys: count x 20 bytes
   std::size_t item_count() const { return items.size() / kPackedItemBytes; }
@@ -152,6 +157,9 @@ void append_sg_initialize(std::string& out, const sg_pool_name& pool, std::int64
 // sg_reserve, sg_get (kind says which): now, keys.
 void append_sg_keys_at(std::string& out, record_kind kind, const sg_pool_name& pool,
                        std::uint64_t now, std::span<const std::string_view> keys);
+// sg_reserve_capped: now, the cap (keys that may take a free or quarantined page), keys.
+void append_sg_reserve_capped(std::string& out, const sg_pool_name& pool, std::uint64_t now,
+                              std::uint64_t fresh_max, std::span<const std::string_view> keys);
 // sg_confirm, or sg_confirm_quarantined when `quarantined`.
 void append_sg_confirm(std::string& out, const sg_pool_name& pool, std::uint64_t now,
                        std::span<const std::string_view> keys, std::span<const std::int64_t> pages,

@@ -108,6 +108,33 @@ TEST(SglangPool, AllocationIsPerKeyAndEvictsWithinOneBatch) {
   EXPECT_EQ(exists(pool, {"a", "b"}), (std::vector<bool>{false, false}));
 }
 
+// reserve_capped (a tenant's pages=N): at most fresh_max keys take a free (or
+// quarantined) page; the rest are answered as by a full pool: evictions, else -1.
+TEST(SglangPool, ACappedReserveTakesAtMostThatManyFreePages) {
+  sglang_pool pool(4);
+  store(pool, {"a", "b"});  // a:3 b:2, pages 1 and 0 free
+  slots out;
+  const strs names = {"x", "y", "z", "w"}, repeated = {"v", "v"}, three = {"k", "l", "m"};
+  const auto keys = views(names);
+  const sglang_reserve_stats st = pool.reserve_capped(keys, 0, out, 1);
+  EXPECT_EQ(out, S({{false, 1}, {false, 3}, {false, 2}, {false, -1}}));  // 0 stays free
+  EXPECT_EQ(st.allocated, 3u);
+  EXPECT_EQ(st.evicted, 2u);
+  EXPECT_EQ(pool.verify(), "");
+  EXPECT_EQ(pool.held(), 3u);
+  // A repeat and a hit take nothing of the cap; 0: a full pool's answer (nothing bound).
+  const auto more = views(repeated);
+  EXPECT_EQ((pool.reserve_capped(more, 0, out, 0), out), S({{false, -1}, {false, -1}}));
+  EXPECT_EQ((pool.reserve_capped(more, 0, out, 1), out), S({{false, 0}, {false, 0}}));
+  EXPECT_EQ(pool.held(), 4u);
+  // reserve(fresh) is the cap's two ends.
+  sglang_pool a(2), b(2);
+  slots with_a, with_b;
+  a.reserve(views(three), 0, with_a, true);
+  b.reserve_capped(views(three), 0, with_b, UINT64_MAX);
+  EXPECT_EQ(with_a, with_b);
+}
+
 TEST(SglangPool, DuplicateKeysInOneBatchShareOneAnswer_B4) {
   sglang_pool pool(4);
   EXPECT_EQ(reserve(pool, {"a", "b", "a", "a"}),

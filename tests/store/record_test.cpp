@@ -424,6 +424,7 @@ TEST(Record, SglangKindsRoundTrip) {
   store::append_sg_expire(log, pool, 14);
   store::append_sg_snapshot_pool(log, pool, 15, 7, 2, free, keys, pages, flights);
   store::append_sg_keys_at(log, record_kind::sg_reserve_full, pool, 16, keys);
+  store::append_sg_reserve_capped(log, pool, 17, 3, keys);
   std::vector<store::record> seen;
   std::vector<std::string> names;
   const store::scan_result result = store::scan(log, [&](const store::record& r, std::size_t) {
@@ -431,7 +432,7 @@ TEST(Record, SglangKindsRoundTrip) {
     names.push_back(std::string(r.tenant) + "/" + std::to_string(r.rank) + "/" + std::string(r.ns));
   });
   ASSERT_EQ(result.status, store::scan_status::ok);
-  ASSERT_EQ(seen.size(), 9u);
+  ASSERT_EQ(seen.size(), 10u);
   EXPECT_EQ(names[0], "llama/-3/mamba");
   EXPECT_EQ(names[4], "/0/kv");
   EXPECT_EQ(seen[0].kind, record_kind::sg_initialize);
@@ -466,6 +467,10 @@ TEST(Record, SglangKindsRoundTrip) {
   EXPECT_EQ(seen[8].kind, record_kind::sg_reserve_full);
   EXPECT_EQ(seen[8].now, 16u);
   EXPECT_EQ(seen[8].keys, keys);
+  EXPECT_EQ(seen[9].kind, record_kind::sg_reserve_capped);
+  EXPECT_EQ(seen[9].now, 17u);
+  EXPECT_EQ(seen[9].total, 3u);  // the keys that may take a free page
+  EXPECT_EQ(seen[9].keys, keys);
   // Every kind's payload, cut short, does not decode.
   for (std::size_t at = 0, n = 0; at < log.size(); ++n) {
     std::string_view payload;
