@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -95,6 +96,43 @@ TEST(RankTable, AllocateHandsOutLowestPagesInKeyOrder) {
   EXPECT_EQ(a.pages, (V{0, 1, 2}));
   EXPECT_EQ(pages_of(t, 0, {"w"}), (V{3}));
   EXPECT_EQ(stats_tuple(*t.stats(0)), stats_tuple({8, 4, 4, 0}));
+}
+
+// A page_quota (a tenant's pages=N, shared by cores): a batch's new pages are added to
+// its count before they are taken; a batch they would take past the bound is answered as
+// by a full rank (all or nothing), the count untouched; hits take nothing.
+TEST(RankTable, AllocateChargesAPageQuotaBeforeTakingPages) {
+  rank_table t;
+  t.initialize(0, 8);
+  std::atomic<std::int64_t> held{2};  // pages held elsewhere (other ranks, SGLang pools)
+  const page_quota quota{&held, 5};
+  allocation a;
+  allocate_result r = t.allocate(0, keys_t{"x", "y"}, 0, a.distinct, a.pages, UINT64_MAX, quota);
+  EXPECT_EQ(a.pages, (V{0, 1}));
+  EXPECT_EQ((std::tuple{r.taken, r.short_by, r.over_quota}), (std::tuple{2u, 0u, false}));
+  EXPECT_EQ(held.load(), 4);
+  EXPECT_EQ(t.held_pages(), 2);
+  allocation b;
+  r = t.allocate(0, keys_t{"x", "z", "w"}, 0, b.distinct, b.pages, UINT64_MAX, quota);
+  EXPECT_EQ(b.pages, (V{0, -1, -1}));  // the hit keeps its page
+  EXPECT_EQ((std::tuple{r.taken, r.short_by, r.over_quota, r.evictable}),
+            (std::tuple{0u, 1u, true, false}));  // nothing bound to evict
+  EXPECT_EQ(held.load(), 4);
+  EXPECT_EQ(stats_tuple(*t.stats(0)), stats_tuple({8, 6, 2, 0}));
+  allocation c;
+  r = t.allocate(0, keys_t{"z"}, 0, c.distinct, c.pages, UINT64_MAX, quota);
+  EXPECT_EQ(c.pages, (V{2}));
+  EXPECT_EQ(held.load(), 5);
+  // Far over a lowered bound: short by what the batch takes, no more.
+  allocation d;
+  r = t.allocate(0, keys_t{"v"}, 0, d.distinct, d.pages, UINT64_MAX, page_quota{&held, 1});
+  EXPECT_EQ((std::tuple{r.short_by, r.over_quota}), (std::tuple{1u, true}));
+  // No bound (max < 0): it only counts.
+  allocation e;
+  r = t.allocate(0, keys_t{"v"}, 0, e.distinct, e.pages, UINT64_MAX, page_quota{&held, -1});
+  EXPECT_EQ(e.pages, (V{3}));
+  EXPECT_EQ(held.load(), 6);
+  EXPECT_EQ(t.held_pages(), 4);
 }
 
 TEST(RankTable, AllocateDedupesKeysInFirstOccurrenceOrder) {
