@@ -59,8 +59,8 @@ struct tenant_usage {
   // - every other change is measured on the core that makes it and added after it: an
   //   SGLang operation adds its pool's held pages after less before (releases, expiry,
   //   deletes, evictions, clear; sglang_pools::pages_counter), and each core adds its
-  //   vLLM ranks' held pages less what it added before (core_state::settle_vllm_pages:
-  //   after confirm_write, expiry, removal walks, clear, initialize, and on each tick).
+  //   vLLM ranks' held pages less what it added before (settle_vllm_pages, node.hpp:
+  //   after confirm_write, expiry, removal walks, clear, a shrink, and on each tick).
   // So it is never below what the tenant holds, and allocations never take it past N:
   // what a tenant holds stays within pages=N, exactly. It may stand above what is held
   // until the core that freed pages adds them back (at once for SGLang; for vLLM at the
