@@ -28,7 +28,8 @@
 #                               alone, alternating, 3 rounds (REPL_ROUNDS=N); then an
 #                               empty standby's catch-up and its promotion at 1M, 4M, 8M
 #                               and 16M bindings (REPL_BINDINGS="1 8" picks; " ": none),
-#                               each the median of 3 runs (REPL_RUNS=N)
+#                               each the median of 3 runs (REPL_RUNS=N; REPL_STANDBY_CPUS=1
+#                               puts the standby on CPU 1, apart from the leader)
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
@@ -695,7 +696,7 @@ run_repl() {
           median(4), median(5), median(6), median(7), median(8), median(20), median(21), median(22)
       }' "$tmp/catch-up-rows"
   done
-  echo "(each size: ${REPL_RUNS:-3} runs, then their median, column by column)"
+  echo "(each size: ${REPL_RUNS:-3} runs, then their median, column by column; standby on CPU ${REPL_STANDBY_CPUS:-$server_cpus})"
   kill "$etcd_pid"
 }
 
@@ -739,7 +740,10 @@ while True:
   local prober=$!
   pids+=("$prober")
   t0=$(now_ms)
-  taskset -c "$server_cpus" "$server_bin" --port 18311 --cpus "$server_cpus" "${ha[@]}" \
+  # REPL_STANDBY_CPUS: the standby's CPU (default the leader's: one CPU for both nodes
+  # and the leader's cutting child; another CPU is closer to two hosts).
+  local standby_cpus=${REPL_STANDBY_CPUS:-$server_cpus}
+  taskset -c "$standby_cpus" "$server_bin" --port 18311 --cpus "$standby_cpus" "${ha[@]}" \
     --ha-node b --data-dir "$tmp/b" --repl-listen "127.0.0.1:$(($3 + 1))" >"$tmp/b.log" 2>&1 &
   local standby=$!
   pids+=("$standby")
