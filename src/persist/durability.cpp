@@ -393,11 +393,14 @@ void finish_cut(node& nd, core_state& core) {
   core.log.switch_segment(std::exchange(core.next_segment_fd, -1));
   core.log_segment = segment;
   core.segments.emplace_back(segment, core.log.segment_start());
-  // The segments the new snapshot makes old: the newest of them kept while they add up
-  // to --repl-retain-log-bytes (with --repl-listen), the rest removed with the snapshots.
+  // The segments the new snapshot makes old: the newest of them kept until they hold
+  // --repl-retain-log-bytes (with --repl-listen; the oldest kept may pass it by less than
+  // a segment), the rest removed with the snapshots. A segment is cut once it holds
+  // --snapshot-log-bytes, so it is never smaller: "kept while they add up to at most the
+  // bound" kept nothing at the defaults (256 MiB each).
   const std::uint64_t retain = nd.cfg.repl_listen.empty() ? 0 : nd.cfg.repl_retain_log_bytes;
   std::size_t keep = core.segments.size() - 1;  // index of the oldest segment kept
-  while (keep > 0 && core.segments.back().second - core.segments[keep - 1].second <= retain) --keep;
+  while (keep > 0 && core.segments.back().second - core.segments[keep].second < retain) --keep;
   core.segments.erase(core.segments.begin(),
                       core.segments.begin() + static_cast<std::ptrdiff_t>(keep));
   const std::uint64_t logs_before = core.segments.front().first;

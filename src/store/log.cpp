@@ -113,7 +113,13 @@ void log_writer::replicated_until(std::uint64_t lsn) {
 
 void log_writer::switch_segment(int fd) {
   METAD_ASSERT(in_flight_.empty());
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) {
+    // The old segment stays on disk while a leader keeps it for its standbys: give back
+    // what make_room reserved past its durable end (up to 16 MiB), and any torn write
+    // past it (its bytes are rewritten in the next segment).
+    if (allocated_ > size()) (void)::ftruncate(fd_, static_cast<off_t>(size()));
+    ::close(fd_);
+  }
   fd_ = fd;
   segment_start_ = durable_;  // positions stay monotonic: waiters keep their meaning
   allocated_ = 0;

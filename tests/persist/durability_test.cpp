@@ -1,6 +1,7 @@
 // Durability without sockets: requests through the pipeline with a data directory, the
 // group commit driven by hand, then recovery into clusters of other core counts.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cctype>
 
@@ -106,6 +107,90 @@ TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
             R"({"num_pages":64,"free":4,"reserved":0,"bound":60,"incomplete":60})");
   EXPECT_EQ(n.get("/rank/2"),
             R"({"num_pages":64,"free":62,"reserved":2,"bound":0,"incomplete":0})");
+}
+
+// --repl-retain-log-bytes keeps the newest log segments a snapshot made old. A segment is
+// cut once it holds --snapshot-log-bytes, so it is always at least that large: with the
+// two equal (the defaults: 256 MiB each) the newest old segment must still be kept.
+TEST_F(Durability, ALeaderKeepsOldLogSegmentsWhenTheRetentionEqualsTheSegmentSize) {
+  for (const std::uint64_t retain : {std::uint64_t{4096}, std::uint64_t{1} << 20}) {
+    fs::remove_all(dir_);
+    {
+      metad::config cfg;
+      cfg.data_dir = dir_;
+      cfg.snapshot_log_bytes = 4096;
+      cfg.repl_listen = "127.0.0.1:1";  // a node that may lead a standby
+      cfg.repl_retain_log_bytes = retain;
+      sim_node n(cfg, 1);
+      n.post("/rank/0/initialize", R"({"num_pages":64})");
+      for (int round = 0; round < 40; ++round) {  // ~40 KiB of log: segments of ~4 KiB
+        std::string list, confirmations;
+        for (int i = 0; i < 20; ++i) {
+          const std::string k = "\"r" + std::to_string(round) + "-" + std::to_string(i) + "\"";
+          list += (i ? "," : "") + k;
+          confirmations += (i ? ",[" : "[") + k + "," + std::to_string(i) + "]";
+        }
+        n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list + "]}");
+        n.post("/keys/confirm_write", "{\"rank\":0,\"confirmations\":[" + confirmations + "]}");
+        n.post("/keys/delete", "{\"keys\":[" + list + "]}");
+      }
+    }
+    std::uint64_t newest_snap = 0, oldest_log = UINT64_MAX;
+    for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+      const std::string name = e.path().filename().string();
+      if (const auto at = name.find(".snap-"); at != std::string::npos)
+        newest_snap = std::max<std::uint64_t>(newest_snap, std::stoull(name.substr(at + 6)));
+      if (const auto at = name.find(".log-"); at != std::string::npos)
+        oldest_log = std::min<std::uint64_t>(oldest_log, std::stoull(name.substr(at + 5)));
+    }
+    EXPECT_GE(newest_snap, 3u) << retain;
+    EXPECT_LT(oldest_log, newest_snap) << "retain " << retain << ": no old segment kept";
+  }
+}
+
+// The log segments kept for standbys hold on disk what they hold in bytes: the space the
+// writer reserved past a segment's end (up to 16 MiB, log_writer::make_room) is given back
+// when the next segment takes over, else each kept segment costs that much more.
+TEST_F(Durability, KeptLogSegmentsHoldNoReservationPastTheirEnd) {
+  {
+    metad::config cfg;
+    cfg.data_dir = dir_;
+    cfg.snapshot_log_bytes = 4096;
+    cfg.repl_listen = "127.0.0.1:1";
+    cfg.repl_retain_log_bytes = 1 << 20;
+    sim_node n(cfg, 1);
+    n.post("/rank/0/initialize", R"({"num_pages":64})");
+    for (int round = 0; round < 40; ++round) {
+      std::string list, confirmations;
+      for (int i = 0; i < 20; ++i) {
+        const std::string k = "\"r" + std::to_string(round) + "-" + std::to_string(i) + "\"";
+        list += (i ? "," : "") + k;
+        confirmations += (i ? ",[" : "[") + k + "," + std::to_string(i) + "]";
+      }
+      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list + "]}");
+      n.post("/keys/confirm_write", "{\"rank\":0,\"confirmations\":[" + confirmations + "]}");
+      n.post("/keys/delete", "{\"keys\":[" + list + "]}");
+    }
+  }
+  std::uint64_t newest_snap = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (const auto at = name.find(".snap-"); at != std::string::npos)
+      newest_snap = std::max<std::uint64_t>(newest_snap, std::stoull(name.substr(at + 6)));
+  }
+  std::size_t old = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    const auto at = name.find(".log-");
+    if (at == std::string::npos || std::stoull(name.substr(at + 5)) >= newest_snap) continue;
+    ++old;
+    struct stat st {};
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0);
+    EXPECT_LE(static_cast<std::uint64_t>(st.st_blocks) * 512,
+              (static_cast<std::uint64_t>(st.st_size) + 4095) / 4096 * 4096 + 4096)
+        << name << ": " << st.st_size << " bytes";
+  }
+  EXPECT_GT(old, 0u);
 }
 
 TEST_F(Durability, ClearIsDurableToo) {
