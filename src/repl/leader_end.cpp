@@ -220,6 +220,10 @@ bool log_file_pump::start(std::vector<segment> segments, std::uint64_t from) {
   return false;
 }
 
+void log_file_pump::extend(segment s) {
+  if (!segments_.empty() && s.start > segments_.back().start) segments_.push_back(std::move(s));
+}
+
 bool log_file_pump::open_at(std::size_t i) {
   if (fd_ >= 0) ::close(fd_);
   current_ = i;

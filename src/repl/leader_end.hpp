@@ -98,11 +98,15 @@ class log_file_pump {
 
   // From log position `from`: false (and nothing open) if no segment holds it.
   bool start(std::vector<segment> segments, std::uint64_t from);
+  // A segment the log switched to since start() (a snapshot cut while it pumps): read on
+  // once pos() reaches its start. Ignored unless it starts after the last one known.
+  void extend(segment s);
   // Appends whole frames from pos() on, at least one and about `max` bytes, none at or
   // past `until` (what is written), to `out`. False if a file could not be read or a
   // frame's length is impossible (error() says which): the stream must end.
   bool read(std::string& out, std::size_t max, std::uint64_t until);
   std::uint64_t pos() const { return pos_; }
+  std::uint64_t last_start() const { return segments_.empty() ? 0 : segments_.back().start; }
   const std::string& error() const { return error_; }
 
  private:

@@ -145,9 +145,10 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
     log::info("replication: core {} resumes node {}'s stream at {} ({} bytes resent)", c, h.node,
               a.lsn, l.stream->sent() - a.lsn);
   }
-  // Caught up once it acks what this core has shipped (from the files: once they and
-  // the retained bytes are sent and acked).
-  l.acks.start(l.files ? l.retained.end() : l.stream->sent(), smp::monotonic_ns(),
+  // Caught up once it acks what this core has shipped. From the files: not before the
+  // pump hands over to memory (pump_files starts the clock again there); meanwhile each
+  // piece sent is timed, so that a standby that stops acking is seen silent.
+  l.acks.start(l.stream->sent(), smp::monotonic_ns(),
                std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs);
   publish(c, l);
   share(c).state.store(progress::catching_up);
@@ -223,7 +224,8 @@ void replication::impl::on_ack(int c, core_end& e, leading_end& l, const repl::a
   log.replicated_until(std::min(a.lsn, log.end()));
   const bool caught_up = l.acks.acked(a.lsn, smp::monotonic_ns());
   publish(c, l);
-  if (caught_up) share(c).state.store(progress::caught_up);
+  // Still pumping from the log files: the clock starts again when the pump ends.
+  if (caught_up && !l.files) share(c).state.store(progress::caught_up);
 }
 
 // A stream resumed from the log files: whole frames from them while less than half the
@@ -237,9 +239,18 @@ void replication::impl::pump_files(int c, core_end& e, leading_end& l) {
       l.files.reset();
       share(c).pumping.store(false);
       resend(c, e, l, at);
+      // Caught up once it acks what the core shipped until now (the retained bytes).
+      l.acks.start(l.retained.end(), smp::monotonic_ns(),
+                   std::uint64_t{nd.cfg.sync_timeout_ms} * smp::kNsPerMs);
+      publish(c, l);
       log::info("replication: core {} streamed its log files up to {}; on from memory", c, at);
       return;
     }
+    // The segments the log switched to since the hello: without them the last one
+    // listed then would be read past its end once the retained bytes move past it.
+    for (const auto& [segment, start] : core(c).segments)
+      if (start > l.files->last_start())
+        l.files->extend({nd.data->log_path(nd.data->generation(), c, segment), start});
     std::string bytes;
     if (!l.files->read(bytes, std::size_t{1} << 20, std::min(l.retained.from(), log.durable()))) {
       log::warn("replication: core {}: a resumed stream ends: {}", c, l.files->error());
@@ -248,6 +259,8 @@ void replication::impl::pump_files(int c, core_end& e, leading_end& l) {
     if (bytes.empty()) return;  // the next piece is not written yet
     l.stream->send(e.out, bytes);
     send(c, e);
+    l.acks.sent(l.stream->sent(), smp::monotonic_ns());
+    publish(c, l);
   }
 }
 

@@ -188,3 +188,28 @@ TEST(ReplLogFilePump, AMissingSegmentOrADamagedLengthEndsTheStream) {
         << pump.error();
   }
 }
+
+// The log switches to a new segment while the pump reads the one that was current when it
+// started (a snapshot cut): once what it must send passes that segment's end, it reads on
+// in the new one if told of it (extend); a pump that is not told reads the old file past
+// its end and ends the stream.
+TEST(ReplLogFilePump, ASegmentTheLogSwitchedToMeanwhileIsReadOn) {
+  sim::temp_dir dir("metad-pump");
+  std::vector<repl::log_file_pump::segment> segments;
+  std::vector<std::uint64_t> at;
+  const std::string log = write_segments(dir.path(), {6}, 12, segments, at);
+  {
+    repl::log_file_pump pump;
+    ASSERT_TRUE(pump.start({segments[0]}, at[2]));  // the hello's list: segment 1 alone
+    std::string got;
+    EXPECT_FALSE(pump.read(got, 1 << 20, log.size()));  // past segment 1's end
+    EXPECT_NE(pump.error().find("shorter"), std::string::npos) << pump.error();
+  }
+  repl::log_file_pump pump;
+  ASSERT_TRUE(pump.start({segments[0]}, at[2]));
+  pump.extend(segments[1]);
+  pump.extend(segments[0]);  // known already: ignored
+  std::string got;
+  while (pump.pos() < log.size()) ASSERT_TRUE(pump.read(got, 1 << 20, log.size())) << pump.error();
+  EXPECT_EQ(got, log.substr(at[2]));
+}

@@ -223,3 +223,63 @@ TEST_F(ReplicaPair, ABatchAfterALostOneIsAGapTheStandbyExits75WithoutApplyingOrA
       },
       ::testing::ExitedWithCode(75), "a batch that does not continue this standby's log");
 }
+
+// A standby further behind than the retained window resumes from the log files
+// (on_hello: l.files). While the leader writes more than the window holds, the retained
+// bytes move past the log end the hello saw: the pump then sends file bytes beyond it,
+// and the standby's ack of them must not count it caught up (the sync set would make
+// the core's writes wait for a standby still a window or more behind, with nothing
+// unacked on the clock to say it lags). Caught up: once it acks what the core shipped
+// when the pump handed over to memory.
+TEST_F(ReplicaLeaderEnd, AStandbyPumpedFromTheLogFilesIsNotCaughtUpBeforeThePumpEnds) {
+  auto* l = glue_.ends[0].leader();
+  l->retained.begin(0);
+  const auto burst = [&](int round) {
+    std::string list, confirmations;
+    for (int i = 0; i < 1000; ++i) {
+      const std::string k = "\"" + std::to_string(round) + "-" + std::to_string(i) + "-" +
+                            std::string(150, 'x') + "\"";
+      list += (i ? "," : "") + k;
+      confirmations += (i ? ",[" : "[") + k + "," + std::to_string(i) + "]";
+    }
+    n_.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list + "]}");
+    n_.post("/keys/confirm_write", "{\"rank\":0,\"confirmations\":[" + confirmations + "]}");
+    n_.post("/keys/delete", "{\"keys\":[" + list + "]}");
+  };
+  n_.post("/rank/0/initialize", R"({"num_pages":2048})");
+  int round = 0;
+  while (l->retained.from() == 0) burst(round++);  // more than the window: 0 is in the files
+  // The hello at position 0, as on_hello answers it from the files.
+  const std::uint64_t hello_end = l->retained.end();
+  auto& segments = n_.state().core[0]->segments;
+  std::vector<repl::log_file_pump::segment> files;
+  for (const auto& [segment, start] : segments)
+    files.push_back({n_.state().data->log_path(generation(), 0, segment), start});
+  l->stream.emplace(0, generation(), 0, 0);
+  l->files = std::make_unique<repl::log_file_pump>();
+  ASSERT_TRUE(l->files->start(std::move(files), 0));
+  l->acks.start(l->retained.end(), smp::monotonic_ns(), std::uint64_t{500} * smp::kNsPerMs);
+  glue_.share(0).state.store(repl::progress::catching_up);
+  while (l->retained.from() <= hello_end) burst(round++);  // the window moves past it
+  // The pump sends file bytes up to past hello_end (as pump_files does, a piece a turn).
+  std::string wire;
+  while (l->files->pos() <= hello_end) {
+    std::string bytes;
+    ASSERT_TRUE(l->files->read(bytes, 1 << 20, std::min(l->retained.from(), log().durable())))
+        << l->files->error();
+    l->stream->send(wire, bytes);
+  }
+  ASSERT_LT(l->files->pos(), l->retained.from());  // still pumping
+  glue_.on_ack(0, glue_.ends[0], *l, ack(l->files->pos()));
+  EXPECT_FALSE(glue_.ends[0].closing);
+  EXPECT_NE(glue_.share(0).state.load(), repl::progress::caught_up)
+      << "acked " << l->files->pos() << " of a log of " << log().end()
+      << " bytes, still pumping from the files";
+  // The pump hands over to memory (the retained bytes resent): caught up once those are
+  // acked.
+  glue_.pump_files(0, glue_.ends[0], *l);
+  ASSERT_FALSE(l->files);
+  ASSERT_EQ(l->stream->sent(), log().end());
+  glue_.on_ack(0, glue_.ends[0], *l, ack(log().end()));
+  EXPECT_EQ(glue_.share(0).state.load(), repl::progress::caught_up);
+}
