@@ -241,3 +241,42 @@ TEST(DirectoryStaging, CountsPastSixteenBitsStayExact) {
 
 }  // namespace
 }  // namespace metad::shard
+
+namespace metad::shard {
+namespace {
+
+// tp_world_size at and around the staged word's unnamed tp bits (0xFFFF): 65535 is a name
+// like any other (kept in the other form), 65534 the largest the packed word holds; and a
+// fallback of 65535 for keys left unnamed.
+TEST(DirectoryStaging, TpsAtTheUnnamedBitsAreNamesLikeAnyOther) {
+  const std::string a = staging::staged_key(0), b = staging::staged_key(4),
+                    c = staging::staged_key(8), w = staging::staged_key(1);
+  packed_key pa, pb;
+  ASSERT_TRUE(pack_hex_key(a, pa));
+  ASSERT_TRUE(pack_hex_key(b, pb));
+  directory d;
+  d.restore_reserve(0);
+  d.restore_key(pa, 65535);
+  d.restore_key(pb, 65534);
+  d.restore_key(w, 65535);
+  d.restore_count(std::span<const packed_key>(&pa, 1), directory::unnamed_tp);
+  d.restore_count(std::span<const packed_key>(&pb, 1), directory::unnamed_tp);
+  d.restore_count(w, directory::unnamed_tp);
+  d.restore_count(c, directory::unnamed_tp);  // never named
+  d.restore_forget(b);
+  d.restore_key(b, 65535);
+  ASSERT_EQ(d.verify(), "");
+  EXPECT_EQ(d.restore_finish(0, 65535), 1u);
+  ASSERT_EQ(d.verify(), "");
+  std::map<std::string, std::pair<std::int32_t, std::int32_t>> got;
+  d.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
+    got[std::string(key)] = {tp, count};
+  });
+  const std::map<std::string, std::pair<std::int32_t, std::int32_t>> expected{
+      {a, {65535, 1}}, {b, {65535, 1}}, {c, {65535, 1}}, {w, {65535, 1}}};
+  EXPECT_EQ(got, expected);
+  for (const auto& [key, v] : expected) EXPECT_FALSE(d.complete(key)) << key;
+}
+
+}  // namespace
+}  // namespace metad::shard
