@@ -398,7 +398,10 @@ void finish_cut(node& nd, core_state& core) {
   // a segment), the rest removed with the snapshots. A segment is cut once it holds
   // --snapshot-log-bytes, so it is never smaller: "kept while they add up to at most the
   // bound" kept nothing at the defaults (256 MiB each).
-  const std::uint64_t retain = nd.cfg.repl_listen.empty() ? 0 : nd.cfg.repl_retain_log_bytes;
+  // A standby keeps none: no hello can resume from its files until it leads, and then
+  // every standby needs a snapshot of the new epoch anyway.
+  const std::uint64_t retain =
+      nd.cfg.repl_listen.empty() || nd.repl.following.load() ? 0 : nd.cfg.repl_retain_log_bytes;
   std::size_t keep = core.segments.size() - 1;  // index of the oldest segment kept
   while (keep > 0 && core.segments.back().second - core.segments[keep].second < retain) --keep;
   core.segments.erase(core.segments.begin(),

@@ -138,8 +138,8 @@ class standby_core {
   // position received_lsn(): appended to the core's log, then applied. Throws
   // std::runtime_error if a record no longer applies (the states diverged: resync).
   void receive(std::string_view frames);
-  // What other cores' ranks changed in this core's directory slice, counted (each turn
-  // of the core's loop, and after each receive()).
+  // What other cores' ranks changed in this core's directory slice, counted (after each
+  // receive(); replication's poll drains the feed on every turn too).
   void drain_feed();
 
   // Leader positions: what was received, and what this node's log holds durably (what

@@ -183,8 +183,11 @@ struct node {
   // (ha_gate.hpp); any thread reads.
   struct replication_status {
     std::atomic<bool> enabled{false};
-    std::atomic<bool> in_sync{false};         // leader: /sync names a standby; writes wait for it
-    std::atomic<bool> caught_up{false};       // standby: it holds the leader's whole state
+    std::atomic<bool> in_sync{false};    // leader: /sync names a standby; writes wait for it
+    std::atomic<bool> caught_up{false};  // standby: it holds the leader's whole state
+    // A standby (until promoted): its old log segments serve no hello, so it keeps none
+    // (persist::finish_cut).
+    std::atomic<bool> following{false};
     std::atomic<std::uint64_t> lag_bytes{0};  // leader: sent and not yet acked, all cores
     std::atomic<std::uint64_t> drops{0}, promotions{0}, snapshots_sent{0};
     // Connections the leader refused, by repl::refusal (handshake, name, taken,
@@ -199,9 +202,9 @@ struct node {
 // ranks (tenant_usage::sg_ranks, against ranks=N) become the distinct ranks its pools are
 // on, over every core, and its pages (tenant_usage::pages, against pages=N) those its
 // pools hold plus, for the tenant that holds vLLM's API, vLLM's ranks'; each core's
-// vLLM share and each registry's page counter are set with them. After recovery (the server, before the cores start) and when a
-// standby is promoted (persist::promote_standby, while the cores are parked): one thread,
-// no core serving.
+// vLLM share and each registry's page counter are set with them. After recovery (the server, before
+// the cores start) and when a standby is promoted (persist::promote_standby, while the cores are
+// parked): one thread, no core serving.
 void count_tenant_usage(node& nd);
 
 // On core `core`'s thread, after anything changed its vLLM ranks' pages: adds to the

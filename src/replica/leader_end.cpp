@@ -18,6 +18,10 @@ namespace {
 // alone: the stream it is for ends before another hello reaches the core.
 constexpr std::uint64_t kCutIntervalMs = 2'000;
 
+// What pump_files reads from the log files on one turn of the core, at most (about; the
+// link thread wakes a pumping core every turn, <= 20 ms).
+constexpr std::size_t kPumpBytesPerTurn = std::size_t{4} << 20;
+
 }  // namespace
 
 // What the sync set reads of this core's stream.
@@ -54,12 +58,35 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
   view.retained_from = l.retained.retaining() ? l.retained.from() : log.end();
   // Older positions of this generation are still in its log segment files (as many as
   // --repl-retain-log-bytes keeps): a standby that was cut off resumes from them.
+  // Not at or before a position a pump could not read from (a damaged or unreadable
+  // file): those need a snapshot.
   const std::deque<std::pair<std::uint64_t, std::uint64_t>>& segments = core(c).segments;
   if (l.retained.retaining() && nd.data && !segments.empty())
-    view.retained_from = std::min(view.retained_from, segments.front().second);
+    view.retained_from =
+        std::min(view.retained_from,
+                 std::max(segments.front().second, l.files_failed ? l.files_failed_at + 1 : 0));
   view.end = l.retained.retaining() ? l.retained.end() : log.end();
   repl::answer a = repl::answer_hello(h, view);
   if (!leading) a.status = repl::answer_status::refused;
+  // Behind what this core keeps in memory: from the log files first (pump_files), if
+  // they open; else a snapshot.
+  std::unique_ptr<repl::log_file_pump> pump;
+  if (a.status == repl::answer_status::stream && l.retained.retaining() &&
+      a.lsn < l.retained.from()) {
+    std::vector<repl::log_file_pump::segment> files;
+    for (const auto& [segment, start] : segments)
+      files.push_back({nd.data->log_path(view.generation, c, segment), start});
+    pump = std::make_unique<repl::log_file_pump>();
+    if (!pump->start(std::move(files), a.lsn)) {
+      log::warn("replication: core {}: node {}'s stream cannot resume at {} from the log files: {}",
+                c, h.node, a.lsn, pump->error());
+      l.files_failed = true;
+      l.files_failed_at = std::max(l.files_failed_at, a.lsn);
+      pump.reset();
+      a.status = repl::answer_status::need_snapshot;
+      a.lsn = 0;
+    }
+  }
   const std::uint64_t now = smp::monotonic_ns();
   if (a.status == repl::answer_status::need_snapshot && l.last_cut_ns != 0 &&
       now - l.last_cut_ns < kCutIntervalMs * smp::kNsPerMs) {
@@ -123,18 +150,8 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
   l.stream.emplace(view.epoch, view.generation, static_cast<std::uint32_t>(c), a.lsn);
   if (!l.retained.retaining()) {
     l.retained.begin(a.lsn);
-  } else if (a.status == repl::answer_status::stream && a.lsn < l.retained.from()) {
-    // Behind what this core keeps in memory: from the log files first (pump_files).
-    std::vector<repl::log_file_pump::segment> files;
-    for (const auto& [segment, start] : segments)
-      files.push_back({nd.data->log_path(view.generation, c, segment), start});
-    l.files = std::make_unique<repl::log_file_pump>();
-    if (!l.files->start(std::move(files), a.lsn)) {
-      log::warn("replication: core {}: node {}'s stream cannot resume at {}: {}", c, h.node, a.lsn,
-                l.files->error());
-      l.files.reset();
-      return close(c, e);
-    }
+  } else if (pump) {
+    l.files = std::move(pump);
     share(c).pumping.store(true);
     log::info(
         "replication: core {} resumes node {}'s stream at {} from its log files ({} bytes "
@@ -233,9 +250,14 @@ void replication::impl::on_ack(int c, core_end& e, leading_end& l, const repl::a
 // bytes, and the stream goes on live.
 void replication::impl::pump_files(int c, core_end& e, leading_end& l) {
   const store::log_writer& log = core(c).log;
-  while (link->at(c).queued() < queued_max / 2) {
+  std::size_t read = 0;  // this turn's: the core serves requests between turns
+  while (link->at(c).queued() < queued_max / 2 && read < kPumpBytesPerTurn) {
     const std::uint64_t at = l.files->pos();
     if (at >= l.retained.from()) {
+      // The retained bytes go at once: only once the queue has room for them, so that
+      // the live writes after them do not pass its bound.
+      const std::size_t queued = link->at(c).queued();
+      if (queued != 0 && queued + (l.retained.end() - at) > queued_max / 2) return;
       l.files.reset();
       share(c).pumping.store(false);
       resend(c, e, l, at);
@@ -254,9 +276,13 @@ void replication::impl::pump_files(int c, core_end& e, leading_end& l) {
     std::string bytes;
     if (!l.files->read(bytes, std::size_t{1} << 20, std::min(l.retained.from(), log.durable()))) {
       log::warn("replication: core {}: a resumed stream ends: {}", c, l.files->error());
+      // A hello at or before here gets a snapshot: the files cannot give it.
+      l.files_failed = true;
+      l.files_failed_at = std::max(l.files_failed_at, l.files->pos());
       return close(c, e);
     }
     if (bytes.empty()) return;  // the next piece is not written yet
+    read += bytes.size();
     l.stream->send(e.out, bytes);
     send(c, e);
     l.acks.sent(l.stream->sent(), smp::monotonic_ns());

@@ -49,6 +49,7 @@ bool replication::impl::promote() {
   // A leader now, with no standby of its own yet: its progress starts over.
   for (int c = 0; c < nd.cores; ++c) share(c).state = progress::none;
   mode = start_as::primary;
+  nd.repl.following = false;
   nd.repl.caught_up = false;
   nd.repl.promotions.fetch_add(1);
   {

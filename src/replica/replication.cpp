@@ -44,6 +44,7 @@ replication::impl::impl(pipeline::node& n, start_as as)
       sync(repl::sync_config{.sync_timeout_ms = n.cfg.sync_timeout_ms}) {
   if (as == start_as::standby)
     for (core_end& e : ends) e.role.emplace<following_end>();
+  nd.repl.following = as == start_as::standby;
   const std::uint64_t per_core = nd.memory.max() / 8 / static_cast<std::uint64_t>(n.cores);
   queued_max =
       static_cast<std::size_t>(std::clamp<std::uint64_t>(per_core, kQueuedFloor, kQueuedCeiling));
@@ -187,7 +188,9 @@ void replication::impl::poll(int c) {
   if (leading_end* l = e.leader(); l != nullptr && l->cut.running() && !e.closing)
     pump_cut(c, e, *l);
   if (leading_end* l = e.leader(); l != nullptr && l->files && !e.closing) pump_files(c, e, *l);
-  if (following_end* f = e.standby(); f != nullptr && f->applier) f->applier->drain_feed();
+  // Other cores' binding changes for this core's slice, also before its own snapshot
+  // arrives (it counts them into its directory, staged: directory::restore_count).
+  if (e.standby() != nullptr) feed->drain(c, core(c).directory);
   ack_durable(c, e);  // a standby's
   // The requirement: applied once the standby also holds what was answered before it.
   store::log_writer& log = core(c).log;

@@ -56,6 +56,10 @@ struct leading_end {
   // A resumed stream behind what `retained` holds: streamed from the log files first
   // (pump_files), what the core ships meanwhile only retained; then from memory on.
   std::unique_ptr<repl::log_file_pump> files;
+  // A pump failed to read the files at files_failed_at: hellos at or before it need a
+  // snapshot (else they would be answered stream, and fail again, forever).
+  bool files_failed = false;
+  std::uint64_t files_failed_at = 0;
 };
 // A standby core's end (standby_end.cpp).
 struct following_end {
