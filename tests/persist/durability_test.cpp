@@ -109,6 +109,21 @@ TEST_F(Durability, SnapshotsReplaceOldSegmentsAndRecover) {
             R"({"num_pages":64,"free":62,"reserved":2,"bound":0,"incomplete":0})");
 }
 
+// 40 rounds of 20 keys saved on rank 0 and deleted: about 40 KiB of log.
+void churn(sim_node& n) {
+  for (int round = 0; round < 40; ++round) {
+    std::string list, confirmations;
+    for (int i = 0; i < 20; ++i) {
+      const std::string k = "\"r" + std::to_string(round) + "-" + std::to_string(i) + "\"";
+      list += (i ? "," : "") + k;
+      confirmations += (i ? ",[" : "[") + k + "," + std::to_string(i) + "]";
+    }
+    n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list + "]}");
+    n.post("/keys/confirm_write", "{\"rank\":0,\"confirmations\":[" + confirmations + "]}");
+    n.post("/keys/delete", "{\"keys\":[" + list + "]}");
+  }
+}
+
 // --repl-retain-log-bytes keeps the newest log segments a snapshot made old. A segment is
 // cut once it holds --snapshot-log-bytes, so it is always at least that large: with the
 // two equal (the defaults: 256 MiB each) the newest old segment must still be kept.
@@ -123,17 +138,7 @@ TEST_F(Durability, ALeaderKeepsOldLogSegmentsWhenTheRetentionEqualsTheSegmentSiz
       cfg.repl_retain_log_bytes = retain;
       sim_node n(cfg, 1);
       n.post("/rank/0/initialize", R"({"num_pages":64})");
-      for (int round = 0; round < 40; ++round) {  // ~40 KiB of log: segments of ~4 KiB
-        std::string list, confirmations;
-        for (int i = 0; i < 20; ++i) {
-          const std::string k = "\"r" + std::to_string(round) + "-" + std::to_string(i) + "\"";
-          list += (i ? "," : "") + k;
-          confirmations += (i ? ",[" : "[") + k + "," + std::to_string(i) + "]";
-        }
-        n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list + "]}");
-        n.post("/keys/confirm_write", "{\"rank\":0,\"confirmations\":[" + confirmations + "]}");
-        n.post("/keys/delete", "{\"keys\":[" + list + "]}");
-      }
+      churn(n);  // ~40 KiB of log: segments of ~4 KiB
     }
     std::uint64_t newest_snap = 0, oldest_log = UINT64_MAX;
     for (const auto& e : fs::recursive_directory_iterator(dir_)) {
@@ -160,17 +165,7 @@ TEST_F(Durability, KeptLogSegmentsHoldNoReservationPastTheirEnd) {
     cfg.repl_retain_log_bytes = 1 << 20;
     sim_node n(cfg, 1);
     n.post("/rank/0/initialize", R"({"num_pages":64})");
-    for (int round = 0; round < 40; ++round) {
-      std::string list, confirmations;
-      for (int i = 0; i < 20; ++i) {
-        const std::string k = "\"r" + std::to_string(round) + "-" + std::to_string(i) + "\"";
-        list += (i ? "," : "") + k;
-        confirmations += (i ? ",[" : "[") + k + "," + std::to_string(i) + "]";
-      }
-      n.post("/keys/batch_allocate", "{\"rank\":0,\"keys\":[" + list + "]}");
-      n.post("/keys/confirm_write", "{\"rank\":0,\"confirmations\":[" + confirmations + "]}");
-      n.post("/keys/delete", "{\"keys\":[" + list + "]}");
-    }
+    churn(n);
   }
   std::uint64_t newest_snap = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir_)) {

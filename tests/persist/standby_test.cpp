@@ -25,6 +25,89 @@ class Standby : public ::testing::Test {
  protected:
   sim::temp_dir dir_{"metad-standby"};
   const std::string base_ = dir_.path();
+
+  // --tenants-file's table, with each token's hash in place of {token-NAME}.
+  static void publish_tenants(pipeline::node& nd, const std::string& lines) {
+    std::string text = lines;
+    for (std::size_t at; (at = text.find("{token-")) != std::string::npos;) {
+      const std::size_t end = text.find('}', at);
+      std::string hex;
+      for (const unsigned char b : pipeline::token_sha256(text.substr(at + 1, end - at - 1)))
+        hex += fmt::format("{:02x}", b);
+      text.replace(at, end - at + 1, hex);
+    }
+    auto table = std::make_shared<pipeline::tenant_table>();
+    ASSERT_EQ(pipeline::parse_tenants(text, pipeline::kPatterns, *table), "");
+    nd.tenants.publish(std::move(table));
+  }
+  // The leader's log of each core (base_/leader, generation 1, its first segment).
+  std::vector<std::string> leader_logs() const {
+    std::vector<std::string> logs;
+    for (int c = 0; c < kCores; ++c)
+      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+    return logs;
+  }
+  // Each core's whole log to the standby in one batch; then its data directory copied
+  // to dir + "-copy" (what a restart of it would recover).
+  static void ship_and_copy(standby& s, const std::vector<std::string>& logs,
+                            const std::string& dir) {
+    for (int c = 0; c < kCores; ++c) {
+      repl::leader_stream out(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
+      std::string wire;
+      out.send(wire, logs[static_cast<std::size_t>(c)]);
+      s.receive(c, wire, true);
+    }
+    copy_data_dir(s, dir);
+  }
+  // The standby's own data directory, as it is now (before promotion writes to it), to
+  // dir + "-copy": what a restart of it would recover.
+  static void copy_data_dir(standby& s, const std::string& dir) {
+    s.settle();
+    fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
+    fs::remove(dir + "-copy/LOCK");
+  }
+  // Promoted, the standby answers as `expected` (the leader's answers), and so does a
+  // restart from its own data directory as it was before promotion.
+  static void promote_and_compare(standby& s, const std::string& dir, const std::string& expected) {
+    copy_data_dir(s, dir);
+    s.promote();
+    EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
+    EXPECT_EQ(probe(s.n()), expected);
+    sim_node restarted(dir + "-copy", kCores);
+    EXPECT_EQ(probe(restarted), expected);
+  }
+  // Each core's log in batches of 1 to max_batch frames, the cores' turns at random
+  // (first >= 0: that core's whole stream first), acks at random; then every core synced.
+  static void ship_interleaved(standby& s, const std::vector<std::string>& logs, std::mt19937& rng,
+                               int first, std::size_t max_batch) {
+    std::vector<std::vector<std::size_t>> at;
+    std::vector<std::size_t> next(kCores, 0);
+    std::vector<std::unique_ptr<repl::leader_stream>> out;
+    for (int c = 0; c < kCores; ++c) {
+      at.push_back(frame_starts(logs[static_cast<std::size_t>(c)]));
+      out.push_back(
+          std::make_unique<repl::leader_stream>(kEpoch, 1, static_cast<std::uint32_t>(c), 0));
+    }
+    const auto left = [&](int c) { return next[c] + 1 < at[c].size(); };
+    while (left(0) || left(1)) {
+      int c = first >= 0 && left(first) ? first : static_cast<int>(rng() % kCores);
+      if (!left(c)) c = 1 - c;
+      const std::size_t i = next[c];
+      const std::size_t j = std::min(at[c].size() - 1, i + 1 + rng() % max_batch);
+      std::string wire;
+      out[c]->send(wire, std::string_view(logs[c]).substr(at[c][i], at[c][j] - at[c][i]));
+      s.receive(c, wire, rng() % 2 == 0);
+      next[c] = j;
+    }
+    for (int c = 0; c < kCores; ++c) s.sync(c);
+  }
+  // A request with a bearer token; the whole answer.
+  static std::string post_as(sim_node& n, std::string_view token, std::string_view path,
+                             std::string_view body) {
+    return n.send(
+        fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{}",
+                    path, token, body.size(), body));
+  }
 };
 
 // The leader's log of each core, from its files, shipped in batches cut at random frame
@@ -36,8 +119,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
   {
     sim_node leader(base_ + "/leader", kCores);
     history(leader);
-    for (int c = 0; c < kCores; ++c)
-      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+    logs = leader_logs();
     expected = probe(leader);  // after the logs were read: probe() changes the state
     EXPECT_EQ(pipeline::check_consistency(leader.state()), "");
   }
@@ -88,15 +170,7 @@ TEST_F(Standby, AppliesTheLeadersLogCutAnywhereAndAnswersAsTheLeaderDoes) {
       }
       EXPECT_GT(cut, 0u);
     }
-    // The standby's own data directory, as it is now (before promotion writes to it).
-    s.settle();
-    fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
-    fs::remove(dir + "-copy/LOCK");
-    s.promote();
-    EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
-    EXPECT_EQ(probe(s.n()), expected);
-    sim_node restarted(dir + "-copy", kCores);
-    EXPECT_EQ(probe(restarted), expected);
+    promote_and_compare(s, dir, expected);
   }
 }
 
@@ -110,8 +184,7 @@ TEST_F(Standby, AppliesTheCoresStreamsInAnyInterleaving) {
   {
     sim_node leader(base_ + "/leader", kCores);
     history(leader);
-    for (int c = 0; c < kCores; ++c)
-      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+    logs = leader_logs();
     expected = probe(leader);
   }
   for (std::uint32_t seed = 1; seed <= 12; ++seed) {
@@ -119,35 +192,9 @@ TEST_F(Standby, AppliesTheCoresStreamsInAnyInterleaving) {
     std::mt19937 rng(seed);
     const std::string dir = base_ + "/standby-" + std::to_string(seed);
     standby s(dir, 1, kCores, seed % 3 == 0 ? 2048 : 1u << 30);
-    std::vector<std::vector<std::size_t>> at;
-    std::vector<std::size_t> next(kCores, 0);
-    std::vector<std::unique_ptr<repl::leader_stream>> out;
-    for (int c = 0; c < kCores; ++c) {
-      at.push_back(frame_starts(logs[static_cast<std::size_t>(c)]));
-      out.push_back(std::make_unique<repl::leader_stream>(kEpoch, 1, static_cast<std::uint32_t>(c), 0));
-    }
-    const auto left = [&](int c) { return next[c] + 1 < at[c].size(); };
-    while (left(0) || left(1)) {
-      int c = static_cast<int>(rng() % kCores);
-      if (seed == 1) c = left(0) ? 0 : 1;  // core 0 whole, then core 1
-      if (seed == 2) c = left(1) ? 1 : 0;  // core 1 whole, then core 0
-      if (!left(c)) c = 1 - c;
-      const std::size_t i = next[c];
-      const std::size_t j = std::min(at[c].size() - 1, i + 1 + rng() % 3);
-      std::string wire;
-      out[c]->send(wire, std::string_view(logs[c]).substr(at[c][i], at[c][j] - at[c][i]));
-      s.receive(c, wire, rng() % 2 == 0);
-      next[c] = j;
-    }
-    for (int c = 0; c < kCores; ++c) s.sync(c);
-    s.settle();
-    fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
-    fs::remove(dir + "-copy/LOCK");
-    s.promote();
-    EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
-    EXPECT_EQ(probe(s.n()), expected);
-    sim_node restarted(dir + "-copy", kCores);
-    EXPECT_EQ(probe(restarted), expected);
+    // Seed 1: core 0's whole stream, then core 1's; seed 2: the other way round.
+    ship_interleaved(s, logs, rng, seed == 1 ? 0 : seed == 2 ? 1 : -1, 3);
+    promote_and_compare(s, dir, expected);
   }
 }
 
@@ -174,9 +221,9 @@ TEST_F(Standby, RandomHistoriesInterleavedPromoteAsARestartRecovers) {
                       "{\"rank\":" + std::to_string(r) + ",\"keys\":[" + list(from, to) + "]}");
           // Confirm what the allocation gave: ask for the pages.
           std::string conf;
-          const std::string got = leader.post(
-              "/keys/batch_allocate",
-              "{\"rank\":" + std::to_string(r) + ",\"keys\":[" + list(from, to) + "]}");
+          const std::string got =
+              leader.post("/keys/batch_allocate",
+                          "{\"rank\":" + std::to_string(r) + ",\"keys\":[" + list(from, to) + "]}");
           // results: [["key",page],...]
           std::size_t at = 0;
           while ((at = got.find("[\"", at)) != std::string::npos) {
@@ -186,8 +233,8 @@ TEST_F(Standby, RandomHistoriesInterleavedPromoteAsARestartRecovers) {
             at = close;
           }
           if (!conf.empty() && rng() % 4 != 0)
-            leader.post("/keys/confirm_write", "{\"rank\":" + std::to_string(r) +
-                                                    ",\"confirmations\":[" + conf + "]}");
+            leader.post("/keys/confirm_write",
+                        "{\"rank\":" + std::to_string(r) + ",\"confirmations\":[" + conf + "]}");
         } else if (op < 65) {
           leader.post("/keys/delete", "{\"keys\":[" + list(from, to) + "]}");
         } else if (op < 78) {
@@ -213,29 +260,8 @@ TEST_F(Standby, RandomHistoriesInterleavedPromoteAsARestartRecovers) {
     }
     const std::string dir = root + "/standby";
     standby s(dir, 1, kCores, seed % 2 == 0 ? 2048 : 1u << 30);
-    std::vector<std::vector<std::size_t>> at;
-    std::vector<std::size_t> next(kCores, 0);
-    std::vector<std::unique_ptr<repl::leader_stream>> out;
-    for (int c = 0; c < kCores; ++c) {
-      at.push_back(frame_starts(logs[static_cast<std::size_t>(c)]));
-      out.push_back(
-          std::make_unique<repl::leader_stream>(kEpoch, 1, static_cast<std::uint32_t>(c), 0));
-    }
-    const auto left = [&](int c) { return next[c] + 1 < at[c].size(); };
-    while (left(0) || left(1)) {
-      int c = static_cast<int>(rng() % kCores);
-      if (!left(c)) c = 1 - c;
-      const std::size_t i = next[c];
-      const std::size_t j = std::min(at[c].size() - 1, i + 1 + rng() % 4);
-      std::string wire;
-      out[c]->send(wire, std::string_view(logs[c]).substr(at[c][i], at[c][j] - at[c][i]));
-      s.receive(c, wire, rng() % 2 == 0);
-      next[c] = j;
-    }
-    for (int c = 0; c < kCores; ++c) s.sync(c);
-    s.settle();
-    fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
-    fs::remove(dir + "-copy/LOCK");
+    ship_interleaved(s, logs, rng, -1, 4);
+    copy_data_dir(s, dir);
     s.promote();
     EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
     std::string restarted;
@@ -298,18 +324,8 @@ TEST_F(Standby, ALiveLeaderAcknowledgesOnlyWhatTheStandbyHolds) {
 // server's start-up: recovery, then pipeline::count_tenant_usage), not from what the
 // standby counted when it started empty.
 TEST_F(Standby, PromotionCountsEachTenantsRanksAsARestartDoes) {
-  const auto hex = [](std::string_view token) {
-    std::string out;
-    for (const unsigned char b : pipeline::token_sha256(token)) out += fmt::format("{:02x}", b);
-    return out;
-  };
-  const auto publish = [&](pipeline::node& nd) {
-    auto table = std::make_shared<pipeline::tenant_table>();
-    ASSERT_EQ(pipeline::parse_tenants(
-                  "t " + hex("token-t") + " ranks=3\nu " + hex("token-u") + " ranks=1\n",
-                  pipeline::kPatterns, *table),
-              "");
-    nd.tenants.publish(std::move(table));
+  const auto publish = [](pipeline::node& nd) {
+    publish_tenants(nd, "t {token-t} ranks=3\nu {token-u} ranks=1\n");
   };
   const auto counts = [](pipeline::node& nd) {
     std::string out;
@@ -325,22 +341,13 @@ TEST_F(Standby, PromotionCountsEachTenantsRanksAsARestartDoes) {
       EXPECT_EQ(leader.post(path, R"({"num_pages":4})"), "");  // 204: no body
     // A second pool on a rank the tenant holds counts no second rank.
     leader.post("/t/2/initialize", R"({"num_pages":4,"namespace":"swa"})");
-    for (int c = 0; c < kCores; ++c)
-      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+    logs = leader_logs();
   }
   const std::string dir = base_ + "/standby";
   standby s(dir, 1);
   publish(s.n().state());                            // the server loads the file before recovery
   s.n().state().tenants.usage("gone").sg_ranks = 5;  // a count with no pools behind it
-  for (int c = 0; c < kCores; ++c) {
-    repl::leader_stream out(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
-    std::string wire;
-    out.send(wire, logs[static_cast<std::size_t>(c)]);
-    s.receive(c, wire, true);
-  }
-  s.settle();
-  fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
-  fs::remove(dir + "-copy/LOCK");
+  ship_and_copy(s, logs, dir);
   EXPECT_EQ(counts(s.n().state()), "=0 t=0 u=0 gone=5 ");  // replayed, not counted yet
   s.promote();
   const std::string promoted = counts(s.n().state());
@@ -352,11 +359,7 @@ TEST_F(Standby, PromotionCountsEachTenantsRanksAsARestartDoes) {
   // The quota holds on the promoted node: t is at ranks=3, and may add a pool on a rank
   // it holds.
   const auto initialize = [&](std::string_view path) {
-    const std::string body = R"({"num_pages":4})";
-    const std::string answer =
-        s.n().send(fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer token-t\r\n"
-                               "content-length: {}\r\n\r\n{}",
-                               path, body.size(), body));
+    const std::string answer = post_as(s.n(), "token-t", path, R"({"num_pages":4})");
     return answer.substr(0, answer.find("\r\n"));
   };
   EXPECT_EQ(initialize("/4/initialize"), "HTTP/1.1 403 Forbidden");
@@ -367,18 +370,8 @@ TEST_F(Standby, PromotionCountsEachTenantsRanksAsARestartDoes) {
 // tenant's SGLang pages (in flight and bound) on every core, and vLLM's ranks' for the
 // tenant that holds vLLM's API; then the quota holds on the promoted node.
 TEST_F(Standby, PromotionCountsEachTenantsPagesAsARestartDoes) {
-  const auto hex = [](std::string_view token) {
-    std::string out;
-    for (const unsigned char b : pipeline::token_sha256(token)) out += fmt::format("{:02x}", b);
-    return out;
-  };
-  const auto publish = [&](pipeline::node& nd) {
-    auto table = std::make_shared<pipeline::tenant_table>();
-    ASSERT_EQ(pipeline::parse_tenants(
-                  "t " + hex("token-t") + " pages=7 vllm\nu " + hex("token-u") + " pages=2\n",
-                  pipeline::kPatterns, *table),
-              "");
-    nd.tenants.publish(std::move(table));
+  const auto publish = [](pipeline::node& nd) {
+    publish_tenants(nd, "t {token-t} pages=7 vllm\nu {token-u} pages=2\n");
   };
   const auto counts = [](pipeline::node& nd) {
     std::string out;
@@ -405,22 +398,13 @@ TEST_F(Standby, PromotionCountsEachTenantsPagesAsARestartDoes) {
               R"({"message":")");
     EXPECT_EQ(leader.post("/keys/batch_allocate", R"({"rank":1,"keys":["v","w"]})"),
               R"({"rank":1,"results":[["v",0],["w",1]]})");
-    for (int c = 0; c < kCores; ++c)
-      logs.push_back(read_file(base_ + "/leader/g1/core-" + std::to_string(c) + ".log-1"));
+    logs = leader_logs();
   }
   const std::string dir = base_ + "/standby";
   standby s(dir, 1);
   publish(s.n().state());
   s.n().state().tenants.usage("gone").pages = 5;  // a count with no pages behind it
-  for (int c = 0; c < kCores; ++c) {
-    repl::leader_stream out(kEpoch, 1, static_cast<std::uint32_t>(c), 0);
-    std::string wire;
-    out.send(wire, logs[static_cast<std::size_t>(c)]);
-    s.receive(c, wire, true);
-  }
-  s.settle();
-  fs::copy(dir, dir + "-copy", fs::copy_options::recursive);
-  fs::remove(dir + "-copy/LOCK");
+  ship_and_copy(s, logs, dir);
   s.promote();
   const std::string promoted = counts(s.n().state());
   EXPECT_EQ(promoted, "t=6 u=2 gone=0 ");
@@ -429,10 +413,7 @@ TEST_F(Standby, PromotionCountsEachTenantsPagesAsARestartDoes) {
   pipeline::count_tenant_usage(restarted.state());
   EXPECT_EQ(counts(restarted.state()), promoted);
   const auto as = [&](std::string_view token, std::string_view path, std::string_view body) {
-    const std::string answer =
-        s.n().send(fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer {}\r\n"
-                               "content-length: {}\r\n\r\n{}",
-                               path, token, body.size(), body));
+    const std::string answer = post_as(s.n(), token, path, body);
     return answer.substr(answer.find("\r\n\r\n") + 4);
   };
   // t holds 6 of its 7: one page more, on either API, then -1; u is at its 2.
