@@ -1241,8 +1241,10 @@ class MemoryBudgetTest(OpsTestCase):
                     full = [body.count(b",-1]") == per_request for _, _, body in answers]
                     if any(status != 200 for status, _, _ in answers):
                         return failures.append(("vllm", answers[0][0], answers[0][2][:200]))
-                    if any(f and not all(full[i:]) for i, f in enumerate(full)):
-                        return failures.append(("vllm", "served after a refusal"))
+                    # No check that every request after a refused one is refused too:
+                    # the SGLang writer's evictions free key bytes meanwhile, and once the
+                    # sampled resident size shows it a new key fits the budget again (seen
+                    # once under ASan in a fresh-clone run). Each request is all or nothing.
                     if not any(full) and any(b",-1]" in body for _, _, body in answers):
                         return failures.append(("vllm", "served in part"))
                     if full[0]:
