@@ -29,7 +29,8 @@
 #                               empty standby's catch-up and its promotion at 1M, 4M, 8M
 #                               and 16M bindings (REPL_BINDINGS="1 8" picks; " ": none),
 #                               each the median of 3 runs (REPL_RUNS=N; REPL_STANDBY_CPUS=1
-#                               puts the standby on CPU 1, apart from the leader)
+#                               puts the standby on CPU 1, apart from the leader;
+#                               REPL_KEEP_LOGS=DIR keeps both nodes' logs of each run)
 #   scripts/bench.sh --sglang   ~2 minutes: SGLang's calls against vLLM's at 128 keys;
 #                               with --sglang-ref FILE (SGLang's mini_3fs_metadata_server.py,
 #                               which is not in this repository) also against SGLang's own
@@ -791,6 +792,12 @@ print(url, proc.pid)' "$tmp" "$server_port" 18311)
     sleep 0.005
   done
   kill "$haproxy" 2>/dev/null || true
+  # REPL_KEEP_LOGS=DIR: both nodes' logs of each run, for a look at the timeline.
+  if [[ -n ${REPL_KEEP_LOGS:-} ]]; then
+    mkdir -p "$REPL_KEEP_LOGS"
+    cp "$tmp/a.log" "$REPL_KEEP_LOGS/$cluster-a.log"
+    cp "$tmp/b.log" "$REPL_KEEP_LOGS/$cluster-b.log"
+  fi
   bytes=$(grep -o 'its state at [0-9]*: [0-9]* bytes' "$tmp/a.log" | awk '{s += $5} END {print s + 0}')
   promoted=$(grep -o 'promoted in [0-9.]* ms' "$tmp/b.log" | awk '{print $3}')
   # Its split (replayer.cpp, promote_standby): finishing the directory, then the rest
