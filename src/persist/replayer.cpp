@@ -142,23 +142,29 @@ void replayer::collect_confirmed() {
   });
   for (auto& owner : out_.by_owner)
     owner.gained.reserve(cores == 1 ? bound : bound / cores * 9 / 8);
-  char text[shard::packed_key_chars];
-  ranks.for_each_rank_packed(
+  collect_bindings(/*lost=*/false);
+}
+
+void replayer::collect_bindings(bool lost) {
+  node_.core[core_]->ranks.for_each_rank_packed(
       [](std::int64_t, const shard::rank_stats&, std::size_t) {},
       [&](const shard::rank_table::packed_binding& b) {
         if (!b.confirmed) return;
-        std::size_t owner = 0;
-        if (cores > 1) {
-          shard::unpack_hex_key(b.key, text);
-          owner = static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
-        }
-        out_.by_owner[owner].gained.push_back(b.key);
+        binding_changes& to = out_.by_owner[owner_of(b.key)];
+        (lost ? to.lost : to.gained).push_back(b.key);
       },
       [&](std::string_view key, std::int64_t, bool confirmed) {
         if (!confirmed) return;
-        out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))].gained_others.emplace_back(
-            key);
+        binding_changes& to = out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))];
+        (lost ? to.lost_others : to.gained_others).emplace_back(key);
       });
+}
+
+std::size_t replayer::owner_of(const shard::packed_key& key) const {
+  if (node_.cores == 1) return 0;
+  char text[shard::packed_key_chars];
+  shard::unpack_hex_key(key, text);
+  return static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
 }
 
 void replayer::changed(std::string_view key, bool gained) {
@@ -182,29 +188,17 @@ void replayer::restore_rank_keys(const store::record& r, shard::rank_table& rank
     throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
                              " cannot be restored (out of range, taken, or a key twice)");
   if (!tracking_) return;
-  char text[shard::packed_key_chars];
-  for (const shard::rank_table::packed_binding& b : bindings_) {
-    if (!b.confirmed) continue;
-    std::size_t owner = 0;
-    if (node_.cores > 1) {
-      shard::unpack_hex_key(b.key, text);
-      owner = static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
-    }
-    out_.by_owner[owner].gained.push_back(b.key);
-  }
+  for (const shard::rank_table::packed_binding& b : bindings_)
+    if (b.confirmed) out_.by_owner[owner_of(b.key)].gained.push_back(b.key);
 }
 
 // A chunk of a former core's directory keys: those this core owns now.
 void replayer::restore_directory_keys(const store::record& r, shard::directory& directory) {
-  char text[shard::packed_key_chars];
   const std::size_t count = r.item_count();
   for (std::size_t i = 0; i < count; ++i) {
     const store::packed_item item = store::packed_item_at(r.items, i);
     const shard::packed_key key{item.lo, item.hi};
-    if (node_.cores > 1) {
-      shard::unpack_hex_key(key, text);
-      if (node_.key_owner(std::string_view(text, sizeof text)) != core_) continue;
-    }
+    if (owner_of(key) != static_cast<std::size_t>(core_)) continue;
     ++out_.records;
     directory.restore_key(key, static_cast<std::int32_t>(item.value));
   }
@@ -291,21 +285,7 @@ void standby_core::receive(std::string_view frames) {
       // confirmed binding of this core's ranks is lost (counted off in its owner's
       // slice), and this core's slice forgets every key's tp_world_size; the counts of
       // other cores' bindings stay until their own clear arrives.
-      core.ranks.for_each_rank_packed(
-          [](std::int64_t, const shard::rank_stats&, std::size_t) {},
-          [&](const shard::rank_table::packed_binding& b) {
-            if (!b.confirmed) return;
-            char text[shard::packed_key_chars];
-            shard::unpack_hex_key(b.key, text);
-            out_.by_owner[static_cast<std::size_t>(
-                              node_.key_owner(std::string_view(text, sizeof text)))]
-                .lost.push_back(b.key);
-          },
-          [&](std::string_view key, std::int64_t, bool confirmed) {
-            if (confirmed)
-              out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))]
-                  .lost_others.emplace_back(key);
-          });
+      replayer_.collect_bindings(/*lost=*/true);
       core.ranks.clear();
       hand_over();  // the losses reach their owners before anything after the clear
       core.directory.restore_forget_all();

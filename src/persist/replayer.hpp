@@ -87,6 +87,9 @@ class replayer {
   // After the last record: the keys this core's ranks hold confirmed, by the core
   // that owns each key's directory slice (which counts them).
   void collect_confirmed();
+  // Every confirmed binding this core's ranks hold, into the output by owner, as gained
+  // or (a clear on a hot standby) lost.
+  void collect_bindings(bool lost);
   // Every binding change from here on goes into the output as it happens (a hot
   // standby: standby_core hands them to their owners after each batch).
   void track_changes() { tracking_ = true; }
@@ -102,6 +105,8 @@ class replayer {
   void restore_directory_keys(const store::record& r, shard::directory& directory);
   // tracking_: a confirmed binding of `key` gained or lost on this core's ranks.
   void changed(std::string_view key, bool gained);
+  // The core that owns a 32-hex key's directory slice.
+  std::size_t owner_of(const shard::packed_key& key) const;
 
   pipeline::node& node_;
   int core_;
