@@ -9,15 +9,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <system_error>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "metad/log.hpp"
 #include "persist/replayer.hpp"
 #include "pipeline/sglang_journal.hpp"
 #include "shard/packed_key.hpp"
+#include "shard/packed_map.hpp"
+#include "shard/rank_table.hpp"
 #include "store/record.hpp"
 #include "store/recovery.hpp"
 
@@ -51,27 +55,86 @@ void replay_files(node& nd, int core, const std::vector<store::checked_group>& g
 
 // A core's state as snapshot records, appended to `out`; spill(out) is called between
 // records whenever out holds kSpillBytes or more (it may write and clear them). Rank by
-// rank: snapshot_rank, its 32-hex keys in snapshot_rank_keys chunks, its other keys as
-// snapshot_entry records; then each rank's quarantined pages; then the directory: 32-hex keys in
-// snapshot_directory_keys chunks, any other as directory_key records.
+// rank: snapshot_rank, then its 32-hex keys: when its table can be dumped as laid out
+// (packed_map::image_buckets), its bound keys as an image in snapshot_rank_slots chunks
+// and its reserved ones after them, else all of them in snapshot_rank_keys chunks; then
+// its other keys as snapshot_entry records. Then each rank's quarantined pages; then
+// the directory: 32-hex keys in snapshot_directory_keys chunks, any other as
+// directory_key records.
 constexpr std::size_t kSpillBytes = 4 << 20;
 
 template <typename Spill>
 void serialize(const core_state& core, std::string& out, Spill&& spill) {
+  using binding = shard::rank_table::packed_binding;
+  constexpr std::size_t ways = shard::packed_map::ways;
   std::int64_t rank_now = 0;
   std::size_t total = 0, left = 0, frame = 0, in_chunk = 0;
+  // snapshot_rank_keys chunks of `keys` (total: the rank's in all).
+  auto write_keys = [&](std::span<const binding> keys, std::size_t all) {
+    for (std::size_t from = 0; from < keys.size(); from += store::kPackedItemsMax) {
+      if (out.size() >= kSpillBytes) spill(out);
+      frame = store::begin_rank_keys(out, rank_now, all);
+      const std::size_t to = std::min(keys.size(), from + std::size_t{store::kPackedItemsMax});
+      for (std::size_t i = from; i < to; ++i)
+        store::add_packed_item(out, {keys[i].key.lo, keys[i].key.hi,
+                                     keys[i].page | (keys[i].confirmed ? 1u << 31 : 0u)});
+      store::end_packed(out, frame);
+    }
+  };
+  // The image of the rank being written (buckets 0: none), its open chunk's first
+  // bucket and masks, and its reserved keys (written after it).
+  std::uint64_t buckets = 0, chunk_first = 0;
+  bool chunk_open = false;
+  std::vector<std::uint8_t> masks(store::kSlotBucketsMax);
+  std::vector<binding> reserved;
+  auto chunk_buckets = [&] {
+    return static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(store::kSlotBucketsMax, buckets - chunk_first));
+  };
+  auto close_chunk = [&] {
+    if (!chunk_open) return;
+    store::end_rank_slots(out, frame, std::span(masks.data(), chunk_buckets()));
+    chunk_open = false;
+  };
+  auto add_to_image = [&](const binding& b) {
+    const std::uint64_t bucket = b.slot / ways;
+    if (chunk_open && bucket >= chunk_first + store::kSlotBucketsMax) close_chunk();
+    if (!chunk_open) {
+      if (out.size() >= kSpillBytes) spill(out);
+      chunk_first = bucket - bucket % store::kSlotBucketsMax;  // chunks start at multiples
+      frame = store::begin_rank_slots(out, rank_now, shard::packed_map::image_layout, buckets,
+                                      chunk_first, chunk_buckets());
+      std::fill(masks.begin(), masks.end(), std::uint8_t{0});
+      chunk_open = true;
+    }
+    masks[bucket - chunk_first] |= static_cast<std::uint8_t>(1u << (b.slot % ways));
+    store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | 1u << 31});
+  };
   core.ranks.for_each_rank_packed(
-      [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed) {
+      [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed,
+          std::size_t image_buckets) {
         if (out.size() >= kSpillBytes) spill(out);
         store::append_snapshot_rank(out, rank, st.num_pages);
         rank_now = rank;
         total = left = packed;
         in_chunk = 0;
-        if (left > 0) frame = store::begin_rank_keys(out, rank, packed);
+        buckets = packed > 0 ? image_buckets : 0;
+        if (left > 0 && buckets == 0) frame = store::begin_rank_keys(out, rank, packed);
       },
-      [&](const shard::rank_table::packed_binding& b) {
-        store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | (b.confirmed ? 1u << 31 : 0u)});
+      [&](const binding& b) {
         --left;
+        if (buckets != 0) {
+          if (b.confirmed)
+            add_to_image(b);
+          else
+            reserved.push_back(b);
+          if (left > 0) return;
+          close_chunk();
+          write_keys(reserved, reserved.size());
+          reserved.clear();
+          return;
+        }
+        store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | (b.confirmed ? 1u << 31 : 0u)});
         if (++in_chunk < store::kPackedItemsMax && left > 0) return;
         store::end_packed(out, frame);
         if (out.size() >= kSpillBytes) spill(out);
@@ -189,12 +252,18 @@ replay_summary replay(node& nd, const store::data_dir& dir) {
   nd.worker_ranks = sum.ranks;
   on_every_core(
       nd, [&](int c) { rebuild_directory(nd, c, outputs, static_cast<std::int32_t>(sum.ranks)); });
-  for (auto& out : outputs) sum.records += out.records;
+  std::uint64_t laid = 0, by_key = 0;
+  for (auto& out : outputs) {
+    sum.records += out.records;
+    laid += out.images_laid;
+    by_key += out.images_by_key;
+  }
   for (auto& core : nd.core) sum.keys += core->directory.size();
   metad::log::info(
-      "recovery: files mapped in {:.0f} ms, checked in {:.0f} ms, replayed in {:.0f} ms, "
-      "directory in {:.0f} ms",
-      load_ms, check_ms, replay_ms, lap(t));
+      "recovery: files mapped in {:.0f} ms, checked in {:.0f} ms, replayed in {:.0f} ms "
+      "({} rank table(s) laid out from images, {} image(s) loaded key by key), directory in "
+      "{:.0f} ms",
+      load_ms, check_ms, replay_ms, laid, by_key, lap(t));
   return sum;
 }
 

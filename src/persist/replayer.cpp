@@ -18,6 +18,8 @@ replayer::replayer(node& nd, int core, replay_output& out, const store::file_siz
   out_.by_owner.resize(static_cast<std::size_t>(nd.cores));
   for (const auto& [rank, keys] : sizes.rank_keys)
     if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
+  for (const auto& [rank, buckets] : sizes.image_buckets)
+    if (shard::owner_of_rank(rank, nd.cores) == core) image_buckets_[rank] = buckets;
   node_.core[core_]->ranks.set_bulk(true);
   node_.core[core_]->directory.restore_reserve(sizes.directory_keys /
                                                static_cast<std::size_t>(nd.cores));
@@ -53,10 +55,15 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::initialize:
     case store::record_kind::snapshot_rank:
       unbound_.clear();
+      images_.erase(r.rank);  // an image that follows is a new one
       if (ranks.initialize(r.rank, r.num_pages, tracking_ ? &unbound_ : nullptr).outcome ==
           shard::init_outcome::created) {
+        // Sized for what the files hold, unless an image will lay the table out.
         const auto it = expected_.find(r.rank);
-        if (it != expected_.end()) ranks.reserve_keys(r.rank, it->second);
+        const auto image = image_buckets_.find(r.rank);
+        if (it != expected_.end() &&
+            (image == image_buckets_.end() || !image_fits(r.rank, image->second)))
+          ranks.reserve_keys(r.rank, it->second);
       }
       for (const std::string& key : unbound_) changed(key, false);
       break;
@@ -108,6 +115,9 @@ void replayer::apply(const store::record& r) {
     case store::record_kind::snapshot_rank_keys:
       restore_rank_keys(r, ranks);
       break;
+    case store::record_kind::snapshot_rank_slots:
+      restore_rank_slots(r, ranks);
+      break;
     case store::record_kind::sg_initialize:
     case store::record_kind::sg_reserve:
     case store::record_kind::sg_confirm:
@@ -147,7 +157,7 @@ void replayer::collect_confirmed() {
 
 void replayer::collect_bindings(bool lost) {
   node_.core[core_]->ranks.for_each_rank_packed(
-      [](std::int64_t, const shard::rank_stats&, std::size_t) {},
+      [](std::int64_t, const shard::rank_stats&, std::size_t, std::size_t) {},
       [&](const shard::rank_table::packed_binding& b) {
         if (!b.confirmed) return;
         binding_changes& to = out_.by_owner[owner_of(b.key)];
@@ -161,10 +171,7 @@ void replayer::collect_bindings(bool lost) {
 }
 
 std::size_t replayer::owner_of(const shard::packed_key& key) const {
-  if (node_.cores == 1) return 0;
-  char text[shard::packed_key_chars];
-  shard::unpack_hex_key(key, text);
-  return static_cast<std::size_t>(node_.key_owner(std::string_view(text, sizeof text)));
+  return static_cast<std::size_t>(node_.key_owner(key));
 }
 
 void replayer::changed(std::string_view key, bool gained) {
@@ -187,8 +194,58 @@ void replayer::restore_rank_keys(const store::record& r, shard::rank_table& rank
   if (!ranks.restore_packed(r.rank, static_cast<std::size_t>(r.total), bindings_, now_))
     throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
                              " cannot be restored (out of range, taken, or a key twice)");
+  gained(bindings_);
+}
+
+bool replayer::image_fits(std::int64_t rank, std::size_t buckets) const {
+  const auto it = expected_.find(rank);
+  const std::size_t keys = it == expected_.end() ? 0 : it->second;
+  return keys <= buckets * shard::packed_map::ways * 9 / 10;  // packed_map::max_size
+}
+
+// A chunk of a rank's key table as it was laid out: into the slots it names when the
+// image is of this build's layout and its table will not need to grow (with what the log
+// adds), else key by key as snapshot_rank_keys are.
+void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ranks) {
+  bindings_.resize(r.item_count());
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < r.masks.size(); ++i) {
+    const std::uint64_t first_slot = (r.first_bucket + i) * shard::packed_map::ways;
+    for (unsigned m = static_cast<unsigned char>(r.masks[i]); m != 0; m &= m - 1, ++k) {
+      const store::packed_item item = store::packed_item_at(r.items, k);
+      bindings_[k] = {{item.lo, item.hi},
+                      item.value & 0x7FFFFFFFu,
+                      (item.value >> 31) != 0,
+                      first_slot + static_cast<unsigned>(__builtin_ctz(m))};
+    }
+  }
+  const auto [it, first] = images_.try_emplace(r.rank);
+  image_load& image = it->second;
+  if (first) {
+    image.buckets = r.total;
+    image.laid = r.layout == shard::packed_map::image_layout &&
+                 image_fits(r.rank, static_cast<std::size_t>(r.total)) &&
+                 ranks.begin_image(r.rank, static_cast<std::size_t>(r.total));
+    ++(image.laid ? out_.images_laid : out_.images_by_key);
+  } else if (image.buckets != r.total) {
+    throw std::runtime_error("snapshot replay: rank " + std::to_string(r.rank) +
+                             "'s image changes its number of buckets");
+  }
+  const auto expected = expected_.find(r.rank);
+  const bool ok =
+      image.laid ? ranks.restore_image(r.rank, bindings_)
+                 : ranks.restore_packed(r.rank, expected == expected_.end() ? 0 : expected->second,
+                                        bindings_, now_);
+  if (!ok)
+    throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
+                             " cannot be restored (out of range, taken, not bound, a key "
+                             "twice, or not in one of its buckets)");
+  gained(bindings_);
+}
+
+void replayer::gained(std::span<const shard::rank_table::packed_binding> bindings) {
   if (!tracking_) return;
-  for (const shard::rank_table::packed_binding& b : bindings_)
+  for (const shard::rank_table::packed_binding& b : bindings)
     if (b.confirmed) out_.by_owner[owner_of(b.key)].gained.push_back(b.key);
 }
 

@@ -10,6 +10,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -46,6 +47,9 @@ struct binding_changes {
 struct replay_output {
   std::vector<binding_changes> by_owner;
   std::uint64_t records = 0;
+  // Rank tables of snapshot images: loaded as laid out, and key by key (another layout,
+  // or the log after them outgrows them).
+  std::uint64_t images_laid = 0, images_by_key = 0;
 };
 
 // A hot standby's binding changes on their way to the core that owns each key's slice
@@ -102,6 +106,12 @@ class replayer {
 
  private:
   void restore_rank_keys(const store::record& r, shard::rank_table& ranks);
+  void restore_rank_slots(const store::record& r, shard::rank_table& ranks);
+  // Whether a rank's image holds all it is expected to (its log's keys too) below the
+  // load at which its table would grow: then it is loaded as laid out.
+  bool image_fits(std::int64_t rank, std::size_t buckets) const;
+  // tracking_: the confirmed keys of bindings_ gained.
+  void gained(std::span<const shard::rank_table::packed_binding> bindings);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
   // tracking_: a confirmed binding of `key` gained or lost on this core's ranks.
   void changed(std::string_view key, bool gained);
@@ -112,6 +122,14 @@ class replayer {
   int core_;
   replay_output& out_;
   std::unordered_map<std::int64_t, std::size_t> expected_;
+  // This core's ranks with an image in the files (file_sizes::image_buckets), and how
+  // each rank's image is being loaded.
+  std::unordered_map<std::int64_t, std::size_t> image_buckets_;
+  struct image_load {
+    std::uint64_t buckets = 0;
+    bool laid = false;  // into the slots it names (else key by key: restore_packed)
+  };
+  std::unordered_map<std::int64_t, image_load> images_;
   std::uint64_t now_ = node_.clock();
   std::vector<std::uint32_t> indices_;
   std::vector<shard::rank_table::packed_binding> bindings_;

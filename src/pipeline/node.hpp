@@ -145,6 +145,10 @@ struct node {
   int key_owner(std::string_view key) const {
     return directory_cores == 1 ? 0 : shard::owner_of_key(key, directory_cores);
   }
+  // The same for a key of 32 lowercase hex characters, packed.
+  int key_owner(const shard::packed_key& key) const {
+    return directory_cores == 1 ? 0 : shard::owner_of_key(key, directory_cores);
+  }
   std::vector<std::unique_ptr<core_state>> core;
   smp::mailbox mailbox;
   // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.

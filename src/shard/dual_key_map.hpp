@@ -297,6 +297,12 @@ class dual_key_map {
     }
   }
 
+  // The packed form itself, for its images (snapshots: packed_map::image_buckets,
+  // for_each_slot, begin_image, place_at). A key placed through it must be in no other
+  // form: the caller checks that hex_others() is 0.
+  const packed_map& packed_form() const { return packed_; }
+  packed_map& packed_form() { return packed_; }
+
   // Recovery (bulk loading) and growth of the packed form: see packed_map. A shared
   // store's own tables are its owner's to grow (rank_table).
   void reserve(std::size_t n) { packed_.reserve(n); }

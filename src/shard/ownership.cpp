@@ -1,5 +1,7 @@
 #include "shard/ownership.hpp"
 
+#include <immintrin.h>
+
 #include <bit>
 #include <cstring>
 
@@ -86,6 +88,33 @@ std::uint64_t key_hash(std::string_view key) {
   b ^= seed;
   mum(a, b);
   return mix(a ^ k_secret0 ^ len, b ^ k_secret1);
+}
+
+std::uint64_t key_hash(const packed_key& k) {
+  // The characters as four little-endian words, as key_hash reads them: each byte's
+  // high nibble's digit, then its low nibble's.
+  const __m128i bytes = _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo));
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  const __m128i digits =
+      _mm_setr_epi8('0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd', 'e', 'f');
+  const __m128i high = _mm_shuffle_epi8(digits, _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+  const __m128i low = _mm_shuffle_epi8(digits, _mm_and_si128(bytes, nibble));
+  const __m128i first = _mm_unpacklo_epi8(high, low);   // characters 0-15
+  const __m128i second = _mm_unpackhi_epi8(high, low);  // characters 16-31
+  const auto w0 = static_cast<std::uint64_t>(_mm_cvtsi128_si64(first));
+  const auto w1 = static_cast<std::uint64_t>(_mm_extract_epi64(first, 1));
+  const auto w2 = static_cast<std::uint64_t>(_mm_cvtsi128_si64(second));
+  const auto w3 = static_cast<std::uint64_t>(_mm_extract_epi64(second, 1));
+  // key_hash's steps for 32 bytes: one 16-byte round, then the last 16 bytes.
+  const std::uint64_t seed = mix(w0 ^ k_secret1, w1 ^ k_secret0);
+  std::uint64_t a = w2 ^ k_secret1, b = w3 ^ seed;
+  mum(a, b);
+  return mix(a ^ k_secret0 ^ packed_key_chars, b ^ k_secret1);
+}
+
+int owner_of_key(const packed_key& k, int cores) {
+  METAD_ASSERT(cores > 0);
+  return static_cast<int>(key_hash(k) % static_cast<std::uint64_t>(cores));
 }
 
 int owner_of_key(std::string_view key, int cores) {

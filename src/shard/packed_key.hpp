@@ -155,7 +155,8 @@ inline void unpack_any_hex_key(key_shape shape, const packed_key& first, const p
 
 // The hash packed maps index with: wyhash's multiply-fold, once per word, each time by
 // a constant (a product of the two words would be 0 for every key with one word equal
-// to a constant). Local to a table: no part of key ownership (key_hash), so it may change.
+// to a constant). Local to a table: no part of key ownership (key_hash), so it may change,
+// with packed_map::image_layout (snapshots hold tables laid out by it).
 inline std::uint64_t packed_hash(const packed_key& k) noexcept {
   auto fold = [](std::uint64_t x, std::uint64_t c) {
     const unsigned __int128 r = static_cast<unsigned __int128>(x) * c;

@@ -77,6 +77,7 @@ bool packed_map::move_one_aside(std::size_t b1, std::size_t b2, const packed_key
 
 void packed_map::insert_new(const packed_key& k, std::uint64_t h, std::uint32_t value) {
   METAD_ASSERT(value != 0);
+  image_open_ = false;
   if (bulk_) {
     if (size_ + 1 > max_size()) {
       grow();
@@ -171,6 +172,38 @@ void packed_map::shrink_to_fit() {
   swap(fit);
 }
 
+void packed_map::begin_image(std::size_t buckets) {
+  METAD_ASSERT(size_ == 0 && !growing() && buckets > 0 && buckets < (std::size_t{1} << 32));
+  if (cur_.buckets != buckets) {
+    table(buckets).swap(cur_);
+    cur_.prefault(cur_.pages_left());
+  }
+  table().swap(next_);
+  image_open_ = true;
+  image_next_ = 0;
+}
+
+bool packed_map::place_at(std::size_t slot, const packed_key& k, std::uint32_t value) {
+  const std::size_t b = slot / ways;
+  if (!image_open_ || slot < image_next_ || value == 0 || b >= cur_.buckets) return false;
+  const auto [b1, b2] = cur_.buckets_of(packed_hash(k));
+  if (b != b1 && b != b2) return false;
+  // k held already: a match whose slot is taken (an empty slot's key bytes are zero). A
+  // second copy of k sits in its other bucket; slots fill in order, so the copy placed
+  // second finds the first: only the other bucket when it comes earlier is read.
+  const std::size_t other = b == b1 ? b2 : b1;
+  for (const std::size_t c : {b, other}) {
+    if (c > b) break;
+    for (unsigned m = cur_.match_mask(c, k); m != 0; m &= m - 1)
+      if (cur_.values[c * ways + static_cast<std::size_t>(__builtin_ctz(m)) / 2] != 0) return false;
+  }
+  cur_.keys[b].k[slot % ways] = k;
+  cur_.values[slot] = value;
+  image_next_ = slot + 1;
+  ++size_;
+  return true;
+}
+
 void packed_map::grow() {
   // A growth still under way finishes first (only a homeless entry can ask that early).
   if (growing()) migrate(old_.buckets);
@@ -214,6 +247,7 @@ void packed_map::migrate(std::size_t n) {
 
 void packed_map::erase(std::uint32_t* value) {
   METAD_ASSERT(value != nullptr && *value != 0);
+  image_open_ = false;
   if (old_.holds(value)) {
     *value = 0;
     --size_;
@@ -248,6 +282,7 @@ void packed_map::erase(std::uint32_t* value) {
 }
 
 void packed_map::clear() noexcept {
+  image_open_ = false;
   table().swap(cur_);
   table().swap(old_);
   table().swap(next_);

@@ -61,6 +61,8 @@ class packed_map {
     std::swap(rng_, other.rng_);
     std::swap(hash_, other.hash_);
     std::swap(bulk_, other.bulk_);
+    std::swap(image_open_, other.image_open_);
+    std::swap(image_next_, other.image_next_);
   }
 
   std::size_t size() const { return size_; }
@@ -118,6 +120,40 @@ class packed_map {
   }
   // Erases the entry whose value `find` returned.
   void erase(std::uint32_t* value);
+
+  // The layout an image assumes: packed_hash, table::buckets_of, `ways` slots a bucket.
+  // Snapshots record it; change it with any of those (an image of another layout is
+  // then loaded key by key).
+  static constexpr std::uint32_t image_layout = 1;
+
+  // Images (snapshots load a table as it was laid out, not key by key: issue 35).
+  // image_buckets: the buckets of a table that can be dumped as an image, 0 if it cannot
+  // (a growth under way, a stash, or a test's own hash): every entry then sits in slot
+  // j of bucket b, one of its two buckets (packed_hash, buckets_of), and
+  // for_each_slot(fn) calls fn(b * ways + j, key, value) in bucket order.
+  std::size_t image_buckets() const {
+    return growing() || !stash_.empty() || hash_ != packed_hash ? 0 : cur_.buckets;
+  }
+  template <class Fn>
+  void for_each_slot(Fn&& fn) const {
+    for (std::size_t i = 0; i < cur_.values.size(); ++i)
+      if (cur_.values[i] != 0) fn(i, cur_.keys[i / ways].k[i % ways], cur_.values[i]);
+  }
+  // An empty map takes a table of exactly `buckets` buckets (an image's), faulted in,
+  // and the image is open: place_at fills it, slot after slot, until anything else
+  // changes the map (insert_new, erase, clear).
+  void begin_image(std::size_t buckets);
+  // Puts k with `value` (nonzero) into slot `slot` (b * ways + j) of the open image.
+  // False, changing nothing, unless the slot comes after every slot placed so far, b is
+  // one of k's two buckets, and the map does not hold k. Reads k's other bucket when it
+  // comes before b: prefetch_other first.
+  bool place_at(std::size_t slot, const packed_key& k, std::uint32_t value);
+  // Starts loading the line place_at(slot, k) reads besides the slot's own.
+  void prefetch_other(std::size_t slot, const packed_key& k) const {
+    const auto [b1, b2] = cur_.buckets_of(packed_hash(k));
+    const std::size_t other = slot / ways == b1 ? b2 : b1;
+    if (other < slot / ways) __builtin_prefetch(&cur_.keys[other]);
+  }
 
   // fn(const packed_key&, const std::uint32_t& value) for every entry, in no particular
   // order (the value's address is the one find returns).
@@ -255,6 +291,8 @@ class packed_map {
   std::uint64_t rng_ = 0x9E3779B97F4A7C15ull;  // picks eviction victims
   hash_fn hash_ = packed_hash;                 // recomputes a stored key's buckets
   bool bulk_ = false;
+  bool image_open_ = false;     // begin_image, until another change: place_at may fill
+  std::size_t image_next_ = 0;  // the lowest slot place_at may fill
 };
 
 }  // namespace metad::shard

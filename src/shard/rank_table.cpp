@@ -403,6 +403,42 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
   return true;
 }
 
+bool rank_table::begin_image(std::int64_t rank, std::size_t buckets) {
+  rank_state* rs = impl_->find(rank);
+  // A table of more buckets than the rank has pages never holds more than a quarter
+  // of its slots: the file is not this server's.
+  if (rs == nullptr || rs->keys.map.size() != 0 || buckets == 0 ||
+      buckets > std::max<std::size_t>(rs->pool.num_pages(), 1024))
+    return false;
+  rs->keys.map.packed_form().begin_image(buckets);
+  return true;
+}
+
+bool rank_table::restore_image(std::int64_t rank, std::span<const packed_binding> entries) {
+  rank_state* rs = impl_->find(rank);
+  if (rs == nullptr) return false;
+  dual_key_map<std::uint32_t>& map = rs->keys.map;
+  packed_map& packed = map.packed_form();
+  // Not begun, or no longer laid out as an image (keys inserted since made it grow).
+  if (map.hex_others() != 0 || packed.image_buckets() == 0) return false;
+  // The slots are written in order (sequential); the other bucket each key could have
+  // used is read, `ahead` entries before its turn, to see that it does not hold the key.
+  constexpr std::size_t ahead = 16;
+  for (std::size_t i = 0; i < std::min(ahead, entries.size()); ++i)
+    packed.prefetch_other(entries[i].slot, entries[i].key);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const packed_binding& e = entries[i];
+    if (i + ahead < entries.size())
+      packed.prefetch_other(entries[i + ahead].slot, entries[i + ahead].key);
+    if (!e.confirmed || !rs->pool.can_take(e.page) ||
+        !packed.place_at(e.slot, e.key, entry_word::make(e.page, true)))
+      return false;
+    rs->pool.take(e.page);
+    rs->pool.bind(e.page);
+  }
+  return true;
+}
+
 void rank_table::set_bulk(bool on) {
   impl_->bulk = on;
   for (auto& entry : impl_->ranks) {
@@ -420,19 +456,25 @@ void rank_table::reserve_keys(std::int64_t rank, std::size_t n) {
 }
 
 void rank_table::for_each_rank_packed_impl(
-    void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t),
+    void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t, std::size_t),
     void (*on_packed)(void*, const packed_binding&),
     void (*on_other)(void*, std::string_view, std::int64_t, bool)) const {
   for (const auto& [rank, rs] : impl_->ranks) {
     const page_pool& pool = rs.pool;
+    const packed_map& packed = rs.keys.map.packed_form();
+    const std::size_t image_buckets = packed.image_buckets();
     on_rank(v, rank,
             rank_stats{static_cast<std::int64_t>(pool.num_pages()),
                        static_cast<std::int64_t>(pool.free_count()), pool.reserved_count(),
                        pool.bound_count()},
-            rs.keys.map.packed_size());
-    rs.keys.map.for_each_packed([&](const packed_key& k, const std::uint32_t& word) {
-      on_packed(v, packed_binding{k, entry_word::page(word), entry_word::confirmed(word)});
-    });
+            rs.keys.map.packed_size(), image_buckets);
+    auto visit = [&](std::uint64_t slot, const packed_key& k, std::uint32_t word) {
+      on_packed(v, packed_binding{k, entry_word::page(word), entry_word::confirmed(word), slot});
+    };
+    if (image_buckets != 0)
+      packed.for_each_slot(visit);
+    else
+      packed.for_each([&](const packed_key& k, const std::uint32_t& word) { visit(0, k, word); });
     std::string text;
     rs.keys.map.for_each_wide([&](const key_handle& h, const std::uint32_t& word) {
       dual_key_map<std::uint32_t>::key_text(h, text);

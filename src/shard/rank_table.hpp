@@ -213,21 +213,35 @@ class rank_table {
     packed_key key;
     std::uint32_t page = 0;
     bool confirmed = false;
+    // Images: the key's slot in its rank's table (packed_map::for_each_slot).
+    std::uint64_t slot = 0;
   };
   // Recovery in bulk: restore() for each entry, in order. `expected` (the rank's entries
   // in all) sizes the rank's empty key table first, so that filling it never grows it.
   // False as restore() is (what came before the bad entry stays).
   bool restore_packed(std::int64_t rank, std::size_t expected,
                       std::span<const packed_binding> entries, std::uint64_t now);
+  // Recovery from an image of a rank's key table (snapshot_rank_slots, issue 35): the
+  // table as it was laid out, each bound key put back into the slot it had, with no
+  // lookup. begin_image: the rank's key table, empty, takes `buckets` buckets; false
+  // (nothing changed: load the entries with restore_packed instead) if the rank is
+  // absent, already holds keys, or `buckets` is beyond what its pages could need.
+  // restore_image: each entry, bound, into its slot; false as restore_packed is, or if
+  // an entry is not bound or its slot is not one of its key's (packed_map::place_at).
+  // What came before a bad entry stays.
+  bool begin_image(std::int64_t rank, std::size_t buckets);
+  bool restore_image(std::int64_t rank, std::span<const packed_binding> entries);
   // Recovery: while on, the key tables of every rank (and of ranks created meanwhile)
   // grow at once instead of incrementally (see packed_map::set_bulk); turning it off
   // rebuilds a table that a reserve_keys() guess left under 70% full.
   void set_bulk(bool on);
   // Recovery: sizes the empty key table of an initialised rank for n keys.
   void reserve_keys(std::int64_t rank, std::size_t n);
-  // Snapshots, rank by rank: on_rank(rank, stats, packed_count), then on_packed(const
-  // packed_binding&) for each of its packed_count 32-hex keys, then on_other(key, page,
-  // confirmed) for each other key of the rank.
+  // Snapshots, rank by rank: on_rank(rank, stats, packed_count, image_buckets), then
+  // on_packed(const packed_binding&) for each of its packed_count 32-hex keys, then
+  // on_other(key, page, confirmed) for each other key of the rank. When image_buckets is
+  // not 0 the packed keys come in slot order, each with its slot (an image's layout:
+  // packed_map::image_buckets); else their slots mean nothing.
   template <typename OnRank, typename OnPacked, typename OnOther>
   void for_each_rank_packed(OnRank&& on_rank, OnPacked&& on_packed, OnOther&& on_other) const {
     struct visitors {
@@ -237,8 +251,8 @@ class rank_table {
     } v{on_rank, on_packed, on_other};
     for_each_rank_packed_impl(
         &v,
-        [](void* x, std::int64_t rank, const rank_stats& st, std::size_t n) {
-          static_cast<visitors*>(x)->r(rank, st, n);
+        [](void* x, std::int64_t rank, const rank_stats& st, std::size_t n, std::size_t b) {
+          static_cast<visitors*>(x)->r(rank, st, n, b);
         },
         [](void* x, const packed_binding& b) { static_cast<visitors*>(x)->p(b); },
         [](void* x, std::string_view key, std::int64_t page, bool confirmed) {
@@ -280,7 +294,7 @@ class rank_table {
   void for_each_entry_impl(void* visit, void (*call)(void*, std::int64_t, std::string_view,
                                                      std::int64_t, bool)) const;
   void for_each_rank_packed_impl(
-      void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t),
+      void* v, void (*on_rank)(void*, std::int64_t, const rank_stats&, std::size_t, std::size_t),
       void (*on_packed)(void*, const packed_binding&),
       void (*on_other)(void*, std::string_view, std::int64_t, bool)) const;
   std::size_t expire_impl(std::uint64_t now, void* visit,

@@ -99,6 +99,27 @@ bool decode_items(reader& in, record& out) {
   return out.items.size() == std::size_t{count} * kPackedItemBytes;
 }
 
+// snapshot_rank_slots after its rank: layout, buckets, first bucket, count, the items,
+// then count masks of 4 bits whose set bits are as many as the items.
+bool decode_slots(reader& in, record& out) {
+  std::uint32_t count = 0;
+  if (!in.get(out.layout) || !in.get(out.total) || !in.get(out.first_bucket) || !in.get(count) ||
+      count == 0 || count > kSlotBucketsMax || out.first_bucket >= out.total ||
+      count > out.total - out.first_bucket)
+    return false;
+  const std::string_view rest = in.rest();
+  if (rest.size() < count) return false;
+  out.items = rest.substr(0, rest.size() - count);
+  out.masks = rest.substr(rest.size() - count);
+  std::size_t slots = 0;
+  for (const char m : out.masks) {
+    const auto bits = static_cast<unsigned char>(m);
+    if (bits > 0xF) return false;
+    slots += static_cast<std::size_t>(__builtin_popcount(bits));
+  }
+  return out.items.size() == slots * kPackedItemBytes;
+}
+
 // The last field of snapshot_entry, directory_key and directory_remove: one key, then nothing.
 bool decode_last_key(reader& in, record& out) {
   std::string_view key;
@@ -229,6 +250,23 @@ std::size_t begin_directory_keys(std::string& out, std::uint64_t total) {
   put(out, total);
   put<std::uint32_t>(out, 0);
   return frame;
+}
+
+std::size_t begin_rank_slots(std::string& out, std::int64_t rank, std::uint32_t layout,
+                             std::uint64_t buckets, std::uint64_t first_bucket,
+                             std::uint32_t count) {
+  const std::size_t frame = open_frame(out, record_kind::snapshot_rank_slots);
+  put(out, rank);
+  put(out, layout);
+  put(out, buckets);
+  put(out, first_bucket);
+  put(out, count);
+  return frame;
+}
+
+void end_rank_slots(std::string& out, std::size_t frame, std::span<const std::uint8_t> masks) {
+  out.append(reinterpret_cast<const char*>(masks.data()), masks.size());
+  close_frame(out, frame);
 }
 
 void add_packed_item(std::string& out, const packed_item& item) {
@@ -425,6 +463,8 @@ bool decode_payload(std::string_view payload, record& out) {
       return in.get(out.rank) && in.get(out.total) && decode_items(in, out);
     case record_kind::snapshot_directory_keys:
       return in.get(out.total) && decode_items(in, out);
+    case record_kind::snapshot_rank_slots:
+      return in.get(out.rank) && decode_slots(in, out);
     default:
       break;
   }

@@ -37,6 +37,16 @@ enum class record_kind : std::uint8_t {
   // log records.)
   snapshot_rank_keys = 20,       // rank, total, items: value = page | confirmed << 31
   snapshot_directory_keys = 21,  // total, items: value = tp_world_size (as u32)
+  // A rank's key table as it was laid out (issue 35: a restart loads it at memory speed,
+  // with no lookup a key): rank, layout (packed_map::image_layout: the hash and bucket
+  // mapping it was laid out with), total (the table's buckets), first_bucket, count (at
+  // most kSlotBucketsMax buckets), items (the bound keys of buckets [first_bucket,
+  // first_bucket + count) in slot order, value = page | 1 << 31), then one mask a bucket
+  // (bit j: slot j holds the next item). A rank's records come in bucket order after its
+  // snapshot_rank; buckets with no bound key may have none. Its reserved keys follow as
+  // snapshot_rank_keys. Additive: older snapshots hold none (and older servers cannot
+  // read a directory that holds one).
+  snapshot_rank_slots = 22,
 
   // SGLang pools (docs/sglang-api.md), each naming its pool by tenant, rank and namespace.
   // A pool's calls are deterministic given their `now` (the SGLang clock), so the calls
@@ -72,6 +82,8 @@ enum class record_kind : std::uint8_t {
 // An item of snapshot_rank_keys / snapshot_directory_keys.
 inline constexpr std::size_t kPackedItemBytes = 20;
 inline constexpr std::uint32_t kPackedItemsMax = 65536;
+// Buckets of one snapshot_rank_slots record (of 4 slots: at most kPackedItemsMax items).
+inline constexpr std::uint32_t kSlotBucketsMax = 16384;
 struct packed_item {
   std::uint64_t lo = 0, hi = 0;  // the key's bytes 0..7 and 8..15, little-endian
   std::uint32_t value = 0;
@@ -98,6 +110,11 @@ struct record {
   // sg_reserve_capped: the keys that may take a free or quarantined page.
   std::uint64_t total = 0;
   std::string_view items;  // snapshot_rank_keys, snapshot_directory_keys: count x 20 bytes
+  // snapshot_rank_slots (with rank, total: the table's buckets, and items): the image's
+  // layout, the chunk's first bucket, and its masks (one byte a bucket, bits 0-3).
+  std::uint32_t layout = 0;
+  std::uint64_t first_bucket = 0;
+  std::string_view masks;
   std::size_t item_count() const { return items.size() / kPackedItemBytes; }
   // sg_*: the pool (with `rank`) and the SGLang clock's time of the call. sg_initialize
   // uses num_pages; sg_confirm(_quarantined) keys, pages and releases; sg_quarantine_end
@@ -152,6 +169,13 @@ std::size_t begin_rank_keys(std::string& out, std::int64_t rank, std::uint64_t t
 std::size_t begin_directory_keys(std::string& out, std::uint64_t total);
 void add_packed_item(std::string& out, const packed_item& item);
 void end_packed(std::string& out, std::size_t frame);
+// A snapshot_rank_slots record in pieces: begin_rank_slots for `count` buckets from
+// first_bucket, add_packed_item for each item in slot order, then end_rank_slots with
+// the count masks.
+std::size_t begin_rank_slots(std::string& out, std::int64_t rank, std::uint32_t layout,
+                             std::uint64_t buckets, std::uint64_t first_bucket,
+                             std::uint32_t count);
+void end_rank_slots(std::string& out, std::size_t frame, std::span<const std::uint8_t> masks);
 
 void append_sg_initialize(std::string& out, const sg_pool_name& pool, std::int64_t num_pages);
 // sg_reserve, sg_get (kind says which): now, keys.

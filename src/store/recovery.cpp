@@ -94,6 +94,16 @@ file_sizes estimate_sizes(const std::vector<core_files>& files) {
       case record_kind::snapshot_directory_keys:
         if (field(1, total) && field(9, count)) sizes.directory_keys += count;
         break;
+      case record_kind::snapshot_rank_slots: {
+        // rank, layout, buckets, first bucket, count; then the items and count masks.
+        constexpr std::size_t items_at = 1 + 8 + 4 + 8 + 8 + 4;
+        if (field(1, rank) && field(13, total) && field(29, count) &&
+            payload.size() >= items_at + count) {
+          sizes.rank_keys[rank] += (payload.size() - items_at - count) / kPackedItemBytes;
+          sizes.image_buckets[rank] = static_cast<std::size_t>(total);
+        }
+        break;
+      }
       default:
         break;
     }

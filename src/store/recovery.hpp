@@ -42,6 +42,8 @@ checked_group check_group(const core_files& f);
 struct file_sizes {
   std::unordered_map<std::int64_t, std::size_t> rank_keys;
   std::size_t directory_keys = 0;
+  // Ranks whose key table a snapshot holds as an image (snapshot_rank_slots): its buckets.
+  std::unordered_map<std::int64_t, std::size_t> image_buckets;
   // Per file group: a snapshot in the compact form (32-hex keys packed) and no log
   // records after it. Recovery into as many cores links such a snapshot into the new
   // generation instead of writing the same state again.

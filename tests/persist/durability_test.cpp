@@ -7,10 +7,17 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
 #include <string>
+#include <utility>
 
+#include "shard/packed_key.hpp"
+#include "shard/packed_map.hpp"
 #include "sim_node.hpp"
 #include "store/record.hpp"
 
@@ -20,6 +27,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using server_test::sim_node;
+using shard::pack_hex_key;
+using shard::packed_hash;
+using shard::packed_key;
 
 class Durability : public ::testing::Test {
  protected:
@@ -412,15 +422,13 @@ std::string hex_state(sim_node& n, int keys) {
   return s;
 }
 
-// Ranks 0-3 confirm keys 0..n-1 but rank 2 only the even ones (the odd keys stay
-// incomplete), and rank 3 holds reservations of two keys never confirmed.
-void hex_populate(sim_node& n, int keys) {
-  for (int r = 0; r < 4; ++r)
-    n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4096})");
+// Ranks 0-3 confirm keys [from, to) but rank 2 only the even ones (the odd keys stay
+// incomplete). from: even.
+void hex_save(sim_node& n, int from, int to) {
   for (int r = 0; r < 4; ++r) {
     const int step = r == 2 ? 2 : 1;
-    for (int first = 0; first < keys; first += kBatch) {
-      const int end = std::min(keys, first + kBatch);
+    for (int first = from; first < to; first += kBatch) {
+      const int end = std::min(to, first + kBatch);
       const std::string reply =
           n.post("/keys/batch_allocate", "{\"rank\":" + std::to_string(r) + ",\"keys\":[" +
                                              hex_list(first, end, step) + "]}");
@@ -437,6 +445,14 @@ void hex_populate(sim_node& n, int keys) {
              "{\"rank\":" + std::to_string(r) + ",\"confirmations\":[" + confirmations + "]}");
     }
   }
+}
+
+// Ranks 0-3 of 4096 pages confirm keys 0..n-1 (hex_save), and rank 3 holds reservations
+// of two keys never confirmed.
+void hex_populate(sim_node& n, int keys) {
+  for (int r = 0; r < 4; ++r)
+    n.post("/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4096})");
+  hex_save(n, 0, keys);
   n.post("/keys/batch_allocate",
          "{\"rank\":3,\"keys\":[\"" + hex_key(keys) + "\",\"" + hex_key(keys + 1) + "\"]}");
 }
@@ -475,6 +491,153 @@ TEST_F(Durability, HexKeysSurviveLogSnapshotAndCoreCountRestarts) {
   }
   sim_node n(dir_, 1);
   EXPECT_EQ(hex_state(n, kKeys), expected);
+}
+
+// Snapshots hold the rank tables as images (issue 35: a restart lays each out again,
+// with no lookup a key), or load one key by key when the log after the snapshot would
+// make its table grow. Either way the state reads as a node's that never restarted;
+// the recovery's log line says which way each table came back.
+TEST_F(Durability, RankTablesComeBackFromTheirImagesOrKeyByKey) {
+  constexpr int kFirst = 1000, kFew = 1050, kAll = 4000;
+  std::string expected;
+  {
+    sim_node reference(dir_ + "-reference", 1);
+    hex_populate(reference, kFirst);
+    hex_save(reference, kFirst, kAll);
+    expected = hex_state(reference, kAll);
+  }
+  fs::remove_all(dir_ + "-reference");
+  // Starts a node of `cores` on the directory; its recovery's counts of rank tables laid
+  // out from images and of images loaded key by key.
+  auto images = [&](int cores, const std::function<void(sim_node&)>& then) {
+    ::testing::internal::CaptureStderr();
+    std::pair<int, int> counts{-1, -1};
+    {
+      sim_node n(dir_, cores);
+      const std::string log = ::testing::internal::GetCapturedStderr();
+      const std::size_t at = log.find(" rank table(s) laid out from images, ");
+      EXPECT_NE(at, std::string::npos) << log;
+      if (at != std::string::npos) {
+        counts.first = std::stoi(log.substr(log.rfind('(', at) + 1));
+        counts.second =
+            std::stoi(log.substr(at + std::strlen(" rank table(s) laid out from images, ")));
+      }
+      then(n);
+    }
+    return counts;
+  };
+  auto nothing = [](sim_node&) {};
+  {
+    sim_node n(dir_, 2);
+    hex_populate(n, kFirst);
+  }
+  // From the log: no image yet. The snapshots it writes hold one for each rank.
+  EXPECT_EQ(images(2, nothing), std::make_pair(0, 0));
+  std::size_t slot_records = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+    if (e.path().filename().string().find(".snap-") == std::string::npos) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    store::scan(bytes, [&](const store::record& r, std::size_t) {
+      slot_records += r.kind == store::record_kind::snapshot_rank_slots;
+    });
+  }
+  EXPECT_GE(slot_records, 4u);
+  // From the images, then a few keys more in the log: they fit the images' tables.
+  EXPECT_EQ(images(2, [&](sim_node& n) { hex_save(n, kFirst, kFew); }), std::make_pair(4, 0));
+  // The images and the log after them; then 2,950 keys more, which outgrow them.
+  EXPECT_EQ(images(2,
+                   [&](sim_node& n) {
+                     EXPECT_EQ(hex_state(n, kFew), [&] {
+                       std::string s;
+                       {
+                         sim_node r(dir_ + "-few", 1);
+                         hex_populate(r, kFirst);
+                         hex_save(r, kFirst, kFew);
+                         s = hex_state(r, kFew);
+                       }
+                       fs::remove_all(dir_ + "-few");
+                       return s;
+                     }());
+                     hex_save(n, kFew, kAll);
+                   }),
+            std::make_pair(4, 0));
+  EXPECT_EQ(images(2, [&](sim_node& n) { EXPECT_EQ(hex_state(n, kAll), expected); }),
+            std::make_pair(0, 4));
+  // The new images, by two cores and by three (each rank's image in one former core's file).
+  EXPECT_EQ(images(2, [&](sim_node& n) { EXPECT_EQ(hex_state(n, kAll), expected); }),
+            std::make_pair(4, 0));
+  EXPECT_EQ(images(3, [&](sim_node& n) { EXPECT_EQ(hex_state(n, kAll), expected); }),
+            std::make_pair(4, 0));
+}
+
+// A snapshot's image is data from disk: a key twice, a key outside its two buckets, or a
+// page twice stops start-up with the file named, as any damage does; an image of another
+// layout (a build whose table hash differs) loads key by key.
+TEST_F(Durability, ImagesThatNoTableCouldHoldStopStartUp) {
+  constexpr std::uint64_t kBuckets = 16;
+  packed_key k1, k2;
+  ASSERT_TRUE(pack_hex_key(hex_key(1), k1));
+  ASSERT_TRUE(pack_hex_key(hex_key(2), k2));
+  auto buckets_of = [&](const packed_key& k) {
+    const std::uint64_t h = packed_hash(k);
+    return std::pair<std::uint64_t, std::uint64_t>{((h & 0xFFFFFFFFu) * kBuckets) >> 32,
+                                                   ((h >> 32) * kBuckets) >> 32};
+  };
+  struct item {
+    packed_key key;
+    std::uint64_t slot;
+    std::uint32_t page;
+  };
+  // A snapshot of rank 0 (64 pages) whose table is the image of `items` (in slot order).
+  auto start_with = [&](std::vector<item> items, std::uint32_t layout) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/g1");
+    std::ofstream(dir_ + "/CURRENT") << "1\n";
+    std::string snap;
+    store::append_snapshot_rank(snap, 0, 64);
+    std::vector<std::uint8_t> masks(kBuckets);
+    const std::size_t frame = store::begin_rank_slots(snap, 0, layout, kBuckets, 0, kBuckets);
+    for (const item& i : items) {
+      masks[i.slot / 4] |= static_cast<std::uint8_t>(1u << (i.slot % 4));
+      store::add_packed_item(snap, {i.key.lo, i.key.hi, i.page | 1u << 31});
+    }
+    store::end_rank_slots(snap, frame, masks);
+    std::ofstream(dir_ + "/g1/core-0.snap-1", std::ios::binary) << snap;
+    std::ofstream(dir_ + "/g1/core-0.log-1", std::ios::binary);
+    return std::make_unique<sim_node>(dir_, 1);
+  };
+  const auto [a1, a2] = buckets_of(k1);
+  const auto [c1, c2] = buckets_of(k2);
+  // k1 and k2 in their first buckets (slot order; slot 1 if they share one).
+  const std::uint64_t s1 = a1 * 4, s2 = c1 * 4 + (c1 == a1 ? 1 : 0);
+  std::vector<item> good = {{k1, s1, 3}, {k2, s2, 9}};
+  std::sort(good.begin(), good.end(), [](const item& x, const item& y) { return x.slot < y.slot; });
+  for (const std::uint32_t layout : {shard::packed_map::image_layout, 999u}) {
+    auto n = start_with(good, layout);
+    EXPECT_EQ(n->get("/rank/0"),
+              R"({"num_pages":64,"free":62,"reserved":0,"bound":2,"incomplete":0})");
+    EXPECT_EQ(n->post("/keys/get_locations",
+                      "{\"rank\":0,\"keys\":[\"" + hex_key(1) + "\",\"" + hex_key(2) + "\"]}"),
+              R"({"locations":[3,9]})");
+  }
+  std::uint64_t wrong = 0;
+  while (wrong == a1 || wrong == a2) ++wrong;
+  const std::vector<std::vector<item>> bad = {
+      {{k1, a1 * 4, 3}, {k1, a1 * 4 + 1, 4}},                              // twice, one bucket
+      {{k1, std::min(a1, a2) * 4, 3}, {k1, std::max(a1, a2) * 4 + 1, 4}},  // twice, both
+      {{k1, wrong * 4, 3}},                                                // not its bucket
+      {{k1, s1, 3}, {k2, s2, 3}},                                          // a page twice
+      {{k1, s1, 64}},                                                      // past the pages
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    try {
+      auto n = start_with(bad[i], shard::packed_map::image_layout);
+      ADD_FAILURE() << "case " << i << ": start-up must refuse the image";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot be restored"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The same with 64-hex keys in both cases (the wide form; logged and snapshotted as

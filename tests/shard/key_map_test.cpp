@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "shard/ownership.hpp"
 
@@ -32,6 +33,26 @@ TEST(KeyHash, IsStableAcrossRunsAndDependsOnEveryByte) {
   }
   EXPECT_EQ(key_hash("0123456789abcdef0123456789abcdef"),
             key_hash(std::string("0123456789abcdef0123456789abcdef")));
+}
+
+// Recovery hands packed keys to their owners by key_hash of the packed form: it must be
+// the hash of the text, for every key (the owner of a key is part of the on-disk contract).
+TEST(KeyHash, OfAPackedKeyIsTheHashOfItsText) {
+  std::mt19937_64 rng(23);
+  std::vector<packed_key> keys = {
+      {}, {~0ull, ~0ull}, {0x0123456789abcdefull, 0xfedcba9876543210ull}};
+  for (int i = 0; i < 100000; ++i) keys.push_back({rng(), rng()});
+  for (const packed_key& k : keys) {
+    char text[packed_key_chars];
+    unpack_hex_key(k, text);
+    const std::string_view view(text, sizeof text);
+    ASSERT_EQ(key_hash(k), key_hash(view)) << view;
+    for (int cores : {2, 3, 8})
+      ASSERT_EQ(owner_of_key(k, cores), owner_of_key(view, cores)) << view << " " << cores;
+  }
+  packed_key pinned;
+  ASSERT_TRUE(pack_hex_key("0123456789abcdef0123456789abcdef", pinned));
+  EXPECT_EQ(key_hash(pinned), 0x4b81cda5620533e8ull);
 }
 
 TEST(KeyHash, SpreadsHexKeysEvenlyOverCores) {

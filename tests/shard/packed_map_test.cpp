@@ -323,6 +323,103 @@ TEST(ChunkedVector, ElementsNeverMoveAsItGrows) {
   EXPECT_EQ(moved.emplace_back(), 0u);  // value-initialised
 }
 
+// A snapshot's image of a table (issue 35): loaded slot by slot into a table of the same
+// buckets, it is the same table (every key found with its value, in the same slot), and
+// place_at refuses whatever an image of this layout could not hold.
+TEST(PackedMap, AnImageLoadsIntoTheSameSlotsAndRefusesWhatNoImageHolds) {
+  std::mt19937_64 rng(41);
+  packed_map source;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint32_t> model;
+  for (std::uint32_t i = 1; i <= 20000; ++i) {
+    const packed_key k{rng(), rng()};
+    source.insert_new(k, packed_hash(k), i);
+    model[{k.lo, k.hi}] = i;
+  }
+  for (int i = 0; i < 3000 && source.growing(); ++i) source.advance_growth();
+  ASSERT_FALSE(source.growing());
+  const std::size_t buckets = source.image_buckets();
+  ASSERT_GT(buckets, 0u);
+  struct slot_entry {
+    std::size_t slot;
+    packed_key key;
+    std::uint32_t value;
+  };
+  std::vector<slot_entry> image;
+  source.for_each_slot([&](std::size_t slot, const packed_key& k, std::uint32_t v) {
+    ASSERT_TRUE(image.empty() || slot > image.back().slot);  // in slot order
+    image.push_back({slot, k, v});
+  });
+  ASSERT_EQ(image.size(), model.size());
+
+  packed_map copy;
+  copy.begin_image(buckets);
+  for (const slot_entry& e : image) ASSERT_TRUE(copy.place_at(e.slot, e.key, e.value));
+  EXPECT_EQ(copy.size(), source.size());
+  EXPECT_EQ(copy.capacity(), source.capacity());
+  for (const slot_entry& e : image) {
+    const std::uint32_t* v = copy.find(e.key, packed_hash(e.key));
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(*v, (model[{e.key.lo, e.key.hi}]));
+  }
+  std::size_t n = 0;
+  copy.for_each_slot([&](std::size_t slot, const packed_key& k, std::uint32_t v) {
+    ASSERT_EQ(slot, image[n].slot);
+    ASSERT_EQ(k, image[n].key);
+    ASSERT_EQ(v, image[n].value);
+    ++n;
+  });
+  EXPECT_EQ(n, image.size());
+
+  // Refusals, each on a fresh image of the same table, changing nothing.
+  auto fresh = [&](std::size_t placed) {
+    packed_map m;
+    m.begin_image(buckets);
+    for (std::size_t i = 0; i < placed; ++i)
+      EXPECT_TRUE(m.place_at(image[i].slot, image[i].key, image[i].value));
+    return m;
+  };
+  const slot_entry& last = image.back();
+  const auto [b1, b2] = std::pair{(packed_hash(last.key) & 0xFFFFFFFFu) * buckets >> 32,
+                                  (packed_hash(last.key) >> 32) * buckets >> 32};
+  {
+    packed_map m = fresh(10);
+    EXPECT_FALSE(m.place_at(image[5].slot, image[20].key, image[20].value));  // before the last
+    EXPECT_FALSE(m.place_at(image[11].slot, image[11].key, 0));               // no value
+    EXPECT_FALSE(m.place_at(buckets * packed_map::ways, image[11].key, 1));   // past the end
+    EXPECT_EQ(m.size(), 10u);
+  }
+  {
+    // Not one of its key's buckets.
+    packed_map m = fresh(0);
+    std::size_t wrong = 0;
+    while (wrong == b1 || wrong == b2) ++wrong;
+    EXPECT_FALSE(m.place_at(wrong * packed_map::ways, last.key, last.value));
+    EXPECT_EQ(m.size(), 0u);
+  }
+  {
+    // A key twice: in the same bucket, and in its other bucket (placed before).
+    packed_map m = fresh(0);
+    const std::size_t first = std::min(b1, b2), second = std::max(b1, b2);
+    ASSERT_TRUE(m.place_at(first * packed_map::ways, last.key, 7));
+    EXPECT_FALSE(m.place_at(first * packed_map::ways + 1, last.key, 8));
+    if (first != second) {
+      EXPECT_FALSE(m.place_at(second * packed_map::ways, last.key, 8));
+    }
+    EXPECT_EQ(m.size(), 1u);
+  }
+  {
+    // Any other change closes the image.
+    packed_map m = fresh(10);
+    const packed_key other{rng(), rng()};
+    m.insert_new(other, packed_hash(other), 99);
+    EXPECT_FALSE(m.place_at(image[10].slot, image[10].key, image[10].value));
+    EXPECT_EQ(m.size(), 11u);
+  }
+  // A table mid-growth, or with a test's own hash, has no image.
+  packed_map test_hash([](const packed_key& k) noexcept { return k.lo; });
+  EXPECT_EQ(test_hash.image_buckets(), 0u);
+}
+
 TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
   for (std::uint32_t page : {0u, 1u, 0x3FFFFFFFu, 0x40000000u, page_pool::held_max - 1}) {
     for (bool confirmed : {false, true}) {

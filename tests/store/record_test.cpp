@@ -408,6 +408,61 @@ TEST(Record, PackedChunksRoundTripAndRejectCountsThatDisagree) {
   }
 }
 
+// snapshot_rank_slots: a chunk of a rank's table image. Its masks say which slots hold
+// the items that precede them; any disagreement, or a chunk outside its table, does not
+// decode.
+TEST(Record, RankSlotChunksRoundTripAndRejectMasksThatDisagree) {
+  std::string log;
+  std::size_t frame = store::begin_rank_slots(log, -4, 1, 100, 96, 4);
+  store::add_packed_item(log, {1, 2, 5u | (1u << 31)});
+  store::add_packed_item(log, {3, 4, 6u | (1u << 31)});
+  store::add_packed_item(log, {5, 6, 7u | (1u << 31)});
+  const std::vector<std::uint8_t> masks = {0b0101, 0, 0b1000, 0};
+  store::end_rank_slots(log, frame, masks);
+  std::vector<store::record> seen;
+  ASSERT_EQ(
+      store::scan(log, [&](const store::record& r, std::size_t) { seen.push_back(r); }).status,
+      store::scan_status::ok);
+  ASSERT_EQ(seen.size(), 1u);
+  const store::record& r = seen[0];
+  EXPECT_EQ(r.kind, store::record_kind::snapshot_rank_slots);
+  EXPECT_EQ(r.rank, -4);
+  EXPECT_EQ(r.layout, 1u);
+  EXPECT_EQ(r.total, 100u);
+  EXPECT_EQ(r.first_bucket, 96u);
+  ASSERT_EQ(r.masks.size(), 4u);
+  EXPECT_EQ(static_cast<std::uint8_t>(r.masks[2]), 0b1000);
+  ASSERT_EQ(r.item_count(), 3u);
+  EXPECT_EQ(store::packed_item_at(r.items, 2).lo, 5u);
+
+  // Payload offsets: kind (1), rank (8), layout (4), buckets (8), first bucket (8), count (4).
+  const std::string p = payload_of(log);
+  const auto with = [&](std::size_t at, auto value) {
+    std::string payload = p;
+    std::memcpy(payload.data() + at, &value, sizeof value);
+    return payload;
+  };
+  std::string two_masks_short = p;
+  two_masks_short.erase(two_masks_short.size() - 2);
+  const std::vector<std::string> bad = {
+      with(29, std::uint32_t{0}),                // no bucket
+      with(29, std::uint32_t{5}),                // past the table's end (96 + 5 > 100)
+      with(29, std::uint32_t{3}),                // masks and items disagree
+      with(29, store::kSlotBucketsMax + 1),      // too many buckets
+      with(21, std::uint64_t{100}),              // first bucket past the end
+      with(21, std::uint64_t{UINT64_MAX - 1}),   // no overflow
+      with(p.size() - 1, std::uint8_t{0x10}),    // a fifth slot
+      with(p.size() - 4, std::uint8_t{0b0111}),  // a slot more than items
+      with(p.size() - 2, std::uint8_t{0b0000}),  // a slot less
+      p + '\0',
+      two_masks_short,
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    store::record d;
+    EXPECT_FALSE(store::decode_payload(bad[i], d)) << "case " << i;
+  }
+}
+
 TEST(Record, SglangKindsRoundTrip) {
   using store::record_kind;
   const store::sg_pool_name pool{"llama", -3, "mamba"};
