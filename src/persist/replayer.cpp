@@ -150,18 +150,25 @@ void replayer::collect_confirmed() {
   ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
     bound += static_cast<std::size_t>(st.bound);
   });
+  // Each owner's share, about half of it in each bucket's list (rank tables in slot order).
+  const std::size_t share = cores == 1 ? bound : bound / cores * 9 / 8;
   for (auto& owner : out_.by_owner)
-    owner.gained.reserve(cores == 1 ? bound : bound / cores * 9 / 8);
+    for (auto& list : owner.gained_in) list.reserve(share * 5 / 8);
   collect_bindings(/*lost=*/false);
 }
 
 void replayer::collect_bindings(bool lost) {
+  std::size_t buckets = 0;  // of the rank being walked, when in slot order
   node_.core[core_]->ranks.for_each_rank_packed(
-      [](std::int64_t, const shard::rank_stats&, std::size_t, std::size_t) {},
+      [&](std::int64_t, const shard::rank_stats&, std::size_t, std::size_t image_buckets) {
+        buckets = image_buckets;
+      },
       [&](const shard::rank_table::packed_binding& b) {
         if (!b.confirmed) return;
-        binding_changes& to = out_.by_owner[owner_of(b.key)];
-        (lost ? to.lost : to.gained).push_back(b.key);
+        if (lost)
+          out_.by_owner[owner_of(b.key)].lost.push_back(b.key);
+        else
+          gain(b.key, b.slot, buckets);
       },
       [&](std::string_view key, std::int64_t, bool confirmed) {
         if (!confirmed) return;
@@ -194,7 +201,7 @@ void replayer::restore_rank_keys(const store::record& r, shard::rank_table& rank
   if (!ranks.restore_packed(r.rank, static_cast<std::size_t>(r.total), bindings_, now_))
     throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
                              " cannot be restored (out of range, taken, or a key twice)");
-  gained(bindings_);
+  gained(bindings_, 0);
 }
 
 bool replayer::image_fits(std::int64_t rank, std::size_t buckets) const {
@@ -240,13 +247,24 @@ void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ran
     throw std::runtime_error("snapshot replay: a page of rank " + std::to_string(r.rank) +
                              " cannot be restored (out of range, taken, not bound, a key "
                              "twice, or not in one of its buckets)");
-  gained(bindings_);
+  gained(bindings_, static_cast<std::size_t>(r.total));
 }
 
-void replayer::gained(std::span<const shard::rank_table::packed_binding> bindings) {
+void replayer::gained(std::span<const shard::rank_table::packed_binding> bindings,
+                      std::size_t buckets) {
   if (!tracking_) return;
   for (const shard::rank_table::packed_binding& b : bindings)
-    if (b.confirmed) out_.by_owner[owner_of(b.key)].gained.push_back(b.key);
+    if (b.confirmed) gain(b.key, b.slot, buckets);
+}
+
+void replayer::gain(const shard::packed_key& key, std::uint64_t slot, std::size_t buckets) {
+  binding_changes& to = out_.by_owner[owner_of(key)];
+  if (buckets == 0) {
+    to.gained.push_back(key);
+    return;
+  }
+  const std::size_t first = shard::packed_map::buckets_of(shard::packed_hash(key), buckets).first;
+  to.gained_in[slot / shard::packed_map::ways == first ? 0 : 1].push_back(key);
 }
 
 // A chunk of a former core's directory keys: those this core owns now.
@@ -263,6 +281,8 @@ void replayer::restore_directory_keys(const store::record& r, shard::directory& 
 
 std::size_t binding_changes::apply(shard::directory& d, std::int32_t fallback_tp) const {
   std::size_t guessed = d.restore_count(gained, fallback_tp);
+  guessed += d.restore_count(gained_in[0], fallback_tp, /*second=*/false);
+  guessed += d.restore_count(gained_in[1], fallback_tp, /*second=*/true);
   for (const std::string& key : gained_others) guessed += d.restore_count(key, fallback_tp);
   d.restore_uncount(lost);
   for (const std::string& key : lost_others) d.restore_uncount(key);
@@ -271,6 +291,8 @@ std::size_t binding_changes::apply(shard::directory& d, std::int32_t fallback_tp
 
 void binding_changes::clear() {
   gained.clear();
+  gained_in[0].clear();
+  gained_in[1].clear();
   lost.clear();
   gained_others.clear();
   lost_others.clear();

@@ -29,9 +29,14 @@ namespace metad::persist {
 // gained in the same batch is counted before it is taken off.
 struct binding_changes {
   std::vector<shard::packed_key> gained, lost;
+  // Gained keys of rank tables walked in slot order, by the bucket of its two each sat
+  // in (0: its first, 1: its second): within a table's run each list rises in that
+  // bucket, so counting them sweeps the directory's table (directory::restore_count).
+  std::vector<shard::packed_key> gained_in[2];
   std::vector<std::string> gained_others, lost_others;
   bool empty() const {
-    return gained.empty() && lost.empty() && gained_others.empty() && lost_others.empty();
+    return gained.empty() && gained_in[0].empty() && gained_in[1].empty() && lost.empty() &&
+           gained_others.empty() && lost_others.empty();
   }
   // Into a staged directory; a gained key that no record named takes fallback_tp
   // (directory::unnamed_tp: none yet). Returns how many keys took it.
@@ -110,8 +115,12 @@ class replayer {
   // Whether a rank's image holds all it is expected to (its log's keys too) below the
   // load at which its table would grow: then it is loaded as laid out.
   bool image_fits(std::int64_t rank, std::size_t buckets) const;
-  // tracking_: the confirmed keys of bindings_ gained.
-  void gained(std::span<const shard::rank_table::packed_binding> bindings);
+  // tracking_: the confirmed keys of bindings_ gained; `buckets`: of the table whose slots
+  // they name, in slot order (0: no order).
+  void gained(std::span<const shard::rank_table::packed_binding> bindings, std::size_t buckets);
+  // A confirmed binding of a packed key gained, at `slot` of a table of `buckets` buckets
+  // walked in slot order (0: no order).
+  void gain(const shard::packed_key& key, std::uint64_t slot, std::size_t buckets);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
   // tracking_: a confirmed binding of `key` gained or lost on this core's ranks.
   void changed(std::string_view key, bool gained);

@@ -428,33 +428,31 @@ void directory::restore_forget_all() {
   }
 }
 
-std::size_t directory::restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp) {
+std::size_t directory::restore_count(std::span<const packed_key> keys, std::int32_t fallback_tp,
+                                     bool second) {
   impl& m = *impl_;
   m.staged = true;
   std::size_t guessed = 0;
-  // Hashed and prefetched `ahead` keys before their turn: the cache misses overlap.
-  constexpr std::size_t ahead = 16;
-  parsed_key parsed[ahead];
-  auto start = [&](std::size_t i) {
-    parsed_key& p = parsed[i % ahead];
-    p.packed = keys[i];
-    p.hash = packed_hash(p.packed);
-    p.hex = true;
-    m.keys.prefetch(p);
-  };
-  for (std::size_t i = 0; i < std::min(ahead, keys.size()); ++i) start(i);
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    const std::uint64_t h = parsed[i % ahead].hash;
-    if (i + ahead < keys.size()) start(i + ahead);
-    if (std::uint32_t* word = m.keys.find_packed(keys[i], h)) {
-      if ((*word & packed_count_max) + 1 < packed_count_max) {
+  constexpr std::size_t batch = packed_map::sweep_batch;
+  std::uint64_t hashes[batch];
+  std::uint32_t* words[batch];
+  for (std::size_t first = 0; first < keys.size(); first += batch) {
+    const std::size_t n = std::min(batch, keys.size() - first);
+    for (std::size_t i = 0; i < n; ++i) hashes[i] = packed_hash(keys[first + i]);
+    m.keys.packed_form().find_sweep(&keys[first], hashes, n, second, words);
+    bool moved = false;  // a key staged another way may have moved the words found
+    for (std::size_t i = 0; i < n; ++i) {
+      const packed_key& k = keys[first + i];
+      std::uint32_t* word = moved ? m.keys.find_packed(k, hashes[i]) : words[i];
+      if (word != nullptr && (*word & packed_count_max) + 1 < packed_count_max) {
         ++*word;
         continue;
       }
+      char text[packed_key_chars];
+      unpack_hex_key(k, text);
+      guessed += restore_count(std::string_view(text, sizeof text), fallback_tp);
+      moved = true;
     }
-    char text[packed_key_chars];
-    unpack_hex_key(keys[i], text);
-    guessed += restore_count(std::string_view(text, sizeof text), fallback_tp);
   }
   return guessed;
 }

@@ -172,6 +172,29 @@ void packed_map::shrink_to_fit() {
   swap(fit);
 }
 
+void packed_map::find_sweep(const packed_key* keys, const std::uint64_t* hashes, std::size_t n,
+                            bool second, std::uint32_t** out) {
+  METAD_ASSERT(n <= sweep_batch);
+  if (size_ == 0 || growing() || !stash_.empty()) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = find(keys[i], hashes[i]);
+    return;
+  }
+  std::size_t missed[sweep_batch];
+  std::size_t misses = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto [b1, b2] = cur_.buckets_of(hashes[i]);
+    out[i] = const_cast<std::uint32_t*>(cur_.find_in(second ? b2 : b1, keys[i]));
+    if (out[i] != nullptr || b1 == b2) continue;
+    __builtin_prefetch(&cur_.keys[second ? b1 : b2]);
+    missed[misses++] = i;
+  }
+  for (std::size_t m = 0; m < misses; ++m) {
+    const std::size_t i = missed[m];
+    const auto [b1, b2] = cur_.buckets_of(hashes[i]);
+    out[i] = const_cast<std::uint32_t*>(cur_.find_in(second ? b1 : b2, keys[i]));
+  }
+}
+
 void packed_map::begin_image(std::size_t buckets) {
   METAD_ASSERT(size_ == 0 && !growing() && buckets > 0 && buckets < (std::size_t{1} << 32));
   if (cur_.buckets != buckets) {

@@ -91,6 +91,24 @@ class packed_map {
     return stash_.empty() ? nullptr : find_in_stash(k);
   }
 
+  // The two buckets of hash h in a table of n buckets: two independent 32-bit halves,
+  // each mapped onto [0, n) without a modulo (so each rises with its half of h).
+  static std::pair<std::size_t, std::size_t> buckets_of(std::uint64_t h, std::size_t n) {
+    return {static_cast<std::size_t>(((h & 0xFFFFFFFFu) * n) >> 32),
+            static_cast<std::size_t>(((h >> 32) * n) >> 32)};
+  }
+
+  // Sweeps (recovery's and a standby's directory counts): looks up keys[i] (hashes[i] =
+  // packed_hash) for i < n <= sweep_batch, each value's address (or nullptr) into out[i],
+  // reading one bucket of each key first (`second`: its second, else its first) and the
+  // other only for the keys not there, all of those together. Keys in an order in which
+  // that bucket rises (a rank table's keys in slot order that sat in that bucket) make
+  // most reads near-sequential: about half a random line a key, not two. The addresses
+  // are valid until the map changes.
+  static constexpr std::size_t sweep_batch = 64;
+  void find_sweep(const packed_key* keys, const std::uint64_t* hashes, std::size_t n, bool second,
+                  std::uint32_t** out);
+
   // Starts loading the lines a lookup of hash h reads (batches hash first, then probe).
   void prefetch(std::uint64_t h) const {
     cur_.prefetch(h, 0);
@@ -195,10 +213,7 @@ class packed_map {
       values.prefault(pages - k);
     }
     std::pair<std::size_t, std::size_t> buckets_of(std::uint64_t h) const {
-      // Two independent 32-bit halves, each mapped onto [0, buckets) without a modulo.
-      const std::uint64_t n = buckets;
-      return {static_cast<std::size_t>(((h & 0xFFFFFFFFu) * n) >> 32),
-              static_cast<std::size_t>(((h >> 32) * n) >> 32)};
+      return packed_map::buckets_of(h, buckets);
     }
     // Bit 2j set when slot j of bucket b holds key bytes equal to k.
     unsigned match_mask(std::size_t b, const packed_key& k) const {

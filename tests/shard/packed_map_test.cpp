@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "shard/chunked_vector.hpp"
 #include "shard/packed_key.hpp"
@@ -418,6 +420,40 @@ TEST(PackedMap, AnImageLoadsIntoTheSameSlotsAndRefusesWhatNoImageHolds) {
   // A table mid-growth, or with a test's own hash, has no image.
   packed_map test_hash([](const packed_key& k) noexcept { return k.lo; });
   EXPECT_EQ(test_hash.image_buckets(), 0u);
+}
+
+// find_sweep (recovery's directory counts) answers as find does, whichever bucket it
+// reads first, in any order of keys, mid-growth too.
+TEST(PackedMap, SweepsFindWhatFindFinds) {
+  std::mt19937_64 rng(43);
+  packed_map map;
+  std::vector<packed_key> keys;
+  auto check = [&] {
+    std::vector<packed_key> asked = keys;
+    for (int i = 0; i < 2000; ++i) asked.push_back({rng(), rng()});  // absent
+    std::shuffle(asked.begin(), asked.end(), rng);
+    for (const bool second : {false, true}) {
+      for (std::size_t first = 0; first < asked.size(); first += packed_map::sweep_batch) {
+        const std::size_t n = std::min(packed_map::sweep_batch, asked.size() - first);
+        std::uint64_t hashes[packed_map::sweep_batch];
+        std::uint32_t* found[packed_map::sweep_batch];
+        for (std::size_t i = 0; i < n; ++i) hashes[i] = packed_hash(asked[first + i]);
+        map.find_sweep(&asked[first], hashes, n, second, found);
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(found[i], map.find(asked[first + i], hashes[i])) << first + i;
+      }
+    }
+  };
+  check();  // empty
+  while (!map.growing()) {
+    const packed_key k{rng(), rng()};
+    map.insert_new(k, packed_hash(k), static_cast<std::uint32_t>(keys.size() + 1));
+    keys.push_back(k);
+  }
+  check();  // mid-growth
+  for (int i = 0; i < 5000 && map.growing(); ++i) map.advance_growth();
+  ASSERT_FALSE(map.growing());
+  check();
 }
 
 TEST(EntryWord, KeepsEveryPageUpToTheLimit) {
