@@ -54,26 +54,26 @@ void replay_files(node& nd, int core, const std::vector<store::checked_group>& g
 }
 
 // A core's state as snapshot records, appended to `out`; spill(out) is called between
-// records whenever out holds kSpillBytes or more (it may write and clear them). Rank by
-// rank: snapshot_rank, then its 32-hex keys: when its table can be dumped as laid out
-// (packed_map::image_buckets), its bound keys as an image in snapshot_rank_slots chunks
-// and its reserved ones after them, else all of them in snapshot_rank_keys chunks; then
-// its other keys as snapshot_entry records. Then each rank's quarantined pages; then
+// records whenever out holds kSpillBytes or more (it may write and clear them). First
 // the directory: 32-hex keys in snapshot_directory_keys chunks, any other as
-// directory_key records.
+// directory_key records. Then rank by rank: snapshot_rank, then its 32-hex keys: when its
+// table can be dumped as laid out (packed_map::image_buckets), its bound keys as an image
+// in snapshot_rank_slots chunks and its reserved ones after them, else all of them in
+// snapshot_rank_keys chunks; then its other keys as snapshot_entry records. Then each
+// rank's quarantined pages, then SGLang's pools.
 constexpr std::size_t kSpillBytes = 4 << 20;
 
 template <typename Spill>
-void serialize(const core_state& core, std::string& out, Spill&& spill) {
+void serialize(const core_state& core, std::string& out, Spill&& spill, bool images = true) {
   using binding = shard::rank_table::packed_binding;
   constexpr std::size_t ways = shard::packed_map::ways;
   std::int64_t rank_now = 0;
   std::size_t total = 0, left = 0, frame = 0, in_chunk = 0;
-  // snapshot_rank_keys chunks of `keys` (total: the rank's in all).
-  auto write_keys = [&](std::span<const binding> keys, std::size_t all) {
+  // snapshot_rank_keys chunks of `keys` (the rank's reserved keys after its image).
+  auto write_keys = [&](std::span<const binding> keys) {
     for (std::size_t from = 0; from < keys.size(); from += store::kPackedItemsMax) {
       if (out.size() >= kSpillBytes) spill(out);
-      frame = store::begin_rank_keys(out, rank_now, all);
+      frame = store::begin_rank_keys(out, rank_now, keys.size());
       const std::size_t to = std::min(keys.size(), from + std::size_t{store::kPackedItemsMax});
       for (std::size_t i = from; i < to; ++i)
         store::add_packed_item(out, {keys[i].key.lo, keys[i].key.hi,
@@ -110,49 +110,11 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
     masks[bucket - chunk_first] |= static_cast<std::uint8_t>(1u << (b.slot % ways));
     store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | 1u << 31});
   };
-  core.ranks.for_each_rank_packed(
-      [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed,
-          std::size_t image_buckets) {
-        if (out.size() >= kSpillBytes) spill(out);
-        store::append_snapshot_rank(out, rank, st.num_pages);
-        rank_now = rank;
-        total = left = packed;
-        in_chunk = 0;
-        buckets = packed > 0 ? image_buckets : 0;
-        if (left > 0 && buckets == 0) frame = store::begin_rank_keys(out, rank, packed);
-      },
-      [&](const binding& b) {
-        --left;
-        if (buckets != 0) {
-          if (b.confirmed)
-            add_to_image(b);
-          else
-            reserved.push_back(b);
-          if (left > 0) return;
-          close_chunk();
-          write_keys(reserved, reserved.size());
-          reserved.clear();
-          return;
-        }
-        store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | (b.confirmed ? 1u << 31 : 0u)});
-        if (++in_chunk < store::kPackedItemsMax && left > 0) return;
-        store::end_packed(out, frame);
-        if (out.size() >= kSpillBytes) spill(out);
-        in_chunk = 0;
-        if (left > 0) frame = store::begin_rank_keys(out, rank_now, total);
-      },
-      [&](std::string_view key, std::int64_t page, bool confirmed) {
-        store::append_snapshot_entry(out, rank_now, page, confirmed, key);
-      });
-  // Each rank's quarantined pages, oldest first (after every rank's header: replay
-  // meets them with the rank initialised; disjoint from the keys' pages).
-  core.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
-    if (out.size() >= kSpillBytes) spill(out);
-    store::append_snapshot_quarantine(out, rank, pages);
-  });
+  // The directory first: a standby that applies the snapshot as it arrives then finds
+  // every key named when the ranks' bindings come to be counted (recovery counts them
+  // at the end either way).
   const std::uint64_t keys = core.directory.size();
   bool open = false;
-  in_chunk = 0;
   core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
     shard::packed_key packed;
     if (tp < 1 || !shard::pack_hex_key(key, packed)) {
@@ -178,6 +140,46 @@ void serialize(const core_state& core, std::string& out, Spill&& spill) {
     in_chunk = 0;
   });
   if (open) store::end_packed(out, frame);
+  core.ranks.for_each_rank_packed(
+      [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed,
+          std::size_t image_buckets) {
+        if (out.size() >= kSpillBytes) spill(out);
+        store::append_snapshot_rank(out, rank, st.num_pages);
+        rank_now = rank;
+        total = left = packed;
+        in_chunk = 0;
+        buckets = packed > 0 && images ? image_buckets : 0;
+        if (left > 0 && buckets == 0) frame = store::begin_rank_keys(out, rank, packed);
+      },
+      [&](const binding& b) {
+        --left;
+        if (buckets != 0) {
+          if (b.confirmed)
+            add_to_image(b);
+          else
+            reserved.push_back(b);
+          if (left > 0) return;
+          close_chunk();
+          write_keys(reserved);
+          reserved.clear();
+          return;
+        }
+        store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | (b.confirmed ? 1u << 31 : 0u)});
+        if (++in_chunk < store::kPackedItemsMax && left > 0) return;
+        store::end_packed(out, frame);
+        if (out.size() >= kSpillBytes) spill(out);
+        in_chunk = 0;
+        if (left > 0) frame = store::begin_rank_keys(out, rank_now, total);
+      },
+      [&](std::string_view key, std::int64_t page, bool confirmed) {
+        store::append_snapshot_entry(out, rank_now, page, confirmed, key);
+      });
+  // Each rank's quarantined pages, oldest first (after every rank's header: replay
+  // meets them with the rank initialised; disjoint from the keys' pages).
+  core.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
+    if (out.size() >= kSpillBytes) spill(out);
+    store::append_snapshot_quarantine(out, rank, pages);
+  });
   // SGLang's pools (independent of the vLLM state above), one image record each.
   if (out.size() >= kSpillBytes) spill(out);
   pipeline::append_sg_snapshot(out, core);
@@ -191,13 +193,14 @@ std::string serialize(const core_state& core) {
 
 }  // namespace
 
-void serialize_state(const core_state& core, const std::function<void(std::string_view)>& piece) {
+void serialize_state(const core_state& core, const std::function<void(std::string_view)>& piece,
+                     bool images) {
   std::string buffer;
   auto spill = [&](std::string& out) {
     piece(out);
     out.clear();
   };
-  serialize(core, buffer, spill);
+  serialize(core, buffer, spill, images);
   if (!buffer.empty()) piece(buffer);
 }
 

@@ -21,8 +21,10 @@ void recover(pipeline::node& nd, const before_commit_fn& before_commit = {}, boo
 
 // The core's state now as snapshot records (the snapshot files' format): piece(bytes)
 // is called with whole records, a few MiB at a time, in order. On the core's thread.
+// images: rank tables as images where they can be (else their keys one by one, as a
+// version-1 standby reads them: repl::kProtocolVersion).
 void serialize_state(const pipeline::core_state& core,
-                     const std::function<void(std::string_view)>& piece);
+                     const std::function<void(std::string_view)>& piece, bool images = true);
 
 // --verify-data-dir: replays the directory's committed state without serving or writing
 // anything, prints what it holds (ranks, pages, bindings, keys, SGLang pools) or the damage

@@ -23,6 +23,7 @@ replayer::replayer(node& nd, int core, replay_output& out, const store::file_siz
   node_.core[core_]->ranks.set_bulk(true);
   node_.core[core_]->directory.restore_reserve(sizes.directory_keys /
                                                static_cast<std::size_t>(nd.cores));
+  size_directory_ = sizes.directory_keys == 0;
 }
 
 void replayer::apply(const store::record& r) {
@@ -205,9 +206,15 @@ void replayer::restore_rank_keys(const store::record& r, shard::rank_table& rank
 }
 
 bool replayer::image_fits(std::int64_t rank, std::size_t buckets) const {
+  // A standby knows no file sizes: the rank's pages bound the table (begin_image).
   const auto it = expected_.find(rank);
-  const std::size_t keys = it == expected_.end() ? 0 : it->second;
-  return keys <= buckets * shard::packed_map::ways * 9 / 10;  // packed_map::max_size
+  if (it == expected_.end()) return expected_.empty();
+  // Not past the load at which it would grow, nor under a quarter full (a table left
+  // sparse by deletes is rebuilt smaller anyway; and a damaged file cannot ask for a
+  // table larger than its keys).
+  const std::size_t keys = it->second;
+  return keys <= shard::packed_map::max_size_of(buckets) &&
+         buckets <= std::max<std::size_t>(keys, 1024);
 }
 
 // A chunk of a rank's key table as it was laid out: into the slots it names when the
@@ -226,6 +233,11 @@ void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ran
                       first_slot + static_cast<unsigned>(__builtin_ctz(m))};
     }
   }
+  // An image holds bound keys only (its reserved keys follow as snapshot_rank_keys).
+  for (const shard::rank_table::packed_binding& b : bindings_)
+    if (!b.confirmed)
+      throw std::runtime_error("snapshot replay: rank " + std::to_string(r.rank) +
+                               "'s image holds a key that is not bound");
   const auto [it, first] = images_.try_emplace(r.rank);
   image_load& image = it->second;
   if (first) {
@@ -267,8 +279,12 @@ void replayer::gain(const shard::packed_key& key, std::uint64_t slot, std::size_
   to.gained_in[slot / shard::packed_map::ways == first ? 0 : 1].push_back(key);
 }
 
-// A chunk of a former core's directory keys: those this core owns now.
+// A chunk of a former core's directory keys: those this core owns now. A directory not
+// sized from the files (a standby's) is sized for the chunk's core's keys first.
 void replayer::restore_directory_keys(const store::record& r, shard::directory& directory) {
+  if (size_directory_ && directory.size() == 0)
+    directory.restore_reserve(static_cast<std::size_t>(r.total));
+  size_directory_ = false;
   const std::size_t count = r.item_count();
   for (std::size_t i = 0; i < count; ++i) {
     const store::packed_item item = store::packed_item_at(r.items, i);

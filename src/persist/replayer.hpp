@@ -53,7 +53,7 @@ struct replay_output {
   std::vector<binding_changes> by_owner;
   std::uint64_t records = 0;
   // Rank tables of snapshot images: loaded as laid out, and key by key (another layout,
-  // or the log after them outgrows them).
+  // a log after them that outgrows them, a table left sparse, a rank not empty).
   std::uint64_t images_laid = 0, images_by_key = 0;
 };
 
@@ -146,6 +146,8 @@ class replayer {
   std::vector<std::string> unbound_;
   std::string detail_;
   bool tracking_ = false;
+  // No file sizes told the directory's: the first snapshot_directory_keys chunk does.
+  bool size_directory_ = false;
 };
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core

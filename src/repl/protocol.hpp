@@ -14,7 +14,12 @@
 
 namespace metad::repl {
 
-inline constexpr std::uint16_t kProtocolVersion = 1;
+// 2: a snapshot may hold rank tables as images (store::record_kind::snapshot_rank_slots),
+// which a version-1 standby cannot read: a leader cuts a version-1 standby's snapshot
+// without them, and a standby that a version-1 leader refuses says hello as version 1
+// (docs/replication.md, "Versions").
+inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersionMin = 1;
 inline constexpr std::size_t kHeaderBytes = 8;
 // A body larger than this is damage, not a message. A batch is one group commit of one
 // core, which stays far below it (a 32 MiB confirm_write body logs less than that).

@@ -122,15 +122,16 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
     head.generation = view.generation;
     head.core = static_cast<std::uint32_t>(c);
     head.lsn = a.lsn;
-    const auto encode = [this, c, &head](const std::function<void(std::string&)>& write) {
-      encode_snapshot(c, head, write);
+    const bool images = h.version >= 2;  // a version-1 standby reads no rank image
+    const auto encode = [this, c, &head, images](const std::function<void(std::string&)>& write) {
+      encode_snapshot(c, head, images, write);
     };
     if (l.cut.start(encode, have_process_cpus ? &process_cpus : nullptr, c, h.node, head.lsn)) {
       share(c).cutting.store(true);
       l.cut_charged = true;
     } else {
       nd.memory.end_cut();  // no child: nothing is copied
-      cut_here(c, e, head, h.node);
+      cut_here(c, e, head, images, h.node);
     }
   } else {
     repl::encode(e.out, a);
@@ -175,17 +176,20 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
 
 // Encodes core c's state as the snapshot messages of `head` (the pieces, then the last
 // one) and hands them to `out` as they fill; returns the state's bytes.
-std::uint64_t replication::impl::encode_snapshot(int c, const repl::snapshot& head,
+std::uint64_t replication::impl::encode_snapshot(int c, const repl::snapshot& head, bool images,
                                                  const std::function<void(std::string&)>& out) {
   std::string bytes;
   std::uint64_t state = 0;
-  persist::serialize_state(core(c), [&](std::string_view piece) {
-    repl::snapshot s = head;
-    s.bytes = piece;
-    state += piece.size();
-    repl::encode(bytes, s);
-    out(bytes);
-  });
+  persist::serialize_state(
+      core(c),
+      [&](std::string_view piece) {
+        repl::snapshot s = head;
+        s.bytes = piece;
+        state += piece.size();
+        repl::encode(bytes, s);
+        out(bytes);
+      },
+      images);
   repl::snapshot last = head;
   last.last = true;
   repl::encode(bytes, last);
@@ -195,10 +199,10 @@ std::uint64_t replication::impl::encode_snapshot(int c, const repl::snapshot& he
 
 // The snapshot cut on the core itself (no child could be started), which serves nothing
 // meanwhile.
-void replication::impl::cut_here(int c, core_end& e, const repl::snapshot& head,
+void replication::impl::cut_here(int c, core_end& e, const repl::snapshot& head, bool images,
                                  const std::string& node) {
   const std::uint64_t started = smp::monotonic_ns();
-  const std::uint64_t bytes = encode_snapshot(c, head, [&](std::string& out) {
+  const std::uint64_t bytes = encode_snapshot(c, head, images, [&](std::string& out) {
     link->at(c).send(e.stream, out);
     out.clear();
   });

@@ -68,6 +68,10 @@ struct following_end {
   // The leader answered this stream's hello (a resume or a snapshot): acks may flow.
   bool answered = false;
   bool acked_once = false;  // on this stream
+  // The protocol version this core's hellos say: a leader of version 1 refuses 2, and is
+  // then greeted as version 1 (its snapshots hold no rank image, which this node reads
+  // either way) until a leader refuses that.
+  std::uint16_t hello_version = repl::kProtocolVersion;
 };
 // One core's end, touched by that core only (and by promotion while it is parked):
 // a standby's until promotion makes it a leader's, never the other way.
@@ -141,9 +145,11 @@ struct replication::impl {
   void shipped(int c, const store::log_writer::flush_job& job);
   void end_leading(int c, leading_end& l);
   void publish(int c, const leading_end& l);
-  std::uint64_t encode_snapshot(int c, const repl::snapshot& head,
+  // images: the standby reads rank images (its hello's version is 2 or more).
+  std::uint64_t encode_snapshot(int c, const repl::snapshot& head, bool images,
                                 const std::function<void(std::string&)>& out);
-  void cut_here(int c, core_end& e, const repl::snapshot& head, const std::string& node);
+  void cut_here(int c, core_end& e, const repl::snapshot& head, bool images,
+                const std::string& node);
   void pump_cut(int c, core_end& e, leading_end& l);
   void pump_files(int c, core_end& e, leading_end& l);
   void abort_cut(int c, leading_end& l);

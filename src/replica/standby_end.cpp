@@ -42,6 +42,7 @@ void replication::impl::say_hello(int c, core_end& e, following_end& f) {
   f.answered = false;
   f.acked_once = false;
   repl::hello h;
+  h.version = f.hello_version;
   h.cluster = nd.cfg.ha_cluster;
   h.node = nd.cfg.ha_node;
   h.cores = static_cast<std::uint32_t>(nd.cores);
@@ -58,15 +59,26 @@ void replication::impl::say_hello(int c, core_end& e, following_end& f) {
 void replication::impl::on_answer(int c, core_end& e, following_end& f, const repl::answer& a) {
   if (a.status == repl::answer_status::refused) {
     // A leader that does not serve (yet: starting, promoting) refuses with epoch 0: try
-    // again shortly. A serving one refuses a mismatch, which an operator must see.
-    if (a.epoch == 0)
+    // again shortly. A serving one refuses a mismatch, which an operator must see; a
+    // leader of an older build may refuse only this node's newer protocol: the next hello
+    // says the older one (and after a refusal of that, the newest again).
+    if (a.epoch == 0) {
       log::debug("replication: the leader refused core {}'s stream for now", c);
-    else
+    } else if (f.hello_version > repl::kProtocolVersionMin) {
+      log::info(
+          "replication: the leader (epoch {}) refused core {}'s stream at protocol {}: trying "
+          "protocol {} (a leader of an older build)",
+          a.epoch, c, f.hello_version, f.hello_version - 1);
+      --f.hello_version;
+    } else {
       log::warn(
           "replication: the leader (epoch {}) refused core {}'s stream: its cluster name, core "
           "count or protocol version differs from this node's (cluster {}, {} cores, protocol "
-          "{}); its log names its own",
-          a.epoch, c, nd.cfg.ha_cluster, nd.cores, repl::kProtocolVersion);
+          "{} to {}); its log names its own",
+          a.epoch, c, nd.cfg.ha_cluster, nd.cores, repl::kProtocolVersionMin,
+          repl::kProtocolVersion);
+      f.hello_version = repl::kProtocolVersion;
+    }
     return close(c, e);
   }
   if (a.status == repl::answer_status::busy) {

@@ -1,6 +1,8 @@
 #include "shard/ownership.hpp"
 
+#if defined(__SSSE3__) && defined(__SSE4_1__)
 #include <immintrin.h>
+#endif
 
 #include <bit>
 #include <cstring>
@@ -91,6 +93,11 @@ std::uint64_t key_hash(std::string_view key) {
 }
 
 std::uint64_t key_hash(const packed_key& k) {
+#if !(defined(__SSSE3__) && defined(__SSE4_1__))
+  char text[packed_key_chars];
+  unpack_hex_key(k, text);
+  return key_hash(std::string_view(text, sizeof text));
+#else
   // The characters as four little-endian words, as key_hash reads them: each byte's
   // high nibble's digit, then its low nibble's.
   const __m128i bytes = _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo));
@@ -110,6 +117,7 @@ std::uint64_t key_hash(const packed_key& k) {
   std::uint64_t a = w2 ^ k_secret1, b = w3 ^ seed;
   mum(a, b);
   return mix(a ^ k_secret0 ^ packed_key_chars, b ^ k_secret1);
+#endif
 }
 
 int owner_of_key(const packed_key& k, int cores) {

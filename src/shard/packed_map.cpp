@@ -197,6 +197,7 @@ void packed_map::find_sweep(const packed_key* keys, const std::uint64_t* hashes,
 
 void packed_map::begin_image(std::size_t buckets) {
   METAD_ASSERT(size_ == 0 && !growing() && buckets > 0 && buckets < (std::size_t{1} << 32));
+  METAD_ASSERT(hash_ == packed_hash);  // the layout images assume
   if (cur_.buckets != buckets) {
     table(buckets).swap(cur_);
     cur_.prefault(cur_.pages_left());
@@ -208,7 +209,7 @@ void packed_map::begin_image(std::size_t buckets) {
 
 bool packed_map::place_at(std::size_t slot, const packed_key& k, std::uint32_t value) {
   const std::size_t b = slot / ways;
-  if (!image_open_ || slot < image_next_ || value == 0 || b >= cur_.buckets) return false;
+  if (!image_open_ || slot < image_next_ || value == 0) return false;
   const auto [b1, b2] = cur_.buckets_of(packed_hash(k));
   if (b != b1 && b != b2) return false;
   // k held already: a match whose slot is taken (an empty slot's key bytes are zero). A

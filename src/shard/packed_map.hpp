@@ -70,7 +70,8 @@ class packed_map {
   std::size_t capacity() const { return cur_.buckets * ways; }
   // The most entries before the table grows: 90% of the slots. Higher loads cost
   // memory-bound eviction walks on insert (at 15/16, a quarter of inserts walked).
-  std::size_t max_size() const { return capacity() * 9 / 10; }
+  std::size_t max_size() const { return max_size_of(cur_.buckets); }
+  static std::size_t max_size_of(std::size_t buckets) { return buckets * ways * 9 / 10; }
   // Keys that found no slot (pathological hash collisions); 0 in practice.
   std::size_t stash_size() const { return stash_.size(); }
   // Whether entries are still being moved from the table before the last growth.

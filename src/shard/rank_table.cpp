@@ -405,9 +405,11 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
 
 bool rank_table::begin_image(std::int64_t rank, std::size_t buckets) {
   rank_state* rs = impl_->find(rank);
-  // A table of more buckets than the rank has pages never holds more than a quarter
-  // of its slots: the file is not this server's.
-  if (rs == nullptr || rs->keys.map.size() != 0 || buckets == 0 ||
+  // More buckets than the rank has pages: at most a quarter of the slots could be held
+  // (a rank shrunk since, or damage); load such an image key by key, into a table sized
+  // for its keys. A table's buckets fit 32 bits (packed_map::buckets_of).
+  if (rs == nullptr || rs->keys.map.size() != 0 || rs->keys.map.packed_form().growing() ||
+      buckets == 0 || buckets >= (std::size_t{1} << 32) ||
       buckets > std::max<std::size_t>(rs->pool.num_pages(), 1024))
     return false;
   rs->keys.map.packed_form().begin_image(buckets);

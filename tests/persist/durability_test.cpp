@@ -571,6 +571,28 @@ TEST_F(Durability, RankTablesComeBackFromTheirImagesOrKeyByKey) {
             std::make_pair(4, 0));
 }
 
+// A version-1 standby reads no rank image: the leader cuts its snapshot without them
+// (serialize_state's images = false), and both forms hold the same state.
+TEST_F(Durability, SnapshotsForAVersionOneStandbyHoldNoImage) {
+  sim_node n(dir_, 1);
+  hex_populate(n, 300);
+  for (const bool images : {true, false}) {
+    std::size_t slots = 0, keys = 0;
+    persist::serialize_state(
+        *n.state().core[0],
+        [&](std::string_view piece) {
+          store::scan(piece, [&](const store::record& r, std::size_t) {
+            slots += r.kind == store::record_kind::snapshot_rank_slots ? r.item_count() : 0;
+            keys += r.kind == store::record_kind::snapshot_rank_keys ? r.item_count() : 0;
+          });
+        },
+        images);
+    // Ranks 0, 1 and 3 bind 300 keys, rank 2 the even ones; rank 3 reserves 2 more.
+    EXPECT_EQ(slots + keys, 300u * 3 + 150 + 2) << images;
+    EXPECT_EQ(slots, images ? 300u * 3 + 150 : 0u);
+  }
+}
+
 // A snapshot's image is data from disk: a key twice, a key outside its two buckets, or a
 // page twice stops start-up with the file named, as any damage does; an image of another
 // layout (a build whose table hash differs) loads key by key.
@@ -638,6 +660,22 @@ TEST_F(Durability, ImagesThatNoTableCouldHoldStopStartUp) {
       EXPECT_NE(std::string(e.what()).find("cannot be restored"), std::string::npos) << e.what();
     }
   }
+  // An image that asks for a table far larger than its keys (here 2^32 buckets for one
+  // key on a rank of 2^33 pages: 320 GiB) is not laid out: its key loads key by key.
+  fs::remove_all(dir_);
+  fs::create_directories(dir_ + "/g1");
+  std::ofstream(dir_ + "/CURRENT") << "1\n";
+  std::string snap;
+  store::append_snapshot_rank(snap, 0, std::int64_t{1} << 33);
+  const std::size_t frame = store::begin_rank_slots(snap, 0, shard::packed_map::image_layout,
+                                                    std::uint64_t{1} << 32, 0, 1);
+  store::add_packed_item(snap, {k1.lo, k1.hi, 3u | 1u << 31});
+  store::end_rank_slots(snap, frame, std::vector<std::uint8_t>{1});
+  std::ofstream(dir_ + "/g1/core-0.snap-1", std::ios::binary) << snap;
+  std::ofstream(dir_ + "/g1/core-0.log-1", std::ios::binary);
+  sim_node n(dir_, 1);
+  EXPECT_EQ(n.post("/keys/get_locations", "{\"rank\":0,\"keys\":[\"" + hex_key(1) + "\"]}"),
+            R"({"locations":[3]})");
 }
 
 // The same with 64-hex keys in both cases (the wide form; logged and snapshotted as

@@ -84,7 +84,7 @@ TEST(ReplProtocol, EveryMessageRoundTrips) {
   const std::vector<std::string> got = drain(d, last);
   EXPECT_EQ(last, decoder::status::need_more);
   ASSERT_EQ(got.size(), 5u);
-  EXPECT_EQ(got[0], "hello 1 prod node-b 7 2 4 3 123");
+  EXPECT_EQ(got[0], "hello " + std::to_string(repl::kProtocolVersion) + " prod node-b 7 2 4 3 123");
   EXPECT_EQ(got[1], "answer 1 7 2 3 123");
   EXPECT_EQ(got[2], "batch 7 2 3 123 " + frames);  // the log bytes exactly as written
   EXPECT_EQ(got[3], "ack 7 2 3 " + std::to_string(123 + frames.size()));

@@ -62,9 +62,15 @@ TEST(ReplHandshake, AnotherClusterVersionOrCoreCountIsRefused) {
   h.core = 4;
   h.cores = 4;
   EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::refused);
+  for (const std::uint16_t version : {0, 3}) {
+    h = hello(7, 2, 500);
+    h.version = version;
+    EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::refused) << version;
+  }
+  // A version-1 standby (no rank images in its snapshots) is served.
   h = hello(7, 2, 500);
-  h.version = 2;
-  EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::refused);
+  h.version = 1;
+  EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::stream);
 }
 
 // Frames of n records, as a log would hold them.
