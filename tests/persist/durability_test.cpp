@@ -459,12 +459,14 @@ void hex_populate(sim_node& n, int keys) {
 
 // hex_state of a one-core node that never restarted, filled by hex_populate (in `dir`,
 // removed after).
-std::string reference_hex_state(const std::string& dir, int keys) {
+// more: then keys [keys, more) saved too (hex_save).
+std::string reference_hex_state(const std::string& dir, int keys, int more = 0) {
   std::string state;
   {
     sim_node reference(dir, 1);
     hex_populate(reference, keys);
-    state = hex_state(reference, keys);
+    hex_save(reference, keys, std::max(keys, more));
+    state = hex_state(reference, std::max(keys, more));
   }
   fs::remove_all(dir);
   return state;
@@ -499,14 +501,8 @@ TEST_F(Durability, HexKeysSurviveLogSnapshotAndCoreCountRestarts) {
 // the recovery's log line says which way each table came back.
 TEST_F(Durability, RankTablesComeBackFromTheirImagesOrKeyByKey) {
   constexpr int kFirst = 1000, kFew = 1050, kAll = 4000;
-  std::string expected;
-  {
-    sim_node reference(dir_ + "-reference", 1);
-    hex_populate(reference, kFirst);
-    hex_save(reference, kFirst, kAll);
-    expected = hex_state(reference, kAll);
-  }
-  fs::remove_all(dir_ + "-reference");
+  const std::string expected = reference_hex_state(dir_ + "-reference", kFirst, kAll);
+  const std::string few = reference_hex_state(dir_ + "-few", kFirst, kFew);
   // Starts a node of `cores` on the directory; its recovery's counts of rank tables laid
   // out from images and of images loaded key by key.
   auto images = [&](int cores, const std::function<void(sim_node&)>& then) {
@@ -548,17 +544,7 @@ TEST_F(Durability, RankTablesComeBackFromTheirImagesOrKeyByKey) {
   // The images and the log after them; then 2,950 keys more, which outgrow them.
   EXPECT_EQ(images(2,
                    [&](sim_node& n) {
-                     EXPECT_EQ(hex_state(n, kFew), [&] {
-                       std::string s;
-                       {
-                         sim_node r(dir_ + "-few", 1);
-                         hex_populate(r, kFirst);
-                         hex_save(r, kFirst, kFew);
-                         s = hex_state(r, kFew);
-                       }
-                       fs::remove_all(dir_ + "-few");
-                       return s;
-                     }());
+                     EXPECT_EQ(hex_state(n, kFew), few);
                      hex_save(n, kFew, kAll);
                    }),
             std::make_pair(4, 0));
