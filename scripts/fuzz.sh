@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 shift || true
 harnesses=("$@")
-((${#harnesses[@]})) || harnesses=(http_parser_fuzz json_decode_fuzz pipeline_fuzz sglang_state_fuzz tenants_file_fuzz)
+((${#harnesses[@]})) || harnesses=(http_parser_fuzz json_decode_fuzz pipeline_fuzz sglang_state_fuzz tenants_file_fuzz
+  data_dir_fuzz)
 
 scripts/setup.sh --fuzz >&2
 dir=build-fuzz

@@ -6,6 +6,8 @@ python-requests headers, compact JSON, 32/64-hex block keys), pipelined and chun
 streams, and malformed inputs. Each harness reads a few header bytes before its payload
 (see the harness sources); this script adds them. Rerun after changing the seeds:
     /usr/bin/python3 tests/fuzz/make_seeds.py
+data_dir_fuzz's seeds are data directories a node wrote, so a C++ program makes them
+(data_dir_seeds.cpp); this script leaves corpus/data_dir_fuzz/ alone.
 """
 import hashlib
 import json
@@ -203,8 +205,14 @@ def write(harness, name, data):
         f.write(data)
 
 
+# The corpora this script writes (each is written afresh).
+HARNESSES = ("http_parser_fuzz", "json_decode_fuzz", "pipeline_fuzz", "sglang_state_fuzz",
+             "tenants_file_fuzz")
+
+
 def main():
-    shutil.rmtree(CORPUS, ignore_errors=True)
+    for harness in HARNESSES:
+        shutil.rmtree(os.path.join(CORPUS, harness), ignore_errors=True)
     streams = http_streams()
     for i, (name, data) in enumerate(sorted(streams.items())):
         # http_parser_fuzz: byte 0 = limits/options, bytes 1-2 = split seed.
