@@ -285,7 +285,21 @@ void sglang_pool::start_reservation(std::string_view key, std::uint64_t page, st
 
 void sglang_pool::push_expiry(std::uint64_t page, const owner& o) {
   if (o.deadline == no_deadline) return;
-  expiry_.push_back(expiry_entry{o.deadline, o.serial, page});
+  const expiry_entry e{o.deadline, o.serial, page};
+  if (expiry_.empty() || expiry_.back().deadline <= e.deadline) {
+    expiry_.push_back(e);
+  } else {
+    // Deadlines come in order while the TTL stays the same. A pool restored from an image
+    // made under a longer --reservation-ttl (lowered across a restart) holds reservations
+    // due after new ones: those go before them, or expire() (which stops at the first
+    // entry not due) would keep them past their deadline and the next image would list
+    // deadlines out of order, which restore() refuses. O(entries) only while such old
+    // reservations are in flight.
+    expiry_.insert(
+        std::upper_bound(expiry_.begin(), expiry_.end(), e.deadline,
+                         [](std::uint64_t d, const expiry_entry& x) { return d < x.deadline; }),
+        e);
+  }
   if (expiry_.size() > 2 * owners_.size() + 64) {
     std::erase_if(expiry_, [this](const expiry_entry& e) { return !live(e); });
   }

@@ -313,6 +313,28 @@ TEST(SglangPool, ADeadWritersPagesComeBackAtTheDeadline_B10) {
   EXPECT_EQ(rs.expired, 1u);
 }
 
+// --reservation-ttl lowered across a restart: the restored reservations are due after
+// new ones, which still expire at their own deadline, and the image restores.
+TEST(SglangPool, AShorterTtlAfterARestoreKeepsTheDeadlinesInOrder) {
+  sglang_pool pool(4, sglang_config{.reservation_ttl = 1000});
+  reserve(pool, {"a"}, 0);  // 3 until 1000
+  const sglang_config shorter{.reservation_ttl = 100};
+  sglang_pool copy(0);
+  std::string error;
+  ASSERT_TRUE(sglang_pool::restore(pool.image(), shorter, copy, error)) << error;
+  reserve(copy, {"b"}, 10);  // 2 until 110
+  reserve(copy, {"c"}, 20);  // 1 until 120
+  std::vector<std::uint64_t> expired;
+  EXPECT_EQ(copy.expire(110, &expired), 1u);
+  EXPECT_EQ(expired, (std::vector<std::uint64_t>{2}));
+  sglang_pool again(0);
+  ASSERT_TRUE(sglang_pool::restore(copy.image(), shorter, again, error)) << error;
+  EXPECT_EQ(again.check(), "");
+  expired.clear();
+  EXPECT_EQ(again.expire(1000, &expired), 2u);
+  EXPECT_EQ(expired, (std::vector<std::uint64_t>{1, 3}));
+}
+
 TEST(SglangPool, ConfirmedReservationsDoNotExpire) {
   sglang_pool pool(2, sglang_config{.reservation_ttl = 5});
   store(pool, {"a"}, 0);
