@@ -244,6 +244,13 @@ bool sglang_pool::restore(const sglang_image& img, const sglang_config& config, 
   std::uint64_t last_deadline = 0;
   for (const auto& r : img.reserved) {
     if (!claim(r.page, "reserved")) return false;
+    // A reservation is of the pool's clear-epoch or an earlier one (a write that a clear
+    // made stale); one of a later epoch could bind after a clear.
+    if (r.epoch > img.epoch) {
+      error = fmt::format("reserved page {}: epoch {} is past the pool's {}", r.page, r.epoch,
+                          img.epoch);
+      return false;
+    }
     if (r.deadline != no_deadline) {
       if (r.deadline < last_deadline) {
         error = fmt::format("reserved page {}: deadlines out of order", r.page);

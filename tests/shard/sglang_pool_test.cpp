@@ -417,6 +417,10 @@ TEST(SglangPool, RestoreRefusesBadImagesAndLeavesUnownedPagesBindable) {
   EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
   EXPECT_EQ(error, "bound key 'a' is listed twice");
   img.bound = {{"a", 1}};
+  img.reserved = {{2, "c", 1, sglang_pool::no_deadline}};
+  EXPECT_FALSE(sglang_pool::restore(img, {}, out, error));
+  EXPECT_EQ(error, "reserved page 2: epoch 1 is past the pool's 0");
+  img.reserved.clear();
   ASSERT_TRUE(sglang_pool::restore(img, {}, out, error)) << error;
   EXPECT_EQ(out.stats().unowned, 2u);  // pages 2 and 3: leaked before the image
   sglang_confirm_stats st;
