@@ -55,6 +55,10 @@ void replayer::apply(const store::record& r) {
   switch (r.kind) {
     case store::record_kind::initialize:
     case store::record_kind::snapshot_rank:
+      // The server never logs a page count that initialize would not take (it asserts one).
+      if (r.num_pages <= 0 || static_cast<std::uint64_t>(r.num_pages) > shard::page_pool::pages_max)
+        throw std::runtime_error("replay: rank " + std::to_string(r.rank) + " has " +
+                                 std::to_string(r.num_pages) + " pages, out of range");
       unbound_.clear();
       images_.erase(r.rank);  // an image that follows is a new one
       if (ranks.initialize(r.rank, r.num_pages, tracking_ ? &unbound_ : nullptr).outcome ==
