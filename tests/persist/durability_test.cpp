@@ -664,6 +664,30 @@ TEST_F(Durability, ImagesThatNoTableCouldHoldStopStartUp) {
             R"({"locations":[3]})");
 }
 
+// A rank's page count is data from disk too: none, fewer or more than a rank may have
+// stops start-up (it was an assertion's abort), naming the rank.
+TEST_F(Durability, ARankOfAPageCountOutOfRangeStopsStartUp) {
+  for (const std::int64_t pages :
+       {std::int64_t{0}, std::int64_t{-5}, (std::int64_t{1} << 48) + 1}) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/g1");
+    std::ofstream(dir_ + "/CURRENT") << "1\n";
+    std::string snap, log;
+    store::append_snapshot_rank(snap, 0, 16);
+    store::append_initialize(log, 7, pages);
+    std::ofstream(dir_ + "/g1/core-0.snap-1", std::ios::binary) << snap;
+    std::ofstream(dir_ + "/g1/core-0.log-1", std::ios::binary) << log;
+    try {
+      sim_node n(dir_, 1);
+      ADD_FAILURE() << pages << " pages: start-up must refuse the log";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 7 has " + std::to_string(pages) + " pages"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // The same with 64-hex keys in both cases (the wide form; logged and snapshotted as
 // strings) mixed with 32-hex ones: the uppercase key of a lowercase one's text is
 // another key, after every kind of restart too.
