@@ -69,6 +69,63 @@ constexpr std::uint8_t kOneDirectoryCore = 1u << 6;
 
 constexpr std::uint64_t kNowMs = 1'000'000;
 
+// Recovery holds state for pages a file names, within bounds the server sets: a vLLM
+// rank's bitmaps reach its highest page held (up to 2^31: 512 MiB, set bit by bit), an
+// SGLang pool's image may leave up to 2^28 pages listed nowhere (each taken one by one).
+// Such a file costs seconds to minutes under ASan and gigabytes, not a crash; inputs that
+// ask for more than this many pages are skipped, so that the fuzzer's time and memory go
+// to everything else.
+constexpr std::uint64_t kPagesMax = 1u << 20;
+
+std::uint64_t page_cost(std::int64_t page) {
+  return page < 0 ? 0 : static_cast<std::uint64_t>(page);
+}
+
+// The most pages a record makes recovery hold state for (see kPagesMax).
+std::uint64_t pages_asked(const store::record& r) {
+  using store::record_kind;
+  std::uint64_t most = 0;
+  switch (r.kind) {
+    case record_kind::sg_snapshot_pool:
+    case record_kind::sg_snapshot_pool_runs: {
+      // The pages neither free nor listed: num_pages less the free ones and the keys'.
+      std::uint64_t free = 0;
+      if (r.kind == record_kind::sg_snapshot_pool) {
+        free = r.releases.size();
+      } else {
+        for (std::size_t i = 0; i + 1 < r.releases.size(); i += 2)
+          if (r.releases[i] >= 0 && r.releases[i + 1] > r.releases[i])
+            free += static_cast<std::uint64_t>(r.releases[i + 1] - r.releases[i]);
+      }
+      const std::uint64_t listed = free + r.keys.size() + r.sg_flight_keys.size();
+      const std::uint64_t pages = page_cost(r.num_pages);
+      return pages > listed ? pages - listed : 0;
+    }
+    case record_kind::snapshot_rank_keys:
+    case record_kind::snapshot_rank_slots:
+      for (std::size_t i = 0; i < r.item_count(); ++i)
+        most = std::max<std::uint64_t>(most, store::packed_item_at(r.items, i).value & 0x7FFFFFFFu);
+      return most;
+    case record_kind::snapshot_entry:
+      return page_cost(r.page);
+    default:
+      if (r.kind >= record_kind::sg_initialize) return 0;  // SGLang's pages cost what is held
+      for (const std::int64_t p : r.pages) most = std::max(most, page_cost(p));
+      for (const std::int64_t p : r.releases) most = std::max(most, page_cost(p));
+      return most;
+  }
+}
+
+// Whether a file's frames (by their lengths; checksums aside) ask for more than kPagesMax.
+bool too_costly(std::string_view bytes) {
+  store::record r;
+  bool costly = false;
+  store::walk_frames(bytes, [&](std::string_view payload) {
+    if (!costly && store::decode_payload(payload, r)) costly = pages_asked(r) > kPagesMax;
+  });
+  return costly;
+}
+
 // Where the data directories go: in memory where /dev/shm is there (recovery fsyncs
 // every file it writes, which a disk would make the slowest part of a run).
 const fs::path& base_path() {
@@ -255,6 +312,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fix_checksums(snapshot);
     fix_checksums(log);
   }
+  if (too_costly(snapshot) || too_costly(log)) return -1;  // not added to the corpus
   const int fds = open_fds();
   lay_out(options, snapshot, log);
   const metad::config cfg = make_config(options);
