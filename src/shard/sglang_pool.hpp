@@ -342,9 +342,11 @@ class sglang_pool {
 
   template <class>
   friend struct verify_access;  // tests: breaks an invariant to see verify() report it
-  // What verify() walks (METAD_VERIFY_AFTER's n).
+  // What verify() walks (METAD_VERIFY_AFTER's n): every page held, bound (one a key) or
+  // reserved (in flight, quarantined or unowned: an image may hold 2^28 unowned pages),
+  // and the free stack's runs.
   std::size_t verify_size() const {
-    return key_count_ + owners_.size() + quarantine_.size() + free_.run_count();
+    return key_count_ + pages_.reserved_count() + free_.run_count();
   }
 
   sglang_config config_;
