@@ -143,7 +143,7 @@ class ReplicaPair : public ::testing::Test {
     std::string bytes;
     repl::encode(bytes,
                  repl::answer{repl::answer_status::need_snapshot, 0, generation(), 0, head.lsn});
-    leader_glue_.encode_snapshot(0, head, [&](std::string& out) {
+    leader_glue_.encode_snapshot(0, head, /*images=*/true, [&](std::string& out) {
       bytes += out;
       out.clear();
     });
