@@ -66,9 +66,10 @@ void replication::impl::on_answer(int c, core_end& e, following_end& f, const re
       log::debug("replication: the leader refused core {}'s stream for now", c);
     } else if (f.hello_version > repl::kProtocolVersionMin) {
       log::info(
-          "replication: the leader (epoch {}) refused core {}'s stream at protocol {}: trying "
-          "protocol {} (a leader of an older build)",
-          a.epoch, c, f.hello_version, f.hello_version - 1);
+          "replication: the leader (epoch {}) refused core {}'s stream at protocol {} (this "
+          "node: cluster {}, {} cores): trying protocol {} (a leader of an older build; "
+          "otherwise the next refusal is a mismatch)",
+          a.epoch, c, f.hello_version, nd.cfg.ha_cluster, nd.cores, f.hello_version - 1);
       --f.hello_version;
     } else {
       log::warn(
