@@ -355,6 +355,9 @@ parse_error parser::parse_header_line(std::string_view line) {
         if (has_length_ && length != content_length_) return parse_error::bad_content_length;
         has_length_ = true;
         content_length_ = length;
+      } else if (iequals(name, "x-metad-tenant")) {
+        tenant_offset_ = static_cast<std::size_t>(value.data() - input());
+        tenant_size_ = value.size();
       }
       break;
     case 17:
@@ -534,6 +537,7 @@ void parser::make_ready(std::string_view body, std::size_t request_bytes) {
   request_.target = root_target_ ? std::string_view("/")
                                  : std::string_view(input() + target_offset_, target_size_);
   request_.authorization = std::string_view(input() + authorization_offset_, authorization_size_);
+  request_.tenant = std::string_view(input() + tenant_offset_, tenant_size_);
   request_.http_1_0 = http_1_0_;
   request_.keep_alive =
       http_1_0_ ? connection_keep_alive_ && !connection_close_ : !connection_close_;
@@ -569,6 +573,7 @@ void parser::reset_request() {
   target_offset_ = target_size_ = request_bytes_ = 0;
   root_target_ = false;
   authorization_offset_ = authorization_size_ = 0;
+  tenant_offset_ = tenant_size_ = 0;
   verb_ = method::other;
   http_1_0_ = false;
   has_length_ = false;

@@ -45,6 +45,9 @@ struct request {
   bool keep_alive = true;  // false for HTTP/1.0 (unless keep-alive asked) or Connection: close
   // The Authorization header's value (trimmed), empty when absent.
   std::string_view authorization;
+  // The X-Metad-Tenant header's value (trimmed), empty when absent: the tenant whose vLLM
+  // state an admin-token call (/clear, /keys/delete) acts on.
+  std::string_view tenant;
   // The body; data()[size() .. size()+body_padding_bytes) is readable.
   std::string_view body;
 };
@@ -136,6 +139,8 @@ class parser {
   bool root_target_ = false;  // the target is "/" (an absolute-form without a path)
   std::size_t authorization_offset_ = 0;
   std::size_t authorization_size_ = 0;
+  std::size_t tenant_offset_ = 0;
+  std::size_t tenant_size_ = 0;
   std::size_t request_bytes_ = 0;  // size of the ready request in the input
   method verb_ = method::other;
   bool http_1_0_ = false;

@@ -37,17 +37,26 @@ void replay_files(node& nd, int core, const std::vector<store::checked_group>& g
   replayer r(nd, core, out, sizes);
   for (const store::checked_group& g : groups) {
     const store::core_files& f = *g.files;
-    auto replay = [&](std::string_view bytes, const std::string& path, std::size_t after) {
+    // segment: of the log (-1: the snapshot). A tenant's scoped clear voids its records
+    // before it (checked_group::voided); it is not applied itself.
+    auto replay = [&](std::string_view bytes, const std::string& path, std::size_t after,
+                      std::ptrdiff_t segment) {
       if (!store::scan_checked(bytes, [&](const store::record& rec, std::size_t offset) {
-            if (offset >= after) r.apply(rec);
+            if (offset < after) return;
+            const store::log_position at{static_cast<std::size_t>(segment), offset};
+            if (g.voided(rec, segment < 0 ? nullptr : &at) ||
+                (rec.kind == store::record_kind::clear && rec.scoped))
+              return;
+            r.apply(rec);
           }))
         throw std::runtime_error(path + " changed during recovery: refusing to start");
     };
-    if (!g.snapshot.empty()) replay(g.snapshot, f.snapshot_path, 0);
+    if (!g.snapshot.empty()) replay(g.snapshot, f.snapshot_path, 0, -1);
     for (std::size_t s = g.cleared ? g.clear_at.segment : 0; s < g.logs.size(); ++s) {
       // In the segment of the last clear, the records after it only.
       const bool from_clear = g.cleared && s == g.clear_at.segment;
-      replay(g.logs[s], f.log_paths[s], from_clear ? g.clear_at.offset + 1 : 0);
+      replay(g.logs[s], f.log_paths[s], from_clear ? g.clear_at.offset + 1 : 0,
+             static_cast<std::ptrdiff_t>(s));
     }
   }
   r.collect_confirmed();
@@ -64,7 +73,17 @@ void replay_files(node& nd, int core, const std::vector<store::checked_group>& g
 constexpr std::size_t kSpillBytes = 4 << 20;
 
 template <typename Spill>
-void serialize(const core_state& core, std::string& out, Spill&& spill, bool images = true) {
+void serialize_space(const pipeline::vllm_space& sp, std::string& out, Spill&& spill,
+                     bool images) {
+  // A tenant's own state: each record scoped to it (store::record_kind::in_tenant); its
+  // rank tables key by key (images are the unnamed state's: recovery sizes them from
+  // the files, and names no tenant there).
+  auto scope = [&](std::size_t at) { store::scope_to_tenant(out, at, sp.tenant); };
+  auto end_packed = [&](std::size_t at) {
+    store::end_packed(out, at);
+    scope(at);
+  };
+  if (sp.id != 0) images = false;
   using binding = shard::rank_table::packed_binding;
   constexpr std::size_t ways = shard::packed_map::ways;
   std::int64_t rank_now = 0;
@@ -78,7 +97,7 @@ void serialize(const core_state& core, std::string& out, Spill&& spill, bool ima
       for (std::size_t i = from; i < to; ++i)
         store::add_packed_item(out, {keys[i].key.lo, keys[i].key.hi,
                                      keys[i].page | (keys[i].confirmed ? 1u << 31 : 0u)});
-      store::end_packed(out, frame);
+      end_packed(frame);
     }
   };
   // The image of the rank being written (buckets 0: none), its open chunk's first
@@ -94,6 +113,7 @@ void serialize(const core_state& core, std::string& out, Spill&& spill, bool ima
   auto close_chunk = [&] {
     if (!chunk_open) return;
     store::end_rank_slots(out, frame, std::span(masks.data(), chunk_buckets()));
+    scope(frame);
     chunk_open = false;
   };
   auto add_to_image = [&](const binding& b) {
@@ -113,19 +133,21 @@ void serialize(const core_state& core, std::string& out, Spill&& spill, bool ima
   // The directory first: a standby that applies the snapshot as it arrives then finds
   // every key named when the ranks' bindings come to be counted (recovery counts them
   // at the end either way).
-  const std::uint64_t keys = core.directory.size();
+  const std::uint64_t keys = sp.directory.size();
   bool open = false;
-  core.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
+  sp.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t) {
     shard::packed_key packed;
     if (tp < 1 || !shard::pack_hex_key(key, packed)) {
       // Not inside a chunk: the directory visits its forms one after another (32-hex
       // keys, then 64-hex and other keys), so one may follow an unfinished chunk.
       if (open) {
-        store::end_packed(out, frame);
+        end_packed(frame);
         open = false;
         in_chunk = 0;
       }
+      const std::size_t at = out.size();
       store::append_directory_key(out, tp, key);
+      scope(at);
       return;
     }
     if (!open) {
@@ -135,16 +157,18 @@ void serialize(const core_state& core, std::string& out, Spill&& spill, bool ima
     }
     store::add_packed_item(out, {packed.lo, packed.hi, static_cast<std::uint32_t>(tp)});
     if (++in_chunk < store::kPackedItemsMax) return;
-    store::end_packed(out, frame);
+    end_packed(frame);
     open = false;
     in_chunk = 0;
   });
-  if (open) store::end_packed(out, frame);
-  core.ranks.for_each_rank_packed(
+  if (open) end_packed(frame);
+  sp.ranks.for_each_rank_packed(
       [&](std::int64_t rank, const shard::rank_stats& st, std::size_t packed,
           std::size_t image_buckets) {
         if (out.size() >= kSpillBytes) spill(out);
+        const std::size_t at = out.size();
         store::append_snapshot_rank(out, rank, st.num_pages);
+        scope(at);
         rank_now = rank;
         total = left = packed;
         in_chunk = 0;
@@ -166,20 +190,29 @@ void serialize(const core_state& core, std::string& out, Spill&& spill, bool ima
         }
         store::add_packed_item(out, {b.key.lo, b.key.hi, b.page | (b.confirmed ? 1u << 31 : 0u)});
         if (++in_chunk < store::kPackedItemsMax && left > 0) return;
-        store::end_packed(out, frame);
+        end_packed(frame);
         if (out.size() >= kSpillBytes) spill(out);
         in_chunk = 0;
         if (left > 0) frame = store::begin_rank_keys(out, rank_now, total);
       },
       [&](std::string_view key, std::int64_t page, bool confirmed) {
+        const std::size_t at = out.size();
         store::append_snapshot_entry(out, rank_now, page, confirmed, key);
+        scope(at);
       });
   // Each rank's quarantined pages, oldest first (after every rank's header: replay
   // meets them with the rank initialised; disjoint from the keys' pages).
-  core.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
+  sp.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
     if (out.size() >= kSpillBytes) spill(out);
+    const std::size_t at = out.size();
     store::append_snapshot_quarantine(out, rank, pages);
+    scope(at);
   });
+}
+
+template <typename Spill>
+void serialize(const core_state& core, std::string& out, Spill&& spill, bool images = true) {
+  core.for_each_space([&](const pipeline::vllm_space& sp) { serialize_space(sp, out, spill, images); });
   // SGLang's pools (independent of the vLLM state above), one image record each.
   if (out.size() >= kSpillBytes) spill(out);
   pipeline::append_sg_snapshot(out, core);
@@ -251,17 +284,16 @@ replay_summary replay(node& nd, const store::data_dir& dir) {
       nd, [&](int c) { replay_files(nd, c, groups, sizes, outputs[static_cast<std::size_t>(c)]); });
   const double replay_ms = lap(t);
   sum.file_groups = files.size();
-  for (auto& core : nd.core) sum.ranks += static_cast<std::int64_t>(core->ranks.rank_count());
-  nd.worker_ranks = sum.ranks;
-  on_every_core(
-      nd, [&](int c) { rebuild_directory(nd, c, outputs, static_cast<std::int32_t>(sum.ranks)); });
+  sum.ranks = count_worker_ranks(nd);
+  on_every_core(nd, [&](int c) { rebuild_directory(nd, c, outputs); });
   std::uint64_t laid = 0, by_key = 0;
   for (auto& out : outputs) {
     sum.records += out.records;
     laid += out.images_laid;
     by_key += out.images_by_key;
   }
-  for (auto& core : nd.core) sum.keys += core->directory.size();
+  for (auto& core : nd.core)
+    core->for_each_space([&](const pipeline::vllm_space& sp) { sum.keys += sp.directory.size(); });
   metad::log::info(
       "recovery: files mapped in {:.0f} ms, checked in {:.0f} ms, replayed in {:.0f} ms "
       "({} rank table(s) laid out from images, {} image(s) loaded key by key), directory in "
@@ -293,10 +325,12 @@ void recover(node& nd, const before_commit_fn& before_commit, bool discard) {
                                         : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
   for (auto& core : nd.core) {
     const auto c = static_cast<std::size_t>(core->index);
-    if (quarantine_until == 0 && core->ranks.quarantined_pages() > 0 &&
-        c < sum.reusable_snapshots.size())
-      sum.reusable_snapshots[c].clear();
-    core->ranks.restart_quarantines(quarantine_until);
+    core->for_each_space([&](pipeline::vllm_space& sp) {
+      if (quarantine_until == 0 && sp.ranks.quarantined_pages() > 0 &&
+          c < sum.reusable_snapshots.size())
+        sum.reusable_snapshots[c].clear();
+      sp.ranks.restart_quarantines(quarantine_until);
+    });
     pipeline::restart_sg_quarantines(nd, *core);
   }
   if (before_commit && before_commit(nd, dir)) sum.reusable_snapshots.clear();
@@ -430,12 +464,15 @@ int verify_data_dir(const std::string& path) {
     const store::data_dir dir(path, store::data_dir::access::read_only);
     const replay_summary sum = replay(nd, dir);
     std::int64_t pages = 0, bound = 0, reserved = 0;
-    nd.core[0]->ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
-      pages += st.num_pages;
-      bound += st.bound;
-      reserved += st.reserved;
+    std::size_t incomplete = 0;
+    nd.core[0]->for_each_space([&](const pipeline::vllm_space& sp) {
+      sp.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+        pages += st.num_pages;
+        bound += st.bound;
+        reserved += st.reserved;
+      });
+      incomplete += sp.directory.incomplete_count();
     });
-    const shard::directory& directory = nd.core[0]->directory;
     std::printf(
         "%s: generation %llu, %zu file group(s), %llu records replayed\n"
         "ranks %lld, pages %lld, bound %lld, reserved %lld\n"
@@ -444,8 +481,7 @@ int verify_data_dir(const std::string& path) {
         static_cast<unsigned long long>(sum.records), static_cast<long long>(sum.ranks),
         static_cast<long long>(pages), static_cast<long long>(bound),
         static_cast<long long>(reserved), static_cast<unsigned long long>(sum.keys),
-        static_cast<unsigned long long>(sum.keys - directory.incomplete_count()),
-        directory.incomplete_count());
+        static_cast<unsigned long long>(sum.keys - incomplete), incomplete);
     print_sg_pools(*nd.core[0]);
     std::printf("ok\n");
     return 0;

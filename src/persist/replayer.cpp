@@ -15,20 +15,35 @@ using pipeline::node;
 
 replayer::replayer(node& nd, int core, replay_output& out, const store::file_sizes& sizes)
     : node_(nd), core_(core), out_(out) {
-  out_.by_owner.resize(static_cast<std::size_t>(nd.cores));
+  out_.cores = static_cast<std::size_t>(nd.cores);
+  // The files' sizes are the unnamed vLLM state's (store::estimate_sizes reads no scoped
+  // record): a tenant's own tables grow as they fill.
   for (const auto& [rank, keys] : sizes.rank_keys)
     if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
   for (const auto& [rank, buckets] : sizes.image_buckets)
     if (shard::owner_of_rank(rank, nd.cores) == core) image_buckets_[rank] = buckets;
-  node_.core[core_]->ranks.set_bulk(true);
-  node_.core[core_]->directory.restore_reserve(sizes.directory_keys /
-                                               static_cast<std::size_t>(nd.cores));
+  node_.core[core_]->unnamed().ranks.set_bulk(true);
+  node_.core[core_]->unnamed().directory.restore_reserve(sizes.directory_keys /
+                                                         static_cast<std::size_t>(nd.cores));
   size_directory_ = sizes.directory_keys == 0;
 }
 
+int replayer::space_of(const store::record& r) {
+  if (r.tenant.empty() || !store::is_vllm_kind(r.kind)) return 0;
+  if (r.tenant == last_tenant_) return last_space_;
+  const int space = node_.tenants.space_of(r.tenant);
+  if (space < 0)
+    throw std::runtime_error("replay: more tenants have vLLM state than this process can hold");
+  last_tenant_.assign(r.tenant);
+  last_space_ = space;
+  return space;
+}
+
 void replayer::apply(const store::record& r) {
-  shard::rank_table& ranks = node_.core[core_]->ranks;
-  shard::directory& directory = node_.core[core_]->directory;
+  space_ = space_of(r);
+  pipeline::vllm_space& sp = node_.core[core_]->space(space_);
+  shard::rank_table& ranks = sp.ranks;
+  shard::directory& directory = sp.directory;
   switch (r.kind) {
     case store::record_kind::directory_key:
       if (node_.key_owner(r.keys[0]) == core_) {
@@ -60,9 +75,10 @@ void replayer::apply(const store::record& r) {
         throw std::runtime_error("replay: rank " + std::to_string(r.rank) + " has " +
                                  std::to_string(r.num_pages) + " pages, out of range");
       unbound_.clear();
-      images_.erase(r.rank);  // an image that follows is a new one
+      images_.erase({space_, r.rank});  // an image that follows is a new one
       if (ranks.initialize(r.rank, r.num_pages, tracking_ ? &unbound_ : nullptr).outcome ==
-          shard::init_outcome::created) {
+              shard::init_outcome::created &&
+          space_ == 0) {
         // Sized for what the files hold, unless an image will lay the table out.
         const auto it = expected_.find(r.rank);
         const auto image = image_buckets_.find(r.rank);
@@ -70,7 +86,7 @@ void replayer::apply(const store::record& r) {
             (image == image_buckets_.end() || !image_fits(r.rank, image->second)))
           ranks.reserve_keys(r.rank, it->second);
       }
-      for (const std::string& key : unbound_) changed(key, false);
+      for (const std::string& key : unbound_) changed(space_, key, false);
       break;
     case store::record_kind::allocate:
       // Reservations made in replay get a fresh TTL from now.
@@ -88,7 +104,7 @@ void replayer::apply(const store::record& r) {
         throw std::runtime_error("log replay: a logged confirm_write no longer applies: " +
                                  detail_);
       if (tracking_)
-        for (const std::uint32_t i : indices_) changed(r.keys[i], true);
+        for (const std::uint32_t i : indices_) changed(space_, r.keys[i], true);
       break;
     case store::record_kind::quarantine_end:
       if (!ranks.end_quarantine(r.rank, r.releases))
@@ -104,7 +120,7 @@ void replayer::apply(const store::record& r) {
       indices_.clear();
       ranks.remove_confirmed(r.rank, r.keys, indices_);
       if (tracking_)
-        for (const std::uint32_t i : indices_) changed(r.keys[i], false);
+        for (const std::uint32_t i : indices_) changed(space_, r.keys[i], false);
       break;
     case store::record_kind::release:
       if (!ranks.release_reserved(r.rank, r.releases))
@@ -115,7 +131,7 @@ void replayer::apply(const store::record& r) {
       if (!ranks.restore(r.rank, r.keys[0], r.page, r.confirmed, now_))
         throw std::runtime_error("snapshot replay: page " + std::to_string(r.page) + " of rank " +
                                  std::to_string(r.rank) + " cannot be restored");
-      if (tracking_ && r.confirmed) changed(r.keys[0], true);
+      if (tracking_ && r.confirmed) changed(space_, r.keys[0], true);
       break;
     case store::record_kind::snapshot_rank_keys:
       restore_rank_keys(r, ranks);
@@ -145,49 +161,55 @@ void replayer::apply(const store::record& r) {
   }
 }
 
-void replayer::end_bulk() { node_.core[core_]->ranks.set_bulk(false); }
+void replayer::end_bulk() { node_.core[core_]->unnamed().ranks.set_bulk(false); }
 
 void replayer::collect_confirmed() {
-  shard::rank_table& ranks = node_.core[core_]->ranks;
   end_bulk();
   const auto cores = static_cast<std::size_t>(node_.cores);
-  std::size_t bound = 0;
-  ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
-    bound += static_cast<std::size_t>(st.bound);
+  node_.core[core_]->for_each_space([&](const pipeline::vllm_space& sp) {
+    std::size_t bound = 0;
+    sp.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+      bound += static_cast<std::size_t>(st.bound);
+    });
+    if (bound == 0) return;
+    // Each owner's share, about half of it in each bucket's list (rank tables in slot order).
+    const std::size_t share = cores == 1 ? bound : bound / cores * 9 / 8;
+    for (std::size_t owner = 0; owner < cores; ++owner)
+      for (auto& list : out_.to(sp.id, owner).gained_in) list.reserve(share * 5 / 8);
   });
-  // Each owner's share, about half of it in each bucket's list (rank tables in slot order).
-  const std::size_t share = cores == 1 ? bound : bound / cores * 9 / 8;
-  for (auto& owner : out_.by_owner)
-    for (auto& list : owner.gained_in) list.reserve(share * 5 / 8);
   collect_bindings(/*lost=*/false);
 }
 
-void replayer::collect_bindings(bool lost) {
-  std::size_t buckets = 0;  // of the rank being walked, when in slot order
-  node_.core[core_]->ranks.for_each_rank_packed(
-      [&](std::int64_t, const shard::rank_stats&, std::size_t, std::size_t image_buckets) {
-        buckets = image_buckets;
-      },
-      [&](const shard::rank_table::packed_binding& b) {
-        if (!b.confirmed) return;
-        if (lost)
-          out_.by_owner[owner_of(b.key)].lost.push_back(b.key);
-        else
-          gain(b.key, b.slot, buckets);
-      },
-      [&](std::string_view key, std::int64_t, bool confirmed) {
-        if (!confirmed) return;
-        binding_changes& to = out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))];
-        (lost ? to.lost_others : to.gained_others).emplace_back(key);
-      });
+void replayer::collect_bindings(bool lost, int space) {
+  node_.core[core_]->for_each_space([&](const pipeline::vllm_space& sp) {
+    if (space >= 0 && sp.id != space) return;
+    std::size_t buckets = 0;  // of the rank being walked, when in slot order
+    sp.ranks.for_each_rank_packed(
+        [&](std::int64_t, const shard::rank_stats&, std::size_t, std::size_t image_buckets) {
+          buckets = image_buckets;
+        },
+        [&](const shard::rank_table::packed_binding& b) {
+          if (!b.confirmed) return;
+          if (lost)
+            out_.to(sp.id, owner_of(b.key)).lost.push_back(b.key);
+          else
+            gain(sp.id, b.key, b.slot, buckets);
+        },
+        [&](std::string_view key, std::int64_t, bool confirmed) {
+          if (!confirmed) return;
+          binding_changes& to =
+              out_.to(sp.id, static_cast<std::size_t>(node_.key_owner(key)));
+          (lost ? to.lost_others : to.gained_others).emplace_back(key);
+        });
+  });
 }
 
 std::size_t replayer::owner_of(const shard::packed_key& key) const {
   return static_cast<std::size_t>(node_.key_owner(key));
 }
 
-void replayer::changed(std::string_view key, bool gained) {
-  binding_changes& to = out_.by_owner[static_cast<std::size_t>(node_.key_owner(key))];
+void replayer::changed(int space, std::string_view key, bool gained) {
+  binding_changes& to = out_.to(space, static_cast<std::size_t>(node_.key_owner(key)));
   shard::packed_key packed;
   if (key.size() == shard::packed_key_chars && shard::pack_hex_key(key, packed))
     (gained ? to.gained : to.lost).push_back(packed);
@@ -242,11 +264,13 @@ void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ran
     if (!b.confirmed)
       throw std::runtime_error("snapshot replay: rank " + std::to_string(r.rank) +
                                "'s image holds a key that is not bound");
-  const auto [it, first] = images_.try_emplace(r.rank);
+  const auto [it, first] = images_.try_emplace({space_, r.rank});
   image_load& image = it->second;
   if (first) {
     image.buckets = r.total;
-    image.laid = r.layout == shard::packed_map::image_layout &&
+    // A tenant's own table is not laid out (its image, which no server writes, would be
+    // sized by what the files say of the unnamed state's rank of that number).
+    image.laid = space_ == 0 && r.layout == shard::packed_map::image_layout &&
                  image_fits(r.rank, static_cast<std::size_t>(r.total)) &&
                  ranks.begin_image(r.rank, static_cast<std::size_t>(r.total));
     ++(image.laid ? out_.images_laid : out_.images_by_key);
@@ -254,7 +278,7 @@ void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ran
     throw std::runtime_error("snapshot replay: rank " + std::to_string(r.rank) +
                              "'s image changes its number of buckets");
   }
-  const auto expected = expected_.find(r.rank);
+  const auto expected = space_ == 0 ? expected_.find(r.rank) : expected_.end();
   const bool ok =
       image.laid ? ranks.restore_image(r.rank, bindings_)
                  : ranks.restore_packed(r.rank, expected == expected_.end() ? 0 : expected->second,
@@ -270,11 +294,12 @@ void replayer::gained(std::span<const shard::rank_table::packed_binding> binding
                       std::size_t buckets) {
   if (!tracking_) return;
   for (const shard::rank_table::packed_binding& b : bindings)
-    if (b.confirmed) gain(b.key, b.slot, buckets);
+    if (b.confirmed) gain(space_, b.key, b.slot, buckets);
 }
 
-void replayer::gain(const shard::packed_key& key, std::uint64_t slot, std::size_t buckets) {
-  binding_changes& to = out_.by_owner[owner_of(key)];
+void replayer::gain(int space, const shard::packed_key& key, std::uint64_t slot,
+                    std::size_t buckets) {
+  binding_changes& to = out_.to(space, owner_of(key));
   if (buckets == 0) {
     to.gained.push_back(key);
     return;
@@ -286,9 +311,11 @@ void replayer::gain(const shard::packed_key& key, std::uint64_t slot, std::size_
 // A chunk of a former core's directory keys: those this core owns now. A directory not
 // sized from the files (a standby's) is sized for the chunk's core's keys first.
 void replayer::restore_directory_keys(const store::record& r, shard::directory& directory) {
-  if (size_directory_ && directory.size() == 0)
-    directory.restore_reserve(static_cast<std::size_t>(r.total));
-  size_directory_ = false;
+  if (space_ == 0) {
+    if (size_directory_ && directory.size() == 0)
+      directory.restore_reserve(static_cast<std::size_t>(r.total));
+    size_directory_ = false;
+  }
   const std::size_t count = r.item_count();
   for (std::size_t i = 0; i < count; ++i) {
     const store::packed_item item = store::packed_item_at(r.items, i);
@@ -320,21 +347,48 @@ void binding_changes::clear() {
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core
 // reads the lists the others made for it, and frees them), then finishes it.
-void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
-                       std::int32_t fallback_tp) {
-  shard::directory& directory = nd.core[core]->directory;
+void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs) {
+  pipeline::core_state& here = *nd.core[core];
   const auto mine = static_cast<std::size_t>(core);
-  // A binding whose directory record did not reach the disk belonged to a confirm that
-  // was never acknowledged; assume every rank had been initialised.
-  std::size_t guessed = 0;
-  for (replay_output& from : outputs) {
-    guessed += from.by_owner[mine].apply(directory, fallback_tp);
-    from.by_owner[mine] = binding_changes{};  // its memory back
+  std::size_t spaces = here.spaces.size();
+  for (const replay_output& from : outputs) spaces = std::max(spaces, from.by_space.size());
+  for (std::size_t id = 0; id < spaces; ++id) {
+    bool any = here.find_space(static_cast<int>(id)) != nullptr;
+    for (const replay_output& from : outputs)
+      any = any || (id < from.by_space.size() && !from.by_space[id].empty());
+    if (!any) continue;
+    const int space = static_cast<int>(id);
+    shard::directory& directory = here.space(space).directory;
+    // A binding whose directory record did not reach the disk belonged to a confirm that
+    // was never acknowledged; assume every rank of its space had been initialised.
+    const auto fallback_tp = static_cast<std::int32_t>(nd.tenants.worker_ranks(space).load());
+    std::size_t guessed = 0;
+    for (replay_output& from : outputs) {
+      if (id >= from.by_space.size() || from.by_space[id].empty()) continue;
+      guessed += from.by_space[id][mine].apply(directory, fallback_tp);
+      from.by_space[id][mine] = binding_changes{};  // its memory back
+    }
+    guessed += directory.restore_finish(nd.clock(), fallback_tp);
+    if (guessed)
+      metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}",
+                       guessed, fallback_tp);
   }
-  guessed += directory.restore_finish(nd.clock(), fallback_tp);
-  if (guessed)
-    metad::log::warn("{} key(s) recovered without their tp_world_size record: assumed {}", guessed,
-                     fallback_tp);
+}
+
+std::int64_t count_worker_ranks(node& nd) {
+  std::vector<std::int64_t> ranks(static_cast<std::size_t>(nd.tenants.spaces()));
+  for (auto& core : nd.core)
+    core->for_each_space([&](const pipeline::vllm_space& sp) {
+      if (static_cast<std::size_t>(sp.id) >= ranks.size()) ranks.resize(sp.id + 1u);
+      ranks[static_cast<std::size_t>(sp.id)] += static_cast<std::int64_t>(sp.ranks.rank_count());
+    });
+  std::int64_t total = 0;
+  for (std::size_t id = 0; id < ranks.size(); ++id) {
+    nd.tenants.worker_ranks(static_cast<int>(id)) = ranks[id];
+    total += ranks[id];
+  }
+  nd.worker_ranks = total;
+  return total;
 }
 
 // --- a hot standby --------------------------------------------------------------------
@@ -342,20 +396,21 @@ void rebuild_directory(node& nd, int core, std::vector<replay_output>& outputs,
 binding_feed::binding_feed(int cores)
     : inboxes_(std::make_unique<inbox[]>(static_cast<std::size_t>(cores))) {}
 
-void binding_feed::post(int owner, binding_changes&& changes) {
+void binding_feed::post(int owner, int space, binding_changes&& changes) {
   inbox& in = inboxes_[static_cast<std::size_t>(owner)];
   std::lock_guard lock(in.mutex);
-  in.queued.push_back(std::move(changes));
+  in.queued.emplace_back(space, std::move(changes));
 }
 
-void binding_feed::drain(int owner, shard::directory& d) {
+void binding_feed::drain(int owner, pipeline::core_state& core) {
   inbox& in = inboxes_[static_cast<std::size_t>(owner)];
-  std::vector<binding_changes> queued;
+  std::vector<std::pair<int, binding_changes>> queued;
   {
     std::lock_guard lock(in.mutex);
     queued.swap(in.queued);
   }
-  for (const binding_changes& changes : queued) changes.apply(d, shard::directory::unnamed_tp);
+  for (const auto& [space, changes] : queued)
+    changes.apply(core.space(space).directory, shard::directory::unnamed_tp);
 }
 
 standby_core::standby_core(pipeline::node& nd, int core, std::uint64_t leader_lsn,
@@ -379,15 +434,22 @@ void standby_core::receive(std::string_view frames) {
   replayer_.set_now(node_.clock());  // a reservation's TTL runs from about the leader's time
   const bool whole = store::scan_checked(frames, [&](const store::record& r, std::size_t) {
     if (r.kind == store::record_kind::clear) {
-      // Recovery starts after a core's last clear; a live replay drops what came before
-      // it. SGLang's pools outlive it: their images follow in the log (run_clear). Every
-      // confirmed binding of this core's ranks is lost (counted off in its owner's
-      // slice), and this core's slice forgets every key's tp_world_size; the counts of
-      // other cores' bindings stay until their own clear arrives.
-      replayer_.collect_bindings(/*lost=*/true);
-      core.ranks.clear();
+      // Recovery starts after a core's last clear (a tenant's scoped clear: after its
+      // last one, for that tenant's records); a live replay drops what came before it,
+      // of every vLLM space for a bare clear (SGLang's pools outlive it: their images
+      // follow in the log), of the tenant's own for a scoped one. Every confirmed binding
+      // of this core's ranks there is lost (counted off in its owner's slice), and this
+      // core's slice forgets every key's tp_world_size; the counts of other cores'
+      // bindings stay until their own clear arrives.
+      const int only = r.scoped ? replayer_.space_of(r) : -1;
+      replayer_.collect_bindings(/*lost=*/true, only);
+      core.for_each_space([&](pipeline::vllm_space& sp) {
+        if (only < 0 || sp.id == only) sp.ranks.clear();
+      });
       hand_over();  // the losses reach their owners before anything after the clear
-      core.directory.restore_forget_all();
+      core.for_each_space([&](pipeline::vllm_space& sp) {
+        if (only < 0 || sp.id == only) sp.directory.restore_forget_all();
+      });
       return;
     }
     replayer_.apply(r);
@@ -399,21 +461,24 @@ void standby_core::receive(std::string_view frames) {
 // This core's binding changes so far: its own slice's counted at once, the others' posted
 // to their owners; then what the other cores posted here.
 void standby_core::hand_over() {
-  for (std::size_t owner = 0; owner < out_.by_owner.size(); ++owner) {
-    binding_changes& changes = out_.by_owner[owner];
-    if (changes.empty()) continue;
-    if (static_cast<int>(owner) == core_) {
-      changes.apply(node_.core[core_]->directory, shard::directory::unnamed_tp);
-      changes.clear();
-    } else {
-      feed_.post(static_cast<int>(owner), std::move(changes));
-      changes = binding_changes{};
+  for (std::size_t space = 0; space < out_.by_space.size(); ++space) {
+    for (std::size_t owner = 0; owner < out_.by_space[space].size(); ++owner) {
+      binding_changes& changes = out_.by_space[space][owner];
+      if (changes.empty()) continue;
+      if (static_cast<int>(owner) == core_) {
+        changes.apply(node_.core[core_]->space(static_cast<int>(space)).directory,
+                      shard::directory::unnamed_tp);
+        changes.clear();
+      } else {
+        feed_.post(static_cast<int>(owner), static_cast<int>(space), std::move(changes));
+        changes = binding_changes{};
+      }
     }
   }
   drain_feed();
 }
 
-void standby_core::drain_feed() { feed_.drain(core_, node_.core[core_]->directory); }
+void standby_core::drain_feed() { feed_.drain(core_, *node_.core[core_]); }
 
 void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_core>>& cores,
                      binding_feed& feed) {
@@ -422,17 +487,18 @@ void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_cor
   const auto ms_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   };
-  std::int64_t ranks = 0;
-  for (auto& core : nd.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
-  nd.worker_ranks = ranks;
+  const std::int64_t ranks = count_worker_ranks(nd);
   // Each core's slice: what other cores posted and it has not counted yet, then the
   // staged directory finished (O(keys)); one thread per core, as recovery does.
   std::vector<std::size_t> guessed(cores.size());
   on_every_core(nd, [&](int c) {
     const auto i = static_cast<std::size_t>(c);
     cores[i]->replay().end_bulk();
-    feed.drain(c, nd.core[c]->directory);
-    guessed[i] = nd.core[c]->directory.restore_finish(nd.clock(), static_cast<std::int32_t>(ranks));
+    feed.drain(c, *nd.core[c]);
+    nd.core[c]->for_each_space([&](pipeline::vllm_space& sp) {
+      guessed[i] += sp.directory.restore_finish(
+          nd.clock(), static_cast<std::int32_t>(nd.tenants.worker_ranks(sp.id).load()));
+    });
   });
   std::size_t assumed = 0;
   for (const std::size_t g : guessed) assumed += g;
@@ -446,10 +512,12 @@ void promote_standby(pipeline::node& nd, std::vector<std::unique_ptr<standby_cor
                                         : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
   std::uint64_t keys = 0;
   for (auto& core : nd.core) {
-    core->ranks.restart_quarantines(quarantine_until);
+    core->for_each_space([&](pipeline::vllm_space& sp) {
+      sp.ranks.restart_quarantines(quarantine_until);
+      keys += sp.directory.size();
+    });
     pipeline::restart_sg_quarantines(nd, *core);
     core->publish_incomplete();
-    keys += core->directory.size();
   }
   if (keys > 0) nd.removal_floor = nd.clock() + nd.cfg.read_lease_ms * smp::kNsPerMs;
   // --tenants-file: each tenant's ranks=N and pages=N counts from the state replayed, as

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -50,7 +51,16 @@ struct binding_changes {
 // hands them over as each batch is applied (standby_core). (The tp_world_size of the
 // keys a core owns goes straight into its directory: directory::restore_key.)
 struct replay_output {
-  std::vector<binding_changes> by_owner;
+  // By vLLM space (tenant_registry's ids), then by the core that owns the keys'
+  // directory slices.
+  std::vector<std::vector<binding_changes>> by_space;
+  std::size_t cores = 0;
+  binding_changes& to(int space, std::size_t owner) {
+    const auto at = static_cast<std::size_t>(space);
+    if (at >= by_space.size()) by_space.resize(at + 1);
+    if (by_space[at].empty()) by_space[at].resize(cores);
+    return by_space[at][owner];
+  }
   std::uint64_t records = 0;
   // Rank tables of snapshot images: loaded as laid out, and key by key (another layout,
   // a log after them that outgrows them, a table left sparse, a rank not empty).
@@ -67,14 +77,15 @@ struct replay_output {
 class binding_feed {
  public:
   explicit binding_feed(int cores);
-  void post(int owner, binding_changes&& changes);
-  // Applies what was posted for `owner`'s slice to its directory (staged).
-  void drain(int owner, shard::directory& d);
+  void post(int owner, int space, binding_changes&& changes);
+  // Applies what was posted for `owner`'s slice to its directories (staged), each
+  // space's to its own.
+  void drain(int owner, pipeline::core_state& core);
 
  private:
   struct inbox {
     std::mutex mutex;
-    std::vector<binding_changes> queued;
+    std::vector<std::pair<int, binding_changes>> queued;
   };
   std::unique_ptr<inbox[]> inboxes_;
 };
@@ -88,17 +99,21 @@ class replayer {
   // sizes: what the files hold, to size the tables before filling them (empty: unknown).
   replayer(pipeline::node& nd, int core, replay_output& out, const store::file_sizes& sizes);
 
-  // One record, if it belongs to this core (its rank, or its key's directory slice).
-  // clear records are not applied: recovery starts after the last one. Throws
-  // std::runtime_error for a record that no longer applies.
+  // One record, if it belongs to this core (its rank, or its key's directory slice), to
+  // the vLLM space of its tenant. clear records are not applied: recovery starts after a
+  // core's last one (a tenant's scoped clear: its records before it are skipped), and a
+  // standby applies them itself. Throws std::runtime_error for a record that no longer
+  // applies.
   void apply(const store::record& r);
+  // The vLLM space of a record's tenant (made on first use).
+  int space_of(const store::record& r);
 
   // After the last record: the keys this core's ranks hold confirmed, by the core
   // that owns each key's directory slice (which counts them).
   void collect_confirmed();
-  // Every confirmed binding this core's ranks hold, into the output by owner, as gained
-  // or (a clear on a hot standby) lost.
-  void collect_bindings(bool lost);
+  // Every confirmed binding this core's ranks hold (of `space` only, when >= 0), into the
+  // output by owner, as gained or (a clear on a hot standby) lost.
+  void collect_bindings(bool lost, int space = -1);
   // Every binding change from here on goes into the output as it happens (a hot
   // standby: standby_core hands them to their owners after each batch).
   void track_changes() { tracking_ = true; }
@@ -120,10 +135,10 @@ class replayer {
   void gained(std::span<const shard::rank_table::packed_binding> bindings, std::size_t buckets);
   // A confirmed binding of a packed key gained, at `slot` of a table of `buckets` buckets
   // walked in slot order (0: no order).
-  void gain(const shard::packed_key& key, std::uint64_t slot, std::size_t buckets);
+  void gain(int space, const shard::packed_key& key, std::uint64_t slot, std::size_t buckets);
   void restore_directory_keys(const store::record& r, shard::directory& directory);
   // tracking_: a confirmed binding of `key` gained or lost on this core's ranks.
-  void changed(std::string_view key, bool gained);
+  void changed(int space, std::string_view key, bool gained);
   // The core that owns a 32-hex key's directory slice.
   std::size_t owner_of(const shard::packed_key& key) const;
 
@@ -138,7 +153,7 @@ class replayer {
     std::uint64_t buckets = 0;
     bool laid = false;  // into the slots it names (else key by key: restore_packed)
   };
-  std::unordered_map<std::int64_t, image_load> images_;
+  std::map<std::pair<int, std::int64_t>, image_load> images_;  // by (space, rank)
   std::uint64_t now_ = node_.clock();
   std::vector<std::uint32_t> indices_;
   std::vector<shard::rank_table::packed_binding> bindings_;
@@ -146,14 +161,20 @@ class replayer {
   std::vector<std::string> unbound_;
   std::string detail_;
   bool tracking_ = false;
+  int space_ = 0;                  // of the record being applied
+  std::string last_tenant_;        // space_of's last name ...
+  int last_space_ = 0;             // ... and its space
   // No file sizes told the directory's: the first snapshot_directory_keys chunk does.
   bool size_directory_ = false;
 };
 
 // Counts every confirmed binding into the directory slice of the key's owner (each core
 // reads the lists the others made for it, and frees them), then finishes it.
-void rebuild_directory(pipeline::node& nd, int core, std::vector<replay_output>& outputs,
-                       std::int32_t fallback_tp);
+// A key whose tp_world_size record was not found takes its space's worker ranks.
+void rebuild_directory(pipeline::node& nd, int core, std::vector<replay_output>& outputs);
+// Sets each space's worker ranks (tenant_registry::worker_ranks) and the node's from the
+// ranks the cores hold; returns the node's. While no core serves.
+std::int64_t count_worker_ranks(pipeline::node& nd);
 
 // A hot standby's side of replication: the leader's log frames for core c are appended
 // to this node's own log of core c, made durable by the core's usual group commit, and

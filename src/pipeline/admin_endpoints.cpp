@@ -15,14 +15,17 @@
 namespace metad::pipeline {
 namespace {
 
-// Drops core c's ranks and directory slice (on core c).
-void clear_core(node& nd, int c) {
+// Drops core c's ranks and directory slice of vLLM space `space` (on core c).
+void clear_core(node& nd, int c, int space) {
   core_state& core = *nd.core[c];
-  nd.worker_ranks.fetch_sub(static_cast<std::int64_t>(core.ranks.rank_count()),
-                            std::memory_order_relaxed);
-  core.ranks.clear();
-  core.directory.clear();
-  settle_vllm_pages(nd, core);
+  vllm_space* sp = core.find_space(space);
+  if (sp == nullptr) return;
+  const auto ranks = static_cast<std::int64_t>(sp->ranks.rank_count());
+  nd.worker_ranks.fetch_sub(ranks, std::memory_order_relaxed);
+  nd.tenants.worker_ranks(space).fetch_sub(ranks, std::memory_order_relaxed);
+  sp->ranks.clear();
+  sp->directory.clear();
+  settle_vllm_pages(nd, core, *sp);
 }
 
 constexpr std::string_view kDeleteStorageFailed =
@@ -36,13 +39,15 @@ constexpr std::string_view kRestarting =
 endpoint_task run_clear(connection& x) {
   node& nd = x.shared();
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
+  const int space = x.work().space;  // the tenant's own vLLM state, no other
   nd.clears_begun.fetch_add(1);
   co_await smp::for_each_core(
       nd.mailbox, x.home().index, smp::every_core, [&](int c) -> smp::subtask<bool> {
-        clear_core(nd, c);
+        clear_core(nd, c, space);
         core_state& core = *nd.core[c];
-        core.journal.clear();
-        log_sg_pools(core);  // SGLang's pools outlive a vLLM /clear, in the log too
+        // Scoped to the space (record.hpp, in_tenant): SGLang's pools and the other
+        // tenants' states before it stay in the log.
+        core.journal.clear(core.space(space).tenant);
         if (!co_await core.journal.durable()) stored = false;
         co_return true;
       });
@@ -67,22 +72,27 @@ endpoint_task run_rank_info(connection& x) {
   // requests made more keys incomplete meanwhile than the room holds, again, larger.
   removal_job& job = s.removal;
   std::size_t count = 0, bytes = 0;
+  const int space = s.space;
   co_await smp::for_each_core(nd.mailbox, home, smp::every_core, [&](int c) {
-    nd.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+    const vllm_space* sp = nd.core[c]->find_space(space);
+    if (sp == nullptr) return;
+    sp->directory.for_each_incomplete([&](std::string_view key) {
       ++count;
       bytes += key.size();
       return true;
     });
   });
   for (bool complete = false; !complete;) {
-    job.begin(nd);
+    job.begin(nd, space);
     job.bytes.reserve(2 * bytes + 4096);
     job.ends.reserve(2 * count + 64);
     job.used.reserve(2 * count + 64);
     job.member.reserve(2 * count + 64);
     complete = true;
     co_await smp::for_each_core(nd.mailbox, home, smp::every_core, [&](int c) {
-      nd.core[c]->directory.for_each_incomplete([&](std::string_view key) {
+      const vllm_space* sp = nd.core[c]->find_space(space);
+      if (sp == nullptr) return true;
+      sp->directory.for_each_incomplete([&](std::string_view key) {
         complete = job.ends.size() < job.ends.capacity() &&
                    job.bytes.size() + key.size() <= job.bytes.capacity();
         if (complete) job.add(key);
@@ -96,8 +106,10 @@ endpoint_task run_rank_info(connection& x) {
   job.seal(nd);
   s.pages.assign(job.keys.size(), -1);
   co_await nd.mailbox.hop_to(owner);
-  const std::optional<shard::rank_stats> stats = nd.core[owner]->ranks.stats(rank);
-  if (stats) nd.core[owner]->ranks.confirmed_pages(rank, job.keys, s.pages);
+  const vllm_space* sp = nd.core[owner]->find_space(space);
+  const std::optional<shard::rank_stats> stats =
+      sp != nullptr ? sp->ranks.stats(rank) : std::nullopt;
+  if (stats) sp->ranks.confirmed_pages(rank, job.keys, s.pages);
   co_await nd.mailbox.hop_to(home);
   s.body.clear();
   if (!stats) {
@@ -162,24 +174,40 @@ void collect_metrics(node& nd, const core_state& core, scratch& s) {
     snap.tenant_lookups[tenant].add(counts);
   snap.allocations.add(core.allocations);
   collect_tenants(core, snap);
-  snap.keys += core.directory.size();
-  snap.refused_releases += core.ranks.refused_releases();
-  snap.expired_reservations += core.ranks.expired_reservations();
+  core.for_each_space([&](const vllm_space& sp) {
+    snap.keys += sp.directory.size();
+    snap.refused_releases += sp.ranks.refused_releases();
+    snap.expired_reservations += sp.ranks.expired_reservations();
+    snap.incomplete_keys += sp.directory.incomplete_count();
+    snap.incomplete_pages += sp.directory.incomplete_bindings();
+    snap.ranks += sp.ranks.rank_count();
+    if (sp.id == 0) {  // the unnamed state: one series per rank (a rank label alone)
+      sp.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
+        s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
+      });
+      return;
+    }
+    // A tenant's own state: its keys and pages in the tenant series, in the totals too.
+    tenant_figures& f = snap.vllm_spaces[sp.tenant];
+    f.keys += sp.directory.size();
+    sp.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+      snap.named_pages.total += static_cast<std::uint64_t>(st.num_pages);
+      snap.named_pages.free += static_cast<std::uint64_t>(st.free);
+      snap.named_pages.reserved += static_cast<std::uint64_t>(st.reserved);
+      snap.named_pages.bound += static_cast<std::uint64_t>(st.bound);
+      f.pages_reserved += static_cast<std::uint64_t>(st.reserved);
+      f.pages_bound += static_cast<std::uint64_t>(st.bound);
+    });
+  });
   snap.evicted_keys += core.evicted_keys;
   snap.deleted_keys += core.deleted_keys;
   snap.stale_keys += core.stale_keys;
   snap.ranks_grown += core.ranks_grown;
   snap.ranks_shrunk += core.ranks_shrunk;
-  snap.incomplete_keys += core.directory.incomplete_count();
-  snap.incomplete_pages += core.directory.incomplete_bindings();
   snap.hops += nd.mailbox.posted(core.index);
-  snap.ranks += core.ranks.rank_count();
   const net::loop_stats& conn = core.connections;
   snap.connections[static_cast<std::size_t>(core.index)] = {
       conn.accepted - conn.closed, conn.accepted, conn.rejected, conn.timed_out};
-  core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
-    s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
-  });
 }
 
 void end_metrics(node& nd, scratch& s) {
@@ -192,20 +220,31 @@ void end_metrics(node& nd, scratch& s) {
   snap.refused_cuts = nd.memory.refused_cuts.load(std::memory_order_relaxed);
   snap.cut_charge = nd.memory.cut_charge();
   const api::rank_pool& pool = s.rank_rows.pool();
-  snap.pages = {pool.pages, pool.free, pool.reserved, pool.bound};
+  const pool_pages& named = snap.named_pages;
+  snap.pages = {pool.pages + named.total, pool.free + named.free, pool.reserved + named.reserved,
+                pool.bound + named.bound};
   snap.rank_series_omitted = s.rank_rows.omitted();
-  // vLLM's state belongs to the tenant that holds vLLM's API, else to the default tenant.
-  // With vLLM in use, that tenant has series even before its first request here.
+  // The unnamed vLLM state belongs to the `vllm` tenant, else to the default tenant. With
+  // vLLM in use, that tenant has series even before its first request here.
   const std::shared_ptr<const tenant_table> table = nd.tenants.current();
   const tenant* owner = table != nullptr ? table->vllm_tenant() : nullptr;
   const std::string_view vllm = owner != nullptr ? std::string_view(owner->name) : "";
+  std::uint64_t named_keys = 0;
+  for (const auto& [name, f] : snap.vllm_spaces) named_keys += f.keys;
+  const std::uint64_t unnamed_keys = snap.keys - named_keys;
   auto it = snap.tenants.find(vllm);
-  if (it == snap.tenants.end() && (snap.keys > 0 || snap.ranks > 0))
+  if (it == snap.tenants.end() && (unnamed_keys > 0 || pool.ranks > 0))
     it = snap.tenants.try_emplace(std::string(vllm)).first;
   if (it != snap.tenants.end()) {
-    it->second.keys += snap.keys;
+    it->second.keys += unnamed_keys;
     it->second.pages_reserved += pool.reserved;
     it->second.pages_bound += pool.bound;
+  }
+  for (const auto& [name, f] : snap.vllm_spaces) {
+    tenant_figures& t = snap.tenants[name];
+    t.keys += f.keys;
+    t.pages_reserved += f.pages_reserved;
+    t.pages_bound += f.pages_bound;
   }
 }
 
@@ -252,19 +291,27 @@ endpoint_task run_stats(connection& x) {
   s.sg_rows.clear();
   s.sg_sum = {};
   const std::uint64_t now = nd.clock();
-  auto collect = [&s, now](const core_state& core) {
-    collect_sg_pools(core, s);
+  // One vLLM state: the request's tenant's (a tenant's token, or X-Metad-Tenant with an
+  // operator's token), else the unnamed one. SGLang's pools for the operator only.
+  const int space = s.space;
+  const bool operator_view = s.quota_tenant.empty();
+  auto collect = [&s, now, space, operator_view](const core_state& core) {
+    if (operator_view) collect_sg_pools(core, s);
     api::stats_totals& t = s.totals;
-    t.keys += core.directory.size();
-    t.leased_keys += core.directory.leased_count(now);
-    t.evicted_keys += core.evicted_keys;
-    t.deleted_keys += core.deleted_keys;
-    t.stale_keys += core.stale_keys;
-    t.incomplete_keys += core.directory.incomplete_count();
-    t.incomplete_pages += core.directory.incomplete_bindings();
-    t.expired_reservations += core.ranks.expired_reservations();
-    t.refused_releases += core.ranks.refused_releases();
-    core.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
+    if (space == 0) {  // removals are counted per core, not per tenant: the operator's
+      t.evicted_keys += core.evicted_keys;
+      t.deleted_keys += core.deleted_keys;
+      t.stale_keys += core.stale_keys;
+    }
+    const vllm_space* sp = core.find_space(space);
+    if (sp == nullptr) return;
+    t.keys += sp->directory.size();
+    t.leased_keys += sp->directory.leased_count(now);
+    t.incomplete_keys += sp->directory.incomplete_count();
+    t.incomplete_pages += sp->directory.incomplete_bindings();
+    t.expired_reservations += sp->ranks.expired_reservations();
+    t.refused_releases += sp->ranks.refused_releases();
+    sp->ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
       s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
     });
   };

@@ -248,13 +248,20 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   const bool admin_row = auth == access::admin || auth == access::sg_admin;
   // As without tenants: with --admin-token-file, the destructive calls take that token
   // and no other. On SGLang's rows the path names the tenant (/{rank}/clear: the default
-  // tenant's pools, those from before --tenants-file or an import); vLLM's state is one.
-  if (admin_row && !cfg.admin_token.empty()) return same_secret(given, cfg.admin_token) ? 0 : 401;
-  // The operator's tokens open what shows every tenant (and the 404s and 405s).
-  if ((auth == access::monitor || !found) &&
-      ((!cfg.auth_token.empty() && same_secret(given, cfg.auth_token)) ||
-       (!cfg.admin_token.empty() && same_secret(given, cfg.admin_token))))
+  // tenant's pools, those from before --tenants-file or an import); on vLLM's (/clear,
+  // /keys/delete) the X-Metad-Tenant header does (none: the unnamed state).
+  if (admin_row && !cfg.admin_token.empty()) {
+    if (!same_secret(given, cfg.admin_token)) return 401;
+    if (auth == access::admin && !request.tenant.empty()) return admin_space(request.tenant);
     return 0;
+  }
+  // The operator's tokens open what shows every tenant (and the 404s and 405s).
+  if ((auth == access::monitor || auth == access::stats || !found) &&
+      ((!cfg.auth_token.empty() && same_secret(given, cfg.auth_token)) ||
+       (!cfg.admin_token.empty() && same_secret(given, cfg.admin_token)))) {
+    if (auth == access::stats && !request.tenant.empty()) return admin_space(request.tenant);
+    return 0;
+  }
   // One SHA-256 of the token, one hash-map lookup of its digest (tenants.hpp: why this
   // leaks nothing of the token).
   const tenant_table& table = current_tenants();
@@ -268,23 +275,20 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
         kEndpoints[route.row].pattern.path, t->name);
     return 403;
   }
-  if (auth == access::token || auth == access::admin) {  // vLLM's API
-    if (!t->vllm) {
-      const tenant* owner = table.vllm_tenant();
-      s.detail =
-          owner != nullptr
-              ? fmt::format(
-                    "vLLM's API belongs to tenant {} on this server (until per-tenant vLLM "
-                    "state exists): tenant {}'s token may use SGLang's paths only",
-                    owner->name, t->name)
-              : fmt::format(
-                    "vLLM's API is off on this server: no tenant in --tenants-file holds it "
-                    "(the word vllm on its line); tenant {}'s token may use SGLang's paths only",
-                    t->name);
-      return 403;
+  if (auth == access::token || auth == access::admin || auth == access::stats) {
+    // vLLM's API (and /stats): the tenant's own state
+    if (t->space < 0) {
+      s.detail = fmt::format(
+          "tenant {} has no vLLM state: this process has made {} tenants' states, its limit "
+          "(restart it to forget those of tenants no longer in --tenants-file)",
+          t->name, tenant_registry::kSpacesMax);
+      return 503;
     }
+    s.space = t->space;
     s.rank_quota = t->ranks;
+    s.page_quota = t->pages;
     s.quota_tenant.assign(t->name);
+    s.usage = t->usage;
     return 0;
   }
   // SGLang's API: the token's own tenant, whether the path names it or not.
@@ -302,21 +306,49 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   return 0;
 }
 
+int connection::admin_space(std::string_view name) {
+  scratch& s = scratch_;
+  // The `vllm` tenant's state is the unnamed one; any other name's is its own, whether or
+  // not the current file has it (a removed tenant's state stays until an operator clears
+  // it). A name no state was ever made for has nothing to act on.
+  const tenant_table& table = current_tenants();
+  const tenant* vllm = table.vllm_tenant();
+  if (vllm != nullptr && vllm->name == name) return 0;
+  const int space = node_.tenants.find_space(name);
+  if (space < 0) {
+    s.detail = fmt::format("X-Metad-Tenant: no tenant {} has vLLM state on this server",
+                           name.substr(0, 64));
+    return 404;
+  }
+  s.space = space;
+  return 0;
+}
+
 void connection::count_tenant(const http::route& route) {
   scratch& s = scratch_;
   const access auth = kEndpoints[route.row].auth;
   if (auth == access::token || auth == access::admin) {
-    // vLLM's state is one: the tenant that holds vLLM's API, else the default tenant. Its
-    // row is looked up once per core and table, not per request.
-    if (home_.vllm_tenant_row == nullptr || home_.vllm_tenant_version != node_.tenants.version()) {
-      const tenant_table* table = node_.tenants.enabled() ? &current_tenants() : nullptr;
-      const tenant* owner = table != nullptr ? table->vllm_tenant() : nullptr;
-      home_.vllm_tenant_row =
-          &home_.tenant_rows.of(owner != nullptr ? std::string_view(owner->name) : "");
-      home_.vllm_tenant_version = table != nullptr ? table->version : 0;
+    // The row of the request's vLLM space: its tenant's (space 0: the `vllm` tenant's,
+    // else the default tenant's). Looked up once per core, space and table, not per request.
+    auto& rows = home_.vllm_tenant_rows;
+    if (home_.vllm_tenant_version != node_.tenants.version()) {
+      rows.clear();
+      home_.vllm_tenant_version = node_.tenants.version();
+    }
+    const auto at = static_cast<std::size_t>(s.space);
+    if (at >= rows.size()) rows.resize(at + 1, nullptr);
+    if (rows[at] == nullptr) {
+      std::string name;
+      if (s.space != 0) {
+        name = node_.tenants.space_name(s.space);
+      } else if (node_.tenants.enabled()) {
+        const tenant* owner = current_tenants().vllm_tenant();
+        if (owner != nullptr) name = owner->name;
+      }
+      rows[at] = &home_.tenant_rows.of(name);
     }
     s.api = tenant_api::vllm;
-    s.tenant_row = home_.vllm_tenant_row;
+    s.tenant_row = rows[at];
   } else if (auth == access::sg_token || auth == access::sg_admin) {
     s.api = tenant_api::sglang;  // the token's tenant (authorize_tenant) or the path's
     s.tenant_row = &home_.tenant_rows.of(route.tenant);
@@ -394,6 +426,7 @@ void connection::dispatch(const http::request& request) {
   const bool unknown = route.result == http::match_result::not_found;
   start(found ? route.row : unknown ? kNotFound : kMethodNotAllowed);
   target_ = request.target;
+  scratch_.space = 0;  // the unnamed vLLM state, unless a tenant's token says otherwise
   if (!node_.tenants.enabled()) {
     if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
       return finish(answer::canned(http::canned::unauthorized));

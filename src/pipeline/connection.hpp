@@ -52,9 +52,11 @@ struct removal_job {
   std::vector<std::string_view> removed_keys;
   std::vector<std::uint8_t> core_has_keys;  // per core: a key's directory slice is there
   std::uint64_t clears = 0;                 // node::clears_begun when the walk began
+  int space = 0;                            // the vLLM space it removes from (set by begin)
 
   // Starts a walk; false (do nothing) while a /clear runs.
-  bool begin(const node& nd) {
+  bool begin(const node& nd, int in_space) {
+    space = in_space;
     bytes.clear();
     ends.clear();
     keys.clear();
@@ -167,13 +169,16 @@ struct scratch {
   // without --tenants-file or with the admin token). Copied from the table at dispatch:
   // a reload while the request runs does not change them.
   std::int64_t rank_quota = -1;
-  std::int64_t page_quota = -1;  // SGLang's; vLLM's is the rank's core's table's
+  std::int64_t page_quota = -1;
   std::string quota_tenant;
   tenant_usage* usage = nullptr;
   // The request's tenant's counters on the home core (null: an endpoint of no tenant, or
   // refused before its tenant was settled) and its API; set at dispatch.
   tenant_counts* tenant_row = nullptr;
   tenant_api api = tenant_api::vllm;
+  // vLLM requests: the space (core_state::spaces) of the request's tenant; 0, the unnamed
+  // one, without --tenants-file. Settled before the start function runs.
+  int space = 0;
 };
 
 class connection final : public net::connection_handler {
@@ -226,6 +231,9 @@ class connection final : public net::connection_handler {
   // quota fields of work() are set. `found`: a row matched (else any known token will do,
   // for the 404 or 405).
   int authorize_tenant(const http::request& request, bool found, http::route& route);
+  // The admin token's X-Metad-Tenant: work().space becomes that tenant's vLLM space; 0 or
+  // 404 (no such state) with work().detail.
+  int admin_space(std::string_view name);
   // The tenant table this core serves with, the published one once its version changed.
   const tenant_table& current_tenants();
   // Settles the found request's tenant row for the per-tenant counters (work().tenant_row).

@@ -25,12 +25,16 @@ std::string check_tenant_pages(const node& nd) {
                            core->index, n);
       }
     }
-    if (core->vllm_pages_usage == nullptr) continue;
-    const std::int64_t n = core->ranks.held_pages();
-    if (n != core->vllm_pages_added)
-      return fmt::format("core {}'s vLLM ranks hold {} pages, {} are counted", core->index, n,
-                         core->vllm_pages_added);
-    held[&core->vllm_pages_usage->pages] += n;
+    std::string e;
+    core->for_each_space([&](const vllm_space& sp) {
+      if (sp.pages_usage == nullptr || !e.empty()) return;
+      const std::int64_t n = sp.ranks.held_pages();
+      if (n != sp.pages_added)
+        e = fmt::format("core {}'s vLLM ranks of tenant '{}' hold {} pages, {} are counted",
+                        core->index, sp.tenant, n, sp.pages_added);
+      held[&sp.pages_usage->pages] += n;
+    });
+    if (!e.empty()) return e;
   }
   for (const auto& [counter, n] : held)
     if (counter->load() != n)
@@ -59,37 +63,48 @@ std::string check_consistency(const node& nd) {
       if (std::string p = pools.verify(); !p.empty())
         return fmt::format("SGLang tenant '{}': {}", tenant, p);
     }
-    if (std::string e = core->ranks.verify(); !e.empty()) return e;
-    if (std::string e = core->directory.verify(); !e.empty())
-      return fmt::format("core {}: {}", core->index, e);
-    core->ranks.for_each_entry(
-        [&bound](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
-          if (confirmed) ++bound[std::string(key)];
-        });
+    std::string e;
+    core->for_each_space([&](const vllm_space& sp) {
+      if (!e.empty()) return;
+      if (std::string v = sp.ranks.verify(); !v.empty()) e = v;
+      if (std::string v = sp.directory.verify(); e.empty() && !v.empty())
+        e = fmt::format("core {}: {}", core->index, v);
+      // A key of one tenant is not another's: counted under its space.
+      const std::string prefix = std::to_string(sp.id) + "/";
+      sp.ranks.for_each_entry(
+          [&](std::int64_t, std::string_view key, std::int64_t, bool confirmed) {
+            if (confirmed) ++bound[prefix + std::string(key)];
+          });
+    });
+    if (!e.empty()) return e;
   }
   if (sg_pools != nd.sglang_pools.load())
     return fmt::format("{} SGLang pools exist, {} are counted", sg_pools, nd.sglang_pools.load());
   std::string error;
   std::size_t counted = 0;
   for (const auto& core : nd.core) {
-    std::size_t incomplete = 0;
-    std::uint64_t incomplete_pages = 0;
-    core->directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
-      ++counted;
-      const auto it = bound.find(std::string(key));
-      const std::int32_t ranks = it == bound.end() ? 0 : it->second;
-      if (error.empty() && ranks != count)
-        error = fmt::format("key {} counts {} confirmations, {} ranks hold it", key, count, ranks);
-      if (count < tp) {
-        ++incomplete;
-        incomplete_pages += static_cast<std::uint64_t>(count);
-      }
+    core->for_each_space([&](const vllm_space& sp) {
+      std::size_t incomplete = 0;
+      std::uint64_t incomplete_pages = 0;
+      const std::string prefix = std::to_string(sp.id) + "/";
+      sp.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
+        ++counted;
+        const auto it = bound.find(prefix + std::string(key));
+        const std::int32_t ranks = it == bound.end() ? 0 : it->second;
+        if (error.empty() && ranks != count)
+          error = fmt::format("key {} of tenant '{}' counts {} confirmations, {} ranks hold it",
+                              key, sp.tenant, count, ranks);
+        if (count < tp) {
+          ++incomplete;
+          incomplete_pages += static_cast<std::uint64_t>(count);
+        }
+      });
+      if (error.empty() && (incomplete != sp.directory.incomplete_count() ||
+                            incomplete_pages != sp.directory.incomplete_bindings()))
+        error = fmt::format("core {} tracks {} incomplete keys holding {} pages, it has {} ({})",
+                            core->index, sp.directory.incomplete_count(),
+                            sp.directory.incomplete_bindings(), incomplete, incomplete_pages);
     });
-    if (error.empty() && (incomplete != core->directory.incomplete_count() ||
-                          incomplete_pages != core->directory.incomplete_bindings()))
-      error = fmt::format("core {} tracks {} incomplete keys holding {} pages, it has {} ({})",
-                          core->index, core->directory.incomplete_count(),
-                          core->directory.incomplete_bindings(), incomplete, incomplete_pages);
   }
   if (error.empty() && counted != bound.size())
     error = fmt::format("{} keys are bound on ranks, {} in the directory", bound.size(), counted);

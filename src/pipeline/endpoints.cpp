@@ -26,21 +26,31 @@ enum class init_refusal : std::uint8_t { none, too_many_ranks, over_quota, over_
 // ranks=N quota of the tenant that holds vLLM's API, `quota`; -1: none) and what an empty
 // rank holds under --memory-max. Growing one costs nothing (a pool holds only the pages
 // it hands out: those are charged as it does).
-init_refusal admit_initialize(node& nd, const core_state& core, const api::initialize_cmd& cmd,
+init_refusal admit_initialize(node& nd, const vllm_space& sp, const api::initialize_cmd& cmd,
                               std::int64_t quota, std::uint64_t& needed) {
-  const auto before = core.ranks.stats(cmd.rank);
+  const auto before = sp.ranks.stats(cmd.rank);
   const std::int64_t old_pages = before ? before->num_pages : 0;
   if (cmd.num_pages <= old_pages) return init_refusal::none;  // unchanged or shrunk
+  std::atomic<std::int64_t>& space_ranks = nd.tenants.worker_ranks(sp.id);
   if (!before) {
     std::int64_t ranks = nd.worker_ranks.load(std::memory_order_relaxed);
     do {
       if (ranks >= nd.cfg.ranks_max) return init_refusal::too_many_ranks;
-      if (quota >= 0 && ranks >= quota) return init_refusal::over_quota;
     } while (!nd.worker_ranks.compare_exchange_weak(ranks, ranks + 1, std::memory_order_relaxed));
+    std::int64_t mine = space_ranks.load(std::memory_order_relaxed);
+    do {
+      if (quota >= 0 && mine >= quota) {
+        nd.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
+        return init_refusal::over_quota;
+      }
+    } while (!space_ranks.compare_exchange_weak(mine, mine + 1, std::memory_order_relaxed));
   }
   needed = shard::rank_table::pool_bytes(cmd.num_pages) - shard::rank_table::pool_bytes(old_pages);
   if (needed == 0 || nd.memory.charge_kept(needed)) return init_refusal::none;
-  if (!before) nd.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
+  if (!before) {
+    nd.worker_ranks.fetch_sub(1, std::memory_order_relaxed);
+    space_ranks.fetch_sub(1, std::memory_order_relaxed);
+  }
   nd.memory.refused_ranks.fetch_add(1, std::memory_order_relaxed);
   return init_refusal::over_budget;
 }
@@ -70,6 +80,7 @@ void note_reinitialize(core_state& core, const api::initialize_cmd& cmd,
 // less in the directory; a key left with none leaves it. Ends on the owner core.
 smp::subtask<bool> count_lost_bindings(node& nd, const std::vector<std::string>& unbound,
                                        scratch& s) {
+  const int space = s.space;
   std::vector<std::string_view> keys(unbound.begin(), unbound.end());
   plan_directory_walk(nd, keys, nullptr, 0, s);
   bool stored = true;
@@ -81,9 +92,10 @@ smp::subtask<bool> count_lost_bindings(node& nd, const std::vector<std::string>&
                                 // recovers).
                                 if (!core.journal.reserve(record_bytes(keys, kKeyRecordBytes)))
                                   stored = false;
+                                vllm_space& sp = core.space(space);
                                 for (const std::uint32_t i : walk_of(s, c)) {
-                                  if (core.directory.lose_binding(keys[i], nd.clock()))
-                                    core.journal.directory_remove(keys[i]);
+                                  if (sp.directory.lose_binding(keys[i], nd.clock()))
+                                    core.journal.directory_remove(sp.tenant, keys[i]);
                                 }
                                 core.publish_incomplete();
                                 if (stored) stored = co_await core.journal.durable();
@@ -101,19 +113,20 @@ endpoint_task run_initialize(connection& x) {
   const int owner = shard::owner_of_rank(cmd.rank, nd.cores);
   co_await nd.mailbox.hop_to(owner);
   core_state& core = *nd.core[owner];
+  vllm_space& sp = core.space(x.work().space);
   shard::init_result r{shard::init_outcome::unchanged, 0};
   init_refusal refusal = init_refusal::none;
   std::uint64_t needed = 0;
   bool stored = core.journal.reserve(64);
   std::vector<std::string> unbound;  // keys a shrink unbound (rare: allocated only then)
-  if (stored) refusal = admit_initialize(nd, core, cmd, x.work().rank_quota, needed);
+  if (stored) refusal = admit_initialize(nd, sp, cmd, x.work().rank_quota, needed);
   if (stored && refusal == init_refusal::none) {
     // Counted in worker_ranks if created.
-    r = core.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
-    if (r.outcome == shard::init_outcome::shrunk) settle_vllm_pages(nd, core);
+    r = sp.ranks.initialize(cmd.rank, cmd.num_pages, &unbound);
+    if (r.outcome == shard::init_outcome::shrunk) settle_vllm_pages(nd, core, sp);
     note_reinitialize(core, cmd, r, unbound.size());
     if (r.outcome != shard::init_outcome::unchanged)
-      core.journal.initialize(cmd.rank, cmd.num_pages);  // replay shrinks too
+      core.journal.initialize(sp.tenant, cmd.rank, cmd.num_pages);  // replay shrinks too
     stored = co_await core.journal.durable();
     if (!unbound.empty()) {
       const bool counted = co_await count_lost_bindings(nd, unbound, x.work());
@@ -181,28 +194,29 @@ shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool
     stored = false;
     return {};
   }
-  const auto before = core.ranks.stats(cmd.rank);
+  vllm_space& sp = core.space(s.space);
+  const auto before = sp.ranks.stats(cmd.rank);
   const std::uint64_t bytes = allocation_bytes(cmd.keys.views());
   const bool fits = core.credit.take(nd.memory, bytes);
-  // --tenants-file's pages=N of the tenant that holds vLLM's API: what this core's ranks
+  // --tenants-file's pages=N of the space's tenant: what this core's ranks of the space
   // freed is added back first, then the batch's new pages are charged before they are
   // taken (rank_table::allocate); past the quota the batch is answered as by a full rank.
   shard::page_quota quota;
-  if (const tenant* vllm = settle_vllm_pages(nd, core); vllm != nullptr)
-    quota = {&core.vllm_pages_usage->pages, vllm->pages};
+  settle_vllm_pages(nd, core, sp);
+  if (sp.pages_usage != nullptr) quota = {&sp.pages_usage->pages, s.page_quota};
   const shard::allocate_result r =
-      core.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages,
-                          fits ? UINT64_MAX : evicted, quota);
-  if (quota.held != nullptr) core.vllm_pages_added += r.taken;  // charged by allocate
+      sp.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages,
+                        fits ? UINT64_MAX : evicted, quota);
+  if (quota.held != nullptr) sp.pages_added += r.taken;  // charged by allocate
   if (fits && r.taken < cmd.keys.size())  // the hits and repeats hold nothing new
     core.credit.give_back(bytes - bytes / cmd.keys.size() * r.taken);
   if (!r.found) return r;
-  const auto after = core.ranks.stats(cmd.rank);
+  const auto after = sp.ranks.stats(cmd.rank);
   // A quarantined page taken counts as reserved now (stats count it as free before).
   if (before && after && after->reserved > before->reserved)
     fresh = static_cast<std::uint64_t>(after->reserved - before->reserved);
   if (core.journal.enabled() && !same_stats(before, after))
-    core.journal.allocate(cmd.rank, cmd.keys.views());
+    core.journal.allocate(sp.tenant, cmd.rank, cmd.keys.views());
   return r;
 }
 
@@ -236,7 +250,8 @@ endpoint_task run_allocate(connection& x) {
     const std::uint64_t now = nd.clock();
     const std::uint64_t lease_until = now + nd.cfg.read_lease_ms * smp::kNsPerMs;
     co_await smp::for_each_core(nd.mailbox, home, needed_by(s), [&](int c) {
-      nd.core[c]->directory.use_each(cmd.keys.views(), walk_of(s, c), now, lease_until, s.flags);
+      nd.core[c]->space(s.space).directory.use_each(cmd.keys.views(), walk_of(s, c), now,
+                                                    lease_until, s.flags);
     });
   }
   co_await nd.mailbox.hop_to(owner);
@@ -259,8 +274,8 @@ endpoint_task run_allocate(connection& x) {
                       grace != 0 && incomplete_keys_older_than(nd, grace);
        ++round) {
     const std::size_t reclaimed =
-        co_await reclaim_incomplete(nd, -1, std::size_t{r.short_by} + kStaleExtra, grace,
-                                    removal_kind::stale, s.removal, stored);
+        co_await reclaim_incomplete(nd, s.space, -1, std::size_t{r.short_by} + kStaleExtra,
+                                    grace, removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
     evicted_total += reclaimed;
     r = try_allocate(nd, core, s, stored, evicted_total, fresh);
@@ -282,10 +297,10 @@ endpoint_task run_allocate(connection& x) {
     std::size_t evicted = 0;
     for (const std::uint64_t age : {settle, std::uint64_t{0}}) {
       if (evicted == 0 && stored && incomplete_keys_older_than(nd, age))
-        evicted = co_await reclaim_incomplete(nd, -1, r.short_by, age, removal_kind::evicted,
-                                              s.removal, stored, &cmd.rank);
+        evicted = co_await reclaim_incomplete(nd, s.space, -1, r.short_by, age,
+                                              removal_kind::evicted, s.removal, stored, &cmd.rank);
       if (evicted == 0 && stored && age != 0)
-        evicted = co_await evict(nd, cmd.rank, r.short_by, s.removal, stored);
+        evicted = co_await evict(nd, s.space, cmd.rank, r.short_by, s.removal, stored);
     }
     if (evicted == 0 || !stored) break;
     evicted_total += evicted;
@@ -326,21 +341,23 @@ endpoint_task run_confirm(connection& x) {
   shard::confirm_outcome outcome = shard::confirm_outcome::ok;
   bool stored =
       nd.core[owner]->journal.reserve(record_bytes(cmd.keys.views(), 8, 8 * cmd.releases.size()));
+  const int space = s.space;
   const auto tp_world_size =
-      static_cast<std::int32_t>(nd.worker_ranks.load(std::memory_order_relaxed));
+      static_cast<std::int32_t>(nd.tenants.worker_ranks(space).load(std::memory_order_relaxed));
   if (stored) {
     core_state& core = *nd.core[owner];
-    const auto before = core.journal.enabled() ? core.ranks.stats(cmd.rank) : std::nullopt;
+    vllm_space& sp = core.space(space);
+    const auto before = core.journal.enabled() ? sp.ranks.stats(cmd.rank) : std::nullopt;
     const std::uint64_t quarantine_until =
         nd.cfg.release_quarantine_ms == 0
             ? 0
             : nd.clock() + nd.cfg.release_quarantine_ms * smp::kNsPerMs;
-    outcome = core.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
-                                 quarantine_until, s.detail, s.indices);
-    settle_vllm_pages(nd, core);  // releases (and re-bindings) free pages
+    outcome = sp.ranks.confirm(cmd.rank, cmd.keys.views(), cmd.pages, cmd.releases,
+                               quarantine_until, s.detail, s.indices);
+    settle_vllm_pages(nd, core, sp);  // releases (and re-bindings) free pages
     if (outcome == shard::confirm_outcome::ok && core.journal.enabled() &&
-        !same_stats(before, core.ranks.stats(cmd.rank)))
-      core.journal.confirm(cmd.rank, tp_world_size, cmd.keys.views(), cmd.pages, cmd.releases,
+        !same_stats(before, sp.ranks.stats(cmd.rank)))
+      core.journal.confirm(sp.tenant, cmd.rank, tp_world_size, cmd.keys.views(), cmd.pages, cmd.releases,
                            quarantine_until != 0);
     stored = co_await core.journal.durable();
   }
@@ -362,11 +379,12 @@ endpoint_task run_confirm(connection& x) {
       // Without room the records are still queued: they go out once the disk recovers.
       if (!dir_core.journal.reserve(record_bytes(cmd.keys.views(), kKeyRecordBytes)))
         stored = false;
-      dir_core.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size,
-                                           nd.clock(), s.flags);
+      vllm_space& dir = dir_core.space(space);
+      dir.directory.add_confirmations(cmd.keys.views(), walk_of(s, c), tp_world_size, nd.clock(),
+                                      s.flags);
       dir_core.publish_incomplete();
       for (const std::uint32_t i : walk_of(s, c))
-        if (s.flags[i]) dir_core.journal.directory_key(tp_world_size, cmd.keys[i]);
+        if (s.flags[i]) dir_core.journal.directory_key(dir.tenant, tp_world_size, cmd.keys[i]);
       if (stored) stored = co_await dir_core.journal.durable();
     }
   }
@@ -407,7 +425,8 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
     // directory before any rank frees its page).
     const int owner = shard::owner_of_rank(rank, nd.cores);
     co_await nd.mailbox.hop_to(owner);
-    found = nd.core[owner]->ranks.confirmed_pages(rank, keys.views(), s.pages);
+    const vllm_space* sp = nd.core[owner]->find_space(s.space);
+    found = sp != nullptr && sp->ranks.confirmed_pages(rank, keys.views(), s.pages);
     for (std::uint32_t i = 0; found && i < keys.size(); ++i)
       if (s.pages[i] >= 0) s.indices.push_back(i);
     if (nd.cfg.read_lease_ms > 0) lease_until = now + nd.cfg.read_lease_ms * smp::kNsPerMs;
@@ -420,7 +439,8 @@ endpoint_task run_lookup(connection& x, bool with_rank) {
     for (const int c : smp::walk_from(home, nd.cores)) {
       if (walk_of(s, c).empty()) continue;
       co_await nd.mailbox.hop_to(c);
-      nd.core[c]->directory.use_each(keys.views(), walk_of(s, c), now, lease_until, s.flags);
+      if (vllm_space* sp = nd.core[c]->find_space(s.space); sp != nullptr)
+        sp->directory.use_each(keys.views(), walk_of(s, c), now, lease_until, s.flags);
     }
   }
   co_await nd.mailbox.hop_to(home);

@@ -21,16 +21,17 @@ endpoint_task run_inspect(connection& x) {
   s.inspect_holds.clear();
   s.inspect_holds.reserve(4 * n + 16);
   co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core, [&](int c) {
-    const core_state& core = *nd.core[c];
+    const vllm_space* sp = nd.core[c]->find_space(s.space);  // the tenant's own keys
+    if (sp == nullptr) return;
     for (std::uint32_t i = 0; i < n; ++i) {
-      if (core.ranks.rank_count() != 0) {
-        core.ranks.inspect_key(keys[i], [&](std::int64_t rank, std::int64_t page, bool confirmed,
-                                            std::uint64_t deadline) {
+      if (sp->ranks.rank_count() != 0) {
+        sp->ranks.inspect_key(keys[i], [&](std::int64_t rank, std::int64_t page, bool confirmed,
+                                           std::uint64_t deadline) {
           s.inspect_holds.push_back({i, {rank, page, confirmed, -1}, deadline});
         });
       }
       if (c < nd.directory_cores && nd.key_owner(keys[i]) == c)
-        s.inspect_reports[i] = core.directory.inspect(keys[i]);
+        s.inspect_reports[i] = sp->directory.inspect(keys[i]);
     }
   });
   const std::uint64_t now = nd.clock();

@@ -172,6 +172,11 @@ struct metrics_snapshot {
   std::map<std::string, tenant_figures, std::less<>> tenants;
   tenant_figures tenants_other;
   bool tenants_folded = false;  // some tenant's figures are in tenants_other
+  // Tenants' own vLLM states (not the unnamed one): their pages, summed (they have no
+  // per-rank series: a rank label alone would name two tenants' rank 0 alike), and each
+  // tenant's keys and pages, added to `tenants` at the end of the scrape.
+  pool_pages named_pages;
+  std::map<std::string, tenant_figures, std::less<>> vllm_spaces;
 };
 
 // Prometheus text exposition (format 0.0.4) of the summed request metrics and the

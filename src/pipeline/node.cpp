@@ -13,11 +13,14 @@ node::node(const metad::config& config, int core_count)
       memory(config.memory_max != 0 ? config.memory_max : memory_budget::default_max()),
       draining_cores(core_count) {
   for (int i = 0; i < core_count; ++i) {
-    core.push_back(std::make_unique<core_state>(config.durable == metad::durability::sync));
+    core.push_back(
+        std::make_unique<core_state>(config.durable == metad::durability::sync, tenants));
     core.back()->index = i;
     core.back()->decoder.set_key_bytes_max(config.key_bytes_max);
-    core.back()->ranks.set_reservation_ttl(config.reservation_ttl_ms * smp::kNsPerMs);
-    core.back()->directory.set_lru(config.evict == metad::eviction::lru);
+    core.back()->reservation_ttl = config.reservation_ttl_ms * smp::kNsPerMs;
+    core.back()->lru = config.evict == metad::eviction::lru;
+    core.back()->unnamed().ranks.set_reservation_ttl(core.back()->reservation_ttl);
+    core.back()->unnamed().directory.set_lru(core.back()->lru);
     core.back()->sg_decoder.set_key_bytes_max(config.key_bytes_max);
     core.back()->sg_config = {config.reservation_ttl_ms * smp::kNsPerMs,
                               std::uint64_t{config.sglang_read_lease_ms} * smp::kNsPerMs};
@@ -43,34 +46,45 @@ void count_tenant_usage(node& nd) {
       pools.pages_counter = &nd.tenants.usage(name).pages;
     }
   }
-  // vLLM's ranks are the pages of the tenant that holds vLLM's API.
+  // vLLM's spaces: each tenant's own, and the unnamed one the `vllm` tenant's.
   const std::shared_ptr<const tenant_table> table = nd.tenants.current();
   const tenant* vllm = table ? table->vllm_tenant() : nullptr;
   for (const auto& core : nd.core) {
-    core->vllm_pages_usage = vllm ? &nd.tenants.usage(vllm->name) : nullptr;
-    core->vllm_pages_added = vllm ? core->ranks.held_pages() : 0;
-    if (vllm) pages[vllm->name] += core->vllm_pages_added;
+    core->for_each_space([&](vllm_space& sp) {
+      const std::string_view owner = sp.id == 0 ? (vllm ? std::string_view(vllm->name) : "") : sp.tenant;
+      sp.pages_usage = owner.empty() ? nullptr : &nd.tenants.usage(owner);
+      sp.pages_added = owner.empty() ? 0 : sp.ranks.held_pages();
+      if (!owner.empty()) pages[std::string(owner)] += sp.pages_added;
+    });
   }
   nd.tenants.recount(sg_ranks, pages);
 }
 
-const tenant* settle_vllm_pages(node& nd, core_state& core) {
-  if (!nd.tenants.enabled()) return nullptr;
-  const tenant* vllm = nd.tenants.take(core.tenants).vllm_tenant();
-  tenant_usage* to = vllm ? vllm->usage : nullptr;
-  if (to != core.vllm_pages_usage) {  // a reload moved vLLM's API (or took it away)
-    if (core.vllm_pages_usage != nullptr)
-      core.vllm_pages_usage->pages.fetch_sub(core.vllm_pages_added, std::memory_order_relaxed);
-    core.vllm_pages_usage = to;
-    core.vllm_pages_added = 0;
+void settle_vllm_pages(node& nd, core_state& core, vllm_space& sp) {
+  if (!nd.tenants.enabled()) return;
+  tenant_usage* to = nullptr;
+  if (sp.id != 0) {
+    to = sp.pages_usage;  // the space's own tenant's (core_state::space)
+  } else if (const tenant* vllm = nd.tenants.take(core.tenants).vllm_tenant(); vllm != nullptr) {
+    to = vllm->usage;
   }
-  if (to == nullptr) return nullptr;
-  const std::int64_t held = core.ranks.held_pages();
-  if (held != core.vllm_pages_added) {
-    to->pages.fetch_add(held - core.vllm_pages_added, std::memory_order_relaxed);
-    core.vllm_pages_added = held;
+  if (to != sp.pages_usage) {  // a reload moved the unnamed state (or took it away)
+    if (sp.pages_usage != nullptr)
+      sp.pages_usage->pages.fetch_sub(sp.pages_added, std::memory_order_relaxed);
+    sp.pages_usage = to;
+    sp.pages_added = 0;
   }
-  return vllm;
+  if (to == nullptr) return;
+  const std::int64_t held = sp.ranks.held_pages();
+  if (held != sp.pages_added) {
+    to->pages.fetch_add(held - sp.pages_added, std::memory_order_relaxed);
+    sp.pages_added = held;
+  }
+}
+
+void settle_vllm_pages(node& nd, core_state& core) {
+  if (!nd.tenants.enabled()) return;
+  core.for_each_space([&](vllm_space& sp) { settle_vllm_pages(nd, core, sp); });
 }
 
 }  // namespace metad::pipeline

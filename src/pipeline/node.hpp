@@ -3,6 +3,7 @@
 // core_state i is touched only by core i's thread (other cores reach it by hopping).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -38,13 +39,64 @@ class control;
 
 namespace metad::pipeline {
 
-struct core_state {
-  // sync: --durability sync (the journal's durable() waits for fdatasync).
-  explicit core_state(bool sync) : journal(log, sync) {}
-
-  int index = 0;
+// One tenant's vLLM state on one core (issue 34: two tenants' rank 0 are two pools, and a
+// key of one is not another's): the ranks this core owns and its slice of the key
+// directory. Space 0 is the unnamed state (no --tenants-file, or the `vllm` tenant's);
+// tenant_registry numbers the others.
+struct vllm_space {
+  vllm_space(int space_id, std::string name) : id(space_id), tenant(std::move(name)) {}
+  const int id;
+  const std::string tenant;  // "" for space 0: what its records name (journal)
   shard::rank_table ranks;
   shard::directory directory;
+  // --tenants-file's pages=N (tenant_usage::pages): the usage this space's held pages on
+  // this core are counted in (the space's tenant's; for space 0, the `vllm` tenant's as
+  // this core's table says; null: none) and how many it added there (settle_vllm_pages).
+  tenant_usage* pages_usage = nullptr;
+  std::int64_t pages_added = 0;
+};
+
+struct core_state {
+  // sync: --durability sync (the journal's durable() waits for fdatasync).
+  core_state(bool sync, tenant_registry& names) : journal(log, sync), names_(names) {
+    spaces.push_back(std::make_unique<vllm_space>(0, ""));
+    live_.push_back(spaces.back().get());
+  }
+
+  int index = 0;
+  // vLLM's state, one space per tenant, by space id (tenant_registry::space_of); space 0
+  // always exists, others are made by the first write that needs them. A null entry: no
+  // state of that tenant here.
+  std::vector<std::unique_ptr<vllm_space>> spaces;
+  vllm_space& space(int id) {
+    if (static_cast<std::size_t>(id) >= spaces.size())
+      spaces.resize(static_cast<std::size_t>(id) + 1);
+    auto& at = spaces[static_cast<std::size_t>(id)];
+    if (at == nullptr) {
+      at = std::make_unique<vllm_space>(id, names_.space_name(id));
+      if (id != 0) at->pages_usage = &names_.usage(at->tenant);  // a lock, once a space
+      at->ranks.set_reservation_ttl(reservation_ttl);
+      at->directory.set_lru(lru);
+      live_.push_back(at.get());
+    }
+    return *at;
+  }
+  // The space, or nullptr when this core holds none of it (reads make none).
+  vllm_space* find_space(int id) const {
+    return static_cast<std::size_t>(id) < spaces.size() ? spaces[static_cast<std::size_t>(id)].get()
+                                                        : nullptr;
+  }
+  vllm_space& unnamed() { return *spaces[0]; }
+  const vllm_space& unnamed() const { return *spaces[0]; }
+  // Calls f(vllm_space&) for each space this core holds (space 0 first, then in the
+  // order they were made).
+  template <class F>
+  void for_each_space(F&& f) const {
+    for (vllm_space* sp : live_) f(*sp);
+  }
+  // What a space made later is set up with (node::node).
+  std::uint64_t reservation_ttl = 0;
+  bool lru = false;
   api::decoder decoder;
   request_metrics metrics;
   flush_metrics flushes;
@@ -56,9 +108,10 @@ struct core_state {
   // Per tenant (with --tenants-file or not): requests and existence probes (metrics.hpp,
   // tenant_counters); what tenants hold is counted at the scrape.
   tenant_counters tenant_rows;
-  // The row of the tenant that holds vLLM's API (the default tenant's without one) and
-  // the tenant table's version it was looked up with (0: none).
-  tenant_counts* vllm_tenant_row = nullptr;
+  // The row of each vLLM space's tenant, by space id (connection::count_tenant; space 0:
+  // the `vllm` tenant's, else the default tenant's), and the tenant table's version they
+  // were looked up with (0: none).
+  std::vector<tenant_counts*> vllm_tenant_rows;
   std::uint64_t vllm_tenant_version = 0;
   allocation_counts allocations;
   net::loop_stats connections;
@@ -75,7 +128,11 @@ struct core_state {
   // its tick and after each confirmation or removal it settles.
   std::atomic<std::uint64_t> oldest_incomplete{UINT64_MAX};
   void publish_incomplete() {
-    oldest_incomplete.store(directory.oldest_incomplete(), std::memory_order_relaxed);
+    std::uint64_t oldest = UINT64_MAX;  // over every space
+    for_each_space([&](const vllm_space& sp) {
+      oldest = std::min(oldest, sp.directory.oldest_incomplete());
+    });
+    oldest_incomplete.store(oldest, std::memory_order_relaxed);
   }
   // Durability (inactive without --data-dir): this core's log and its snapshots. Requests
   // log their changes through the journal; the loop flushes the log.
@@ -124,12 +181,10 @@ struct core_state {
   // reads or replaces it (tenant_registry::take, from connection::current_tenants and
   // settle_vllm_pages).
   std::shared_ptr<const tenant_table> tenants;
-  // --tenants-file's pages=N (tenant_usage::pages): the usage this core's vLLM ranks'
-  // held pages are counted in (that of the tenant that holds vLLM's API, as this core's
-  // table says; null: none) and how many of them it added there. Only this core's thread
-  // touches them (settle_vllm_pages, try_allocate, count_tenant_usage while no core runs).
-  tenant_usage* vllm_pages_usage = nullptr;
-  std::int64_t vllm_pages_added = 0;
+
+ private:
+  tenant_registry& names_;
+  std::vector<vllm_space*> live_;  // the non-null entries of `spaces`
 };
 
 struct node {
@@ -151,7 +206,8 @@ struct node {
   }
   std::vector<std::unique_ptr<core_state>> core;
   smp::mailbox mailbox;
-  // Worker ranks initialised on all cores: a key's tp_world_size when first confirmed.
+  // vLLM worker ranks on all cores and spaces (at most --ranks-max; each space's own
+  // count is tenant_registry::worker_ranks).
   std::atomic<std::int64_t> worker_ranks{0};
   // SGLang pools on all cores and tenants (at most --ranks-max).
   std::atomic<std::int64_t> sglang_pools{0};
@@ -211,11 +267,13 @@ struct node {
 // parked): one thread, no core serving.
 void count_tenant_usage(node& nd);
 
-// On core `core`'s thread, after anything changed its vLLM ranks' pages: adds to the
-// usage of the tenant that holds vLLM's API (as the core's table says) what the core's
-// ranks hold now less what it added there before (a reload that moved vLLM's API to
-// another tenant moves the core's pages over). O(the core's ranks); nothing without
-// --tenants-file. Returns that tenant (null: none).
-const tenant* settle_vllm_pages(node& nd, core_state& core);
+// On core `core`'s thread, after anything changed a vLLM space's pages: adds to the
+// usage of the space's tenant (space 0: the `vllm` tenant, as the core's table says) what
+// the space's ranks hold now less what it added there before (a reload that moved `vllm`
+// to another tenant moves the core's pages over). O(the space's ranks); nothing without
+// --tenants-file.
+void settle_vllm_pages(node& nd, core_state& core, vllm_space& sp);
+// The same for every space of the core (its tick, a clear).
+void settle_vllm_pages(node& nd, core_state& core);
 
 }  // namespace metad::pipeline

@@ -47,22 +47,25 @@ void removal_job::keep_members(const node& nd) {
 std::size_t expire_due(node& nd, core_state& core) {
   const std::uint64_t now = nd.clock();
   expire_sg_due(nd, core);  // SGLang's pools: not counted here (vLLM's ranks only)
-  core.directory.sweep(now);
-  // At most one record of each kind per rank, of 8 bytes per page.
   std::size_t freed = 0;
-  if (core.journal.reserve(128 * core.ranks.rank_count() +
-                           8 * (core.ranks.reserved_pages() + core.ranks.quarantined_pages()))) {
-    freed = core.ranks.end_quarantines(now,
-                                       [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-                                         core.journal.quarantine_end(rank, pages);
-                                       });
-    if (nd.cfg.reservation_ttl_ms != 0)
-      freed += core.ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-        core.journal.release(rank, pages);
+  core.for_each_space([&](vllm_space& sp) {
+    sp.directory.sweep(now);
+    shard::rank_table& ranks = sp.ranks;
+    if (ranks.rank_count() == 0) return;
+    // At most one record of each kind per rank, of 8 bytes per page.
+    if (core.journal.reserve(128 * ranks.rank_count() +
+                             8 * (ranks.reserved_pages() + ranks.quarantined_pages()))) {
+      freed += ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+        core.journal.quarantine_end(sp.tenant, rank, pages);
       });
-  }
-  // Expiries, and the tick's backstop: whatever freed this core's vLLM pages is added back.
-  settle_vllm_pages(nd, core);
+      if (nd.cfg.reservation_ttl_ms != 0)
+        freed += ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+          core.journal.release(sp.tenant, rank, pages);
+        });
+    }
+    // Expiries, and the tick's backstop: whatever freed this space's pages is added back.
+    settle_vllm_pages(nd, core, sp);
+  });
   return freed;
 }
 
@@ -104,17 +107,18 @@ smp::subtask<std::size_t> remove_everywhere(node& nd, removal_job& job, removal_
     co_await nd.mailbox.hop_to(c);
     if (!job.valid(nd)) break;  // a /clear drops everything: nothing left to settle
     core_state& core = *nd.core[c];
-    if (core.ranks.rank_count() == 0) continue;
-    if (!core.journal.reserve(core.ranks.rank_count() * record_bytes(job.keys, 0))) {
+    vllm_space* sp = core.find_space(job.space);
+    if (sp == nullptr || sp->ranks.rank_count() == 0) continue;
+    if (!core.journal.reserve(sp->ranks.rank_count() * record_bytes(job.keys, 0))) {
       stored = false;  // the bindings stay; the directory below keeps the keys' counts
       continue;
     }
     job.ranks.clear();
-    core.ranks.for_each_rank(
+    sp->ranks.for_each_rank(
         [&job](std::int64_t rank, const shard::rank_stats&) { job.ranks.push_back(rank); });
     for (const std::int64_t rank : job.ranks) {
       job.removed.clear();
-      const bool found = core.ranks.remove_confirmed(rank, job.keys, job.removed);
+      const bool found = sp->ranks.remove_confirmed(rank, job.keys, job.removed);
       METAD_ASSERT(found);  // listed on this core a moment ago
       if (job.removed.empty()) continue;
       job.removed_keys.clear();
@@ -122,9 +126,9 @@ smp::subtask<std::size_t> remove_everywhere(node& nd, removal_job& job, removal_
         ++job.bindings[i];
         job.removed_keys.push_back(job.keys[i]);
       }
-      core.journal.remove(rank, job.removed_keys);
+      core.journal.remove(sp->tenant, rank, job.removed_keys);
     }
-    settle_vllm_pages(nd, core);  // deletes, evictions, stale keys: pages freed here
+    settle_vllm_pages(nd, core, *sp);  // deletes, evictions, stale keys: pages freed here
     if (!co_await core.journal.durable()) stored = false;
   }
   for (const int c : smp::walk_from(start, nd.cores)) {
@@ -132,18 +136,19 @@ smp::subtask<std::size_t> remove_everywhere(node& nd, removal_job& job, removal_
     co_await nd.mailbox.hop_to(c);
     if (!job.valid(nd)) break;
     core_state& core = *nd.core[c];
+    vllm_space& sp = core.space(job.space);
     // Without room the directory still settles; only the record of a key leaving is
     // lost, and recovery derives the directory from the bindings anyway.
     const bool logged = core.journal.reserve(record_bytes(job.keys, kKeyRecordBytes));
     const std::uint64_t now = nd.clock();
     for (std::size_t i = 0; i < job.keys.size(); ++i) {
-      if (job.owner[i] != c || !core.directory.finish_removal(job.keys[i], job.bindings[i], now))
+      if (job.owner[i] != c || !sp.directory.finish_removal(job.keys[i], job.bindings[i], now))
         continue;
       ++left;
       ++(kind == removal_kind::evicted ? core.evicted_keys
          : kind == removal_kind::stale ? core.stale_keys
                                        : core.deleted_keys);
-      if (logged) core.journal.directory_remove(job.keys[i]);
+      if (logged) core.journal.directory_remove(sp.tenant, job.keys[i]);
     }
     core.publish_incomplete();  // a key confirmed again meanwhile stays, incomplete
     if (!co_await core.journal.durable()) stored = false;
@@ -175,7 +180,7 @@ smp::subtask<std::size_t> take_oldest(node& nd, std::uint64_t now, std::size_t w
         nd, at, directory_core(nd),
         [&](int c) {
           job.times.clear();
-          nd.core[c]->directory.oldest_used(now, want, job.times);
+          nd.core[c]->space(job.space).directory.oldest_used(now, want, job.times);
           for (const std::uint64_t t : job.times)
             job.oldest.emplace_back(t, static_cast<std::uint16_t>(c));
         },
@@ -189,7 +194,7 @@ smp::subtask<std::size_t> take_oldest(node& nd, std::uint64_t now, std::size_t w
   co_await valid_walk(
       nd, at, [&job](int c) { return job.quota[static_cast<std::size_t>(c)] != 0; },
       [&](int c) {
-        nd.core[c]->directory.take_least_recent(
+        nd.core[c]->space(job.space).directory.take_least_recent(
             now, job.quota[static_cast<std::size_t>(c)],
             [&job](std::string_view key, std::uint64_t used) { job.add(key, used); });
       },
@@ -204,7 +209,7 @@ smp::subtask<bool> put_back(node& nd, removal_job& job, bool members_too) {
   return valid_walk(
       nd, smp::this_core(), directory_core(nd),
       [&nd, &job, members_too](int c) {
-        shard::directory& dir = nd.core[c]->directory;
+        shard::directory& dir = nd.core[c]->space(job.space).directory;
         for (std::size_t i = 0; i < job.keys.size(); ++i)
           if (job.owner[i] == c && !job.member[i])
             dir.abort_removal(job.keys[i], job.used[i], false);
@@ -236,11 +241,11 @@ void keep_oldest_members(removal_job& job, std::size_t need) {
 
 }  // namespace
 
-smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need, removal_job& job,
-                                bool& stored) {
+smp::subtask<std::size_t> evict(node& nd, int space, std::int64_t rank, std::uint32_t need,
+                                removal_job& job, bool& stored) {
   const int at = smp::this_core();  // the rank's owner
   const std::uint64_t now = nd.clock();
-  if (need == 0 || now < nd.removal_floor || !job.begin(nd)) co_return 0;
+  if (need == 0 || now < nd.removal_floor || !job.begin(nd, space)) co_return 0;
   job.bytes.reserve((need + 64) * 40);
   job.ends.reserve(need + 64);
   job.used.reserve(need + 64);
@@ -259,7 +264,7 @@ smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need,
     if (taken == 0 || !job.valid(nd)) break;  // nothing evictable is left
     job.seal(nd);
     job.pages.assign(taken, -1);
-    nd.core[at]->ranks.confirmed_pages(
+    nd.core[at]->space(space).ranks.confirmed_pages(
         rank, std::span<const std::string_view>(job.keys).subspan(first), job.pages);
     for (std::size_t i = 0; i < taken; ++i) {
       job.member[first + i] = job.pages[i] >= 0 ? 1 : 0;
@@ -288,13 +293,13 @@ bool incomplete_keys_older_than(const node& nd, std::uint64_t age_ns) {
   return false;
 }
 
-smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t want,
+smp::subtask<std::size_t> reclaim_incomplete(node& nd, int space, int from, std::size_t want,
                                              std::uint64_t age_ns, removal_kind kind,
                                              removal_job& job, bool& stored,
                                              const std::int64_t* short_rank) {
   const int at = smp::this_core();  // short_rank's owner, if any
   const std::uint64_t now = nd.clock();
-  if (now < age_ns || want == 0 || !job.begin(nd)) co_return 0;
+  if (now < age_ns || want == 0 || !job.begin(nd, space)) co_return 0;
   const std::uint64_t cutoff = now - age_ns;
   // For a short rank, look further than `want`: the oldest may hold no page on it.
   const std::size_t look = short_rank == nullptr ? want : want + kPassedOverMax;
@@ -308,7 +313,7 @@ smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t wan
       nd, at, slices,
       [&](int c) {
         core_state& core = *nd.core[c];
-        core.directory.take_stale(
+        core.space(space).directory.take_stale(
             cutoff, look - job.ends.size(),
             [&job](std::string_view key, std::uint64_t confirmed) { job.add(key, confirmed); });
         core.publish_incomplete();
@@ -320,12 +325,13 @@ smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t wan
   // rank): it stays, and is looked at again age_ns later. `member` marks them here.
   co_await valid_walk(
       nd, at, smp::every_core,
-      [&](int c) { nd.core[c]->ranks.mark_reserved(job.keys, job.member); }, job);
+      [&](int c) { nd.core[c]->space(space).ranks.mark_reserved(job.keys, job.member); }, job);
   if (!job.valid(nd)) co_return 0;
   // For a short rank (`at` owns it), only the oldest `want` of those holding a page on
   // it; the others go back where they were. pages[i] >= 0: key i is taken.
   job.pages.assign(job.keys.size(), 0);
-  if (short_rank != nullptr) nd.core[at]->ranks.confirmed_pages(*short_rank, job.keys, job.pages);
+  if (short_rank != nullptr)
+    nd.core[at]->space(space).ranks.confirmed_pages(*short_rank, job.keys, job.pages);
   for (std::size_t i = 0, taken = 0; i < job.keys.size(); ++i) {
     if (job.member[i] || job.pages[i] < 0 || taken == want) {
       job.pages[i] = -1;
@@ -336,7 +342,7 @@ smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t wan
   co_await valid_walk(
       nd, at, slices,
       [&](int c) {
-        shard::directory& dir = nd.core[c]->directory;
+        shard::directory& dir = nd.core[c]->space(space).directory;
         const std::uint64_t now_here = nd.clock();
         // In reverse, so that the keys put back in front regain their order.
         for (std::size_t i = job.keys.size(); i-- > 0;) {
@@ -358,9 +364,9 @@ namespace {
 // other sweeps (a walk's log record and removal lists stay small).
 constexpr std::size_t kStaleBatch = 1024;
 
-smp::request_task stale_walk(node& nd, int c, stale_sweeper& sweeper) {
+smp::request_task stale_walk(node& nd, int space, int c, stale_sweeper& sweeper) {
   bool stored = true;
-  co_await reclaim_incomplete(nd, c, kStaleBatch, stale_grace_ns(nd), removal_kind::stale,
+  co_await reclaim_incomplete(nd, space, c, kStaleBatch, stale_grace_ns(nd), removal_kind::stale,
                               sweeper.job, stored);
   sweeper.running = false;
 }
@@ -371,11 +377,20 @@ void reclaim_stale_due(node& nd, core_state& core, stale_sweeper& sweeper) {
   core.publish_incomplete();
   const std::uint64_t grace = stale_grace_ns(nd);
   const std::uint64_t now = nd.clock();
-  if (sweeper.running || grace == 0 || now < grace || nd.stopping.load() ||
-      core.directory.oldest_incomplete() > now - grace)
-    return;
+  if (sweeper.running || grace == 0 || now < grace || nd.stopping.load()) return;
+  // One walk at a time: the space whose slice here holds the oldest incomplete key.
+  int oldest_space = -1;
+  std::uint64_t oldest = now - grace;
+  core.for_each_space([&](const vllm_space& sp) {
+    const std::uint64_t t = sp.directory.oldest_incomplete();
+    if (t <= oldest) {
+      oldest = t;
+      oldest_space = sp.id;
+    }
+  });
+  if (oldest_space < 0) return;
   sweeper.running = true;
-  stale_walk(nd, core.index, sweeper);
+  stale_walk(nd, oldest_space, core.index, sweeper);
 }
 
 namespace {
@@ -395,7 +410,7 @@ smp::subtask<std::size_t> delete_keys(node& nd, int home, scratch& s, bool& stor
   s.flags.assign(keys.size(), 1);
   std::size_t deleted = 0;
   for (int pass = 0; pass < kDeletePasses; ++pass) {
-    if (!job.begin(nd)) break;
+    if (!job.begin(nd, s.space)) break;
     job.bytes.reserve(key_bytes);
     job.ends.reserve(keys.size());
     job.used.reserve(keys.size());
@@ -405,7 +420,7 @@ smp::subtask<std::size_t> delete_keys(node& nd, int home, scratch& s, bool& stor
     co_await valid_walk(
         nd, home, needed_by(s),
         [&](int c) {
-          shard::directory& dir = nd.core[c]->directory;
+          shard::directory& dir = nd.core[c]->space(s.space).directory;
           for (const std::uint32_t i : walk_of(s, c)) {
             if (!s.flags[i]) continue;
             const auto r = dir.begin_removal(keys[i], now);

@@ -21,12 +21,13 @@ namespace metad::pipeline {
 // leases. Returns how many reservations expired.
 std::size_t expire_due(node& nd, core_state& core);
 
-// On the owner core of `rank`, on which it ends: evicts, on every rank, the
+// On the owner core of `rank`, on which it ends: evicts, on every rank of vLLM space
+// `space` (a tenant's own keys only), the
 // `need` least recently used complete keys without a read lease that `rank` holds a page
 // for — or nothing, if there are not that many. Returns how many keys left; `stored`
 // turns false if a core's log could not take the change.
-smp::subtask<std::size_t> evict(node& nd, std::int64_t rank, std::uint32_t need, removal_job& job,
-                                bool& stored);
+smp::subtask<std::size_t> evict(node& nd, int space, std::int64_t rank, std::uint32_t need,
+                                removal_job& job, bool& stored);
 
 // --incomplete-grace-ms in the clock's unit (0: stale keys are never reclaimed).
 std::uint64_t stale_grace_ns(const node& nd);
@@ -34,7 +35,8 @@ std::uint64_t stale_grace_ns(const node& nd);
 // ago or earlier, as the cores last published it (a cheap check before a walk).
 bool incomplete_keys_older_than(const node& nd, std::uint64_t age_ns);
 
-// From the core it is called on, on which it ends: removes up to `want` incomplete keys of the
+// From the core it is called on, on which it ends: removes up to `want` incomplete keys of space
+// `space` (a tenant's own keys only) in the
 // directory slice of core `from` (-1: of every core, one slice after another) last confirmed age_ns
 // ago or earlier, each slice's least recently confirmed first, for which no rank holds a
 // reservation (a writer at work keeps its key, which is looked at again age_ns later). With age_ns
@@ -44,7 +46,7 @@ bool incomplete_keys_older_than(const node& nd, std::uint64_t age_ns);
 // turns false if a core's log could not take the change.
 // With short_rank (owned by the calling core), only keys holding a page on that rank are taken (an
 // eviction for it); the others keep their place.
-smp::subtask<std::size_t> reclaim_incomplete(node& nd, int from, std::size_t want,
+smp::subtask<std::size_t> reclaim_incomplete(node& nd, int space, int from, std::size_t want,
                                              std::uint64_t age_ns, removal_kind kind,
                                              removal_job& job, bool& stored,
                                              const std::int64_t* short_rank = nullptr);

@@ -20,10 +20,13 @@ class connection;
 // Who may call an endpoint. Without --tenants-file, `monitor`, `token` and `sg_token` are
 // one class (--auth-token-file's token, when set) and `sg_admin` is `admin`. With it
 // (docs/operations.md, "Tenants"), each request's token names its tenant:
-// - `token`, `admin` (vLLM's API): the tokens of the tenant whose line says `vllm`;
+// - `token`, `admin` (vLLM's API): any tenant's token, on that tenant's own vLLM state
+//   (the `vllm` tenant's is the unnamed one);
 // - `sg_token`, `sg_admin` (SGLang's): any tenant's token, on that tenant's pools;
 // - `admin`, `sg_admin` with --admin-token-file: that token instead, as without tenants;
-// - `monitor` (what shows every tenant): --auth-token-file's or --admin-token-file's token.
+// - `monitor` (what shows every tenant): --auth-token-file's or --admin-token-file's token;
+// - `stats` (GET /stats): as `monitor`, on the unnamed vLLM state or X-Metad-Tenant's, or
+//   a tenant's token, on its own vLLM state.
 enum class access : std::uint8_t {
   open,      // anyone: probes carry no secrets
   monitor,   // the operator's reads: --auth-token-file's token, when set
@@ -31,6 +34,7 @@ enum class access : std::uint8_t {
   admin,     // vLLM's destructive calls: --admin-token-file's token when set, else as `token`
   sg_token,  // SGLang's API: as `token`
   sg_admin,  // SGLang's clear: as `admin`
+  stats,     // GET /stats: as `monitor` (with --tenants-file, a tenant's token too)
 };
 
 // Which nodes answer an endpoint under high availability (--ha-etcd; without it, all do).
@@ -95,7 +99,7 @@ inline constexpr endpoint_row kEndpoints[] = {
     {"GET /ready",                   "ready",          access::monitor, start_ready,   serves::any_node},
     {"GET /metrics",                 "metrics",        access::monitor, start_metrics, serves::any_node},
     {"POST /keys/delete",            "delete",         access::admin, start_delete},
-    {"GET /stats",                   "stats",          access::monitor, start_stats},
+    {"GET /stats",                   "stats",          access::stats,   start_stats},
     {"POST /keys/inspect",           "inspect",        access::token, start_inspect},
     // The status page carries no data (open); it polls /status.json with the token.
     {"GET /",                        "status_page",    access::open,  start_status_page, serves::any_node},

@@ -260,9 +260,36 @@ tenant_usage& tenant_registry::usage(std::string_view name) {
   return *it->second;
 }
 
+int tenant_registry::space_of(std::string_view name) {
+  const std::lock_guard lock(space_mutex_);
+  const auto it = space_ids_.find(std::string(name));
+  if (it != space_ids_.end()) return it->second;
+  const int id = static_cast<int>(space_names_.size());
+  if (id >= kSpacesMax) return -1;
+  space_names_.emplace_back(name);
+  space_ids_.emplace(std::string(name), id);
+  spaces_.store(id + 1, std::memory_order_release);
+  return id;
+}
+
+int tenant_registry::find_space(std::string_view name) const {
+  const std::lock_guard lock(space_mutex_);
+  const auto it = space_ids_.find(std::string(name));
+  return it == space_ids_.end() ? -1 : it->second;
+}
+
+std::string tenant_registry::space_name(int id) const {
+  const std::lock_guard lock(space_mutex_);
+  METAD_ASSERT(id >= 0 && static_cast<std::size_t>(id) < space_names_.size());
+  return space_names_[static_cast<std::size_t>(id)];
+}
+
 void tenant_registry::publish(std::shared_ptr<tenant_table> table) {
   METAD_ASSERT(table != nullptr);
-  for (tenant& t : table->tenants) t.usage = &usage(t.name);
+  for (tenant& t : table->tenants) {
+    t.usage = &usage(t.name);
+    t.space = t.vllm ? 0 : space_of(t.name);
+  }
   const std::uint64_t next = version_.load(std::memory_order_relaxed) + 1;
   table->version = next;
   {

@@ -79,9 +79,13 @@ struct tenant {
   std::vector<token_digest> hashes;  // one, or two while a token is rotated
   std::int64_t ranks = -1;           // ranks=N: at most N ranks (each API's); -1: no quota
   std::int64_t pages = -1;           // pages=N: at most N pages held, both APIs; -1: no quota
-  bool vllm = false;                 // its tokens may use vLLM's API (one tenant at most)
+  bool vllm = false;                 // it holds the unnamed vLLM state (one tenant at most)
   int line = 0;                      // in the file, for messages
   tenant_usage* usage = nullptr;     // set by tenant_registry::publish
+  // Its vLLM state (core_state::spaces): 0, the unnamed one, for the `vllm` tenant, else
+  // its own name's; -1 when no space id was left (tenant_registry::kSpacesMax). Set by
+  // tenant_registry::publish.
+  int space = 0;
 };
 
 struct tenant_table {
@@ -154,9 +158,31 @@ class tenant_registry {
     if (held == nullptr || held->version != version()) held = current();
     return *held;
   }
-  // Links each tenant to its usage, numbers the table and makes it the current one.
-  // Called by one thread at a time (start-up, then main's signal thread).
+  // Links each tenant to its usage and vLLM space, numbers the table and makes it the
+  // current one. Called by one thread at a time (start-up, then main's signal thread).
   void publish(std::shared_ptr<tenant_table> table);
+
+  // vLLM's state is one space per tenant (core_state::spaces). Space 0 is the unnamed
+  // one: the server's without --tenants-file, and the `vllm` tenant's. Any other name
+  // gets the next id the first time it is asked for (a tenant's line when a table is
+  // published; a record naming it in recovery or replication) and keeps it for the node's
+  // life, so ids are dense and never reused. The id is this process's: records name the
+  // tenant (store::record_kind::in_tenant), never the id.
+  static constexpr int kSpacesMax = 1 << 16;
+  // The name's space, made on first use (a lock: not on the request path); -1 when
+  // kSpacesMax are taken.
+  int space_of(std::string_view name);
+  // The name's space, or -1 when none was made.
+  int find_space(std::string_view name) const;
+  // Space ids made so far (1 + the largest); any thread.
+  int spaces() const { return spaces_.load(std::memory_order_acquire); }
+  // The tenant of space `id` < spaces() ("" for 0). A lock: a core asks once per space.
+  std::string space_name(int id) const;
+  // vLLM worker ranks initialised in space `id`, on all cores: a key's tp_world_size when
+  // first confirmed, and the tenant's vLLM ranks against ranks=N. Any thread, no lock.
+  std::atomic<std::int64_t>& worker_ranks(int id) {
+    return worker_ranks_[static_cast<std::size_t>(id)];
+  }
 
  private:
   alignas(64) std::atomic<std::uint64_t> version_{0};  // read by every request: its own line
@@ -167,6 +193,12 @@ class tenant_registry {
   std::shared_ptr<const tenant_table> table_;
   std::mutex usage_mutex_;  // usage_ (loading threads only)
   std::unordered_map<std::string, std::unique_ptr<tenant_usage>> usage_;
+  mutable std::mutex space_mutex_;  // space_ids_, space_names_
+  std::unordered_map<std::string, int> space_ids_{{"", 0}};
+  std::vector<std::string> space_names_{""};
+  std::atomic<int> spaces_{1};
+  std::unique_ptr<std::atomic<std::int64_t>[]> worker_ranks_ =
+      std::make_unique<std::atomic<std::int64_t>[]>(kSpacesMax);
 };
 
 }  // namespace metad::pipeline

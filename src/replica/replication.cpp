@@ -190,7 +190,7 @@ void replication::impl::poll(int c) {
   if (leading_end* l = e.leader(); l != nullptr && l->files && !e.closing) pump_files(c, e, *l);
   // Other cores' binding changes for this core's slice, also before its own snapshot
   // arrives (it counts them into its directory, staged: directory::restore_count).
-  if (e.standby() != nullptr) feed->drain(c, core(c).directory);
+  if (e.standby() != nullptr) feed->drain(c, core(c));
   ack_durable(c, e);  // a standby's
   // The requirement: applied once the standby also holds what was answered before it.
   store::log_writer& log = core(c).log;

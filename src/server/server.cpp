@@ -123,11 +123,13 @@ smp::request_task log_summary(core_runner& self) {
   co_await smp::for_each_core(self.node_.mailbox, self.index_, smp::every_core, [&](int c) {
     const core_state& core = *self.node_.core[c];
     requests += core.metrics.total();
-    ranks += core.ranks.rank_count();
-    keys += core.directory.size();
-    core.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
-      free_pages += static_cast<std::uint64_t>(st.free);
-      pages += static_cast<std::uint64_t>(st.num_pages);
+    core.for_each_space([&](const pipeline::vllm_space& sp) {
+      ranks += sp.ranks.rank_count();
+      keys += sp.directory.size();
+      sp.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
+        free_pages += static_cast<std::uint64_t>(st.free);
+        pages += static_cast<std::uint64_t>(st.num_pages);
+      });
     });
   });
   const std::uint64_t now = smp::monotonic_ms();
@@ -154,8 +156,10 @@ void core_runner::tick() {
     pipeline::reclaim_stale_due(node_, core, stale_);
   }
   // Table growths left half done by inserts that stopped (see packed_map::advance_growth).
-  core.directory.advance_growth();
-  core.ranks.advance_growth();
+  core.for_each_space([](pipeline::vllm_space& sp) {
+    sp.directory.advance_growth();
+    sp.ranks.advance_growth();
+  });
   const std::uint32_t interval = node_.cfg.summary_interval_ms;
   if (index_ != 0 || interval == 0 || summary_running_) return;
   if (log::threshold.load(std::memory_order_relaxed) < metad::log_level::info) return;

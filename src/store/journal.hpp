@@ -30,38 +30,49 @@ class journal {
   bool enabled() const { return log_.enabled(); }
   bool reserve(std::uint64_t bytes) { return log_.make_room(bytes); }
 
-  void initialize(std::int64_t rank, std::int64_t num_pages) {
-    if (enabled()) append_initialize(log_.pending(), rank, num_pages);
+  // vLLM's records, each of one tenant's vLLM state ("": the unnamed one; record.hpp,
+  // in_tenant).
+  void initialize(std::string_view tenant, std::int64_t rank, std::int64_t num_pages) {
+    if (enabled()) scoped(tenant, [&](std::string& out) { append_initialize(out, rank, num_pages); });
   }
-  void allocate(std::int64_t rank, std::span<const std::string_view> keys) {
-    if (enabled()) append_allocate(log_.pending(), rank, keys);
+  void allocate(std::string_view tenant, std::int64_t rank,
+                std::span<const std::string_view> keys) {
+    if (enabled()) scoped(tenant, [&](std::string& out) { append_allocate(out, rank, keys); });
   }
-  void confirm(std::int64_t rank, std::int32_t tp_world_size,
+  void confirm(std::string_view tenant, std::int64_t rank, std::int32_t tp_world_size,
                std::span<const std::string_view> keys, std::span<const std::int64_t> pages,
                std::span<const std::int64_t> releases, bool quarantined) {
     if (enabled())
-      append_confirm(log_.pending(), rank, tp_world_size, keys, pages, releases, quarantined);
+      scoped(tenant, [&](std::string& out) {
+        append_confirm(out, rank, tp_world_size, keys, pages, releases, quarantined);
+      });
   }
-  void clear() {
-    if (enabled()) append_clear(log_.pending());
+  // Always scoped: a bare clear would void the other tenants' state logged before it.
+  void clear(std::string_view tenant) {
+    if (!enabled()) return;
+    const std::size_t frame = log_.pending().size();
+    append_clear(log_.pending());
+    scope_to_tenant(log_.pending(), frame, tenant, /*always=*/true);
   }
-  void directory_key(std::int32_t tp_world_size, std::string_view key) {
-    if (enabled()) append_directory_key(log_.pending(), tp_world_size, key);
+  void directory_key(std::string_view tenant, std::int32_t tp_world_size, std::string_view key) {
+    if (enabled())
+      scoped(tenant, [&](std::string& out) { append_directory_key(out, tp_world_size, key); });
   }
-  void directory_remove(std::string_view key) {
-    if (enabled()) append_directory_remove(log_.pending(), key);
+  void directory_remove(std::string_view tenant, std::string_view key) {
+    if (enabled()) scoped(tenant, [&](std::string& out) { append_directory_remove(out, key); });
   }
-  void remove(std::int64_t rank, std::span<const std::string_view> keys) {
-    if (enabled()) append_remove(log_.pending(), rank, keys);
+  void remove(std::string_view tenant, std::int64_t rank, std::span<const std::string_view> keys) {
+    if (enabled()) scoped(tenant, [&](std::string& out) { append_remove(out, rank, keys); });
   }
-  void release(std::int64_t rank, std::span<const std::int64_t> pages) {
-    if (enabled()) append_release(log_.pending(), rank, pages);
+  void release(std::string_view tenant, std::int64_t rank, std::span<const std::int64_t> pages) {
+    if (enabled()) scoped(tenant, [&](std::string& out) { append_release(out, rank, pages); });
   }
-  void quarantine_end(std::int64_t rank, std::span<const std::int64_t> pages) {
-    if (enabled()) append_quarantine_end(log_.pending(), rank, pages);
+  void quarantine_end(std::string_view tenant, std::int64_t rank,
+                      std::span<const std::int64_t> pages) {
+    if (enabled())
+      scoped(tenant, [&](std::string& out) { append_quarantine_end(out, rank, pages); });
   }
 
-  // SGLang pools (record.hpp's sg_* kinds).
   void sg_initialize(const sg_pool_name& pool, std::int64_t num_pages) {
     if (enabled()) append_sg_initialize(log_.pending(), pool, num_pages);
   }
@@ -113,6 +124,14 @@ class journal {
   log_writer::wait_awaiter durable() { return log_.durable_until(sync_ ? log_.end() : 0); }
 
  private:
+  template <class Append>
+  void scoped(std::string_view tenant, Append&& append) {
+    std::string& out = log_.pending();
+    const std::size_t frame = out.size();
+    append(out);
+    scope_to_tenant(out, frame, tenant);
+  }
+
   log_writer& log_;
   bool sync_;
 };

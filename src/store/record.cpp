@@ -424,12 +424,49 @@ bool valid_frame_after(std::string_view bytes, std::size_t from) {
   return false;
 }
 
+void scope_to_tenant(std::string& out, std::size_t frame, std::string_view tenant, bool always) {
+  if (tenant.empty() && !always) return;
+  std::string prefix;
+  prefix.push_back(static_cast<char>(record_kind::in_tenant));
+  put_string(prefix, tenant);
+  out.insert(frame + kFrameHeaderBytes, prefix);
+  close_frame(out, frame);
+}
+
+namespace {
+
+// A tenant's name as --tenants-file allows it: a letter or '_', then [A-Za-z0-9_.-].
+bool tenant_name_ok(std::string_view name) {
+  if (name.size() > kTenantNameMax) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool other = (c >= '0' && c <= '9') || c == '.' || c == '-';
+    if (!letter && (i == 0 || !other)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool decode_payload(std::string_view payload, record& out) {
   if (payload.empty()) return false;
   out.keys.clear();
   out.pages.clear();
   out.releases.clear();
   out.items = {};
+  out.tenant = {};
+  out.scoped = false;
+  if (static_cast<record_kind>(payload[0]) == record_kind::in_tenant) {
+    reader scope(payload.substr(1));
+    std::string_view name;
+    if (!scope.get_prefixed<std::uint32_t>(name) || !tenant_name_ok(name)) return false;
+    payload = scope.rest();
+    // vLLM's kinds only (SGLang's name their tenant themselves), once.
+    if (payload.empty() || !is_vllm_kind(static_cast<record_kind>(payload[0]))) return false;
+    out.tenant = name;
+    out.scoped = true;
+  }
   out.kind = static_cast<record_kind>(payload[0]);
   reader in(payload.substr(1));
   switch (out.kind) {
@@ -466,6 +503,7 @@ bool decode_payload(std::string_view payload, record& out) {
     case record_kind::snapshot_rank_slots:
       return in.get(out.rank) && decode_slots(in, out);
     default:
+      if (out.scoped) return false;
       break;
   }
   // SGLang's records: the pool's name first.

@@ -77,7 +77,24 @@ enum class record_kind : std::uint8_t {
   // tenant's pages=N nearly spent; --tenants-file): replayed with the same cap
   // (sglang_pool::reserve_capped). Additive: only a quota that cut a reserve writes one.
   sg_reserve_capped = 45,
+
+  // A vLLM record (kinds 1-22) of one tenant's own vLLM state (--tenants-file: each tenant
+  // has its own ranks and keys; docs/operations.md, "Tenants"): [in_tenant][u32 length]
+  // [the tenant's name][the record's kind][its fields]. Decoded as that record, with
+  // `scoped` set and `tenant` the name ("" names the unnamed state, that of the server
+  // without --tenants-file and of the `vllm` tenant). A scoped clear drops that tenant's
+  // vLLM state on the core where it is replayed and nothing else; a bare clear (before
+  // tenants had state of their own) voids everything the core logged before it.
+  // Additive: a vLLM record without a tenant is the unnamed state's, as ever.
+  in_tenant = 63,
 };
+// vLLM's kinds (1-22): those a record may scope to a tenant.
+inline constexpr bool is_vllm_kind(record_kind k) {
+  return static_cast<std::uint8_t>(k) >= 1 &&
+         static_cast<std::uint8_t>(k) <= static_cast<std::uint8_t>(record_kind::snapshot_rank_slots);
+}
+// The longest tenant name a scoped record holds (--tenants-file's bound).
+inline constexpr std::size_t kTenantNameMax = 64;
 
 // An item of snapshot_rank_keys / snapshot_directory_keys.
 inline constexpr std::size_t kPackedItemBytes = 20;
@@ -122,7 +139,10 @@ struct record {
   // sg_epoch, releases (the free stack, bottom first; sg_snapshot_pool_runs: as runs lo,
   // hi, lo, hi, ...), keys + pages (bound, LRU first)
   // and the sg_flight_* lists (in-flight pages, in reservation order).
+  // vLLM kinds: `tenant` is the state's tenant ("" unnamed) and `scoped` whether the record
+  // was in_tenant (only a clear reads it).
   std::string_view tenant, ns;
+  bool scoped = false;
   std::uint64_t now = 0;
   std::uint32_t sg_epoch = 0;
   std::vector<std::string_view> sg_flight_keys;
@@ -144,6 +164,12 @@ struct sg_flight {
   std::uint32_t epoch;
   std::uint64_t deadline;
 };
+
+// The vLLM record whose frame starts at `frame` (the last one in `out`) becomes one of
+// `tenant`'s state (in_tenant). Nothing changes for "" unless `always` (a clear of the
+// unnamed state, which a bare clear would void everything before).
+void scope_to_tenant(std::string& out, std::size_t frame, std::string_view tenant,
+                     bool always = false);
 
 // Appenders write one whole frame at the end of `out`.
 void append_initialize(std::string& out, std::int64_t rank, std::int64_t num_pages);

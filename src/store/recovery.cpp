@@ -44,6 +44,12 @@ file_kind log_kind(const core_files& files, std::size_t segment) {
 
 }  // namespace
 
+bool checked_group::voided(const record& r, const log_position* at) const {
+  if (tenant_cleared.empty() || !is_vllm_kind(r.kind)) return false;
+  const auto it = tenant_cleared.find(std::string(r.tenant));
+  return it != tenant_cleared.end() && (at == nullptr || !(it->second < *at));
+}
+
 checked_group check_group(const core_files& f) {
   checked_group g;
   g.files = &f;
@@ -52,8 +58,13 @@ checked_group check_group(const core_files& f) {
         f.logs[s], f.log_paths[s],
         [&](const record& r, std::size_t offset) {
           if (r.kind != record_kind::clear) return;
+          if (r.scoped) {
+            g.tenant_cleared[std::string(r.tenant)] = {s, offset};
+            return;
+          }
           g.cleared = true;
           g.clear_at = {s, offset};
+          g.tenant_cleared.clear();  // everything before a bare clear is void anyway
         },
         log_kind(f, s));
     g.logs.push_back(f.logs[s].substr(0, valid));

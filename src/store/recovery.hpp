@@ -6,16 +6,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "store/data_dir.hpp"
+#include "store/record.hpp"
 
 namespace metad::store {
 
 struct log_position {
   std::size_t segment = 0, offset = 0;
+  bool operator<(const log_position& o) const {
+    return segment != o.segment ? segment < o.segment : offset < o.offset;
+  }
 };
 
 // A file group after one full check, which one core does for each group before every
@@ -24,6 +29,12 @@ struct log_position {
 struct checked_group {
   bool cleared = false;
   log_position clear_at;
+  // Each tenant's last scoped clear (record.hpp, in_tenant) in the logs, by tenant ("":
+  // the unnamed vLLM state): that tenant's vLLM records before it, the snapshot's too,
+  // are void (recovery skips them, as it skips everything before a bare clear).
+  std::unordered_map<std::string, log_position> tenant_cleared;
+  // Whether `r`, at `at` (nullptr: in the snapshot), is void by a later scoped clear.
+  bool voided(const record& r, const log_position* at) const;
   std::string_view snapshot;  // empty when a clear voids it
   std::vector<std::string_view> logs;
   const core_files* files = nullptr;

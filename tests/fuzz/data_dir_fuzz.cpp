@@ -232,20 +232,25 @@ std::unique_ptr<pipeline::node> make_node(const metad::config& cfg, int cores) {
 std::string state_of(const pipeline::node& nd) {
   std::vector<std::string> lines;
   for (const auto& core : nd.core) {
-    core->ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& s) {
-      lines.push_back(fmt::format("rank {}: pages {} free {} reserved {} bound {} quarantined {}",
-                                  rank, s.num_pages, s.free, s.reserved, s.bound, s.quarantined));
-    });
-    core->ranks.for_each_entry(
-        [&](std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed) {
-          lines.push_back(fmt::format("rank {} key {:?} page {} {}", rank, std::string(key), page,
-                                      confirmed ? "bound" : "reserved"));
-        });
-    core->ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
-      lines.push_back(fmt::format("rank {} quarantine {}", rank, fmt::join(pages, ",")));
-    });
-    core->directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
-      lines.push_back(fmt::format("key {:?} tp {} count {}", std::string(key), tp, count));
+    // Each tenant's vLLM state apart: its lines name it.
+    core->for_each_space([&](const pipeline::vllm_space& sp) {
+      const std::string t = sp.tenant.empty() ? "" : fmt::format("tenant {:?} ", sp.tenant);
+      sp.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& s) {
+        lines.push_back(fmt::format("{}rank {}: pages {} free {} reserved {} bound {} quarantined {}",
+                                    t, rank, s.num_pages, s.free, s.reserved, s.bound,
+                                    s.quarantined));
+      });
+      sp.ranks.for_each_entry(
+          [&](std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed) {
+            lines.push_back(fmt::format("{}rank {} key {:?} page {} {}", t, rank,
+                                        std::string(key), page, confirmed ? "bound" : "reserved"));
+          });
+      sp.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
+        lines.push_back(fmt::format("{}rank {} quarantine {}", t, rank, fmt::join(pages, ",")));
+      });
+      sp.directory.for_each_key([&](std::string_view key, std::int32_t tp, std::int32_t count) {
+        lines.push_back(fmt::format("{}key {:?} tp {} count {}", t, std::string(key), tp, count));
+      });
     });
     for (const auto& entry : core->sg_tenants) {
       const std::string& tenant = entry.first;  // lambdas cannot capture bindings in C++20
@@ -276,7 +281,10 @@ void check_state(const pipeline::node& nd, const char* which) {
     fuzz::fail("a recovered node is consistent", problem);
   }
   std::int64_t ranks = 0;
-  for (const auto& core : nd.core) ranks += static_cast<std::int64_t>(core->ranks.rank_count());
+  for (const auto& core : nd.core)
+    core->for_each_space([&](const pipeline::vllm_space& sp) {
+      ranks += static_cast<std::int64_t>(sp.ranks.rank_count());
+    });
   fuzz::require(ranks == nd.worker_ranks.load(), "worker_ranks counts the recovered ranks");
 }
 

@@ -220,14 +220,14 @@ void check_state(world& w) {
   const std::string problem = pipeline::check_consistency(w.nd);
   fuzz::require(problem.empty(), "node consistency", problem);
   std::size_t ranks = 0;
-  for (const auto& core : w.nd.core) ranks += core->ranks.rank_count();
+  for (const auto& core : w.nd.core) ranks += core->unnamed().ranks.rank_count();
   fuzz::require(static_cast<std::int64_t>(ranks) == w.nd.worker_ranks.load(),
                 "worker_ranks counts the initialised ranks");
 }
 
 std::size_t rank_count(const world& w) {
   std::size_t ranks = 0;
-  for (const auto& core : w.nd.core) ranks += core->ranks.rank_count();
+  for (const auto& core : w.nd.core) ranks += core->unnamed().ranks.rank_count();
   return ranks;
 }
 

@@ -78,7 +78,7 @@ TEST_F(HaGate, EveryApiCallIsA503NamingNoLeaderAndChangesNothing) {
     EXPECT_NE(answer.find(R"({"detail":"not the leader; no leader is known)"), std::string::npos)
         << answer;
   }
-  EXPECT_EQ(node_.core[0]->ranks.rank_count(), 0u);
+  EXPECT_EQ(node_.core[0]->unnamed().ranks.rank_count(), 0u);
   EXPECT_TRUE(node_.core[0]->sg_tenants.empty());
   // Malformed bodies too: the gate answers before anything is decoded.
   EXPECT_EQ(send(post("/keys/batch_exists", "{")).substr(0, kNoLeader.size()), kNoLeader);

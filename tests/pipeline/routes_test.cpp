@@ -214,11 +214,12 @@ TEST(RouteTable, Access) {
     const bool sglang = row.label.starts_with("sglang_");
     const bool admin = row.label == "clear" || row.label == "delete" ||
                        row.label == "sglang_clear" || row.label == "sglang_tenant_clear";
-    // What shows every tenant's state (--tenants-file: the operator's tokens only).
-    const bool monitor = row.label == "ready" || row.label == "metrics" || row.label == "stats" ||
-                         row.label == "status";
+    // What shows every tenant's state (--tenants-file: the operator's tokens only); /stats
+    // shows one tenant's vLLM state (a tenant's token: its own).
+    const bool monitor = row.label == "ready" || row.label == "metrics" || row.label == "status";
     // The status page carries no data: it asks for the token and sends it to status.json.
     const access want = row.label == "health" || row.label == "status_page" ? access::open
+                        : row.label == "stats"                              ? access::stats
                         : monitor                                           ? access::monitor
                         : sglang && admin                                   ? access::sg_admin
                         : sglang                                            ? access::sg_token

@@ -1,7 +1,8 @@
 // Tenants bound to tokens (--tenants-file) through the whole pipeline, byte-in/byte-out,
 // on 1 and 3 simulated cores: the answers' bytes (401, each 403), SGLang's /{rank}/...
-// on the token's tenant, vLLM's API for the vllm tenant only, ranks=N counted across
-// cores, and a table published while one connection stays open (a reload).
+// on the token's tenant, vLLM's API on each tenant's own state (the vllm tenant's is the
+// unnamed one), ranks=N counted across cores, and a table published while one connection
+// stays open (a reload).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +66,14 @@ class TenantsPipeline : public ::testing::TestWithParam<int> {
         fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{}",
                     path, token, body.size(), body));
   }
+  // The admin's call on a tenant's vLLM state (X-Metad-Tenant; "": none).
+  std::string admin_post(std::string_view tenant, std::string_view path, std::string_view body) {
+    const std::string header =
+        tenant.empty() ? std::string() : fmt::format("x-metad-tenant: {}\r\n", tenant);
+    return n_.send(fmt::format(
+        "POST {} HTTP/1.1\r\nauthorization: Bearer admin\r\n{}content-length: {}\r\n\r\n{}",
+        path, header, body.size(), body));
+  }
   std::string get_as(std::string_view token, std::string_view path) {
     return n_.send(fmt::format("GET {} HTTP/1.1\r\nauthorization: Bearer {}\r\n\r\n", path, token));
   }
@@ -117,15 +126,15 @@ TEST_P(TenantsPipeline, RankPathsActOnTheTokensTenant) {
             tp_json("200 OK", R"({"exists":[false]})"));
 }
 
-TEST_P(TenantsPipeline, VllmIsTheVllmTenantsAndTheOperatorsEndpointsTheOperators) {
+TEST_P(TenantsPipeline, VllmIsEachTenantsOwnAndTheOperatorsEndpointsTheOperators) {
   EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":[]})"),
-            tp_forbidden("vLLM's API belongs to tenant a on this server (until per-tenant vLLM "
-                         "state exists): tenant b's token may use SGLang's paths only"));
+            tp_json("200 OK", R"({"exists":[]})"));
   EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":[]})"),
             tp_json("200 OK", R"({"exists":[]})"));
-  EXPECT_EQ(get_as("token-a", "/stats"),
-            tp_forbidden("/stats shows every tenant's state: it takes --auth-token-file's or "
+  EXPECT_EQ(get_as("token-a", "/metrics"),
+            tp_forbidden("/metrics shows every tenant's state: it takes --auth-token-file's or "
                          "--admin-token-file's token, not a tenant's (tenant a)"));
+  EXPECT_EQ(status_of(get_as("token-a", "/stats")), "HTTP/1.1 200 OK");  // its own
   EXPECT_EQ(status_of(get_as("operator", "/stats")), "HTTP/1.1 200 OK");
   EXPECT_EQ(status_of(get_as("admin", "/metrics")), "HTTP/1.1 200 OK");
   // A known token on no route: the 404.
@@ -182,9 +191,9 @@ TEST_P(TenantsPipeline, MetricsShowEachTenantsFiguresApart) {
   EXPECT_EQ(post_as("token-b", "/b/2/initialize", R"({"num_pages":8})"), kTpNoContent);
   EXPECT_EQ(post_as("token-b", "/2/exists", R"({"keys":["k"]})"),
             tp_json("200 OK", R"({"exists":[false]})"));
-  // Refused before its tenant is settled: no tenant's request.
-  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":["k"]})").substr(0, 22),
-            "HTTP/1.1 403 Forbidden");
+  // b's own vLLM state: its probe is b's.
+  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
   EXPECT_EQ(tenant_lines(),
             "hf3fs_metad_tenant_keys{tenant=\"a\"} 1\n"
             "hf3fs_metad_tenant_keys{tenant=\"b\"} 0\n"
@@ -194,13 +203,18 @@ TEST_P(TenantsPipeline, MetricsShowEachTenantsFiguresApart) {
             "hf3fs_metad_tenant_pages{tenant=\"b\",state=\"bound\"} 0\n"
             "hf3fs_metad_tenant_requests_total{tenant=\"a\",api=\"vllm\"} 1\n"
             "hf3fs_metad_tenant_requests_total{tenant=\"a\",api=\"sglang\"} 4\n"
-            "hf3fs_metad_tenant_requests_total{tenant=\"b\",api=\"vllm\"} 0\n"
+            "hf3fs_metad_tenant_requests_total{tenant=\"b\",api=\"vllm\"} 1\n"
             "hf3fs_metad_tenant_requests_total{tenant=\"b\",api=\"sglang\"} 2\n"
             "hf3fs_metad_tenant_lookup_keys_total{tenant=\"a\",result=\"hit\"} 1\n"
             "hf3fs_metad_tenant_lookup_keys_total{tenant=\"a\",result=\"miss\"} 4\n"
             "hf3fs_metad_tenant_lookup_keys_total{tenant=\"b\",result=\"hit\"} 0\n"
-            "hf3fs_metad_tenant_lookup_keys_total{tenant=\"b\",result=\"miss\"} 1\n");
-  // vLLM's state is tenant a's: its rank's pages and keys join a's.
+            "hf3fs_metad_tenant_lookup_keys_total{tenant=\"b\",result=\"miss\"} 2\n");
+  // The unnamed vLLM state is tenant a's (vllm): its rank's pages and keys join a's; b's
+  // own state joins b's.
+  EXPECT_EQ(status_of(post_as("token-b", "/rank/5/initialize", R"({"num_pages":4})")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_of(post_as("token-b", "/keys/batch_allocate", R"({"rank":5,"keys":["v","w"]})")),
+            "HTTP/1.1 200 OK");
   EXPECT_EQ(status_of(post_as("token-a", "/rank/5/initialize", R"({"num_pages":4})")),
             "HTTP/1.1 200 OK");
   EXPECT_EQ(status_of(post_as("token-a", "/keys/batch_allocate", R"({"rank":5,"keys":["v"]})")),
@@ -212,6 +226,79 @@ TEST_P(TenantsPipeline, MetricsShowEachTenantsFiguresApart) {
   EXPECT_NE(after.find("hf3fs_metad_tenant_requests_total{tenant=\"a\",api=\"vllm\"} 3\n"),
             std::string::npos)
       << after;
+  EXPECT_NE(after.find("hf3fs_metad_tenant_pages{tenant=\"b\",state=\"reserved\"} 2\n"),
+            std::string::npos)
+      << after;
+}
+
+// Two tenants' vLLM states apart on every endpoint: the same rank and the same key are
+// two ranks and two keys; nothing one does shows in, or changes, the other's.
+TEST_P(TenantsPipeline, EachTenantsVllmStateIsItsOwn) {
+  EXPECT_EQ(status_of(post_as("token-a", "/rank/0/initialize", R"({"num_pages":4})")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(post_as("token-a", "/keys/batch_allocate", R"({"rank":0,"keys":["k"]})"),
+            tp_json("200 OK", R"({"rank":0,"results":[["k",0]]})"));
+  EXPECT_EQ(post_as("token-a", "/keys/confirm_write",
+                    R"({"rank":0,"confirmations":[["k",0]],"pages_to_release":[]})"),
+            kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[true]})"));
+  // b probes a's key, asks a's rank: nothing there.
+  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+  EXPECT_EQ(post_as("token-b", "/keys/get_locations", R"({"rank":0,"keys":["k"]})"),
+            tp_json("404 Not Found",
+                    R"({"detail":"Failed to get key locations: Rank 0 not initialized"})"));
+  EXPECT_EQ(status_of(get_as("token-b", "/rank/0")), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(post_as("token-b", "/keys/batch_allocate", R"({"rank":0,"keys":["k"]})"),
+            tp_json("404 Not Found", R"({"detail":"Allocation failed: Rank 0 not initialized"})"));
+  // b's own rank 0, of another size: a pool of its own, the same key a page of its own.
+  EXPECT_EQ(status_of(post_as("token-b", "/rank/0/initialize", R"({"num_pages":8})")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(post_as("token-b", "/keys/batch_allocate", R"({"rank":0,"keys":["j","k"]})"),
+            tp_json("200 OK", R"({"rank":0,"results":[["j",0],["k",1]]})"));
+  EXPECT_EQ(post_as("token-b", "/keys/get_locations", R"({"rank":0,"keys":["k"]})"),
+            tp_json("200 OK", R"({"locations":[null]})"));
+  EXPECT_EQ(get_as("token-b", "/rank/0"),
+            tp_json("200 OK", R"({"num_pages":8,"free":6,"reserved":2,"bound":0,"incomplete":0})"));
+  EXPECT_EQ(get_as("token-a", "/rank/0"),
+            tp_json("200 OK", R"({"num_pages":4,"free":3,"reserved":0,"bound":1,"incomplete":0})"));
+  // The admin deletes b's "k" (X-Metad-Tenant names b): a's stays.
+  EXPECT_EQ(post_as("token-b", "/keys/confirm_write",
+                    R"({"rank":0,"confirmations":[["k",1]],"pages_to_release":[]})"),
+            kTpNoContent);
+  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":["k","j"]})"),
+            tp_json("200 OK", R"({"exists":[true,false]})"));
+  EXPECT_EQ(post_as("token-b", "/keys/delete", R"({"keys":["k"]})"), kTpUnauthorized);
+  EXPECT_EQ(admin_post("b", "/keys/delete", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"deleted":1})"));
+  EXPECT_EQ(post_as("token-b", "/keys/batch_exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+  EXPECT_EQ(post_as("token-a", "/keys/get_locations", R"({"rank":0,"keys":["k"]})"),
+            tp_json("200 OK", R"({"locations":[0]})"));
+  // Each tenant's /stats is its own.
+  const std::string b_stats = get_as("token-b", "/stats");
+  EXPECT_NE(b_stats.find(R"("pages_total":8)"), std::string::npos) << b_stats;
+  EXPECT_NE(b_stats.find(R"("keys":0)"), std::string::npos) << b_stats;
+  const std::string a_stats = get_as("token-a", "/stats");
+  EXPECT_NE(a_stats.find(R"("pages_total":4)"), std::string::npos) << a_stats;
+  EXPECT_NE(a_stats.find(R"("keys":1)"), std::string::npos) << a_stats;
+  EXPECT_EQ(pipeline::check_consistency(n_.state()), "");
+  // The admin clears one tenant's state: X-Metad-Tenant names it (none: the unnamed one,
+  // the vllm tenant's); a name with no state is a 404.
+  EXPECT_EQ(admin_post("nobody", "/clear", ""),
+            tp_json("404 Not Found",
+                    R"({"detail":"X-Metad-Tenant: no tenant nobody has vLLM state on this server"})"));
+  EXPECT_EQ(admin_post("b", "/clear", ""),
+            kTpNoContent);
+  EXPECT_EQ(status_of(get_as("token-b", "/rank/0")), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[true]})"));
+  EXPECT_EQ(admin_post("", "/clear", ""),
+            kTpNoContent);
+  EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":["k"]})"),
+            tp_json("200 OK", R"({"exists":[false]})"));
+  EXPECT_EQ(pipeline::check_consistency(n_.state()), "");
 }
 
 // pages=N (tenant_usage::pages): the count every core charges and credits, against what
@@ -225,8 +312,11 @@ std::int64_t tp_held(pipeline::node& nd, const std::string& tenant) {
         held += static_cast<std::int64_t>(pool.held());
       });
     const auto table = nd.tenants.current();
-    if (table->vllm_tenant() != nullptr && table->vllm_tenant()->name == tenant)
-      held += core->ranks.held_pages();
+    const bool holds_unnamed =
+        table->vllm_tenant() != nullptr && table->vllm_tenant()->name == tenant;
+    core->for_each_space([&](const pipeline::vllm_space& sp) {
+      if (sp.id == 0 ? holds_unnamed : sp.tenant == tenant) held += sp.ranks.held_pages();
+    });
   }
   return held;
 }
