@@ -108,6 +108,9 @@ class Standby : public ::testing::Test {
         fmt::format("POST {} HTTP/1.1\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{}",
                     path, token, body.size(), body));
   }
+  static std::string get_as(sim_node& n, std::string_view token, std::string_view path) {
+    return n.send(fmt::format("GET {} HTTP/1.1\r\nauthorization: Bearer {}\r\n\r\n", path, token));
+  }
 };
 
 // The leader's log of each core, from its files, shipped in batches cut at random frame
@@ -427,4 +430,76 @@ TEST_F(Standby, PromotionCountsEachTenantsPagesAsARestartDoes) {
             R"({"indices":[[false,-1]]})");
 }
 
+// Each tenant's own vLLM state (issue 34) through the log, a failover and restarts into
+// other core counts: the same rank and key of three tenants stay three ranks and keys,
+// a tenant's clear voids its own records only, and pages=N holds on its own ranks.
+TEST_F(Standby, EachTenantsVllmStateStaysItsOwnThroughAFailoverAndRestarts) {
+  const auto publish = [](pipeline::node& nd) {
+    publish_tenants(nd, "t {token-t} vllm\nu {token-u} pages=3\nv {token-v}\n");
+  };
+  // What each tenant sees of vLLM's state (the answers, status line included).
+  const auto state = [](sim_node& n) {
+    std::string out;
+    for (const char* token : {"token-t", "token-u", "token-v"}) {
+      for (const char* path : {"/rank/0", "/rank/1"}) out += get_as(n, token, path) + "\n";
+      out += post_as(n, token, "/keys/batch_exists", R"({"keys":["k","j","x"]})") + "\n";
+      out += post_as(n, token, "/keys/get_locations", R"({"rank":0,"keys":["k","j"]})") + "\n";
+    }
+    return out;
+  };
+  const auto save = [](sim_node& n, const char* token, int pages, const char* keys,
+                       const char* confirmations) {
+    post_as(n, token, "/rank/0/initialize", fmt::format(R"({{"num_pages":{}}})", pages));
+    post_as(n, token, "/keys/batch_allocate", fmt::format(R"({{"rank":0,"keys":{}}})", keys));
+    return post_as(n, token, "/keys/confirm_write",
+                   fmt::format(R"({{"rank":0,"confirmations":{}}})", confirmations));
+  };
+  std::vector<std::string> logs;
+  std::string expected;
+  {
+    sim_node leader(base_ + "/leader", kCores);
+    publish(leader.state());
+    EXPECT_EQ(save(leader, "token-t", 4, R"(["k"])", R"([["k",0]])").substr(0, 12), "HTTP/1.1 204");
+    EXPECT_EQ(save(leader, "token-u", 8, R"(["j","k"])", R"([["j",0],["k",1]])").substr(0, 12),
+              "HTTP/1.1 204");
+    EXPECT_EQ(save(leader, "token-v", 2, R"(["k","x"])", R"([["k",0],["x",1]])").substr(0, 12),
+              "HTTP/1.1 204");
+    // v clears its own state (its token: no --admin-token-file here), then starts anew.
+    EXPECT_EQ(post_as(leader, "token-v", "/clear", ""), "HTTP/1.1 204 No Content\r\n\r\n");
+    post_as(leader, "token-v", "/rank/1/initialize", R"({"num_pages":3})");
+    // u holds 2 of its pages=3: a batch of 2 new keys is all -1, one fits.
+    const std::string refused =
+        post_as(leader, "token-u", "/keys/batch_allocate", R"({"rank":0,"keys":["a","b"]})");
+    EXPECT_NE(refused.find(R"({"rank":0,"results":[["a",-1],["b",-1]]})"), std::string::npos)
+        << refused;
+    expected = state(leader);
+    EXPECT_EQ(pipeline::check_consistency(leader.state()), "");
+    logs = leader_logs();
+  }
+  // The tenants' own records name them: v's clear among them.
+  EXPECT_NE(logs[0].find("\x3f\x01\x00\x00\x00v"), std::string::npos);
+  EXPECT_NE(expected.find(R"({"num_pages":8,"free":6,"reserved":0,"bound":2,"incomplete":0})"),
+            std::string::npos)
+      << expected;
+  for (const char* seen : {R"({"exists":[true,false,false]})", R"({"exists":[true,true,false]})",
+                           R"({"exists":[false,false,false]})"})
+    EXPECT_NE(expected.find(seen), std::string::npos) << seen << expected;
+  const std::string dir = base_ + "/standby";
+  standby s(dir, 1);
+  publish(s.n().state());
+  ship_and_copy(s, logs, dir);
+  s.promote();
+  EXPECT_EQ(pipeline::check_consistency(s.n().state()), "");
+  EXPECT_EQ(state(s.n()), expected);
+  for (const int cores : {3, 1}) {
+    sim_node restarted(dir + "-copy", cores);
+    publish(restarted.state());
+    pipeline::count_tenant_usage(restarted.state());
+    EXPECT_EQ(pipeline::check_consistency(restarted.state()), "") << cores << " cores";
+    EXPECT_EQ(state(restarted), expected) << cores << " cores";
+    EXPECT_EQ(restarted.state().tenants.usage("u").pages.load(), 2) << cores << " cores";
+  }
+}
+
 }  // namespace
+

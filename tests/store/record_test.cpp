@@ -586,3 +586,75 @@ TEST(Record, SglangQuarantineKindsRoundTrip) {
     at += frame_bytes;
   }
 }
+
+// A tenant's own vLLM record (in_tenant): the name, then the record as ever. Scoping
+// rewrites the frame in place (its length and checksum too); "" scopes nothing unless
+// asked (a clear of the unnamed state); SGLang's kinds, a bad name, a prefix twice or a
+// truncation anywhere are refused.
+TEST(Record, TenantScopedRecordsRoundTripAndRejectWhatNoServerWrites) {
+  const std::vector<std::string_view> keys = {kHexKey, kOddKey};
+  const std::vector<std::int64_t> pages = {3, 4};
+  std::string log;
+  const auto scoped = [&](std::string_view tenant, auto append, bool always = false) {
+    const std::size_t at = log.size();
+    append(log);
+    store::scope_to_tenant(log, at, tenant, always);
+  };
+  scoped("qwen-7b.v2", [&](std::string& out) { store::append_allocate(out, 5, keys); });
+  scoped("qwen-7b.v2", [&](std::string& out) {
+    store::append_confirm(out, 5, 2, keys, pages, pages, /*quarantined=*/true);
+  });
+  scoped("_t", [&](std::string& out) { store::append_directory_key(out, 2, kHexKey); });
+  scoped("", [&](std::string& out) { store::append_initialize(out, 1, 8); });
+  scoped("", [&](std::string& out) { store::append_clear(out); }, /*always=*/true);
+  scoped("_t", [&](std::string& out) { store::append_clear(out); });
+  std::vector<store::record> seen;
+  std::vector<std::string> tenants;
+  const store::scan_result result = store::scan(log, [&](const store::record& r, std::size_t) {
+    seen.push_back(r);
+    tenants.emplace_back(std::string(r.tenant) + (r.scoped ? "+" : "-"));
+  });
+  ASSERT_EQ(result.status, store::scan_status::ok);
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(tenants, (std::vector<std::string>{"qwen-7b.v2+", "qwen-7b.v2+", "_t+", "-", "+",
+                                               "_t+"}));
+  EXPECT_EQ(seen[0].kind, store::record_kind::allocate);
+  EXPECT_EQ(seen[0].rank, 5);
+  EXPECT_EQ(seen[1].kind, store::record_kind::confirm_quarantined);
+  EXPECT_EQ(seen[1].tp_world_size, 2);
+  EXPECT_EQ(seen[2].kind, store::record_kind::directory_key);
+  EXPECT_EQ(seen[2].keys[0], kHexKey);
+  EXPECT_EQ(seen[3].kind, store::record_kind::initialize);
+  EXPECT_EQ(seen[4].kind, store::record_kind::clear);
+  EXPECT_EQ(seen[5].kind, store::record_kind::clear);
+
+  std::string allocate;
+  store::append_allocate(allocate, 5, keys);
+  const std::string inner = payload_of(allocate);
+  const auto prefix = [](std::string_view name) {
+    std::string p(1, static_cast<char>(store::record_kind::in_tenant));
+    const auto n = static_cast<std::uint32_t>(name.size());
+    p.append(reinterpret_cast<const char*>(&n), 4);
+    p.append(name);
+    return p;
+  };
+  store::record r;
+  const std::string of_a = prefix("a") + inner;
+  ASSERT_TRUE(store::decode_payload(of_a, r));
+  EXPECT_EQ(r.tenant, "a");
+  std::string sg;
+  store::append_sg_clear(sg, {"a", 0, "kv"});
+  const std::vector<std::string> bad = {
+      prefix("a") + payload_of(sg),                      // SGLang's records name their tenant
+      prefix("a") + prefix("b") + inner,                 // scoped twice
+      prefix("1a") + inner,                              // not a tenant's name
+      prefix("a b") + inner, prefix(std::string(65, 'a')) + inner,
+      prefix("a"),                                       // nothing scoped
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i)
+    EXPECT_FALSE(store::decode_payload(bad[i], r)) << "case " << i;
+  const std::string good = prefix("tenant") + inner;
+  for (std::size_t cut = 0; cut < good.size(); ++cut)
+    EXPECT_FALSE(store::decode_payload(std::string_view(good).substr(0, cut), r)) << cut;
+  EXPECT_FALSE(store::decode_payload(good + '\0', r));
+}
