@@ -525,10 +525,17 @@ class FailoverTest(FailoverCase):
             post(a, tenant, "/0/confirm_write",
                  {"written_keys_to_confirm": [[k, p] for k, (_, p) in zip(ks, sg)]}, 204)
             saved[tenant] = (ks, [p for _, p in sg])
-        vk = keys(3, "o-vllm")
-        post(a, "alpha", "/rank/0/initialize", {"role": "worker", "num_pages": 64})
-        got = post(a, "alpha", "/keys/batch_allocate", {"rank": 0, "keys": [[k, ""] for k in vk]})
-        post(a, "alpha", "/keys/confirm_write", {"rank": 0, "confirmations": got["results"]}, 204)
+        # vLLM: each tenant's own state (alpha's the unnamed one), the same rank 0 of
+        # another size, its own keys and one key both saved.
+        vk = {"alpha": keys(3, "o-vllm") + ["shared"], "beta": keys(2, "o-vllm-b") + ["shared"]}
+        vpages = {}
+        for tenant, num_pages in (("alpha", 64), ("beta", 16)):
+            post(a, tenant, "/rank/0/initialize", {"role": "worker", "num_pages": num_pages})
+            got = post(a, tenant, "/keys/batch_allocate",
+                       {"rank": 0, "keys": [[k, ""] for k in vk[tenant]]})
+            post(a, tenant, "/keys/confirm_write",
+                 {"rank": 0, "confirmations": got["results"]}, 204)
+            vpages[tenant] = [p for _, p in got["results"]]
 
         a.kill()
         self.assertTrue(wait_until(lambda: ready(b.base_url), 15), b.log(20))
@@ -539,10 +546,16 @@ class FailoverTest(FailoverCase):
                              {"indices": pages})
             self.assertEqual(post(b, other, "/0/exists", {"keys": ks}), {"exists": [False] * 5})
             post(b, other, f"/{tenant}/0/exists", {"keys": ks}, 403)
-        self.assertEqual(post(b, "alpha", "/keys/batch_exists", {"keys": vk}),
-                         {"exists": [True] * 3})
-        post(b, "beta", "/keys/batch_exists", {"keys": vk}, 403)
-        r = session.post(b.base_url + "/0/exists", json={"keys": vk}, timeout=10)
+        for tenant, other in (("alpha", "beta"), ("beta", "alpha")):
+            mine = vk[tenant]
+            self.assertEqual(post(b, tenant, "/keys/batch_exists", {"keys": mine}),
+                             {"exists": [True] * len(mine)})
+            self.assertEqual(post(b, tenant, "/keys/get_locations", {"rank": 0, "keys": mine}),
+                             {"locations": vpages[tenant]})
+            theirs = [k for k in vk[other] if k != "shared"]
+            self.assertEqual(post(b, tenant, "/keys/batch_exists", {"keys": theirs}),
+                             {"exists": [False] * len(theirs)})
+        r = session.post(b.base_url + "/0/exists", json={"keys": vk["alpha"]}, timeout=10)
         self.assertEqual(r.status_code, 401, r.content)
 
     def test_n_pools_of_2_to_the_40_pages_fail_over_and_resync(self):

@@ -3,7 +3,8 @@
 Over sockets against the real binary: no token or an unknown one is a 401; a token names
 its tenant, and SGLang's /{rank}/... acts on that tenant's pools (tenant A's keys are not
 visible to tenant B: the GHSA-qj2w-6f36-hc5w probe); /{B}/{rank}/... with A's token is a
-403; vLLM's API belongs to the one tenant whose line says vllm; ranks=N; pages=N (both
+403; vLLM's API on each tenant's own state (the vllm tenant's: the unnamed one), apart on
+every endpoint, the admin naming a tenant with X-Metad-Tenant; ranks=N; pages=N (both
 APIs, other tenants untouched, pages given back, reloads, a restart, concurrent clients
 on four cores, vLLM's --eviction lru); the operator's
 endpoints and the admin token; SIGHUP adding a tenant and rotating a token under an open
@@ -213,42 +214,87 @@ class CredentialsTest(TenantsTestCase):
         self.assertEqual(sorted((p["tenant"], p["rank"], p["bound"]) for p in pools),
                          [("team_a", 0, 1), ("team_b", 0, 0)])
 
-    def test_vllms_api_belongs_to_the_vllm_tenant(self):
+    def vllm_save(self, token, rank, keys, num_pages=4):
+        """vLLM's save on `rank` of `token`'s own state: initialize, allocate, confirm; the
+        pages."""
+        r = self.post(f"/rank/{rank}/initialize", {"num_pages": num_pages}, token)
+        self.assertEqual(r.status_code, 200, r.content)
+        r = self.post("/keys/batch_allocate", {"rank": rank, "keys": [[k, ""] for k in keys]},
+                      token)
+        self.assertEqual(r.status_code, 200, r.content)
+        pages = [page for _, page in r.json()["results"]]
+        r = self.post("/keys/confirm_write",
+                      {"rank": rank, "confirmations": [list(kp) for kp in zip(keys, pages)]},
+                      token)
+        self.assertEqual(r.status_code, 204, r.content)
+        return pages
+
+    def admin(self, path, body, tenant=None):
+        headers = {"Content-Type": "application/json", **bearer(ADMIN)}
+        if tenant is not None:
+            headers["X-Metad-Tenant"] = tenant
+        data = body if isinstance(body, bytes) else compact(body)
+        return self.session.post(self.server.base_url + path, data=data, headers=headers,
+                                 timeout=SOCKET_TIMEOUT_S)
+
+    def test_each_tenant_has_its_own_vllm_state(self):
+        """The GHSA-qj2w-6f36-hc5w probe on vLLM's API: B's rank 0 and keys are B's own, on
+        every endpoint; A's (the vllm tenant's, the unnamed state) never show."""
         self.start()
-        detail = ("vLLM's API belongs to tenant team_a on this server (until per-tenant vLLM "
-                  "state exists): tenant team_b's token may use SGLang's paths only")
-        calls = (("/rank/0/initialize", {"num_pages": 4, "role": "worker"}),
-                 ("/keys/batch_allocate", {"rank": 0, "keys": [["k", ""]]}),
-                 ("/keys/confirm_write", {"rank": 0, "confirmations": []}),
-                 ("/keys/batch_exists", {"keys": ["k"]}),
-                 ("/keys/get_locations", {"rank": 0, "keys": ["k"]}),
-                 ("/keys/inspect", {"keys": ["k"]}))
-        for path, body in calls:
+        self.assertEqual(self.vllm_save(TOKEN_A, 0, [KEY]), [0])
+        # B asks about A's key and rank: nothing of A's is there.
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_B).json(),
+                         {"exists": [False]})
+        for path, body in (("/keys/get_locations", {"rank": 0, "keys": [KEY]}),
+                           ("/keys/batch_allocate", {"rank": 0, "keys": [[KEY, ""]]}),
+                           ("/keys/confirm_write", {"rank": 0, "confirmations": [[KEY, 0]]})):
             with self.subTest(path=path):
-                self.assert_403(self.post(path, body, TOKEN_B), detail)
-        self.assert_403(self.get("/rank/0", TOKEN_B), detail)
-        # The vllm tenant's token: vLLM's whole flow.
-        self.assertEqual(self.post("/rank/0/initialize", {"num_pages": 4}, TOKEN_A).status_code, 200)
-        r = self.post("/keys/batch_allocate", {"rank": 0, "keys": [["k", ""]]}, TOKEN_A)
-        self.assertEqual(r.json(), {"rank": 0, "results": [["k", 0]]})
-        r = self.post("/keys/confirm_write", {"rank": 0, "confirmations": [["k", 0]]}, TOKEN_A)
-        self.assertEqual(r.status_code, 204)
-        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k"]}, TOKEN_A).json(),
-                         {"exists": [True]})
-        # With the admin token set, /clear and /keys/delete take it, and no tenant's.
+                self.assertEqual(self.post(path, body, TOKEN_B).status_code, 404)
+        self.assertEqual(self.get("/rank/0", TOKEN_B).status_code, 404)
+        r = self.post("/keys/inspect", {"keys": [KEY]}, TOKEN_B).json()
+        self.assertEqual((r["keys"][0]["state"], r["keys"][0]["ranks"]), ("absent", []), r)
+        # B's own rank 0, of another size, and the same key: a page of B's pool.
+        self.assertEqual(self.vllm_save(TOKEN_B, 0, ["j", KEY], num_pages=8), [0, 1])
+        self.assertEqual(self.get("/rank/0", TOKEN_B).json()["num_pages"], 8)
+        self.assertEqual(self.get("/rank/0", TOKEN_A).json()["num_pages"], 4)
+        self.assertEqual(self.post("/keys/get_locations", {"rank": 0, "keys": [KEY]},
+                                   TOKEN_B).json(), {"locations": [1]})
+        self.assertEqual(self.post("/keys/get_locations", {"rank": 0, "keys": [KEY]},
+                                   TOKEN_A).json(), {"locations": [0]})
+        self.assertEqual(self.get("/stats", TOKEN_B).json()["pages_total"], 8)
+        self.assertEqual(self.get("/stats", TOKEN_A).json()["keys"], 1)
+        # With --admin-token-file, /clear and /keys/delete take it, and no tenant's; the
+        # admin names the tenant with X-Metad-Tenant (none: the unnamed state, A's here).
         self.assert_401(self.post("/clear", b"", TOKEN_A))
-        self.assert_401(self.post("/keys/delete", {"keys": ["k"]}, TOKEN_A))
-        self.assertEqual(self.post("/keys/delete", {"keys": ["k"]}, ADMIN).json(), {"deleted": 1})
-        # A file where nobody holds vLLM's API: off for every tenant.
+        self.assert_401(self.post("/keys/delete", {"keys": [KEY]}, TOKEN_B))
+        self.assertEqual(self.admin("/keys/delete", {"keys": ["j"]}, "team_b").json(),
+                         {"deleted": 1})
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY, "j"]}, TOKEN_B).json(),
+                         {"exists": [True, False]})
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        r = self.admin("/clear", b"", "nobody")
+        self.assertEqual((r.status_code, r.json()), (404, {
+            "detail": "X-Metad-Tenant: no tenant nobody has vLLM state on this server"}))
+        self.assertEqual(self.admin("/clear", b"", "team_b").status_code, 204)
+        self.assertEqual(self.get("/rank/0", TOKEN_B).status_code, 404)
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        # A file where nobody holds the unnamed state: A gets a state of its own (empty);
+        # the unnamed one stays, and comes back with the word vllm.
         self.reload(f"team_a {sha(TOKEN_A)}\nteam_b {sha(TOKEN_B)}\n")
-        self.assert_403(self.post("/keys/batch_exists", {"keys": ["k"]}, TOKEN_A),
-                        "vLLM's API is off on this server: no tenant in --tenants-file holds it "
-                        "(the word vllm on its line); tenant team_a's token may use SGLang's "
-                        "paths only")
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [False]})
+        self.reload(self.DEFAULT_FILE)
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
+        self.assertEqual(self.admin("/clear", b"").status_code, 204)
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [False]})
 
     def test_operators_endpoints_take_the_operators_tokens(self):
         self.start()
-        for path in ("/metrics", "/stats", "/status.json", "/ready"):
+        for path in ("/metrics", "/status.json", "/ready"):
             with self.subTest(path=path):
                 self.assert_403(self.get(path, TOKEN_A),
                                 f"{path} shows every tenant's state: it takes "
@@ -256,6 +302,9 @@ class CredentialsTest(TenantsTestCase):
                                 f"tenant's (tenant team_a)")
                 self.assertEqual(self.get(path, OPERATOR).status_code, 200)
                 self.assertEqual(self.get(path, ADMIN).status_code, 200)
+        # /stats is each tenant's own vLLM state; the operator's, the unnamed one.
+        for token in (TOKEN_A, OPERATOR, ADMIN):
+            self.assertEqual(self.get("/stats", token).status_code, 200)
         # The operator's token is no tenant's: the API refuses it.
         self.assert_401(self.post("/0/exists", {"keys": []}, OPERATOR))
         self.assert_401(self.post("/keys/batch_exists", {"keys": []}, OPERATOR))
@@ -298,9 +347,14 @@ class CredentialsTest(TenantsTestCase):
                          {"exists": [True]})
         self.assertEqual(self.post("/team_b/0/clear", {"namespace": "kv"}, TOKEN_A).status_code,
                          403)
-        # vLLM's /clear is the vllm tenant's then.
-        self.assertEqual(self.post("/clear", b"", TOKEN_B).status_code, 403)
-        self.assertEqual(self.post("/clear", b"", TOKEN_A).status_code, 204)
+        # vLLM's /clear: each tenant's own state then.
+        for token in (TOKEN_A, TOKEN_B):
+            self.assertEqual(self.vllm_save(token, 0, [KEY]), [0])
+        self.assertEqual(self.post("/clear", b"", TOKEN_B).status_code, 204)
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_B).json(),
+                         {"exists": [False]})
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
+                         {"exists": [True]})
 
 
 class QuotaTest(TenantsTestCase):
@@ -573,9 +627,14 @@ class TenantMetricsTest(TenantsTestCase):
         self.save(0, "a1", TOKEN_A)
         self.assertEqual(self.post("/0/exists", {"keys": ["a1", "b1"]}, TOKEN_A).json(),
                          {"exists": [True, False]})
-        # Refused requests belong to no tenant: B on vLLM's API, A naming B's pools.
-        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k1"]}, TOKEN_B).status_code,
-                         403)
+        # B on vLLM's API: its own state (a probe that finds nothing of A's, and a rank of
+        # its own). Refused requests belong to no tenant: A naming B's pools.
+        self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k1"]}, TOKEN_B).json(),
+                         {"exists": [False]})
+        self.assertEqual(self.post("/rank/3/initialize", {"num_pages": 8}, TOKEN_B).status_code,
+                         200)
+        r = self.post("/keys/batch_allocate", {"rank": 3, "keys": [["k1", ""]]}, TOKEN_B)
+        self.assertEqual(r.json(), {"rank": 3, "results": [["k1", 0]]})
         self.assertEqual(self.post("/team_b/0/exists", {"keys": ["b1"]}, TOKEN_A).status_code,
                          403)
         samples = self.scrape_tenants()
@@ -584,9 +643,9 @@ class TenantMetricsTest(TenantsTestCase):
                           "requests_total.vllm": 4, "requests_total.sglang": 4,
                           "lookup_keys_total.hit": 2, "lookup_keys_total.miss": 3})
         self.assertEqual(self.figures(samples, "team_b"),
-                         {"keys": 2, "pages.reserved": 0, "pages.bound": 2,
-                          "requests_total.vllm": 0, "requests_total.sglang": 6,
-                          "lookup_keys_total.hit": 1, "lookup_keys_total.miss": 1})
+                         {"keys": 2, "pages.reserved": 1, "pages.bound": 2,
+                          "requests_total.vllm": 3, "requests_total.sglang": 6,
+                          "lookup_keys_total.hit": 1, "lookup_keys_total.miss": 2})
         # Two tenants, far under the bound: no other series, no _other.
         self.assertEqual({t for _, t, _ in samples}, {"team_a", "team_b"})
         # A tenant's token cannot read them.
