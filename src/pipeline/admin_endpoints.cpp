@@ -41,16 +41,25 @@ endpoint_task run_clear(connection& x) {
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
   const int space = x.work().space;  // the tenant's own vLLM state, no other
   nd.clears_begun.fetch_add(1);
-  co_await smp::for_each_core(
-      nd.mailbox, x.home().index, smp::every_core, [&](int c) -> smp::subtask<bool> {
-        clear_core(nd, c, space);
-        core_state& core = *nd.core[c];
-        // Scoped to the space (record.hpp, in_tenant): SGLang's pools and the other
-        // tenants' states before it stay in the log.
-        core.journal.clear(core.space(space).tenant);
-        if (!co_await core.journal.durable()) stored = false;
-        co_return true;
-      });
+  co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
+                              [&](int c) -> smp::subtask<bool> {
+                                clear_core(nd, c, space);
+                                core_state& core = *nd.core[c];
+                                if (core.space_count() == 1) {
+                                  // Only the unnamed state on this core: the bare clear of a server
+                                  // without tenants (voids all before it; SGLang's pools outlive
+                                  // it, their images after it), which older builds and standbys
+                                  // read too.
+                                  core.journal.clear();
+                                  log_sg_pools(core);
+                                } else {
+                                  // Scoped to the tenant (record.hpp, in_tenant): SGLang's pools
+                                  // and the other tenants' states before it stay in the log.
+                                  core.journal.clear(core.space(space).tenant, /*scoped=*/true);
+                                }
+                                if (!co_await core.journal.durable()) stored = false;
+                                co_return true;
+                              });
   nd.clears_done.fetch_add(1);
   if (stored) {
     co_return answer::canned(http::canned::no_content);

@@ -52,12 +52,14 @@ std::size_t expire_due(node& nd, core_state& core) {
     sp.directory.sweep(now);
     shard::rank_table& ranks = sp.ranks;
     if (ranks.rank_count() == 0) return;
-    // At most one record of each kind per rank, of 8 bytes per page.
-    if (core.journal.reserve(128 * ranks.rank_count() +
+    // At most one record of each kind per rank (each scoped to the tenant: kScopeBytes),
+    // of 8 bytes per page.
+    if (core.journal.reserve((64 + 2 * kScopeBytes) * ranks.rank_count() +
                              8 * (ranks.reserved_pages() + ranks.quarantined_pages()))) {
-      freed += ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
-        core.journal.quarantine_end(sp.tenant, rank, pages);
-      });
+      freed +=
+          ranks.end_quarantines(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
+            core.journal.quarantine_end(sp.tenant, rank, pages);
+          });
       if (nd.cfg.reservation_ttl_ms != 0)
         freed += ranks.expire(now, [&](std::int64_t rank, std::span<const std::int64_t> pages) {
           core.journal.release(sp.tenant, rank, pages);

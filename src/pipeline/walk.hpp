@@ -7,6 +7,7 @@
 
 #include "pipeline/connection.hpp"
 #include "smp/for_each_core.hpp"
+#include "store/record.hpp"
 
 namespace metad::pipeline {
 
@@ -55,14 +56,17 @@ constexpr std::string_view kStorageFailed =
     "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
     "nothing was changed or acknowledged, reads still work";
 
+// What scoping a record to its tenant adds, at most (store::record_kind::in_tenant: kind,
+// the name's length and the name).
+constexpr std::size_t kScopeBytes = 1 + 4 + store::kTenantNameMax;
 // What a record of one key costs beside the key's length-prefixed bytes, at most: frame
-// header, kind, tp_world_size (directory_key; directory_remove has less).
-constexpr std::size_t kKeyRecordBytes = 8 + 1 + 4;
+// header, kind, tp_world_size (directory_key; directory_remove has less), its tenant.
+constexpr std::size_t kKeyRecordBytes = 8 + 1 + 4 + kScopeBytes;
 
 // An upper bound of the log bytes a request over `keys` appends (make_room).
 inline std::uint64_t record_bytes(std::span<const std::string_view> keys, std::size_t extra_per_key,
                                   std::size_t extra = 0) {
-  std::uint64_t bytes = 64 + extra;
+  std::uint64_t bytes = 64 + kScopeBytes + extra;
   for (std::string_view key : keys) bytes += key.size() + 4 + extra_per_key;
   return bytes;
 }

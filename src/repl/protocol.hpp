@@ -18,8 +18,13 @@ namespace metad::repl {
 // which a version-1 standby cannot read: a leader cuts a version-1 standby's snapshot
 // without them, and a standby that a version-1 leader refuses says hello as version 1
 // (docs/replication.md, "Versions").
-inline constexpr std::uint16_t kProtocolVersion = 2;
+// 3: the stream and snapshots may hold records of a tenant's own vLLM state
+// (store::record_kind::in_tenant), which standbys of versions 1 and 2 cannot read: a
+// leader that has or may make such records (--tenants-file, or a tenant's state
+// recovered) refuses their hellos, and such a standby falls back as above.
+inline constexpr std::uint16_t kProtocolVersion = 3;
 inline constexpr std::uint16_t kProtocolVersionMin = 1;
+inline constexpr std::uint16_t kScopedRecordsVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 8;
 // A body larger than this is damage, not a message. A batch is one group commit of one
 // core, which stays far below it (a 32 MiB confirm_write body logs less than that).

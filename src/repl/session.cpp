@@ -10,8 +10,9 @@ answer answer_hello(const hello& h, const leader_view& leader) {
   a.epoch = leader.epoch;
   a.generation = leader.generation;
   a.core = h.core;
-  if (h.version < kProtocolVersionMin || h.version > kProtocolVersion ||
-      h.cluster != leader.cluster || h.cores != leader.cores || h.core >= leader.cores) {
+  if (h.version < kProtocolVersionMin || h.version < leader.min_version ||
+      h.version > kProtocolVersion || h.cluster != leader.cluster || h.cores != leader.cores ||
+      h.core >= leader.cores) {
     a.status = answer_status::refused;
   } else if (h.epoch > leader.epoch) {
     a.status = answer_status::wrong_epoch;

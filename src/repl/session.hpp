@@ -20,11 +20,15 @@ struct leader_view {
   std::uint32_t cores = 0;
   std::uint64_t retained_from = 0;  // the oldest lsn of the core still in its log segments
   std::uint64_t end = 0;            // the core's log end (store::log_writer::end)
+  // The oldest version whose standby reads what this leader ships (kScopedRecordsVersion
+  // once tenants have vLLM state of their own).
+  std::uint16_t min_version = kProtocolVersionMin;
 };
 
 // The leader's answer to a hello (docs/replication.md, "Catch-up and resume" and
 // "Fencing and lease timing"):
-// - another cluster, version or core count: refused;
+// - another cluster, version (or one older than the leader's min_version) or core count:
+//   refused;
 // - the standby follows a newer epoch: wrong_epoch (this leader is deposed);
 // - an older epoch, another generation, or a position the leader no longer holds (or
 //   never wrote): need_snapshot, since the standby's log may have forked from ours;

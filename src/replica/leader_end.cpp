@@ -66,6 +66,10 @@ void replication::impl::on_hello(int c, core_end& e, leading_end& l, const repl:
         std::min(view.retained_from,
                  std::max(segments.front().second, l.files_failed ? l.files_failed_at + 1 : 0));
   view.end = l.retained.retaining() ? l.retained.end() : log.end();
+  // Tenants' own vLLM states (a tenants file, or one recovered): scoped records, which
+  // only a standby of version 3 reads.
+  if (nd.tenants.enabled() || nd.tenants.spaces() > 1)
+    view.min_version = repl::kScopedRecordsVersion;
   repl::answer a = repl::answer_hello(h, view);
   if (!leading) a.status = repl::answer_status::refused;
   // Behind what this core keeps in memory: from the log files first (pump_files), if

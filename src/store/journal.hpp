@@ -33,7 +33,8 @@ class journal {
   // vLLM's records, each of one tenant's vLLM state ("": the unnamed one; record.hpp,
   // in_tenant).
   void initialize(std::string_view tenant, std::int64_t rank, std::int64_t num_pages) {
-    if (enabled()) scoped(tenant, [&](std::string& out) { append_initialize(out, rank, num_pages); });
+    if (enabled())
+      scoped(tenant, [&](std::string& out) { append_initialize(out, rank, num_pages); });
   }
   void allocate(std::string_view tenant, std::int64_t rank,
                 std::span<const std::string_view> keys) {
@@ -47,12 +48,17 @@ class journal {
         append_confirm(out, rank, tp_world_size, keys, pages, releases, quarantined);
       });
   }
-  // Always scoped: a bare clear would void the other tenants' state logged before it.
-  void clear(std::string_view tenant) {
+  // A bare clear voids everything the core logged before it (recovery starts after it);
+  // a scoped one only the tenant's vLLM records before it (a core that holds other
+  // tenants' states: "" scoped is the unnamed state's).
+  void clear() {
+    if (enabled()) append_clear(log_.pending());
+  }
+  void clear(std::string_view tenant, bool scoped) {
     if (!enabled()) return;
     const std::size_t frame = log_.pending().size();
     append_clear(log_.pending());
-    scope_to_tenant(log_.pending(), frame, tenant, /*always=*/true);
+    scope_to_tenant(log_.pending(), frame, tenant, /*always=*/scoped);
   }
   void directory_key(std::string_view tenant, std::int32_t tp_world_size, std::string_view key) {
     if (enabled())

@@ -62,15 +62,28 @@ TEST(ReplHandshake, AnotherClusterVersionOrCoreCountIsRefused) {
   h.core = 4;
   h.cores = 4;
   EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::refused);
-  for (const std::uint16_t version : {0, 3}) {
+  for (const std::uint16_t version : {0, 4}) {
     h = hello(7, 2, 500);
     h.version = version;
     EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::refused) << version;
   }
-  // A version-1 standby (no rank images in its snapshots) is served.
+  // Standbys of versions 1 (no rank images in its snapshots) and 2 (no tenant's scoped
+  // records) are served by a leader that has none of the latter ...
+  for (const std::uint16_t version : {1, 2, 3}) {
+    h = hello(7, 2, 500);
+    h.version = version;
+    EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::stream) << version;
+  }
+  // ... and refused by one that has (--tenants-file): they fall back no further.
+  repl::leader_view scoped = leader();
+  scoped.min_version = repl::kScopedRecordsVersion;
+  for (const std::uint16_t version : {1, 2}) {
+    h = hello(7, 2, 500);
+    h.version = version;
+    EXPECT_EQ(repl::answer_hello(h, scoped).status, answer_status::refused) << version;
+  }
   h = hello(7, 2, 500);
-  h.version = 1;
-  EXPECT_EQ(repl::answer_hello(h, leader()).status, answer_status::stream);
+  EXPECT_EQ(repl::answer_hello(h, scoped).status, answer_status::stream);
 }
 
 // Frames of n records, as a log would hold them.
