@@ -1,5 +1,6 @@
 #include "persist/replayer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -184,23 +185,21 @@ void replayer::collect_bindings(bool lost, int space) {
   node_.core[core_]->for_each_space([&](const pipeline::vllm_space& sp) {
     if (space >= 0 && sp.id != space) return;
     std::size_t buckets = 0;  // of the rank being walked, when in slot order
-    sp.ranks.for_each_rank_packed(
-        [&](std::int64_t, const shard::rank_stats&, std::size_t, std::size_t image_buckets) {
-          buckets = image_buckets;
-        },
-        [&](const shard::rank_table::packed_binding& b) {
-          if (!b.confirmed) return;
-          if (lost)
-            out_.to(sp.id, owner_of(b.key)).lost.push_back(b.key);
-          else
-            gain(sp.id, b.key, b.slot, buckets);
-        },
-        [&](std::string_view key, std::int64_t, bool confirmed) {
-          if (!confirmed) return;
-          binding_changes& to =
-              out_.to(sp.id, static_cast<std::size_t>(node_.key_owner(key)));
-          (lost ? to.lost_others : to.gained_others).emplace_back(key);
-        });
+    sp.ranks.for_each_rank_packed([&](std::int64_t, const shard::rank_stats&, std::size_t,
+                                      std::size_t image_buckets) { buckets = image_buckets; },
+                                  [&](const shard::rank_table::packed_binding& b) {
+                                    if (!b.confirmed) return;
+                                    if (lost)
+                                      out_.to(sp.id, owner_of(b.key)).lost.push_back(b.key);
+                                    else
+                                      gain(sp.id, b.key, b.slot, buckets);
+                                  },
+                                  [&](std::string_view key, std::int64_t, bool confirmed) {
+                                    if (!confirmed) return;
+                                    binding_changes& to = out_.to(
+                                        sp.id, static_cast<std::size_t>(node_.key_owner(key)));
+                                    (lost ? to.lost_others : to.gained_others).emplace_back(key);
+                                  });
   });
 }
 
@@ -312,8 +311,9 @@ void replayer::gain(int space, const shard::packed_key& key, std::uint64_t slot,
 // sized from the files (a standby's) is sized for the chunk's core's keys first.
 void replayer::restore_directory_keys(const store::record& r, shard::directory& directory) {
   if (space_ == 0) {
-    if (size_directory_ && directory.size() == 0)
-      directory.restore_reserve(static_cast<std::size_t>(r.total));
+    if (size_directory_ && directory.size() == 0)  // (under the table's bound of buckets)
+      directory.restore_reserve(
+          static_cast<std::size_t>(std::min<std::uint64_t>(r.total, std::uint64_t{1} << 32)));
     size_directory_ = false;
   }
   const std::size_t count = r.item_count();

@@ -374,7 +374,11 @@ bool rank_table::restore_packed(std::int64_t rank, std::size_t expected,
   rank_state* rs = impl_->find(rank);
   if (rs == nullptr) return false;
   dual_key_map<std::uint32_t>& map = rs->keys.map;
-  if (map.packed_size() == 0) map.reserve(expected);
+  // Each key holds a page: a damaged count asks for no table larger than the rank (nor
+  // than 2^32 keys, under the table's bound of buckets).
+  if (map.packed_size() == 0)
+    map.reserve(static_cast<std::size_t>(
+        std::min<std::uint64_t>({expected, rs->pool.num_pages(), std::uint64_t{1} << 32})));
   const std::uint64_t deadline = impl_->deadline(now);
   // Hashed and prefetched `ahead` entries before their turn: the cache misses overlap.
   constexpr std::size_t ahead = 16;

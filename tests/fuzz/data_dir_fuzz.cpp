@@ -236,14 +236,14 @@ std::string state_of(const pipeline::node& nd) {
     core->for_each_space([&](const pipeline::vllm_space& sp) {
       const std::string t = sp.tenant.empty() ? "" : fmt::format("tenant {:?} ", sp.tenant);
       sp.ranks.for_each_rank([&](std::int64_t rank, const shard::rank_stats& s) {
-        lines.push_back(fmt::format("{}rank {}: pages {} free {} reserved {} bound {} quarantined {}",
-                                    t, rank, s.num_pages, s.free, s.reserved, s.bound,
-                                    s.quarantined));
+        lines.push_back(
+            fmt::format("{}rank {}: pages {} free {} reserved {} bound {} quarantined {}", t, rank,
+                        s.num_pages, s.free, s.reserved, s.bound, s.quarantined));
       });
       sp.ranks.for_each_entry(
           [&](std::int64_t rank, std::string_view key, std::int64_t page, bool confirmed) {
-            lines.push_back(fmt::format("{}rank {} key {:?} page {} {}", t, rank,
-                                        std::string(key), page, confirmed ? "bound" : "reserved"));
+            lines.push_back(fmt::format("{}rank {} key {:?} page {} {}", t, rank, std::string(key),
+                                        page, confirmed ? "bound" : "reserved"));
           });
       sp.ranks.for_each_quarantine([&](std::int64_t rank, std::span<const std::int64_t> pages) {
         lines.push_back(fmt::format("{}rank {} quarantine {}", t, rank, fmt::join(pages, ",")));

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/routes.hpp"
+#include "pipeline/tenants.hpp"
 #include "shard/packed_key.hpp"
 #include "shard/packed_map.hpp"
 #include "sim_node.hpp"
@@ -235,6 +237,64 @@ void two_cores() {
 // SGLang's API, the default tenant and a named one: pools created and grown, reserve,
 // confirm with releases (quarantined), get, delete, expiry, clear; restarted in the
 // middle (pool images, their quarantines).
+// Each tenant's own vLLM state (--tenants-file): records scoped to their tenant
+// (record_kind::in_tenant), a tenant's scoped clear, the unnamed state's besides; a
+// restart (each tenant's state in the snapshot, scoped), then more in the log.
+void tenants_flow() {
+  fs::remove_all(work_dir);
+  const auto publish = [](sim_node& n) {
+    std::string text;
+    for (const char* name : {"t", "u", "v"}) {
+      std::string hex;
+      for (const unsigned char b : pipeline::token_sha256(std::string("token-") + name))
+        hex += fmt::format("{:02x}", b);
+      text += fmt::format("{} {}{}\n", name, hex, name[0] == 't' ? " vllm" : "");
+    }
+    auto table = std::make_shared<pipeline::tenant_table>();
+    expect(pipeline::parse_tenants(text, pipeline::kPatterns, *table), "", "the tenants file");
+    n.state().tenants.publish(std::move(table));
+  };
+  const auto as = [](sim_node& n, const char* tenant, const std::string& path,
+                     const std::string& body) {
+    const std::string answer = n.send(fmt::format(
+        "POST {} HTTP/1.1\r\nauthorization: Bearer token-{}\r\ncontent-length: {}\r\n\r\n{}", path,
+        tenant, body.size(), body));
+    return answer.substr(answer.find("\r\n\r\n") + 4);
+  };
+  const auto save_as = [&](sim_node& n, const char* tenant, int from, int to) {
+    const std::string allocated = as(n, tenant, "/keys/batch_allocate",
+                                     "{\"rank\":0,\"keys\":[" + key_list(from, to, true) + "]}");
+    const std::size_t list = allocated.find("\"results\":[") + 11;
+    as(n, tenant, "/keys/confirm_write",
+       "{\"rank\":0,\"confirmations\":[" + allocated.substr(list, allocated.rfind(']') - list) +
+           "]}");
+  };
+  metad::config cfg = config_for();
+  cfg.tenants_file = "tenants";  // published by hand above
+  {
+    sim_node n(cfg, 1);
+    publish(n);
+    for (const char* tenant : {"t", "u", "v"}) {
+      as(n, tenant, "/rank/0/initialize", R"({"num_pages":64})");
+      save_as(n, tenant, 0, 8);  // the same keys, three tenants
+    }
+    as(n, "u", "/keys/batch_allocate", "{\"rank\":0,\"keys\":[\"odd key\"]}");
+    expect(as(n, "v", "/clear", ""), "", "v clears its own state");
+    as(n, "v", "/rank/1/initialize", R"({"num_pages":8})");
+    seeds_from("tenants-first-run", work_dir);
+  }
+  sim_node n(cfg, 1);  // recovers: each tenant's state in the snapshot
+  publish(n);
+  seeds_from("tenants-restarted", work_dir);
+  save_as(n, "u", 8, 12);
+  as(n, "u", "/keys/delete", "{\"keys\":[\"" + hex_key(0) + "\"]}");
+  expect(as(n, "t", "/keys/batch_exists", "{\"keys\":[\"" + hex_key(0) + "\"]}"),
+         "{\"exists\":[true]}", "u's delete leaves t's key");
+  as(n, "u", "/clear", "");
+  save_as(n, "u", 20, 22);
+  seeds_from("tenants-logged", work_dir);
+}
+
 void sglang_flow() {
   fs::remove_all(work_dir);
   auto keys = [](int from, int to) {
@@ -394,6 +454,7 @@ int main(int argc, char** argv) {
   large_image();
   two_cores();
   sglang_flow();
+  tenants_flow();
   former_format();
   image_of_another_layout();
   sglang_rare_records();
