@@ -73,8 +73,7 @@ void replay_files(node& nd, int core, const std::vector<store::checked_group>& g
 constexpr std::size_t kSpillBytes = 4 << 20;
 
 template <typename Spill>
-void serialize_space(const pipeline::vllm_space& sp, std::string& out, Spill&& spill,
-                     bool images) {
+void serialize_space(const pipeline::vllm_space& sp, std::string& out, Spill&& spill, bool images) {
   // A tenant's own state: each record scoped to it (store::record_kind::in_tenant); its
   // rank tables key by key (images are the unnamed state's: recovery sizes them from
   // the files, and names no tenant there).
@@ -212,7 +211,8 @@ void serialize_space(const pipeline::vllm_space& sp, std::string& out, Spill&& s
 
 template <typename Spill>
 void serialize(const core_state& core, std::string& out, Spill&& spill, bool images = true) {
-  core.for_each_space([&](const pipeline::vllm_space& sp) { serialize_space(sp, out, spill, images); });
+  core.for_each_space(
+      [&](const pipeline::vllm_space& sp) { serialize_space(sp, out, spill, images); });
   // SGLang's pools (independent of the vLLM state above), one image record each.
   if (out.size() >= kSpillBytes) spill(out);
   pipeline::append_sg_snapshot(out, core);

@@ -161,9 +161,9 @@ class replayer {
   std::vector<std::string> unbound_;
   std::string detail_;
   bool tracking_ = false;
-  int space_ = 0;                  // of the record being applied
-  std::string last_tenant_;        // space_of's last name ...
-  int last_space_ = 0;             // ... and its space
+  int space_ = 0;            // of the record being applied
+  std::string last_tenant_;  // space_of's last name ...
+  int last_space_ = 0;       // ... and its space
   // No file sizes told the directory's: the first snapshot_directory_keys chunk does.
   bool size_directory_ = false;
 };

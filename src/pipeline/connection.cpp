@@ -426,7 +426,8 @@ void connection::dispatch(const http::request& request) {
   const bool unknown = route.result == http::match_result::not_found;
   start(found ? route.row : unknown ? kNotFound : kMethodNotAllowed);
   target_ = request.target;
-  scratch_.space = 0;  // the unnamed vLLM state, unless a tenant's token says otherwise
+  scratch_.space = 0;             // the unnamed vLLM state, unless a tenant's token says otherwise
+  scratch_.quota_tenant.clear();  // no tenant's (authorize_tenant names it)
   if (!node_.tenants.enabled()) {
     if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
       return finish(answer::canned(http::canned::unauthorized));

@@ -208,7 +208,7 @@ shard::allocate_result try_allocate(node& nd, core_state& core, scratch& s, bool
       sp.ranks.allocate(cmd.rank, cmd.keys.views(), nd.clock(), s.indices, s.pages,
                         fits ? UINT64_MAX : evicted, quota);
   if (quota.held != nullptr) sp.pages_added += r.taken;  // charged by allocate
-  if (fits && r.taken < cmd.keys.size())  // the hits and repeats hold nothing new
+  if (fits && r.taken < cmd.keys.size())                 // the hits and repeats hold nothing new
     core.credit.give_back(bytes - bytes / cmd.keys.size() * r.taken);
   if (!r.found) return r;
   const auto after = sp.ranks.stats(cmd.rank);
@@ -274,8 +274,8 @@ endpoint_task run_allocate(connection& x) {
                       grace != 0 && incomplete_keys_older_than(nd, grace);
        ++round) {
     const std::size_t reclaimed =
-        co_await reclaim_incomplete(nd, s.space, -1, std::size_t{r.short_by} + kStaleExtra,
-                                    grace, removal_kind::stale, s.removal, stored);
+        co_await reclaim_incomplete(nd, s.space, -1, std::size_t{r.short_by} + kStaleExtra, grace,
+                                    removal_kind::stale, s.removal, stored);
     if (reclaimed == 0 || !stored) break;
     evicted_total += reclaimed;
     r = try_allocate(nd, core, s, stored, evicted_total, fresh);
@@ -357,8 +357,8 @@ endpoint_task run_confirm(connection& x) {
     settle_vllm_pages(nd, core, sp);  // releases (and re-bindings) free pages
     if (outcome == shard::confirm_outcome::ok && core.journal.enabled() &&
         !same_stats(before, sp.ranks.stats(cmd.rank)))
-      core.journal.confirm(sp.tenant, cmd.rank, tp_world_size, cmd.keys.views(), cmd.pages, cmd.releases,
-                           quarantine_until != 0);
+      core.journal.confirm(sp.tenant, cmd.rank, tp_world_size, cmd.keys.views(), cmd.pages,
+                           cmd.releases, quarantine_until != 0);
     stored = co_await core.journal.durable();
   }
   if (outcome == shard::confirm_outcome::ok && !s.indices.empty()) {

@@ -51,7 +51,8 @@ void count_tenant_usage(node& nd) {
   const tenant* vllm = table ? table->vllm_tenant() : nullptr;
   for (const auto& core : nd.core) {
     core->for_each_space([&](vllm_space& sp) {
-      const std::string_view owner = sp.id == 0 ? (vllm ? std::string_view(vllm->name) : "") : sp.tenant;
+      const std::string_view owner =
+          sp.id == 0 ? (vllm ? std::string_view(vllm->name) : "") : sp.tenant;
       sp.pages_usage = owner.empty() ? nullptr : &nd.tenants.usage(owner);
       sp.pages_added = owner.empty() ? 0 : sp.ranks.held_pages();
       if (!owner.empty()) pages[std::string(owner)] += sp.pages_added;

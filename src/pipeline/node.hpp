@@ -86,6 +86,8 @@ struct core_state {
     return static_cast<std::size_t>(id) < spaces.size() ? spaces[static_cast<std::size_t>(id)].get()
                                                         : nullptr;
   }
+  // How many spaces this core holds (1: the unnamed one only).
+  std::size_t space_count() const { return live_.size(); }
   vllm_space& unnamed() { return *spaces[0]; }
   const vllm_space& unnamed() const { return *spaces[0]; }
   // Calls f(vllm_space&) for each space this core holds (space 0 first, then in the
@@ -129,9 +131,8 @@ struct core_state {
   std::atomic<std::uint64_t> oldest_incomplete{UINT64_MAX};
   void publish_incomplete() {
     std::uint64_t oldest = UINT64_MAX;  // over every space
-    for_each_space([&](const vllm_space& sp) {
-      oldest = std::min(oldest, sp.directory.oldest_incomplete());
-    });
+    for_each_space(
+        [&](const vllm_space& sp) { oldest = std::min(oldest, sp.directory.oldest_incomplete()); });
     oldest_incomplete.store(oldest, std::memory_order_relaxed);
   }
   // Durability (inactive without --data-dir): this core's log and its snapshots. Requests

@@ -91,7 +91,8 @@ enum class record_kind : std::uint8_t {
 // vLLM's kinds (1-22): those a record may scope to a tenant.
 inline constexpr bool is_vllm_kind(record_kind k) {
   return static_cast<std::uint8_t>(k) >= 1 &&
-         static_cast<std::uint8_t>(k) <= static_cast<std::uint8_t>(record_kind::snapshot_rank_slots);
+         static_cast<std::uint8_t>(k) <=
+             static_cast<std::uint8_t>(record_kind::snapshot_rank_slots);
 }
 // The longest tenant name a scoped record holds (--tenants-file's bound).
 inline constexpr std::size_t kTenantNameMax = 64;

@@ -502,4 +502,3 @@ TEST_F(Standby, EachTenantsVllmStateStaysItsOwnThroughAFailoverAndRestarts) {
 }
 
 }  // namespace
-

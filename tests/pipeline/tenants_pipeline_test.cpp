@@ -71,8 +71,8 @@ class TenantsPipeline : public ::testing::TestWithParam<int> {
     const std::string header =
         tenant.empty() ? std::string() : fmt::format("x-metad-tenant: {}\r\n", tenant);
     return n_.send(fmt::format(
-        "POST {} HTTP/1.1\r\nauthorization: Bearer admin\r\n{}content-length: {}\r\n\r\n{}",
-        path, header, body.size(), body));
+        "POST {} HTTP/1.1\r\nauthorization: Bearer admin\r\n{}content-length: {}\r\n\r\n{}", path,
+        header, body.size(), body));
   }
   std::string get_as(std::string_view token, std::string_view path) {
     return n_.send(fmt::format("GET {} HTTP/1.1\r\nauthorization: Bearer {}\r\n\r\n", path, token));
@@ -286,16 +286,15 @@ TEST_P(TenantsPipeline, EachTenantsVllmStateIsItsOwn) {
   EXPECT_EQ(pipeline::check_consistency(n_.state()), "");
   // The admin clears one tenant's state: X-Metad-Tenant names it (none: the unnamed one,
   // the vllm tenant's); a name with no state is a 404.
-  EXPECT_EQ(admin_post("nobody", "/clear", ""),
-            tp_json("404 Not Found",
-                    R"({"detail":"X-Metad-Tenant: no tenant nobody has vLLM state on this server"})"));
-  EXPECT_EQ(admin_post("b", "/clear", ""),
-            kTpNoContent);
+  EXPECT_EQ(
+      admin_post("nobody", "/clear", ""),
+      tp_json("404 Not Found",
+              R"({"detail":"X-Metad-Tenant: no tenant nobody has vLLM state on this server"})"));
+  EXPECT_EQ(admin_post("b", "/clear", ""), kTpNoContent);
   EXPECT_EQ(status_of(get_as("token-b", "/rank/0")), "HTTP/1.1 404 Not Found");
   EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":["k"]})"),
             tp_json("200 OK", R"({"exists":[true]})"));
-  EXPECT_EQ(admin_post("", "/clear", ""),
-            kTpNoContent);
+  EXPECT_EQ(admin_post("", "/clear", ""), kTpNoContent);
   EXPECT_EQ(post_as("token-a", "/keys/batch_exists", R"({"keys":["k"]})"),
             tp_json("200 OK", R"({"exists":[false]})"));
   EXPECT_EQ(pipeline::check_consistency(n_.state()), "");

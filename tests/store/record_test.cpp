@@ -606,7 +606,8 @@ TEST(Record, TenantScopedRecordsRoundTripAndRejectWhatNoServerWrites) {
   });
   scoped("_t", [&](std::string& out) { store::append_directory_key(out, 2, kHexKey); });
   scoped("", [&](std::string& out) { store::append_initialize(out, 1, 8); });
-  scoped("", [&](std::string& out) { store::append_clear(out); }, /*always=*/true);
+  scoped(
+      "", [&](std::string& out) { store::append_clear(out); }, /*always=*/true);
   scoped("_t", [&](std::string& out) { store::append_clear(out); });
   std::vector<store::record> seen;
   std::vector<std::string> tenants;
@@ -616,8 +617,8 @@ TEST(Record, TenantScopedRecordsRoundTripAndRejectWhatNoServerWrites) {
   });
   ASSERT_EQ(result.status, store::scan_status::ok);
   ASSERT_EQ(seen.size(), 6u);
-  EXPECT_EQ(tenants, (std::vector<std::string>{"qwen-7b.v2+", "qwen-7b.v2+", "_t+", "-", "+",
-                                               "_t+"}));
+  EXPECT_EQ(tenants,
+            (std::vector<std::string>{"qwen-7b.v2+", "qwen-7b.v2+", "_t+", "-", "+", "_t+"}));
   EXPECT_EQ(seen[0].kind, store::record_kind::allocate);
   EXPECT_EQ(seen[0].rank, 5);
   EXPECT_EQ(seen[1].kind, store::record_kind::confirm_quarantined);
@@ -645,11 +646,12 @@ TEST(Record, TenantScopedRecordsRoundTripAndRejectWhatNoServerWrites) {
   std::string sg;
   store::append_sg_clear(sg, {"a", 0, "kv"});
   const std::vector<std::string> bad = {
-      prefix("a") + payload_of(sg),                      // SGLang's records name their tenant
-      prefix("a") + prefix("b") + inner,                 // scoped twice
-      prefix("1a") + inner,                              // not a tenant's name
-      prefix("a b") + inner, prefix(std::string(65, 'a')) + inner,
-      prefix("a"),                                       // nothing scoped
+      prefix("a") + payload_of(sg),       // SGLang's records name their tenant
+      prefix("a") + prefix("b") + inner,  // scoped twice
+      prefix("1a") + inner,               // not a tenant's name
+      prefix("a b") + inner,
+      prefix(std::string(65, 'a')) + inner,
+      prefix("a"),  // nothing scoped
   };
   for (std::size_t i = 0; i < bad.size(); ++i)
     EXPECT_FALSE(store::decode_payload(bad[i], r)) << "case " << i;
