@@ -417,9 +417,9 @@ class PagesQuotaTest(TenantsTestCase):
         self.assertEqual(r.status_code, 200, r.content)
         return [page for _, page in r.json()["indices"]]
 
-    def allocate(self, rank, keys):
+    def allocate(self, rank, keys, token=TOKEN_A):
         r = self.post("/keys/batch_allocate", {"rank": rank, "keys": [[k, ""] for k in keys]},
-                      TOKEN_A)
+                      token)
         self.assertEqual(r.status_code, 200, r.content)
         return [page for _, page in r.json()["results"]]
 
@@ -562,6 +562,21 @@ class PagesQuotaTest(TenantsTestCase):
                                    TOKEN_A).json(), {"exists": [False, False, True, True]})
         self.assertEqual(self.post("/0/exists", {"keys": ["c1"]}, TOKEN_C).json(),
                          {"exists": [True]})
+        # team_b's own vLLM state, the same key names: its pages=2 holds there, and its
+        # eviction takes its own least recently used key, never team_a's or team_c's.
+        for token in (TOKEN_B, TOKEN_C):
+            r = self.post("/rank/0/initialize", {"num_pages": 8}, token)
+            self.assertEqual(r.status_code, 200, r.content)
+            for key in ("k3", "k4"):
+                [page] = self.allocate(0, [key], token)
+                r = self.post("/keys/confirm_write", {"rank": 0, "confirmations": [[key, page]],
+                                                      "pages_to_release": []}, token)
+                self.assertEqual(r.status_code, 204, r.content)
+        self.assertEqual(self.allocate(0, ["k7"], TOKEN_B), [0])  # k3's page, evicted
+        for token, seen in ((TOKEN_B, [False, True]), (TOKEN_A, [True, True]),
+                            (TOKEN_C, [True, True])):
+            self.assertEqual(self.post("/keys/batch_exists", {"keys": ["k3", "k4"]},
+                                       token).json(), {"exists": seen})
 
 
 TENANT_SERIES = re.compile(
