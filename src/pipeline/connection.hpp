@@ -264,6 +264,16 @@ class connection final : public net::connection_handler {
   // while this node still serves (else a 503), so that no answer leaves past the lease
   // deadline, the fencing rule.
   bool leader_only_ = false;
+  // --tenants-file: the last token a request on this connection presented that named a
+  // tenant, the table's version and that tenant. A keep-alive client's next request with
+  // the same token is compared with it (in constant time) instead of hashed again: its
+  // SHA-256 is most of what a tenant's request costs more than one without a token. A
+  // reload (another version) voids it; an unknown token is never kept.
+  struct verified_token {
+    std::string token;
+    std::uint64_t version = 0;
+    const tenant* who = nullptr;
+  } verified_;
 };
 
 }  // namespace metad::pipeline

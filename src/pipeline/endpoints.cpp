@@ -23,7 +23,7 @@ bool same_stats(const std::optional<shard::rank_stats>& a,
 enum class init_refusal : std::uint8_t { none, too_many_ranks, over_quota, over_budget };
 
 // On the rank's owner core: a new rank needs a place under --ranks-max (and under the
-// ranks=N quota of the tenant that holds vLLM's API, `quota`; -1: none) and what an empty
+// ranks=N quota of the space's tenant, `quota`; -1: none) and what an empty
 // rank holds under --memory-max. Growing one costs nothing (a pool holds only the pages
 // it hands out: those are charged as it does).
 init_refusal admit_initialize(node& nd, const vllm_space& sp, const api::initialize_cmd& cmd,

@@ -263,8 +263,8 @@ void render_tenant_metrics(std::string& out, metrics_snapshot& snap) {
   };
   static constexpr family families[] = {
       {"hf3fs_metad_tenant_keys", "gauge",
-       "Keys a tenant holds: vLLM's keys for the tenant that holds vLLM's API (the default "
-       "tenant without one) and the keys of its SGLang pools (the default tenant and the "
+       "Keys a tenant holds: the keys of its own vLLM state (the unnamed one: the vllm "
+       "tenant's, else the default tenant's) and of its SGLang pools (the default tenant and the "
        "first 1000 others by name; tenant=\"_other\" sums the rest)."},
       {"hf3fs_metad_tenant_pages", "gauge",
        "Pages a tenant holds, reserved (SGLang: in flight) or bound, of vLLM's ranks and its "

@@ -112,8 +112,8 @@ struct tenant_counters {
   }
 };
 // A tenant's figures in a scrape: its counters summed over the cores, and what it holds
-// (vLLM's state for the tenant that holds vLLM's API, else the default tenant's; its own
-// SGLang pools): keys, and pages reserved (SGLang: in flight) and bound.
+// (its own vLLM state; the unnamed one for the `vllm` tenant, else the default tenant's;
+// its own SGLang pools): keys, and pages reserved (SGLang: in flight) and bound.
 struct tenant_figures {
   tenant_counts counts;
   std::uint64_t keys = 0, pages_reserved = 0, pages_bound = 0;

@@ -262,8 +262,8 @@ struct node {
 // --tenants-file's usage counted from the state the node holds: each tenant's SGLang
 // ranks (tenant_usage::sg_ranks, against ranks=N) become the distinct ranks its pools are
 // on, over every core, and its pages (tenant_usage::pages, against pages=N) those its
-// pools hold plus, for the tenant that holds vLLM's API, vLLM's ranks'; each core's
-// vLLM share and each registry's page counter are set with them. After recovery (the server, before
+// pools hold plus its own vLLM state's ranks' (the unnamed state's for the `vllm` tenant);
+// each vLLM space's share and each registry's page counter are set with them. After recovery (the server, before
 // the cores start) and when a standby is promoted (persist::promote_standby, while the cores are
 // parked): one thread, no core serving.
 void count_tenant_usage(node& nd);

@@ -195,7 +195,7 @@ std::string parse_tenants(std::string_view text, std::span<const http::path_patt
     if (t.vllm && out.vllm >= 0) {
       const tenant& other = out.tenants[static_cast<std::size_t>(out.vllm)];
       return at("vllm: tenant " + other.name + " (line " + std::to_string(other.line) +
-                ") holds vLLM's API already; one tenant at most");
+                ") holds the unnamed vLLM state already; one tenant at most");
     }
     for (const token_digest& digest : t.hashes) out.by_digest.emplace(digest, index);
     if (t.vllm) out.vllm = static_cast<int>(index);

@@ -47,8 +47,8 @@ struct tenant_usage {
   // rank live on the rank's owner core, which counts a rank when its first pool is made).
   std::atomic<std::int64_t> sg_ranks{0};
   // Pages the tenant holds (reserved + bound; quarantined pages are no one's), against
-  // pages=N: its SGLang pools' on every core, plus vLLM's ranks' while it holds vLLM's
-  // API. Shared by every core, so one atomic:
+  // pages=N: its SGLang pools' on every core, plus its own vLLM state's ranks' (the
+  // unnamed state's while it is the `vllm` tenant). Shared by every core, so one atomic:
   // - an allocation charges it *before* it takes pages, by a compare-and-swap that keeps
   //   it at most N (SGLang's reserve: its keys not bound in the pool, an upper bound of
   //   the pages it takes, cut to what N leaves, and the pool lets no more keys than that
@@ -90,7 +90,8 @@ struct tenant {
 
 struct tenant_table {
   std::vector<tenant> tenants;
-  // The tenant that holds vLLM's API (the line with `vllm`): an index into tenants, or -1.
+  // The tenant that holds the unnamed vLLM state (the line with `vllm`): an index into
+  // tenants, or -1.
   int vllm = -1;
   std::string path;           // the file it was read from, for messages
   std::uint64_t version = 0;  // set by tenant_registry::publish (1, 2, ...)
@@ -142,8 +143,9 @@ class tenant_registry {
     const std::lock_guard lock(table_mutex_);
     return table_;
   }
-  // The usage record of `name`, made on first use; stable for the node's life. Loading
-  // threads only (start-up, the reload), never a core on the request path.
+  // The usage record of `name`, made on first use; stable for the node's life. Takes a
+  // lock: loading threads (start-up, the reload, recovery), and a core once per vLLM space
+  // it makes (core_state::space), never per request.
   tenant_usage& usage(std::string_view name);
   // Sets every tenant's SGLang rank count to `sg_ranks`' (tenant name → distinct ranks
   // that hold its pools; a tenant not in it: 0) and its page count to `pages`' (name →

@@ -169,7 +169,8 @@ const std::vector<row>& table() {
   {"--tenants-file", "F", "tenants bound to credentials, one a line: NAME SHA256[,SHA256]\n"
                           "[ranks=N] [pages=N] [vllm] (SHA256: of the tenant's token).\n"
                           "Every API request belongs to its token's tenant; SGLang's\n"
-                          "/{rank}/... acts on it; only the vllm tenant may use vLLM's API.\n"
+                          "/{rank}/... acts on it, vLLM's API on its own ranks and keys\n"
+                          "(the vllm tenant's: the state kept without the file).\n"
                           "Read again on SIGHUP (a bad file keeps the old table); a bad\n"
                           "file stops the start (docs/operations.md, Tenants)",
    tenants_file},
