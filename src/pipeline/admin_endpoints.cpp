@@ -28,6 +28,22 @@ void clear_core(node& nd, int c, int space) {
   settle_vllm_pages(nd, core, *sp);
 }
 
+// Core c's record of a clear of vLLM space `space` (on core c).
+void log_clear(core_state& core, int space) {
+  if (space == 0 && core.space_count() == 1) {
+    // The unnamed state, alone on this core: the bare clear of a server without tenants
+    // (it voids all before it; SGLang's pools outlive it, their images after it), which
+    // older builds and standbys read too.
+    core.journal.clear();
+    log_sg_pools(core);
+  } else if (const vllm_space* sp = core.find_space(space); sp != nullptr) {
+    // Scoped to the tenant (record.hpp, in_tenant): SGLang's pools and the other tenants'
+    // states before it stay in the log. A core with no space of the tenant holds none of
+    // its records either: nothing to void.
+    core.journal.clear(sp->tenant, /*scoped=*/true);
+  }
+}
+
 constexpr std::string_view kDeleteStorageFailed =
     "Storage unavailable: the data directory cannot be written (disk full or I/O error); "
     "the delete may be partly applied: retry it";
@@ -40,27 +56,16 @@ endpoint_task run_clear(connection& x) {
   node& nd = x.shared();
   bool stored = true;  // a clear is not refused for a failing disk: it frees, it never binds
   const int space = x.work().space;  // the tenant's own vLLM state, no other
-  nd.clears_begun.fetch_add(1);
+  nd.tenants.clears_begun(space).fetch_add(1);
   co_await smp::for_each_core(nd.mailbox, x.home().index, smp::every_core,
                               [&](int c) -> smp::subtask<bool> {
                                 clear_core(nd, c, space);
                                 core_state& core = *nd.core[c];
-                                if (core.space_count() == 1) {
-                                  // Only the unnamed state on this core: the bare clear of a server
-                                  // without tenants (voids all before it; SGLang's pools outlive
-                                  // it, their images after it), which older builds and standbys
-                                  // read too.
-                                  core.journal.clear();
-                                  log_sg_pools(core);
-                                } else {
-                                  // Scoped to the tenant (record.hpp, in_tenant): SGLang's pools
-                                  // and the other tenants' states before it stay in the log.
-                                  core.journal.clear(core.space(space).tenant, /*scoped=*/true);
-                                }
+                                log_clear(core, space);
                                 if (!co_await core.journal.durable()) stored = false;
                                 co_return true;
                               });
-  nd.clears_done.fetch_add(1);
+  nd.tenants.clears_done(space).fetch_add(1);
   if (stored) {
     co_return answer::canned(http::canned::no_content);
   }

@@ -267,8 +267,9 @@ int connection::authorize_tenant(const http::request& request, bool found, http:
   // presented under the same table, one constant-time comparison (verified_).
   const tenant_table& table = current_tenants();
   const tenant* t = nullptr;
+  // (The comparison's time depends on the presented token's length only.)
   if (verified_.who != nullptr && verified_.version == table.version &&
-      same_secret(given, verified_.token)) {
+      same_secret(verified_.token, given)) {
     t = verified_.who;
   } else {
     t = table.find(token_sha256(given));
@@ -321,8 +322,7 @@ int connection::admin_space(std::string_view name) {
   // The `vllm` tenant's state is the unnamed one; any other name's is its own, whether or
   // not the current file has it (a removed tenant's state stays until an operator clears
   // it). A name no state was ever made for has nothing to act on.
-  const tenant_table& table = current_tenants();
-  const tenant* vllm = table.vllm_tenant();
+  const tenant* vllm = node_.tenants.enabled() ? current_tenants().vllm_tenant() : nullptr;
   if (vllm != nullptr && vllm->name == name) return 0;
   const int space = node_.tenants.find_space(name);
   if (space < 0) {
@@ -439,8 +439,13 @@ void connection::dispatch(const http::request& request) {
   scratch_.space = 0;             // the unnamed vLLM state, unless a tenant's token says otherwise
   scratch_.quota_tenant.clear();  // no tenant's (authorize_tenant names it)
   if (!node_.tenants.enabled()) {
-    if (!authorized(request, found ? kEndpoints[route.row].auth : access::token))
-      return finish(answer::canned(http::canned::unauthorized));
+    const access auth = found ? kEndpoints[route.row].auth : access::token;
+    if (!authorized(request, auth)) return finish(answer::canned(http::canned::unauthorized));
+    // Tenants' states recovered from a run with --tenants-file: the operator still names
+    // one (else the unnamed state).
+    if ((auth == access::admin || auth == access::stats) && !request.tenant.empty())
+      if (const int refusal = admin_space(request.tenant); refusal != 0)
+        return finish(answer::error(refusal, scratch_.detail));
   } else if (const int refusal = authorize_tenant(request, found, route); refusal != 0) {
     if (refusal == 401) return finish(answer::canned(http::canned::unauthorized));
     return finish(answer::error(refusal, scratch_.detail));

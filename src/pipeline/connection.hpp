@@ -51,8 +51,8 @@ struct removal_job {
   std::vector<std::uint32_t> removed;
   std::vector<std::string_view> removed_keys;
   std::vector<std::uint8_t> core_has_keys;  // per core: a key's directory slice is there
-  std::uint64_t clears = 0;                 // node::clears_begun when the walk began
-  int space = 0;                            // the vLLM space it removes from (set by begin)
+  std::uint64_t clears = 0;  // the space's tenant_registry::clears_begun when the walk began
+  int space = 0;             // the vLLM space it removes from (set by begin)
 
   // Starts a walk; false (do nothing) while a /clear runs.
   bool begin(const node& nd, int in_space) {
@@ -62,11 +62,11 @@ struct removal_job {
     keys.clear();
     used.clear();
     member.clear();
-    clears = nd.clears_begun.load();
-    return nd.clears_done.load() == clears;
+    clears = nd.tenants.clears_begun(space).load();
+    return nd.tenants.clears_done(space).load() == clears;
   }
-  // On any core during the walk: false once a /clear has begun since.
-  bool valid(const node& nd) const { return nd.clears_begun.load() == clears; }
+  // On any core during the walk: false once a /clear of its space has begun since.
+  bool valid(const node& nd) const { return nd.tenants.clears_begun(space).load() == clears; }
   void add(std::string_view key, std::uint64_t last_use = 0) {
     bytes.append(key);
     ends.push_back(static_cast<std::uint32_t>(bytes.size()));

@@ -117,7 +117,7 @@ endpoint_task run_initialize(connection& x) {
   shard::init_result r{shard::init_outcome::unchanged, 0};
   init_refusal refusal = init_refusal::none;
   std::uint64_t needed = 0;
-  bool stored = core.journal.reserve(64);
+  bool stored = core.journal.reserve(64 + kScopeBytes);
   std::vector<std::string> unbound;  // keys a shrink unbound (rare: allocated only then)
   if (stored) refusal = admit_initialize(nd, sp, cmd, x.work().rank_quota, needed);
   if (stored && refusal == init_refusal::none) {

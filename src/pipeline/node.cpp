@@ -83,9 +83,4 @@ void settle_vllm_pages(node& nd, core_state& core, vllm_space& sp) {
   }
 }
 
-void settle_vllm_pages(node& nd, core_state& core) {
-  if (!nd.tenants.enabled()) return;
-  core.for_each_space([&](vllm_space& sp) { settle_vllm_pages(nd, core, sp); });
-}
-
 }  // namespace metad::pipeline

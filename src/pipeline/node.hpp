@@ -229,10 +229,6 @@ struct node {
   // Nothing is evicted or deleted before this time: the leases readers held before a
   // restart were not kept, so recovered keys count as leased for --read-lease-ms.
   std::uint64_t removal_floor = 0;  // on `clock`
-  // /clear calls begun and finished. A delete or eviction walk, which carries keys from
-  // core to core, stops touching state once a clear has begun since it started (it would
-  // drop what was written after the clear), and does not start while one runs.
-  std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
   // --tenants-file: the current table (published by the thread that loads the file; each
   // core takes it when its version changes) and every tenant's usage.
   tenant_registry tenants;
@@ -263,9 +259,9 @@ struct node {
 // ranks (tenant_usage::sg_ranks, against ranks=N) become the distinct ranks its pools are
 // on, over every core, and its pages (tenant_usage::pages, against pages=N) those its
 // pools hold plus its own vLLM state's ranks' (the unnamed state's for the `vllm` tenant);
-// each vLLM space's share and each registry's page counter are set with them. After recovery (the server, before
-// the cores start) and when a standby is promoted (persist::promote_standby, while the cores are
-// parked): one thread, no core serving.
+// each vLLM space's share and each registry's page counter are set with them. After recovery (the
+// server, before the cores start) and when a standby is promoted (persist::promote_standby, while
+// the cores are parked): one thread, no core serving.
 void count_tenant_usage(node& nd);
 
 // On core `core`'s thread, after anything changed a vLLM space's pages: adds to the
@@ -274,7 +270,5 @@ void count_tenant_usage(node& nd);
 // to another tenant moves the core's pages over). O(the space's ranks); nothing without
 // --tenants-file.
 void settle_vllm_pages(node& nd, core_state& core, vllm_space& sp);
-// The same for every space of the core (its tick, a clear).
-void settle_vllm_pages(node& nd, core_state& core);
 
 }  // namespace metad::pipeline

@@ -182,8 +182,18 @@ class tenant_registry {
   std::string space_name(int id) const;
   // vLLM worker ranks initialised in space `id`, on all cores: a key's tp_world_size when
   // first confirmed, and the tenant's vLLM ranks against ranks=N. Any thread, no lock.
-  std::atomic<std::int64_t>& worker_ranks(int id) {
-    return worker_ranks_[static_cast<std::size_t>(id)];
+  std::atomic<std::int64_t>& worker_ranks(int id) { return counters(id).worker_ranks; }
+  // /clear calls of space `id` begun and finished. A delete or eviction walk of the space,
+  // which carries keys from core to core, stops touching state once a clear of it has
+  // begun since it started (it would drop what was written after the clear), and does
+  // not start while one runs; another tenant's clear leaves it be.
+  std::atomic<std::uint64_t>& clears_begun(int id) { return counters(id).clears_begun; }
+  std::atomic<std::uint64_t>& clears_done(int id) { return counters(id).clears_done; }
+  const std::atomic<std::uint64_t>& clears_begun(int id) const {
+    return space_counters_[static_cast<std::size_t>(id)].clears_begun;
+  }
+  const std::atomic<std::uint64_t>& clears_done(int id) const {
+    return space_counters_[static_cast<std::size_t>(id)].clears_done;
   }
 
  private:
@@ -199,8 +209,13 @@ class tenant_registry {
   std::unordered_map<std::string, int> space_ids_{{"", 0}};
   std::vector<std::string> space_names_{""};
   std::atomic<int> spaces_{1};
-  std::unique_ptr<std::atomic<std::int64_t>[]> worker_ranks_ =
-      std::make_unique<std::atomic<std::int64_t>[]>(kSpacesMax);
+  struct space_counters {
+    std::atomic<std::int64_t> worker_ranks{0};
+    std::atomic<std::uint64_t> clears_begun{0}, clears_done{0};
+  };
+  space_counters& counters(int id) { return space_counters_[static_cast<std::size_t>(id)]; }
+  std::unique_ptr<space_counters[]> space_counters_ =
+      std::make_unique<space_counters[]>(kSpacesMax);
 };
 
 }  // namespace metad::pipeline

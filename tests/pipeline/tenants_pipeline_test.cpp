@@ -578,4 +578,26 @@ TEST(TenantMetrics, PathTenantsPastTheBoundCountUnderOther) {
   EXPECT_EQ(metrics.find("tenant=\"t1000\""), std::string::npos);
 }
 
+// Without --tenants-file the operator may still name a tenant's vLLM state (one recovered
+// from a run with the file); a name with none is a 404, not the unnamed state's clear.
+TEST(TenantsWithoutAFile, XMetadTenantNamesARecoveredStateOrIsA404) {
+  config cfg;
+  cfg.admin_token = "admin";
+  server_test::memory_node n(cfg, 2);
+  const auto admin_clear = [&](std::string_view tenant) {
+    return n.send(
+        fmt::format("POST /clear HTTP/1.1\r\nauthorization: Bearer admin\r\nx-metad-tenant: {}\r\n"
+                    "content-length: 0\r\n\r\n",
+                    tenant));
+  };
+  EXPECT_EQ(n.post("/rank/0/initialize", R"({"num_pages":4})"),
+            R"({"message":"Rank 0 initialized with 4 pages"})");
+  EXPECT_EQ(admin_clear("b"),
+            tp_json("404 Not Found",
+                    R"({"detail":"X-Metad-Tenant: no tenant b has vLLM state on this server"})"));
+  n.state().tenants.space_of("b");  // as recovery makes it for b's records
+  EXPECT_EQ(admin_clear("b"), kTpNoContent);
+  EXPECT_EQ(n.get("/rank/0"), R"({"num_pages":4,"free":4,"reserved":0,"bound":0,"incomplete":0})");
+}
+
 }  // namespace
