@@ -292,6 +292,37 @@ class CredentialsTest(TenantsTestCase):
         self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY]}, TOKEN_A).json(),
                          {"exists": [False]})
 
+    def test_each_tenants_vllm_state_comes_back_apart_after_restarts(self):
+        """Restarts (on another core count too) give each tenant back its own vLLM state, and
+        a tenant's clear stays its own."""
+        data = os.path.join(self.dir, "data")
+        self.start("--data-dir", data, "--threads", "2")
+        self.assertEqual(self.vllm_save(TOKEN_A, 0, [KEY]), [0])
+        self.assertEqual(self.vllm_save(TOKEN_B, 0, ["j", KEY], num_pages=8), [0, 1])
+        self.assertEqual(self.vllm_save(TOKEN_B, 1, [KEY], num_pages=8), [0])
+
+        def check(b_keys):
+            self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY, "j"]}, TOKEN_A).json(),
+                             {"exists": [True, False]})
+            self.assertEqual(self.get("/rank/0", TOKEN_A).json()["num_pages"], 4)
+            self.assertEqual(self.post("/keys/get_locations", {"rank": 0, "keys": [KEY]},
+                                       TOKEN_A).json(), {"locations": [0]})
+            self.assertEqual(self.post("/keys/batch_exists", {"keys": [KEY, "j"]},
+                                       TOKEN_B).json(), {"exists": b_keys})
+
+        check([True, True])
+        for threads in ("3", "1"):
+            self._stop()
+            self.start("--data-dir", data, "--threads", threads)
+            check([True, True])
+            self.assertEqual(self.post("/keys/get_locations", {"rank": 0, "keys": [KEY, "j"]},
+                                       TOKEN_B).json(), {"locations": [1, 0]})
+        self.assertEqual(self.admin("/clear", b"", "team_b").status_code, 204)
+        self._stop()
+        self.start("--data-dir", data, "--threads", "2")
+        check([False, False])
+        self.assertEqual(self.get("/rank/0", TOKEN_B).status_code, 404)
+
     def test_operators_endpoints_take_the_operators_tokens(self):
         self.start()
         for path in ("/metrics", "/status.json", "/ready"):
