@@ -213,8 +213,8 @@ std::string server::load_tenants() {
       !error.empty())
     return error;
   const pipeline::tenant* vllm = table->vllm_tenant();
-  log::info("tenants: {} from {}; the unnamed vLLM state: {}", table->tenants.size(),
-            table->path, vllm != nullptr ? "tenant " + vllm->name : std::string("no tenant's"));
+  log::info("tenants: {} from {}; the unnamed vLLM state: {}", table->tenants.size(), table->path,
+            vllm != nullptr ? "tenant " + vllm->name : std::string("no tenant's"));
   impl_->node->tenants.publish(std::move(table));
   return "";
 }

@@ -193,8 +193,9 @@ TEST(TenantsFile, DuplicatesAcrossLines) {
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   EXPECT_EQ(tenants_error("a " + kAbc + "\nb " + upper),
             "line 2: this SHA-256 is tenant a's already (line 1): a token belongs to one tenant");
-  EXPECT_EQ(tenants_error("a " + kAbc + " vllm\nb " + kH1 + " vllm"),
-            "line 2: vllm: tenant a (line 1) holds the unnamed vLLM state already; one tenant at most");
+  EXPECT_EQ(
+      tenants_error("a " + kAbc + " vllm\nb " + kH1 + " vllm"),
+      "line 2: vllm: tenant a (line 1) holds the unnamed vLLM state already; one tenant at most");
   // The first error is the one reported.
   EXPECT_EQ(tenants_error("a " + kAbc + "\n1 x\na y"),
             "line 2: '1' is not a tenant name (a "
