@@ -74,15 +74,12 @@ constexpr std::size_t kSpillBytes = 4 << 20;
 
 template <typename Spill>
 void serialize_space(const pipeline::vllm_space& sp, std::string& out, Spill&& spill, bool images) {
-  // A tenant's own state: each record scoped to it (store::record_kind::in_tenant); its
-  // rank tables key by key (images are the unnamed state's: recovery sizes them from
-  // the files, and names no tenant there).
+  // A tenant's own state: each record scoped to it (store::record_kind::in_tenant).
   auto scope = [&](std::size_t at) { store::scope_to_tenant(out, at, sp.tenant); };
   auto end_packed = [&](std::size_t at) {
     store::end_packed(out, at);
     scope(at);
   };
-  if (sp.id != 0) images = false;
   using binding = shard::rank_table::packed_binding;
   constexpr std::size_t ways = shard::packed_map::ways;
   std::int64_t rank_now = 0;

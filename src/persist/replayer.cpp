@@ -17,13 +17,17 @@ using pipeline::node;
 replayer::replayer(node& nd, int core, replay_output& out, const store::file_sizes& sizes)
     : node_(nd), core_(core), out_(out) {
   out_.cores = static_cast<std::size_t>(nd.cores);
-  // The files' sizes are the unnamed vLLM state's (store::estimate_sizes reads no scoped
-  // record): a tenant's own tables grow as they fill.
-  for (const auto& [rank, keys] : sizes.rank_keys)
-    if (shard::owner_of_rank(rank, nd.cores) == core) expected_[rank] = keys;
-  for (const auto& [rank, buckets] : sizes.image_buckets)
-    if (shard::owner_of_rank(rank, nd.cores) == core) image_buckets_[rank] = buckets;
-  node_.core[core_]->unnamed().ranks.set_bulk(true);
+  // What the files hold of each rank of each tenant's vLLM state (by the space its name
+  // has here).
+  for (const auto& [of, keys] : sizes.rank_keys)
+    if (shard::owner_of_rank(of.rank, nd.cores) == core)
+      if (const int space = nd.tenants.space_of(of.tenant); space >= 0)
+        expected_[{space, of.rank}] = keys;
+  for (const auto& [of, buckets] : sizes.image_buckets)
+    if (shard::owner_of_rank(of.rank, nd.cores) == core)
+      if (const int space = nd.tenants.space_of(of.tenant); space >= 0)
+        image_buckets_[{space, of.rank}] = buckets;
+  bulk(node_.core[core_]->unnamed());
   node_.core[core_]->unnamed().directory.restore_reserve(sizes.directory_keys /
                                                          static_cast<std::size_t>(nd.cores));
   size_directory_ = sizes.directory_keys == 0;
@@ -40,9 +44,18 @@ int replayer::space_of(const store::record& r) {
   return space;
 }
 
+void replayer::bulk(pipeline::vllm_space& sp) {
+  const auto id = static_cast<std::size_t>(sp.id);
+  if (id >= bulked_.size()) bulked_.resize(id + 1, false);
+  if (bulked_[id]) return;
+  bulked_[id] = true;
+  sp.ranks.set_bulk(true);
+}
+
 void replayer::apply(const store::record& r) {
   space_ = space_of(r);
   pipeline::vllm_space& sp = node_.core[core_]->space(space_);
+  bulk(sp);
   shard::rank_table& ranks = sp.ranks;
   shard::directory& directory = sp.directory;
   switch (r.kind) {
@@ -78,11 +91,10 @@ void replayer::apply(const store::record& r) {
       unbound_.clear();
       images_.erase({space_, r.rank});  // an image that follows is a new one
       if (ranks.initialize(r.rank, r.num_pages, tracking_ ? &unbound_ : nullptr).outcome ==
-              shard::init_outcome::created &&
-          space_ == 0) {
+          shard::init_outcome::created) {
         // Sized for what the files hold, unless an image will lay the table out.
-        const auto it = expected_.find(r.rank);
-        const auto image = image_buckets_.find(r.rank);
+        const auto it = expected_.find({space_, r.rank});
+        const auto image = image_buckets_.find({space_, r.rank});
         if (it != expected_.end() &&
             (image == image_buckets_.end() || !image_fits(r.rank, image->second)))
           ranks.reserve_keys(r.rank, it->second);
@@ -162,7 +174,13 @@ void replayer::apply(const store::record& r) {
   }
 }
 
-void replayer::end_bulk() { node_.core[core_]->unnamed().ranks.set_bulk(false); }
+void replayer::end_bulk() {
+  node_.core[core_]->for_each_space([&](pipeline::vllm_space& sp) {
+    const auto id = static_cast<std::size_t>(sp.id);
+    if (id < bulked_.size() && bulked_[id]) sp.ranks.set_bulk(false);
+  });
+  bulked_.clear();
+}
 
 void replayer::collect_confirmed() {
   end_bulk();
@@ -232,7 +250,7 @@ void replayer::restore_rank_keys(const store::record& r, shard::rank_table& rank
 
 bool replayer::image_fits(std::int64_t rank, std::size_t buckets) const {
   // A standby knows no file sizes: the rank's pages bound the table (begin_image).
-  const auto it = expected_.find(rank);
+  const auto it = expected_.find({space_, rank});
   if (it == expected_.end()) return expected_.empty();
   // Not past the load at which it would grow, nor under a quarter full (a table left
   // sparse by deletes is rebuilt smaller anyway; and a damaged file cannot ask for a
@@ -267,9 +285,7 @@ void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ran
   image_load& image = it->second;
   if (first) {
     image.buckets = r.total;
-    // A tenant's own table is not laid out (its image, which no server writes, would be
-    // sized by what the files say of the unnamed state's rank of that number).
-    image.laid = space_ == 0 && r.layout == shard::packed_map::image_layout &&
+    image.laid = r.layout == shard::packed_map::image_layout &&
                  image_fits(r.rank, static_cast<std::size_t>(r.total)) &&
                  ranks.begin_image(r.rank, static_cast<std::size_t>(r.total));
     ++(image.laid ? out_.images_laid : out_.images_by_key);
@@ -277,7 +293,7 @@ void replayer::restore_rank_slots(const store::record& r, shard::rank_table& ran
     throw std::runtime_error("snapshot replay: rank " + std::to_string(r.rank) +
                              "'s image changes its number of buckets");
   }
-  const auto expected = space_ == 0 ? expected_.find(r.rank) : expected_.end();
+  const auto expected = expected_.find({space_, r.rank});
   const bool ok =
       image.laid ? ranks.restore_image(r.rank, bindings_)
                  : ranks.restore_packed(r.rank, expected == expected_.end() ? 0 : expected->second,

@@ -129,7 +129,10 @@ class replayer {
   void restore_rank_slots(const store::record& r, shard::rank_table& ranks);
   // Whether a rank's image holds all it is expected to (its log's keys too) below the
   // load at which its table would grow: then it is loaded as laid out.
+  // (Of the space of the record being applied.)
   bool image_fits(std::int64_t rank, std::size_t buckets) const;
+  // A space's rank tables load in bulk until end_bulk (rank_table::set_bulk).
+  void bulk(pipeline::vllm_space& sp);
   // tracking_: the confirmed keys of bindings_ gained; `buckets`: of the table whose slots
   // they name, in slot order (0: no order).
   void gained(std::span<const shard::rank_table::packed_binding> bindings, std::size_t buckets);
@@ -145,10 +148,11 @@ class replayer {
   pipeline::node& node_;
   int core_;
   replay_output& out_;
-  std::unordered_map<std::int64_t, std::size_t> expected_;
+  // Keys the files hold of each (space, rank) this core owns (file_sizes::rank_keys).
+  std::map<std::pair<int, std::int64_t>, std::size_t> expected_;
   // This core's ranks with an image in the files (file_sizes::image_buckets), and how
   // each rank's image is being loaded.
-  std::unordered_map<std::int64_t, std::size_t> image_buckets_;
+  std::map<std::pair<int, std::int64_t>, std::size_t> image_buckets_;
   struct image_load {
     std::uint64_t buckets = 0;
     bool laid = false;  // into the slots it names (else key by key: restore_packed)
@@ -161,9 +165,10 @@ class replayer {
   std::vector<std::string> unbound_;
   std::string detail_;
   bool tracking_ = false;
-  int space_ = 0;            // of the record being applied
-  std::string last_tenant_;  // space_of's last name ...
-  int last_space_ = 0;       // ... and its space
+  std::vector<bool> bulked_;  // by space: set_bulk(true) done (bulk)
+  int space_ = 0;             // of the record being applied
+  std::string last_tenant_;   // space_of's last name ...
+  int last_space_ = 0;        // ... and its space
   // No file sizes told the directory's: the first snapshot_directory_keys chunk does.
   bool size_directory_ = false;
 };

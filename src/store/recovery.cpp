@@ -80,6 +80,16 @@ checked_group check_group(const core_files& f) {
 file_sizes estimate_sizes(const std::vector<core_files>& files) {
   file_sizes sizes;
   auto visit = [&](std::string_view payload) {
+    // A tenant's own record: its name, then the record (recovery checks both later).
+    std::string_view tenant;
+    if (static_cast<record_kind>(payload[0]) == record_kind::in_tenant) {
+      std::uint32_t length = 0;
+      if (payload.size() < 5) return;
+      std::memcpy(&length, payload.data() + 1, 4);
+      if (length > kTenantNameMax || payload.size() < 6 + std::size_t{length}) return;
+      tenant = payload.substr(5, length);
+      payload.remove_prefix(5 + std::size_t{length});
+    }
     const auto kind = static_cast<record_kind>(payload[0]);
     auto field = [&](std::size_t at, auto& value) {
       if (payload.size() < at + sizeof value) return false;
@@ -91,27 +101,30 @@ file_sizes estimate_sizes(const std::vector<core_files>& files) {
     std::uint32_t count = 0;
     switch (kind) {
       case record_kind::allocate:
-        if (field(1, rank) && field(9, count)) sizes.rank_keys[rank] += count;
+        if (field(1, rank) && field(9, count))
+          sizes.rank_keys[{std::string(tenant), rank}] += count;
         break;
       case record_kind::snapshot_entry:
-        if (field(1, rank)) ++sizes.rank_keys[rank];
+        if (field(1, rank)) ++sizes.rank_keys[{std::string(tenant), rank}];
         break;
       case record_kind::snapshot_rank_keys:
-        if (field(1, rank) && field(9, total) && field(17, count)) sizes.rank_keys[rank] += count;
+        if (field(1, rank) && field(9, total) && field(17, count))
+          sizes.rank_keys[{std::string(tenant), rank}] += count;
         break;
       case record_kind::directory_key:
-        ++sizes.directory_keys;
+        if (tenant.empty()) ++sizes.directory_keys;
         break;
       case record_kind::snapshot_directory_keys:
-        if (field(1, total) && field(9, count)) sizes.directory_keys += count;
+        if (tenant.empty() && field(1, total) && field(9, count)) sizes.directory_keys += count;
         break;
       case record_kind::snapshot_rank_slots: {
         // rank, layout, buckets, first bucket, count; then the items and count masks.
         constexpr std::size_t items_at = 1 + 8 + 4 + 8 + 8 + 4;
         if (field(1, rank) && field(13, total) && field(29, count) &&
             payload.size() >= items_at + count) {
-          sizes.rank_keys[rank] += (payload.size() - items_at - count) / kPackedItemBytes;
-          sizes.image_buckets[rank] = static_cast<std::size_t>(total);
+          const file_sizes::rank_of of{std::string(tenant), rank};
+          sizes.rank_keys[of] += (payload.size() - items_at - count) / kPackedItemBytes;
+          sizes.image_buckets[of] = static_cast<std::size_t>(total);
         }
         break;
       }

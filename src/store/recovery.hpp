@@ -51,10 +51,21 @@ checked_group check_group(const core_files& f);
 // finds the damage): keys per rank (snapshot entries plus logged allocations) and
 // directory keys. Tables sized from them are rebuilt smaller when they overshot.
 struct file_sizes {
-  std::unordered_map<std::int64_t, std::size_t> rank_keys;
-  std::size_t directory_keys = 0;
+  // A rank of one tenant's vLLM state ("": the unnamed one; record_kind::in_tenant).
+  struct rank_of {
+    std::string tenant;
+    std::int64_t rank = 0;
+    bool operator==(const rank_of&) const = default;
+  };
+  struct rank_hash {
+    std::size_t operator()(const rank_of& r) const noexcept {
+      return std::hash<std::string>()(r.tenant) ^ std::hash<std::int64_t>()(r.rank) * 31;
+    }
+  };
+  std::unordered_map<rank_of, std::size_t, rank_hash> rank_keys;
+  std::size_t directory_keys = 0;  // the unnamed state's
   // Ranks whose key table a snapshot holds as an image (snapshot_rank_slots): its buckets.
-  std::unordered_map<std::int64_t, std::size_t> image_buckets;
+  std::unordered_map<rank_of, std::size_t, rank_hash> image_buckets;
   // Per file group: a snapshot in the compact form (32-hex keys packed) and no log
   // records after it. Recovery into as many cores links such a snapshot into the new
   // generation instead of writing the same state again.

@@ -16,6 +16,8 @@
 #include <string>
 #include <utility>
 
+#include "pipeline/routes.hpp"
+#include "pipeline/tenants.hpp"
 #include "shard/packed_key.hpp"
 #include "shard/packed_map.hpp"
 #include "sim_node.hpp"
@@ -569,6 +571,92 @@ TEST_F(Durability, RankTablesComeBackFromTheirImagesOrKeyByKey) {
 
 // A version-1 standby reads no rank image: the leader cuts its snapshot without them
 // (serialize_state's images = false), and both forms hold the same state.
+// A tenant's own rank tables (issue 34) go into snapshots as images too, scoped to the
+// tenant, and a restart lays them out again as the unnamed state's; each tenant's state
+// comes back apart.
+TEST_F(Durability, TenantsRankTablesComeBackFromTheirImagesToo) {
+  const auto publish = [](sim_node& n) {
+    std::string text;
+    for (const char* name : {"t", "u"}) {
+      std::string hex;
+      for (const unsigned char b : pipeline::token_sha256(std::string("token-") + name)) {
+        static constexpr char kDigits[] = "0123456789abcdef";
+        hex += kDigits[b >> 4];
+        hex += kDigits[b & 15];
+      }
+      text += std::string(name) + " " + hex + (name[0] == 't' ? " vllm\n" : "\n");
+    }
+    auto table = std::make_shared<pipeline::tenant_table>();
+    ASSERT_EQ(pipeline::parse_tenants(text, pipeline::kPatterns, *table), "");
+    n.state().tenants.publish(std::move(table));
+  };
+  const auto as = [](sim_node& n, const std::string& tenant, const std::string& path,
+                     const std::string& body) {
+    const std::string answer =
+        n.send("POST " + path + " HTTP/1.1\r\nauthorization: Bearer token-" + tenant +
+               "\r\ncontent-length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    return answer.substr(answer.find("\r\n\r\n") + 4);
+  };
+  // Each tenant: ranks 0 and 1, keys [from, from + 600) saved on both.
+  const auto fill = [&](sim_node& n, const std::string& tenant, int from) {
+    for (int r = 0; r < 2; ++r) {
+      as(n, tenant, "/rank/" + std::to_string(r) + "/initialize", R"({"num_pages":4096})");
+      for (int first = from; first < from + 600; first += kBatch) {
+        const std::string reply = as(n, tenant, "/keys/batch_allocate",
+                                     "{\"rank\":" + std::to_string(r) + ",\"keys\":[" +
+                                         hex_list(first, first + kBatch) + "]}");
+        const std::size_t list = reply.find("\"results\":[") + 11;
+        as(n, tenant, "/keys/confirm_write",
+           "{\"rank\":" + std::to_string(r) + ",\"confirmations\":[" +
+               reply.substr(list, reply.rfind(']') - list) + "]}");
+      }
+    }
+  };
+  const auto state = [&](sim_node& n) {
+    std::string out;
+    for (const char* tenant : {"t", "u"})
+      for (const int first : {0, 200, 600, 800})
+        out +=
+            as(n, tenant, "/keys/batch_exists", "{\"keys\":[" + hex_list(first, first + 3) + "]}") +
+            as(n, tenant, "/keys/get_locations",
+               "{\"rank\":1,\"keys\":[" + hex_list(first, first + 3) + "]}") +
+            "\n";
+    return out;
+  };
+  // The recovery's counts of rank tables laid out from images and loaded key by key.
+  const auto images = [&](int cores, std::string* seen) {
+    ::testing::internal::CaptureStderr();
+    std::pair<int, int> counts{-1, -1};
+    {
+      sim_node n(dir_, cores);
+      publish(n);
+      const std::string log = ::testing::internal::GetCapturedStderr();
+      constexpr std::string_view kLaid = " rank table(s) laid out from images, ";
+      if (const std::size_t at = log.find(kLaid); at != std::string::npos)
+        counts = {std::stoi(log.substr(log.rfind('(', at) + 1)),
+                  std::stoi(log.substr(at + kLaid.size()))};
+      if (seen != nullptr) *seen = state(n);
+    }
+    return counts;
+  };
+  std::string expected;
+  {
+    sim_node n(dir_, 2);
+    publish(n);
+    fill(n, "t", 0);    // the unnamed state
+    fill(n, "u", 400);  // u's own: keys 400..599 in both, the same key names
+    expected = state(n);
+  }
+  EXPECT_NE(expected.find(R"({"exists":[true,true,true]})"), std::string::npos) << expected;
+  EXPECT_NE(expected.find(R"({"exists":[false,false,false]})"), std::string::npos) << expected;
+  EXPECT_EQ(images(2, nullptr), std::make_pair(0, 0));  // from the log; then snapshots
+  std::string seen;
+  EXPECT_EQ(images(2, &seen), std::make_pair(4, 0));  // two ranks of t, two of u
+  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(images(3, &seen), std::make_pair(4, 0));
+  EXPECT_EQ(seen, expected);
+}
+
 TEST_F(Durability, SnapshotsForAVersionOneStandbyHoldNoImage) {
   sim_node n(dir_, 1);
   hex_populate(n, 300);
