@@ -40,7 +40,7 @@ void log_clear(core_state& core, int space) {
     // Scoped to the tenant (record.hpp, in_tenant): SGLang's pools and the other tenants'
     // states before it stay in the log. A core with no space of the tenant holds none of
     // its records either: nothing to void.
-    core.journal.clear(sp->tenant, /*scoped=*/true);
+    core.journal.clear(sp->tenant);
   }
 }
 
@@ -196,13 +196,14 @@ void collect_metrics(node& nd, const core_state& core, scratch& s) {
     snap.incomplete_pages += sp.directory.incomplete_bindings();
     snap.ranks += sp.ranks.rank_count();
     if (sp.id == 0) {  // the unnamed state: one series per rank (a rank label alone)
+      snap.unnamed_keys += sp.directory.size();
       sp.ranks.for_each_rank([&s](std::int64_t rank, const shard::rank_stats& st) {
         s.rank_rows.add({rank, st.num_pages, st.free, st.reserved, st.bound});
       });
       return;
     }
     // A tenant's own state: its keys and pages in the tenant series, in the totals too.
-    tenant_figures& f = snap.vllm_spaces[sp.tenant];
+    tenant_figures& f = snap.tenants.try_emplace(sp.tenant).first->second;
     f.keys += sp.directory.size();
     sp.ranks.for_each_rank([&](std::int64_t, const shard::rank_stats& st) {
       snap.named_pages.total += static_cast<std::uint64_t>(st.num_pages);
@@ -243,9 +244,7 @@ void end_metrics(node& nd, scratch& s) {
   const std::shared_ptr<const tenant_table> table = nd.tenants.current();
   const tenant* owner = table != nullptr ? table->vllm_tenant() : nullptr;
   const std::string_view vllm = owner != nullptr ? std::string_view(owner->name) : "";
-  std::uint64_t named_keys = 0;
-  for (const auto& [name, f] : snap.vllm_spaces) named_keys += f.keys;
-  const std::uint64_t unnamed_keys = snap.keys - named_keys;
+  const std::uint64_t unnamed_keys = snap.unnamed_keys;
   auto it = snap.tenants.find(vllm);
   if (it == snap.tenants.end() && (unnamed_keys > 0 || pool.ranks > 0))
     it = snap.tenants.try_emplace(std::string(vllm)).first;
@@ -253,12 +252,6 @@ void end_metrics(node& nd, scratch& s) {
     it->second.keys += unnamed_keys;
     it->second.pages_reserved += pool.reserved;
     it->second.pages_bound += pool.bound;
-  }
-  for (const auto& [name, f] : snap.vllm_spaces) {
-    tenant_figures& t = snap.tenants[name];
-    t.keys += f.keys;
-    t.pages_reserved += f.pages_reserved;
-    t.pages_bound += f.pages_bound;
   }
 }
 

@@ -173,10 +173,11 @@ struct metrics_snapshot {
   tenant_figures tenants_other;
   bool tenants_folded = false;  // some tenant's figures are in tenants_other
   // Tenants' own vLLM states (not the unnamed one): their pages, summed (they have no
-  // per-rank series: a rank label alone would name two tenants' rank 0 alike), and each
-  // tenant's keys and pages, added to `tenants` at the end of the scrape.
+  // per-rank series: a rank label alone would name two tenants' rank 0 alike; each
+  // tenant's keys and pages go into `tenants` as they are collected). The unnamed
+  // state's keys, for its tenant's figures at the end of the scrape.
   pool_pages named_pages;
-  std::map<std::string, tenant_figures, std::less<>> vllm_spaces;
+  std::uint64_t unnamed_keys = 0;
 };
 
 // Prometheus text exposition (format 0.0.4) of the summed request metrics and the

@@ -54,11 +54,11 @@ class journal {
   void clear() {
     if (enabled()) append_clear(log_.pending());
   }
-  void clear(std::string_view tenant, bool scoped) {
+  void clear(std::string_view tenant) {
     if (!enabled()) return;
     const std::size_t frame = log_.pending().size();
     append_clear(log_.pending());
-    scope_to_tenant(log_.pending(), frame, tenant, /*always=*/scoped);
+    scope_to_tenant(log_.pending(), frame, tenant, /*always=*/true);
   }
   void directory_key(std::string_view tenant, std::int32_t tp_world_size, std::string_view key) {
     if (enabled())

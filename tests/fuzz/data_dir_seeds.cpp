@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "former_format.hpp"
 #include "pipeline/routes.hpp"
 #include "pipeline/tenants.hpp"
 #include "shard/packed_key.hpp"
@@ -350,17 +351,7 @@ void sglang_flow() {
 
 // By hand: the snapshot form before the compact one (snapshot_entry, directory_key).
 void former_format() {
-  std::string snap;
-  store::append_snapshot_rank(snap, 0, 16);
-  store::append_snapshot_rank(snap, 1, 16);
-  store::append_snapshot_entry(snap, 0, 3, true, hex_key(1));
-  store::append_snapshot_entry(snap, 1, 5, true, hex_key(1));
-  store::append_snapshot_entry(snap, 0, 4, true, hex_key(2));
-  store::append_snapshot_entry(snap, 1, 7, false, hex_key(3));
-  store::append_snapshot_entry(snap, 0, 9, true, "odd key");
-  store::append_directory_key(snap, 2, hex_key(1));
-  store::append_directory_key(snap, 2, hex_key(2));
-  store::append_directory_key(snap, 1, "odd key");
+  const std::string snap = server_test::former_format_snapshot(hex_key);
   std::string log;
   const std::string k2 = hex_key(2);
   const std::vector<std::string_view> keys{k2};

@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "former_format.hpp"
 #include "pipeline/routes.hpp"
 #include "pipeline/tenants.hpp"
 #include "shard/packed_key.hpp"
@@ -825,17 +826,7 @@ TEST_F(Durability, SnapshotOfTheFormerFormatStillLoads) {
   fs::create_directories(dir_ + "/g1");
   {
     std::ofstream(dir_ + "/CURRENT") << "1\n";
-    std::string snap;
-    store::append_snapshot_rank(snap, 0, 16);
-    store::append_snapshot_rank(snap, 1, 16);
-    store::append_snapshot_entry(snap, 0, 3, true, hex_key(1));
-    store::append_snapshot_entry(snap, 1, 5, true, hex_key(1));
-    store::append_snapshot_entry(snap, 0, 4, true, hex_key(2));
-    store::append_snapshot_entry(snap, 1, 7, false, hex_key(3));
-    store::append_snapshot_entry(snap, 0, 9, true, "odd key");
-    store::append_directory_key(snap, 2, hex_key(1));
-    store::append_directory_key(snap, 2, hex_key(2));
-    store::append_directory_key(snap, 1, "odd key");
+    const std::string snap = server_test::former_format_snapshot(hex_key);
     std::ofstream(dir_ + "/g1/core-0.snap-1", std::ios::binary) << snap;
     std::ofstream(dir_ + "/g1/core-0.log-1", std::ios::binary);
   }
